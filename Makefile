@@ -1,0 +1,41 @@
+# The two commands of the README: `make serve` and `make test`.
+# Everything installs into .venv from scratch; nothing outside the checkout is touched.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL_REPOSITORY ?= models
+DEFAULT_MODEL ?= small
+
+.PHONY: install serve export-default test lint typecheck unit clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[export,serve,client,plot,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# Export the default model into the model repository unless it is already there.
+export-default: install
+	@test -f $(MODEL_REPOSITORY)/$(DEFAULT_MODEL)/config.json || \
+		$(PY) -m model_export --preset $(DEFAULT_MODEL) --out $(MODEL_REPOSITORY)/$(DEFAULT_MODEL)
+
+serve: export-default
+	@echo "model ready in $(MODEL_REPOSITORY)/$(DEFAULT_MODEL)"
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: install
+	$(PY) -m mypy
+
+unit: install
+	$(PY) -m pytest
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

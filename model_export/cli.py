@@ -1,0 +1,106 @@
+"""``attnserve-export`` / ``python -m model_export``: build, export and validate a model.
+
+Examples::
+
+    python -m model_export --preset small --out models/small
+    python -m model_export --d-model 64 --n-heads 4 --n-layers 2 --d-ff 128 \\
+        --causal --window 8 --out models/local64
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from model_export.config import ACTIVATIONS, NORM_PLACEMENTS, PRESETS, SCORINGS, ConfigError, preset
+from model_export.export import DEFAULT_OPSET, EXPORTERS
+from model_export.validate import DEFAULT_ATOL
+
+# CLI flag -> EncoderConfig field, for the individual overrides.
+_CONFIG_FLAGS = ("d_model", "n_heads", "n_layers", "d_ff", "activation", "layer_norm_eps",
+                 "norm_placement", "causal", "window", "scoring", "max_seq_len")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="attnserve-export",
+        description="Build a self-attention encoder, export it to ONNX (embeddings-only and "
+        "with-attention graphs) and validate both against PyTorch.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="model directory to write")
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS),
+                   help="starting architecture (default: small); flags below override it")
+    p.add_argument("--name", help="model name recorded in config.json (default: --out's name)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
+    p.add_argument("--weights", type=Path,
+                   help="state_dict (.pt) or .safetensors file to load instead of random init")
+    arch = p.add_argument_group("architecture overrides")
+    arch.add_argument("--d-model", type=int)
+    arch.add_argument("--n-heads", type=int)
+    arch.add_argument("--n-layers", type=int)
+    arch.add_argument("--d-ff", type=int)
+    arch.add_argument("--activation", choices=ACTIVATIONS)
+    arch.add_argument("--layer-norm-eps", type=float)
+    arch.add_argument("--norm-placement", choices=NORM_PLACEMENTS)
+    arch.add_argument("--causal", action="store_true", default=None,
+                      help="token i attends only to j <= i")
+    arch.add_argument("--window", type=int, help="restricted self-attention radius r: |i-j| <= r")
+    arch.add_argument("--scoring", choices=SCORINGS, help="dot (scaled dot-product) or additive")
+    arch.add_argument("--max-seq-len", type=int, help="longest sequence the service will accept")
+    exp = p.add_argument_group("export")
+    exp.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (>= 17)")
+    exp.add_argument("--exporter", choices=EXPORTERS, default="dynamo")
+    exp.add_argument("--atol", type=float, default=DEFAULT_ATOL,
+                     help="max abs difference allowed between ONNX Runtime and PyTorch")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here so `--help` and argument errors answer without loading torch.
+    from model_export.export import export_model
+    from model_export.model import Encoder
+    from model_export.validate import results_table
+
+    overrides: dict[str, Any] = {
+        k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None
+    }
+    config = preset(args.preset, **overrides)
+    if args.opset < 17:
+        raise ConfigError(f"--opset must be >= 17, got {args.opset}")
+    encoder = Encoder(config, seed=args.seed)
+    if args.weights is not None:
+        if not args.weights.is_file():
+            raise ConfigError(f"--weights file not found: {args.weights}")
+        encoder.load_weights(args.weights)
+    result = export_model(
+        encoder, args.out, opset=args.opset, exporter=args.exporter, atol=args.atol,
+        name=args.name, seed=None if args.weights else args.seed,
+        source=str(args.weights) if args.weights else f"random(seed={args.seed})",
+    )
+    print(results_table(result.checks))
+    print(f"\nwrote {result.model_dir} in {result.seconds:.1f}s:")
+    for name, digest in result.files.items():
+        size = (result.model_dir / name).stat().st_size
+        print(f"  {name:<16} {size / 1e6:8.2f} MB  sha256 {digest[:16]}…")
+    print("  config.json")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("torch").setLevel(logging.ERROR)  # exporter chatter about torchvision
+    try:
+        return run(args)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"attnserve-export: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Encoder architecture as one frozen dataclass, plus the named presets.
+
+The config is the single description of a model: the PyTorch module is built
+from it, it is written into the model directory's ``config.json`` and the
+service reads it back from there to describe the model and size its limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+Activation = Literal["gelu", "gelu_tanh", "relu"]
+NormPlacement = Literal["post", "pre"]
+Scoring = Literal["dot", "additive"]
+
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu")
+NORM_PLACEMENTS: tuple[str, ...] = ("post", "pre")
+SCORINGS: tuple[str, ...] = ("dot", "additive")
+
+
+class ConfigError(ValueError):
+    """An encoder configuration that cannot describe a valid model."""
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Hyper-parameters of a multi-head self-attention encoder.
+
+    Defaults follow BERT: post-LN, GELU, LayerNorm eps 1e-12, no dropout at
+    inference. ``window`` is the radius r of restricted self-attention (token i
+    sees j when |i - j| <= r); ``None`` means full attention.
+    """
+
+    d_model: int = 384
+    n_heads: int = 12
+    n_layers: int = 6
+    d_ff: int = 1536
+    activation: Activation = "gelu"
+    layer_norm_eps: float = 1e-12
+    norm_placement: NormPlacement = "post"
+    dropout: float = 0.0
+    causal: bool = False
+    window: int | None = None
+    scoring: Scoring = "dot"
+    max_seq_len: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.norm_placement not in NORM_PLACEMENTS:
+            raise ConfigError(
+                f"norm_placement must be one of {NORM_PLACEMENTS}, got {self.norm_placement!r}"
+            )
+        if self.scoring not in SCORINGS:
+            raise ConfigError(f"scoring must be one of {SCORINGS}, got {self.scoring!r}")
+        if not self.layer_norm_eps > 0:
+            raise ConfigError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.window is not None and (
+            isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1
+        ):
+            raise ConfigError(f"window must be an integer >= 1 or None, got {self.window!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Size d_k of one head: d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
+        """Build from a dict, rejecting unknown keys so typos do not pass silently."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+        return cls(**data)
+
+
+PRESETS: dict[str, EncoderConfig] = {
+    "tiny": EncoderConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=128),
+    "small": EncoderConfig(d_model=384, n_heads=12, n_layers=6, d_ff=1536),
+    "base": EncoderConfig(d_model=768, n_heads=12, n_layers=12, d_ff=3072),
+}
+
+
+def preset(name: str, **overrides: Any) -> EncoderConfig:
+    """Return the named preset, with any fields replaced by ``overrides``."""
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
+    return EncoderConfig.from_dict({**base.to_dict(), **overrides})

@@ -1,0 +1,182 @@
+"""Export an encoder to a model directory: two ONNX graphs, validated, and config.json.
+
+Layout written::
+
+    <out>/model.onnx        embeddings only (attention weights never computed)
+    <out>/model_attn.onnx   embeddings and attention weights
+    <out>/config.json       architecture, I/O names and shapes, opset, SHA-256
+                            of each graph, validation results, exporter versions
+
+The directory is written to a temporary sibling first and renamed into place,
+so a failed export never leaves a half-written model that a server could load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import onnx
+import onnxruntime
+import torch
+from torch import Tensor, nn
+
+from model_export import graph_io
+from model_export.model import Encoder
+from model_export.validate import DEFAULT_ATOL, CheckResult, results_json, validate_model_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 18
+EXPORTERS: tuple[str, ...] = ("dynamo", "torchscript")
+Exporter = Literal["dynamo", "torchscript"]
+FORMAT_VERSION = 1
+
+
+class _EmbeddingsGraph(nn.Module):
+    """The fast path: only last_hidden_state is an output, so no weights are stacked."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden, _ = self.encoder(inputs_embeds, attention_mask, need_weights=False)
+        return hidden
+
+
+class _AttentionGraph(nn.Module):
+    def __init__(self, encoder: Encoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        hidden, attn = self.encoder(inputs_embeds, attention_mask, need_weights=True)
+        assert attn is not None
+        return hidden, attn
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    model_dir: Path
+    files: dict[str, str]  # file name -> sha256
+    checks: list[CheckResult]
+    seconds: float
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _export_graph(
+    module: nn.Module, d_model: int, path: Path, opset: int, exporter: Exporter
+) -> None:
+    names = list(graph_io.GRAPH_OUTPUTS[path.name])
+    inputs = list(graph_io.INPUT_NAMES)
+    # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic below.
+    example = (torch.randn(2, 8, d_model), torch.ones(2, 8, dtype=torch.int64))
+    with warnings.catch_warnings():
+        # Both exporters warn about their own internals (and TorchScript about its
+        # deprecation); nothing a user of this CLI can act on.
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            batch = torch.export.Dim(graph_io.BATCH_AXIS, min=1)
+            seq = torch.export.Dim(graph_io.SEQ_AXIS, min=1)
+            program = torch.onnx.export(
+                module, example, input_names=inputs, output_names=names,
+                opset_version=opset, dynamo=True, verbose=False,
+                dynamic_shapes={name: {0: batch, 1: seq} for name in inputs},
+            )
+            assert program is not None
+            program.save(str(path), external_data=False)
+        else:
+            axes = {0: graph_io.BATCH_AXIS, 1: graph_io.SEQ_AXIS}
+            torch.onnx.export(
+                module, example, str(path), input_names=inputs, output_names=names,
+                opset_version=opset, dynamo=False,
+                dynamic_axes={name: axes for name in inputs + names},
+            )
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def export_model(
+    encoder: Encoder,
+    out_dir: str | Path,
+    *,
+    opset: int = DEFAULT_OPSET,
+    exporter: Exporter = "dynamo",
+    atol: float = DEFAULT_ATOL,
+    name: str | None = None,
+    seed: int | None = None,
+    source: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> ExportResult:
+    """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
+
+    ``exporter="dynamo"`` is PyTorch's supported path (a few seconds per graph);
+    ``"torchscript"`` is the legacy exporter, sub-second, kept for fast test
+    fixtures and for onnxruntime's transformer optimizer, which only fuses its
+    patterns.
+    """
+    out_dir = Path(out_dir)
+    start = time.perf_counter()
+    encoder.eval()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        d_model = encoder.config.d_model
+        _export_graph(_EmbeddingsGraph(encoder), d_model,
+                      staging / graph_io.GRAPH_EMBEDDINGS, opset, exporter)
+        _export_graph(_AttentionGraph(encoder), d_model,
+                      staging / graph_io.GRAPH_ATTENTION, opset, exporter)
+        checks = validate_model_dir(encoder, staging, atol=atol)
+        files = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
+        config = {
+            "format_version": FORMAT_VERSION,
+            "name": name or out_dir.name,
+            "architecture": encoder.config.to_dict(),
+            "seed": seed,
+            "weights_source": source,
+            "opset": opset,
+            "inputs": {n: {"dtype": dt, "shape": graph_io.SHAPES[n]} for n, dt in
+                       ((graph_io.INPUT_EMBEDS, "float32"), (graph_io.INPUT_MASK, "int64"))},
+            "graphs": {
+                f: {"outputs": {o: {"dtype": "float32", "shape": graph_io.SHAPES[o]}
+                                for o in outs},
+                    "sha256": files[f]}
+                for f, outs in graph_io.GRAPH_OUTPUTS.items()
+            },
+            "validation": {"atol": atol, "max_abs_diff": max(c.max_abs_diff for c in checks),
+                           "checks": results_json(checks)},
+            "exporter": {
+                "exporter": exporter,
+                "torch": torch.__version__,
+                "onnx": onnx.__version__,
+                "onnxruntime": onnxruntime.__version__,
+                "python": platform.python_version(),
+            },
+            **(extra or {}),
+        }
+        (staging / graph_io.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - start
+    log.info("exported %s in %.1fs", out_dir, seconds)
+    return ExportResult(out_dir, files, checks, seconds)

@@ -1,0 +1,38 @@
+"""Names, dtypes and dynamic axes of the ONNX graphs, declared once.
+
+Export, validation, the service runtime and the tests all import these, so a
+rename cannot drift between writer and reader. This module must not import
+torch: the service imports it at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+INPUT_EMBEDS: Final = "inputs_embeds"  # float32 [batch, seq, d_model]
+INPUT_MASK: Final = "attention_mask"  # int64 [batch, seq], 1 = token, 0 = padding
+OUTPUT_HIDDEN: Final = "last_hidden_state"  # float32 [batch, seq, d_model]
+OUTPUT_ATTENTIONS: Final = "attentions"  # float32 [batch, layers, heads, seq, seq]
+
+BATCH_AXIS: Final = "batch"
+SEQ_AXIS: Final = "seq"
+
+INPUT_NAMES: Final = (INPUT_EMBEDS, INPUT_MASK)
+
+# File names inside a model directory.
+GRAPH_EMBEDDINGS: Final = "model.onnx"  # embeddings only: the fast path
+GRAPH_ATTENTION: Final = "model_attn.onnx"  # embeddings and attention weights
+CONFIG_FILE: Final = "config.json"
+
+GRAPH_OUTPUTS: Final[dict[str, tuple[str, ...]]] = {
+    GRAPH_EMBEDDINGS: (OUTPUT_HIDDEN,),
+    GRAPH_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_ATTENTIONS),
+}
+
+# Symbolic shapes, for config.json and documentation.
+SHAPES: Final[dict[str, list[str]]] = {
+    INPUT_EMBEDS: [BATCH_AXIS, SEQ_AXIS, "d_model"],
+    INPUT_MASK: [BATCH_AXIS, SEQ_AXIS],
+    OUTPUT_HIDDEN: [BATCH_AXIS, SEQ_AXIS, "d_model"],
+    OUTPUT_ATTENTIONS: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, SEQ_AXIS],
+}

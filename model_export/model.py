@@ -1,0 +1,200 @@
+"""A multi-head self-attention encoder written from the math.
+
+Per layer (post-LN, as in BERT)::
+
+    A = softmax(Q Kᵀ / √d_k + M) V        per head, d_k = d_model / h
+    x = LayerNorm(x + W_o concat(A_1..A_h))
+    x = LayerNorm(x + W_2 act(W_1 x))
+
+M is 0 where a query may see a key and -inf elsewhere. The allowed set is the
+intersection of key padding, the optional causal mask and the optional local
+window of radius r. The diagonal is always allowed, so no row is ever fully
+masked and softmax never produces NaN, padded query rows included; those rows
+(and padded embeddings) are then set to exactly 0.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model_export.config import EncoderConfig
+
+
+def allowed_keys(
+    attention_mask: Tensor, *, causal: bool = False, window: int | None = None
+) -> Tensor:
+    """Boolean [batch, 1, seq, seq]: may query i attend to key j?"""
+    seq = attention_mask.shape[1]
+    key_ok = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+    pos = torch.arange(seq, device=attention_mask.device)
+    offset = pos[None, :] - pos[:, None]  # (T, T): j - i
+    structural = torch.ones_like(offset, dtype=torch.bool)
+    if causal:
+        structural = structural & (offset <= 0)
+    if window is not None:
+        structural = structural & (offset.abs() <= window)
+    diagonal = offset == 0
+    # Diagonal always allowed: a padded query keeps one finite score, so no NaN.
+    return (key_ok & structural[None, None]) | diagonal[None, None]  # (B, 1, T, T)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """h heads of scaled dot-product (or additive) attention, then W_o."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
+        self.scoring = config.scoring
+        d = config.d_model
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+        self.dropout = nn.Dropout(config.dropout)
+        if config.scoring == "additive":
+            # Bahdanau et al.: score(q, k) = vᵀ tanh(W_q q + W_k k), one set per head.
+            hd = self.head_dim
+            self.add_wq = nn.Parameter(torch.empty(config.n_heads, hd, hd))
+            self.add_wk = nn.Parameter(torch.empty(config.n_heads, hd, hd))
+            self.add_v = nn.Parameter(torch.empty(config.n_heads, hd))
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, d_k)
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """Unnormalised scores (B, h, T, T) before the mask."""
+        if self.scoring == "dot":
+            return (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, h, T, T)
+        wq = torch.einsum("bhtd,hde->bhte", q, self.add_wq)  # (B, h, T, d_k)
+        wk = torch.einsum("bhtd,hde->bhte", k, self.add_wk)  # (B, h, T, d_k)
+        hidden = torch.tanh(wq[:, :, :, None, :] + wk[:, :, None, :, :])  # (B, h, T, T, d_k)
+        return torch.einsum("bhije,he->bhij", hidden, self.add_v)  # (B, h, T, T)
+
+    def forward(self, x: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+        """x (B, T, d_model), allowed (B, 1, T, T) -> output (B, T, d_model), weights (B, h, T, T)."""
+        b, t, d = x.shape
+        q = self._split_heads(self.q_proj(x))  # (B, h, T, d_k)
+        k = self._split_heads(self.k_proj(x))  # (B, h, T, d_k)
+        v = self._split_heads(self.v_proj(x))  # (B, h, T, d_k)
+        scores = self.scores(q, k).masked_fill(~allowed, float("-inf"))  # (B, h, T, T)
+        weights = torch.softmax(scores, dim=-1)  # (B, h, T, T); masked keys exactly 0
+        context = self.dropout(weights) @ v  # (B, h, T, d_k)
+        context = context.transpose(1, 2).reshape(b, t, d)  # (B, T, d_model)
+        return self.out_proj(context), weights
+
+
+class FeedForward(nn.Module):
+    """Position-wise W_2 act(W_1 x)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(config.d_model, config.d_ff)
+        self.down = nn.Linear(config.d_ff, config.d_model)
+        self.activation = config.activation
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.up(x)
+        if self.activation == "gelu":
+            h = F.gelu(h)
+        elif self.activation == "gelu_tanh":
+            h = F.gelu(h, approximate="tanh")
+        else:
+            h = F.relu(h)
+        return self.dropout(self.down(h))
+
+
+class EncoderBlock(nn.Module):
+    """Attention and feed-forward sub-layers, each with residual + LayerNorm."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.pre_norm = config.norm_placement == "pre"
+        self.attn = MultiHeadSelfAttention(config)
+        self.attn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config)
+        self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+        if self.pre_norm:
+            attn_out, weights = self.attn(self.attn_norm(x), allowed)
+            x = x + self.dropout(attn_out)
+            x = x + self.ffn(self.ffn_norm(x))
+        else:
+            attn_out, weights = self.attn(x, allowed)
+            x = self.attn_norm(x + self.dropout(attn_out))
+            x = self.ffn_norm(x + self.ffn(x))
+        return x, weights
+
+
+class Encoder(nn.Module):
+    """A stack of ``n_layers`` encoder blocks over token embeddings.
+
+    ``forward(inputs_embeds, attention_mask)`` returns the contextualized
+    embeddings (B, T, d_model) and the attention weights (B, L, h, T, T);
+    both are exactly 0 at padded positions.
+    """
+
+    def __init__(self, config: EncoderConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
+        # Pre-LN stacks need a final norm; post-LN blocks already end in one.
+        self.final_norm = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            if config.norm_placement == "pre"
+            else None
+        )
+        self.reset_parameters(seed)
+        self.eval()
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """BERT-style init (N(0, 0.02) weights, zero biases) from ``seed`` alone."""
+        generator = torch.Generator().manual_seed(seed)
+        for name, param in sorted(self.named_parameters()):
+            if "norm" in name:
+                param.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+
+    def forward(
+        self, inputs_embeds: Tensor, attention_mask: Tensor, *, need_weights: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        cfg = self.config
+        allowed = allowed_keys(attention_mask, causal=cfg.causal, window=cfg.window)
+        x = inputs_embeds
+        per_layer: list[Tensor] = []
+        for layer in self.layers:
+            x, weights = layer(x, allowed)
+            per_layer.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        token = attention_mask.bool()  # (B, T)
+        hidden = torch.where(token[:, :, None], x, torch.zeros_like(x))  # (B, T, d_model)
+        if not need_weights:
+            return hidden, None
+        attn = torch.stack(per_layer, dim=1)  # (B, L, h, T, T)
+        attn = torch.where(token[:, None, None, :, None], attn, torch.zeros_like(attn))
+        return hidden, attn
+
+    def load_weights(self, path: str | Path) -> None:
+        """Load a PyTorch state_dict (``.pt``/``.pth``/``.bin``) or a ``.safetensors`` file."""
+        path = Path(path)
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        self.load_state_dict(state, strict=True)
