@@ -13,7 +13,6 @@ so a failed export never leaves a half-written model that a server could load.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import platform
@@ -31,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
+from model_export.integrity import sha256_file
 from model_export.model import Encoder
 from model_export.validate import DEFAULT_ATOL, CheckResult, results_json, validate_model_dir
 
@@ -71,14 +71,6 @@ class ExportResult:
     files: dict[str, str]  # file name -> sha256
     checks: list[CheckResult]
     seconds: float
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _export_graph(

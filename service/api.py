@@ -1,0 +1,161 @@
+"""HTTP routes, in small routers. Routes move bytes and call the pipeline; no array math here."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service import pipeline
+from service.batcher import Batcher
+from service.errors import NotReady, PayloadTooLarge, UnsupportedMediaType
+from service.metrics import Metrics
+from service.runtime import ModelInfo
+from service.schemas import EncodeRequest, EncodeResponse, ErrorBody, Health, ModelCard, ModelList
+from service.settings import Settings
+
+# Requests larger than this are parsed and serialised on a worker thread, so a
+# big JSON body never stalls the event loop; small ones are cheaper inline.
+OFFLOAD_BYTES = 256 * 1024
+
+
+@dataclass
+class ServiceState:
+    """Everything the routes need; built by the app's lifespan."""
+
+    settings: Settings
+    metrics: Metrics
+    models: dict[str, ModelInfo] = field(default_factory=dict)
+    default_model: str = ""
+    batcher: Batcher | None = None
+    ready: bool = False
+
+
+def get_state(request: Request) -> ServiceState:
+    state: ServiceState = request.app.state.service
+    return state
+
+
+State = Annotated[ServiceState, Depends(get_state)]
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (400, "Malformed JSON body (invalid_json)."),
+        (404, "Unknown model (model_not_found)."),
+        (413, "Too many sequences or tokens, sequence too long, body or response too large."),
+        (415, "Content-Type is not application/json (unsupported_media_type)."),
+        (422, "Well-formed JSON with invalid content (invalid_input)."),
+        (429, "Too many requests queued (overloaded); honour Retry-After."),
+        (503, "Models not loaded or warm-up not finished (not_ready)."),
+    )
+}
+
+health = APIRouter(tags=["health"])
+models = APIRouter(prefix="/v1", tags=["models"])
+encode = APIRouter(prefix="/v1", tags=["encode"])
+metrics = APIRouter(tags=["metrics"])
+
+
+@health.get("/health/live", response_model=Health)
+async def live() -> Health:
+    """The process is up and answering."""
+    return Health(status="alive")
+
+
+@health.get("/health/ready", response_model=Health, responses={503: ERROR_RESPONSES[503]})
+async def ready(state: State) -> Health:
+    """Models are loaded and a warm-up inference passed."""
+    if not state.ready:
+        raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
+    return Health(status="ready")
+
+
+def model_card(info: ModelInfo, default: bool) -> ModelCard:
+    cfg = info.config
+    return ModelCard(
+        name=info.name, d_model=cfg.d_model, heads=cfg.n_heads, layers=cfg.n_layers,
+        d_ff=cfg.d_ff, max_seq_len=info.max_seq_len, causal=cfg.causal, window=cfg.window,
+        scoring=cfg.scoring, norm_placement=cfg.norm_placement, activation=cfg.activation,
+        opset=info.opset, sha256=info.sha256, default=default,
+    )
+
+
+@models.get("/models", response_model=ModelList)
+async def list_models(state: State) -> ModelList:
+    """Every model this server serves."""
+    return ModelList(data=[model_card(m, m.name == state.default_model)
+                           for m in state.models.values()])
+
+
+@models.get("/models/{name}", response_model=ModelCard, responses={404: ERROR_RESPONSES[404]})
+async def get_model(name: str, state: State) -> ModelCard:
+    """One model's architecture, limits and file digests."""
+    info = pipeline.resolve_model(state.models, name, state.default_model)
+    return model_card(info, info.name == state.default_model)
+
+
+async def read_json_body(request: Request, limit: int) -> bytes:
+    """The body, refusing a wrong Content-Type (415) or more than ``limit`` bytes (413)."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json, got {media_type or 'none'!r}"
+        )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {int(declared):,} bytes exceeds {limit:,}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@encode.post(
+    "/encode",
+    response_model=None,
+    responses={200: {"model": EncodeResponse}, **ERROR_RESPONSES},
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/EncodeRequest"}}}}},
+)
+async def encode_sequences(request: Request, state: State) -> Response:
+    """Contextualized embeddings (and optionally attention weights) for token embeddings."""
+    if not state.ready or state.batcher is None:
+        raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
+    body = await read_json_body(request, state.settings.max_body_bytes)
+    args = (body, state.models, state.default_model, state.settings)
+    prepared = (await asyncio.to_thread(pipeline.prepare, *args) if len(body) > OFFLOAD_BYTES
+                else pipeline.prepare(*args))
+    results = await state.batcher.submit(
+        prepared.model.name, prepared.sequences, with_attention=prepared.options.return_attention
+    )
+    state.metrics.tokens.labels(prepared.model.name).inc(sum(len(s) for s in prepared.sequences))
+    content = (await asyncio.to_thread(pipeline.finish, prepared, results)
+               if prepared.response_bytes > OFFLOAD_BYTES else pipeline.finish(prepared, results))
+    return Response(content, media_type="application/json")
+
+
+@metrics.get("/metrics", response_class=Response)
+async def prometheus_metrics(state: State) -> Response:
+    """Prometheus text exposition."""
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def openapi_components() -> dict[str, Any]:
+    """Schemas referenced by hand (the encode body is parsed by the codecs, not FastAPI)."""
+    schema = EncodeRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    return {**defs, "EncodeRequest": schema}
+
+
+def json_error(status: int, body: dict[str, str],
+               headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)

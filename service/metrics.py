@@ -1,0 +1,41 @@
+"""Prometheus metrics, kept in a registry per app so several apps never collide."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    """The service's counters, exposed at ``GET /metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "attnserve_requests", "HTTP requests by route and status.",
+            ["route", "status"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "attnserve_request_seconds", "HTTP request latency by route.", ["route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "attnserve_tokens", "Tokens encoded, by model.", ["model"], registry=self.registry
+        )
+        self.queue_depth = Gauge(
+            "attnserve_queued_requests", "Requests waiting for inference.", registry=self.registry
+        )
+        self.batch_sequences = Histogram(
+            "attnserve_batch_sequences", "Sequences per onnxruntime run.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry,
+        )
+        self.batch_fill = Histogram(
+            "attnserve_batch_fill_ratio", "Real tokens / padded tokens per onnxruntime run.",
+            buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=self.registry,
+        )
+        self.inference = Histogram(
+            "attnserve_inference_seconds", "Wall time of one onnxruntime run.",
+            ["model", "graph"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )

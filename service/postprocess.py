@@ -1,0 +1,66 @@
+"""Numpy work on one sequence's outputs: attention selection, reduction, rollout, pooling."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.errors import InvalidInput
+
+
+def resolve_indices(indices: list[int] | None, size: int, what: str) -> list[int]:
+    """Normalise (possibly negative) indices into [0, size); reject out-of-range ones."""
+    if indices is None:
+        return list(range(size))
+    if not indices:
+        raise InvalidInput(f"attention.{what} must not be empty (omit it for all)")
+    bad = [i for i in indices if not -size <= i < size]
+    if bad:
+        raise InvalidInput(
+            f"attention.{what} {bad} out of range: the model has {size} {what} "
+            f"(valid: {-size}..{size - 1})"
+        )
+    return [i % size for i in indices]
+
+
+def rollout(attn: np.ndarray) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema, 2020) of [L, H, n, n] -> [1, 1, n, n].
+
+    Heads are averaged, each layer mixed with the identity for the residual path
+    (0.5 A + 0.5 I, rows renormalised) and the layers multiplied in order:
+    R = Â_L ... Â_1.
+    """
+    n = attn.shape[-1]
+    eye = np.eye(n, dtype=np.float64)
+    result = eye
+    for layer in attn.astype(np.float64).mean(axis=1):  # (n, n) per layer
+        mixed = 0.5 * layer + 0.5 * eye
+        mixed /= mixed.sum(axis=-1, keepdims=True)
+        result = mixed @ result
+    return result.astype(np.float32)[None, None]
+
+
+def select_attention(
+    attn: np.ndarray, layers: list[int], heads: list[int], reduce: str
+) -> np.ndarray:
+    """[L, H, n, n] -> the selected layers/heads, reduced as asked."""
+    chosen = attn[layers][:, heads]  # (L', H', n, n)
+    if reduce == "mean":
+        return chosen.mean(axis=1, keepdims=True)
+    if reduce == "max":
+        return chosen.max(axis=1, keepdims=True)
+    if reduce == "rollout":
+        return rollout(chosen)
+    return chosen
+
+
+def pool(hidden: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
+    """[n, d] real-token embeddings -> [d]."""
+    if pooling == "mean":
+        vector = hidden.mean(axis=0)
+    elif pooling == "max":
+        vector = hidden.max(axis=0)
+    else:  # cls
+        vector = hidden[0]
+    if normalize:
+        vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+    return vector.astype(np.float32)

@@ -1,0 +1,151 @@
+"""The backend: the only module that imports onnxruntime.
+
+A :class:`ModelRuntime` owns the two sessions of one model directory
+(``model.onnx`` for embeddings only, ``model_attn.onnx`` with attention) and
+runs padded batches. :func:`load_repository` loads every model of a model
+repository, checking each file's SHA-256 against ``config.json`` first, and
+raises :class:`ModelLoadError` with a clear message on anything wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from model_export import graph_io
+from model_export.config import ConfigError, EncoderConfig
+from model_export.integrity import sha256_file
+from service.errors import ModelLoadError
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the service knows of a model, read from its ``config.json``."""
+
+    name: str
+    path: Path
+    config: EncoderConfig
+    opset: int
+    sha256: dict[str, str]
+    max_seq_len: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
+    """Parse and check ``config.json`` and the graph files' SHA-256."""
+    config_path = model_dir / graph_io.CONFIG_FILE
+    try:
+        raw = json.loads(config_path.read_text())
+        config = EncoderConfig.from_dict(raw["architecture"])
+        graphs = raw["graphs"]
+        expected = {name: graphs[name]["sha256"] for name in graph_io.GRAPH_OUTPUTS}
+        opset = int(raw["opset"])
+    except FileNotFoundError:
+        raise ModelLoadError(f"model {model_dir.name!r}: {config_path} is missing") from None
+    except (ValueError, KeyError, TypeError, ConfigError) as exc:
+        raise ModelLoadError(f"model {model_dir.name!r}: {config_path} is invalid: {exc}") from exc
+    for name, want in expected.items():
+        path = model_dir / name
+        if not path.is_file():
+            raise ModelLoadError(f"model {model_dir.name!r}: graph {path} is missing")
+        got = sha256_file(path)
+        if got != want:
+            raise ModelLoadError(
+                f"model {model_dir.name!r}: {path} is corrupt: SHA-256 {got} does not match "
+                f"{want} recorded in config.json"
+            )
+    return ModelInfo(
+        name=str(raw.get("name") or model_dir.name),
+        path=model_dir,
+        config=config,
+        opset=opset,
+        sha256=expected,
+        max_seq_len=min(config.max_seq_len, settings.max_seq_len),
+        extra={k: v for k, v in raw.items() if k in ("weights_source", "validation")},
+    )
+
+
+class ModelRuntime:
+    """Both onnxruntime sessions of one model; ``run`` is blocking (call it off the loop)."""
+
+    def __init__(self, info: ModelInfo, settings: Settings) -> None:
+        self.info = info
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = settings.intra_op_threads
+        options.inter_op_num_threads = settings.inter_op_threads
+        options.log_severity_level = 3
+        spin = "1" if settings.allow_spinning else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        self._sessions: dict[str, ort.InferenceSession] = {}
+        for graph, outputs in graph_io.GRAPH_OUTPUTS.items():
+            path = info.path / graph
+            try:
+                session = ort.InferenceSession(
+                    str(path), options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:  # onnxruntime raises its own untyped errors
+                raise ModelLoadError(f"model {info.name!r}: cannot load {path}: {exc}") from exc
+            inputs = tuple(i.name for i in session.get_inputs())
+            got_outputs = tuple(o.name for o in session.get_outputs())
+            if inputs != graph_io.INPUT_NAMES or got_outputs != outputs:
+                raise ModelLoadError(
+                    f"model {info.name!r}: {path} has inputs {inputs} and outputs "
+                    f"{got_outputs}; expected {graph_io.INPUT_NAMES} and {outputs}"
+                )
+            self._sessions[graph] = session
+
+    def run(
+        self, embeds: np.ndarray, mask: np.ndarray, *, with_attention: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """embeds float32 [B, T, d], mask int64 [B, T] -> hidden [B, T, d], attn [B, L, H, T, T]."""
+        graph = graph_io.GRAPH_ATTENTION if with_attention else graph_io.GRAPH_EMBEDDINGS
+        feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+        outputs = self._sessions[graph].run(None, feeds)
+        return outputs[0], (outputs[1] if with_attention else None)
+
+    def warmup(self) -> None:
+        """One small ragged batch per graph: proves the sessions run before we say ready."""
+        d = self.info.config.d_model
+        lengths = (min(8, self.info.max_seq_len), 1)
+        embeds = np.zeros((2, lengths[0], d), dtype=np.float32)
+        mask = np.zeros((2, lengths[0]), dtype=np.int64)
+        for i, n in enumerate(lengths):
+            embeds[i, :n] = np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
+            mask[i, :n] = 1
+        for with_attention in (False, True):
+            hidden, attn = self.run(embeds, mask, with_attention=with_attention)
+            if not np.isfinite(hidden).all() or (attn is not None and not np.isfinite(attn).all()):
+                raise ModelLoadError(f"model {self.info.name!r}: warm-up produced non-finite output")
+
+
+def load_repository(settings: Settings) -> dict[str, ModelRuntime]:
+    """Load every model directory under the repository; refuse an empty or broken one."""
+    repo = settings.model_repository
+    if not repo.is_dir():
+        raise ModelLoadError(f"model repository {repo} does not exist or is not a directory")
+    model_dirs = sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not model_dirs:
+        raise ModelLoadError(f"model repository {repo} holds no model directories")
+    runtimes: dict[str, ModelRuntime] = {}
+    for model_dir in model_dirs:
+        info = read_model_info(model_dir, settings)
+        if info.name in runtimes:
+            raise ModelLoadError(f"two model directories declare the name {info.name!r}")
+        runtimes[info.name] = ModelRuntime(info, settings)
+        log.info("loaded model %s from %s", info.name, model_dir)
+    if settings.default_model is not None and settings.default_model not in runtimes:
+        raise ModelLoadError(
+            f"default model {settings.default_model!r} is not in {repo} "
+            f"(found: {', '.join(sorted(runtimes))})"
+        )
+    return runtimes

@@ -1,0 +1,126 @@
+"""The wire contract of the HTTP API, as pydantic models.
+
+Small fields are validated by these models. The arrays in ``inputs`` are not:
+a pydantic ``list[list[float]]`` costs ~10x the inference itself, so the codecs
+turn them straight into numpy. The request models still describe every field
+for the OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Pooling = Literal["none", "mean", "cls", "max"]
+Reduce = Literal["none", "mean", "max", "rollout"]
+EncodingFormat = Literal["float", "base64"]
+
+
+class Base64Array(BaseModel):
+    """A float32 array as base64 of its little-endian bytes, row-major."""
+
+    model_config = ConfigDict(extra="forbid")
+    shape: list[int] = Field(description="Array shape, e.g. [seq_len, d_model].")
+    data: str = Field(description="Standard base64 of little-endian float32, row-major.")
+    dtype: Literal["float32"] = "float32"
+
+
+class AttentionOptions(BaseModel):
+    """Which attention maps to return and how to reduce them."""
+
+    model_config = ConfigDict(extra="forbid")
+    layers: list[int] | None = Field(
+        None, description="Layer indices (negative counts from the end); default all."
+    )
+    heads: list[int] | None = Field(
+        None, description="Head indices (negative counts from the end); default all."
+    )
+    reduce: Reduce = Field(
+        "none",
+        description="none: [L', H', n, n]; mean/max over the selected heads: [L', 1, n, n]; "
+        "rollout (Abnar & Zuidema 2020) of head-averaged, identity-mixed maps multiplied "
+        "through the selected layers: [1, 1, n, n].",
+    )
+
+
+class EncodeOptions(BaseModel):
+    """Every field of an encode request except the arrays."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="Model name; the server's default if omitted.")
+    return_attention: bool = Field(False, description="Also return attention weights.")
+    attention: AttentionOptions = Field(default_factory=AttentionOptions)
+    pooling: Pooling = Field(
+        "none", description="Pool the real tokens of each sequence into one vector."
+    )
+    normalize: bool = Field(False, description="L2-normalise the pooled vector.")
+    return_embeddings: bool | None = Field(
+        None,
+        description="Return per-token embeddings; default true without pooling, false with it.",
+    )
+    encoding_format: EncodingFormat = Field(
+        "float", description="float: nested JSON arrays; base64: Base64Array objects."
+    )
+
+
+class EncodeRequest(EncodeOptions):
+    """``POST /v1/encode``: sequences of token embeddings, ragged lengths allowed."""
+
+    inputs: list[list[list[float]] | Base64Array] = Field(
+        description="Sequences, each [seq_len_i, d_model] as nested floats or a Base64Array."
+    )
+
+
+class EncodeItem(BaseModel):
+    index: int = Field(description="Position of the sequence in the request.")
+    embeddings: list[list[float]] | Base64Array | None = Field(
+        description="[seq_len_i, d_model] contextualized embeddings of the real tokens."
+    )
+    attention: list[list[list[list[float]]]] | Base64Array | None = Field(
+        description="[L', H', seq_len_i, seq_len_i] attention weights, or null."
+    )
+    pooled: list[float] | Base64Array | None = Field(description="[d_model], or null.")
+
+
+class Usage(BaseModel):
+    sequences: int
+    tokens: int
+
+
+class EncodeResponse(BaseModel):
+    model: str
+    data: list[EncodeItem]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    """``GET /v1/models/{name}``."""
+
+    name: str
+    d_model: int
+    heads: int
+    layers: int
+    d_ff: int
+    max_seq_len: int
+    causal: bool
+    window: int | None
+    scoring: str
+    norm_placement: str
+    activation: str
+    opset: int
+    sha256: dict[str, str]
+    default: bool
+
+
+class ModelList(BaseModel):
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="What went wrong, for a person.")
+    error_type: str = Field(description="Machine-readable kind, e.g. invalid_input.")
+
+
+class Health(BaseModel):
+    status: str
