@@ -23,7 +23,8 @@ export-default: install
 		$(PY) -m model_export --preset $(DEFAULT_MODEL) --out $(MODEL_REPOSITORY)/$(DEFAULT_MODEL)
 
 serve: export-default
-	@echo "model ready in $(MODEL_REPOSITORY)/$(DEFAULT_MODEL)"
+	ATTNSERVE_MODEL_REPOSITORY=$(MODEL_REPOSITORY) ATTNSERVE_DEFAULT_MODEL=$(DEFAULT_MODEL) \
+		$(VENV)/bin/attnserve-serve
 
 lint: install
 	$(PY) -m ruff check .

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import api
 from service.batcher import Batcher
-from service.errors import ServiceError
+from service.errors import ModelLoadError, ServiceError
 from service.metrics import Metrics
 from service.runtime import load_repository
 from service.settings import Settings
@@ -48,7 +48,11 @@ def _lifespan(state: api.ServiceState) -> Any:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings = state.settings
-        runtimes = await asyncio.to_thread(load_repository, settings)
+        try:
+            runtimes = await asyncio.to_thread(load_repository, settings)
+        except ModelLoadError as exc:
+            log.error("attnserve cannot start: %s", exc)
+            raise
         state.models = {name: rt.info for name, rt in runtimes.items()}
         state.default_model = settings.default_model or sorted(runtimes)[0]
         state.batcher = Batcher(runtimes, settings, state.metrics)

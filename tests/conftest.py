@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 from model_export.config import EncoderConfig, preset
@@ -34,3 +43,70 @@ def model_repository(tmp_path_factory: pytest.TempPathFactory, tiny_encoder: Enc
 @pytest.fixture(scope="session")
 def tiny_model_dir(model_repository: Path) -> Path:
     return model_repository / "tiny"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerFailed(RuntimeError):
+    """The server process exited before it became ready."""
+
+    def __init__(self, returncode: int, log: str) -> None:
+        super().__init__(f"server exited with {returncode}:\n{log}")
+        self.returncode = returncode
+        self.log = log
+
+
+@contextmanager
+def running_server(repository: Path, *, ready_timeout: float = 60.0,
+                   **settings: str) -> Iterator[str]:
+    """Run ``python -m service`` on 127.0.0.1:<free port>; yield its base URL.
+
+    ``settings`` are ATTNSERVE_* values without the prefix, e.g. ``max_sequences="2"``.
+    """
+    port = free_port()
+    env = {
+        **os.environ,
+        "ATTNSERVE_MODEL_REPOSITORY": str(repository),
+        "ATTNSERVE_HOST": "127.0.0.1",
+        "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_LOG_LEVEL": "warning",
+        "ATTNSERVE_INTRA_OP_THREADS": "1",
+        **{f"ATTNSERVE_{k.upper()}": v for k, v in settings.items()},
+    }
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + ready_timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise ServerFailed(proc.returncode, log.read())
+                try:
+                    if httpx.get(f"{url}/health/ready", timeout=1.0).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"server at {url} not ready after {ready_timeout}s")
+                time.sleep(0.05)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def server_url(model_repository: Path) -> Iterator[str]:
+    """A real server on the tiny model repository, shared by the session."""
+    with running_server(model_repository) as url:
+        yield url

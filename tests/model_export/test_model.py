@@ -1,0 +1,291 @@
+"""The PyTorch encoder: shapes, masking invariants and equality with the numpy reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from model_export.config import EncoderConfig, preset
+from model_export.model import Encoder
+from tests.model_export.reference import ragged_batch, reference_forward, weights_of
+
+# Tolerances (float32 model against the float64 reference / against itself).
+REFERENCE_ATOL = 1e-5  # observed ~1e-6 on these sizes
+ROW_SUM_ATOL = 1e-5  # |Σ_j a_ij - 1| for every real query row
+PADDING_ATOL = 1e-5  # the same sequence alone vs. padded in a longer batch
+
+# Every variant is the ``tiny`` preset (d_model 32, 4 heads, 2 layers, d_ff 64) plus overrides.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "causal": {"causal": True},
+    "window2": {"window": 2},
+    "causal+window2": {"causal": True, "window": 2},
+    "additive": {"scoring": "additive"},
+    "pre-LN": {"norm_placement": "pre"},
+    "relu": {"activation": "relu"},
+    "gelu_tanh": {"activation": "gelu_tanh"},
+}
+RAGGED = (7, 4, 1, 6)  # padded to 7: rows with 0, 3, 6 and 1 padded positions
+
+
+def config_of(variant: str) -> EncoderConfig:
+    return preset("tiny", **CONFIGS[variant])
+
+
+def run(
+    encoder: Encoder, embeds: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    with torch.no_grad():
+        hidden, attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+    assert attn is not None
+    return hidden.numpy(), attn.numpy()
+
+
+def randomized(encoder: Encoder, seed: int) -> Encoder:
+    """Load O(1)-scale random parameters, non-zero biases and non-unit LayerNorm gains.
+
+    The default init (N(0, 0.02), zero biases, unit gains) would let a reference
+    that forgot a bias or a LayerNorm gain pass; these weights do not.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    state: dict[str, Tensor] = {}
+    for name, param in encoder.state_dict().items():
+        noise = torch.randn(param.shape, generator=generator)
+        if "norm" in name and name.endswith("weight"):
+            state[name] = 1.0 + 0.1 * noise
+        elif name.endswith("bias"):
+            state[name] = 0.1 * noise
+        else:  # unit-variance projections: scores of order 1, softmax neither flat nor one-hot
+            state[name] = noise / param.shape[-1] ** 0.5
+    encoder.load_state_dict(state, strict=True)
+    return encoder
+
+
+def allowed(config: EncoderConfig, mask: np.ndarray, i: int, j: int) -> bool:
+    """May real query i attend to key j? Written independently of ``allowed_keys``."""
+    return bool(
+        mask[j]
+        and (not config.causal or j <= i)
+        and (config.window is None or abs(i - j) <= config.window)
+    )
+
+
+@pytest.mark.parametrize("variant", list(CONFIGS))
+def test_output_shapes_and_dtypes(variant: str) -> None:
+    config = config_of(variant)
+    encoder = Encoder(config, seed=0)
+    embeds, mask = ragged_batch(RAGGED, config.d_model, seed=0)
+    with torch.no_grad():
+        hidden, attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+        fast, no_attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask), need_weights=False)
+    assert hidden.shape == (4, 7, config.d_model)
+    assert hidden.dtype == torch.float32
+    assert attn is not None
+    assert attn.shape == (4, config.n_layers, config.n_heads, 7, 7)
+    assert attn.dtype == torch.float32
+    assert no_attn is None
+    assert torch.equal(fast, hidden)  # the embeddings-only path computes the same thing
+
+
+@pytest.mark.parametrize("variant", list(CONFIGS))
+def test_attention_rows_and_padding(variant: str) -> None:
+    config = config_of(variant)
+    encoder = randomized(Encoder(config, seed=0), seed=1)
+    embeds, mask = ragged_batch(RAGGED, config.d_model, seed=1)
+    hidden, attn = run(encoder, embeds, mask)
+    real = mask.astype(bool)  # (B, T)
+    for b in range(len(RAGGED)):
+        rows = attn[b][:, :, real[b]]  # (L, h, n_real, T)
+        # Every real query's weights form a distribution.
+        np.testing.assert_allclose(rows.sum(axis=-1), 1.0, rtol=0, atol=ROW_SUM_ATOL)
+        assert (rows >= 0).all()
+        # Padded keys get exactly zero weight from real queries.
+        assert (rows[..., ~real[b]] == 0.0).all()
+        # Padded positions are exactly zero: embeddings and whole attention rows.
+        assert (hidden[b, ~real[b]] == 0.0).all()
+        assert (attn[b][:, :, ~real[b]] == 0.0).all()
+        # And real tokens are not (the test would pass vacuously on an all-zero output).
+        assert np.abs(hidden[b, real[b]]).min(axis=-1).max() > 0.0
+
+
+NAN_CASES: list[tuple[dict[str, Any], tuple[int, ...], bool]] = [
+    # (overrides, lengths, left_pad): padded query rows with no allowed real key.
+    ({"causal": True, "window": 1}, (7, 1, 3), False),
+    ({"causal": True, "window": 1}, (7, 1, 3), True),  # padded queries before any real key
+    ({"window": 1}, (9, 2, 1), False),
+    ({"causal": True}, (5, 1), True),
+    ({"causal": True, "window": 2, "norm_placement": "pre"}, (6, 0, 2), False),  # empty row
+    ({"window": 1, "scoring": "additive"}, (6, 1, 0), True),
+    ({}, (1,), False),
+]
+
+
+@pytest.mark.parametrize(("overrides", "lengths", "left_pad"), NAN_CASES)
+def test_no_nan_anywhere(overrides: dict[str, Any], lengths: tuple[int, ...], left_pad: bool) -> None:
+    config = preset("tiny", **overrides)
+    encoder = randomized(Encoder(config, seed=0), seed=2)
+    non_finite: list[str] = []
+
+    def check(module: nn.Module, _inputs: object, output: object) -> None:
+        outputs = output if isinstance(output, tuple) else (output,)
+        for t in outputs:
+            if isinstance(t, Tensor) and not torch.isfinite(t).all():
+                non_finite.append(type(module).__name__)
+
+    # Every sub-module, so a NaN hidden by the final zeroing of padded rows is caught too.
+    handles = [m.register_forward_hook(check) for m in encoder.modules()]
+    try:
+        embeds, mask = ragged_batch(lengths, config.d_model, seed=3, left_pad=left_pad)
+        hidden, attn = run(encoder, embeds, mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert non_finite == []
+    assert np.isfinite(hidden).all()
+    assert np.isfinite(attn).all()
+
+
+@pytest.mark.parametrize("variant", list(CONFIGS))
+def test_matches_numpy_reference(variant: str) -> None:
+    config = config_of(variant)
+    encoder = randomized(Encoder(config, seed=0), seed=4)
+    embeds, mask = ragged_batch(RAGGED, config.d_model, seed=4)
+    hidden, attn = run(encoder, embeds, mask)
+    ref_hidden, ref_attn = reference_forward(weights_of(encoder), config, embeds, mask)
+    real = mask.astype(bool)
+    # Real tokens only (the reference leaves padded rows NaN); attention as (token, L, h, T).
+    np.testing.assert_allclose(hidden[real], ref_hidden[real], rtol=0, atol=REFERENCE_ATOL)
+    np.testing.assert_allclose(
+        attn.transpose(0, 3, 1, 2, 4)[real],
+        ref_attn.transpose(0, 3, 1, 2, 4)[real],
+        rtol=0,
+        atol=REFERENCE_ATOL,
+    )
+    assert (hidden[~real] == 0.0).all()
+    assert (attn.transpose(0, 3, 1, 2, 4)[~real] == 0.0).all()
+
+
+@pytest.mark.parametrize("variant", ["default", "causal+window2", "additive"])
+def test_matches_numpy_reference_left_padded_and_default_init(variant: str) -> None:
+    config = config_of(variant)
+    encoder = Encoder(config, seed=5)  # the real init, as exported by the CLI
+    embeds, mask = ragged_batch((3, 7, 5), config.d_model, seed=5, left_pad=True)
+    hidden, attn = run(encoder, embeds, mask)
+    ref_hidden, ref_attn = reference_forward(weights_of(encoder), config, embeds, mask)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(hidden[real], ref_hidden[real], rtol=0, atol=REFERENCE_ATOL)
+    np.testing.assert_allclose(
+        attn.transpose(0, 3, 1, 2, 4)[real],
+        ref_attn.transpose(0, 3, 1, 2, 4)[real],
+        rtol=0,
+        atol=REFERENCE_ATOL,
+    )
+
+
+@pytest.mark.parametrize("variant", ["default", "causal", "window2", "causal+window2"])
+def test_attention_is_zero_exactly_where_masks_forbid(variant: str) -> None:
+    config = config_of(variant)
+    encoder = Encoder(config, seed=6)
+    embeds, mask = ragged_batch((9, 6, 2), config.d_model, seed=6)
+    _, attn = run(encoder, embeds, mask)
+    seq = mask.shape[1]
+    for b in range(mask.shape[0]):
+        for i in range(seq):
+            if not mask[b, i]:
+                continue
+            expected = np.array([allowed(config, mask[b], i, j) for j in range(seq)])
+            row = attn[b, :, :, i, :]  # (L, h, T)
+            assert (row[..., ~expected] == 0.0).all(), (b, i)  # exactly 0 where forbidden
+            assert (row[..., expected] > 0.0).all(), (b, i)  # strictly positive where allowed
+    if config.causal:  # the whole strict upper triangle, padded rows included
+        assert (attn[..., np.triu_indices(seq, k=1)[0], np.triu_indices(seq, k=1)[1]] == 0).all()
+    if config.window is not None:
+        far = np.abs(np.arange(seq)[:, None] - np.arange(seq)[None, :]) > config.window
+        assert (attn[..., far] == 0.0).all()
+
+
+@pytest.mark.parametrize("variant", list(CONFIGS))
+def test_sequence_alone_equals_padded_in_batch(variant: str) -> None:
+    config = config_of(variant)
+    encoder = randomized(Encoder(config, seed=0), seed=7)
+    embeds, mask = ragged_batch((5, 9, 12), config.d_model, seed=7)
+    batch_hidden, batch_attn = run(encoder, embeds, mask)
+    alone_hidden, alone_attn = run(encoder, embeds[:1, :5], mask[:1, :5])
+    np.testing.assert_allclose(batch_hidden[0, :5], alone_hidden[0], rtol=0, atol=PADDING_ATOL)
+    np.testing.assert_allclose(
+        batch_attn[0, :, :, :5, :5], alone_attn[0], rtol=0, atol=PADDING_ATOL
+    )
+
+
+def test_init_is_deterministic_in_the_seed() -> None:
+    config = preset("tiny", scoring="additive", norm_placement="pre")
+    first = Encoder(config, seed=42).state_dict()
+    again = Encoder(config, seed=42).state_dict()
+    other = Encoder(config, seed=43).state_dict()
+    assert first.keys() == again.keys() == other.keys()
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    random_weights = [k for k in first if not k.endswith("bias") and "norm" not in k]
+    assert random_weights  # projections and the additive-scoring parameters
+    assert all(not torch.equal(first[k], other[k]) for k in random_weights)
+
+
+def test_init_is_bert_style() -> None:
+    state = Encoder(preset("tiny", scoring="additive", norm_placement="pre"), seed=0).state_dict()
+    weights = torch.cat(
+        [v.flatten() for k, v in state.items() if not k.endswith("bias") and "norm" not in k]
+    )
+    # N(0, 0.02) over ~20k values: the sample std is within 2 % of 0.02 with near certainty.
+    assert abs(weights.std().item() - 0.02) < 0.02 * 0.02
+    assert abs(weights.mean().item()) < 0.001
+    for k, v in state.items():
+        if "norm" in k and k.endswith("weight"):
+            assert torch.equal(v, torch.ones_like(v)), k
+        elif k.endswith("bias"):
+            assert torch.equal(v, torch.zeros_like(v)), k
+
+
+def test_encoder_is_built_in_eval_mode() -> None:
+    encoder = Encoder(preset("tiny", dropout=0.5), seed=0)
+    assert not encoder.training
+    embeds, mask = ragged_batch((4, 2), 32, seed=8)
+    first, _ = run(encoder, embeds, mask)
+    second, _ = run(encoder, embeds, mask)
+    assert np.array_equal(first, second)  # dropout inactive: bit-identical
+
+
+def _save_state_dict(state: dict[str, Tensor], path: Path) -> None:
+    if path.suffix == ".safetensors":
+        save_file(state, str(path))
+    else:
+        torch.save(state, path)
+
+
+@pytest.mark.parametrize("file_name", ["weights.pt", "weights.safetensors"])
+def test_load_weights_round_trip(tmp_path: Path, file_name: str) -> None:
+    config = preset("tiny", causal=True, window=3)
+    source = randomized(Encoder(config, seed=0), seed=9)
+    path = tmp_path / file_name
+    _save_state_dict(source.state_dict(), path)
+
+    target = Encoder(config, seed=1)
+    target.load_weights(path)
+    loaded = target.state_dict()
+    assert loaded.keys() == source.state_dict().keys()
+    assert all(torch.equal(loaded[k], v) for k, v in source.state_dict().items())
+    embeds, mask = ragged_batch(RAGGED, config.d_model, seed=9)
+    assert np.array_equal(run(target, embeds, mask)[0], run(source, embeds, mask)[0])
+
+
+@pytest.mark.parametrize("file_name", ["weights.pt", "weights.safetensors"])
+def test_load_weights_rejects_another_architecture(tmp_path: Path, file_name: str) -> None:
+    path = tmp_path / file_name
+    _save_state_dict(Encoder(preset("tiny", n_layers=1), seed=0).state_dict(), path)
+    target = Encoder(preset("tiny"), seed=0)
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*layers\.1\."):
+        target.load_weights(path)
