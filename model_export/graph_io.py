@@ -14,6 +14,11 @@ INPUT_MASK: Final = "attention_mask"  # int64 [batch, seq], 1 = token, 0 = paddi
 OUTPUT_HIDDEN: Final = "last_hidden_state"  # float32 [batch, seq, d_model]
 OUTPUT_ATTENTIONS: Final = "attentions"  # float32 [batch, layers, heads, seq, seq]
 
+# The optional text front end (models imported from a checkpoint with a tokenizer).
+INPUT_IDS: Final = "input_ids"  # int64 [batch, seq]
+INPUT_TOKEN_TYPES: Final = "token_type_ids"  # int64 [batch, seq]
+TEXT_INPUT_NAMES: Final = (INPUT_IDS, INPUT_TOKEN_TYPES)
+
 BATCH_AXIS: Final = "batch"
 SEQ_AXIS: Final = "seq"
 
@@ -23,6 +28,8 @@ INPUT_NAMES: Final = (INPUT_EMBEDS, INPUT_MASK)
 GRAPH_EMBEDDINGS: Final = "model.onnx"  # embeddings only: the fast path
 GRAPH_ATTENTION: Final = "model_attn.onnx"  # embeddings and attention weights
 CONFIG_FILE: Final = "config.json"
+GRAPH_TOKEN_EMBEDDINGS: Final = "embeddings.onnx"  # token ids -> inputs_embeds
+TOKENIZER_FILE: Final = "tokenizer.json"  # a `tokenizers` Tokenizer
 
 GRAPH_OUTPUTS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_EMBEDDINGS: (OUTPUT_HIDDEN,),
@@ -35,4 +42,6 @@ SHAPES: Final[dict[str, list[str]]] = {
     INPUT_MASK: [BATCH_AXIS, SEQ_AXIS],
     OUTPUT_HIDDEN: [BATCH_AXIS, SEQ_AXIS, "d_model"],
     OUTPUT_ATTENTIONS: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, SEQ_AXIS],
+    INPUT_IDS: [BATCH_AXIS, SEQ_AXIS],
+    INPUT_TOKEN_TYPES: [BATCH_AXIS, SEQ_AXIS],
 }

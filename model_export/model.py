@@ -78,7 +78,7 @@ class MultiHeadSelfAttention(nn.Module):
         return torch.einsum("bhije,he->bhij", hidden, self.add_v)  # (B, h, T, T)
 
     def forward(self, x: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
-        """x (B, T, d_model), allowed (B, 1, T, T) -> output (B, T, d_model), weights (B, h, T, T)."""
+        """x (B, T, d), allowed (B, 1, T, T) -> output (B, T, d), weights (B, h, T, T)."""
         b, t, d = x.shape
         q = self._split_heads(self.q_proj(x))  # (B, h, T, d_k)
         k = self._split_heads(self.k_proj(x))  # (B, h, T, d_k)
@@ -108,7 +108,8 @@ class FeedForward(nn.Module):
             h = F.gelu(h, approximate="tanh")
         else:
             h = F.relu(h)
-        return self.dropout(self.down(h))
+        out: Tensor = self.dropout(self.down(h))
+        return out
 
 
 class EncoderBlock(nn.Module):
@@ -198,3 +199,28 @@ class Encoder(nn.Module):
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
         self.load_state_dict(state, strict=True)
+
+
+class TokenEmbeddings(nn.Module):
+    """BERT's input layer: LayerNorm(word[id] + position[t] + token_type[type]).
+
+    It turns token ids into the ``inputs_embeds`` the encoder takes; exported as
+    its own small graph so the service can serve text without torch.
+    """
+
+    def __init__(
+        self, vocab_size: int, max_positions: int, type_vocab_size: int, d_model: int, eps: float
+    ) -> None:
+        super().__init__()
+        self.word = nn.Embedding(vocab_size, d_model)
+        self.position = nn.Embedding(max_positions, d_model)
+        self.token_type = nn.Embedding(type_vocab_size, d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.eval()
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        """input_ids, token_type_ids (B, T) int64 -> (B, T, d_model)."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+        x = self.word(input_ids) + self.position(positions)[None] + self.token_type(token_type_ids)
+        out: Tensor = self.norm(x)  # (B, T, d_model)
+        return out

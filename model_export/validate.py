@@ -16,7 +16,7 @@ import onnxruntime as ort
 import torch
 
 from model_export import graph_io
-from model_export.model import Encoder
+from model_export.model import Encoder, TokenEmbeddings
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,9 @@ DEFAULT_ATOL = 1e-4  # fp32: observed parity is ~1e-6, so 1e-4 leaves headroom y
 class ValidationError(AssertionError):
     """An ONNX output differs from PyTorch by more than the tolerance."""
 
-    def __init__(self, graph: str, output: str, shape: tuple[int, ...], max_abs_diff: float,
-                 atol: float) -> None:
+    def __init__(
+        self, graph: str, output: str, shape: tuple[int, ...], max_abs_diff: float, atol: float
+    ) -> None:
         super().__init__(
             f"{graph}: output {output!r} at shape {list(shape)} differs from PyTorch by "
             f"{max_abs_diff:.3g} > atol {atol:g}"
@@ -90,7 +91,10 @@ def new_session(path: Path) -> ort.InferenceSession:
 
 
 def validate_model_dir(
-    encoder: Encoder, model_dir: Path, *, atol: float = DEFAULT_ATOL,
+    encoder: Encoder,
+    model_dir: Path,
+    *,
+    atol: float = DEFAULT_ATOL,
     cases: list[Case] | None = None,
 ) -> list[CheckResult]:
     """Compare both graphs in ``model_dir`` with ``encoder``; raise on the first failure."""
@@ -102,7 +106,10 @@ def validate_model_dir(
         with torch.no_grad():
             hidden, attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
         assert attn is not None
-        expected = {graph_io.OUTPUT_HIDDEN: hidden.numpy(), graph_io.OUTPUT_ATTENTIONS: attn.numpy()}
+        expected = {
+            graph_io.OUTPUT_HIDDEN: hidden.numpy(),
+            graph_io.OUTPUT_ATTENTIONS: attn.numpy(),
+        }
         for graph, session in sessions.items():
             names = list(graph_io.GRAPH_OUTPUTS[graph])
             got = session.run(names, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask})
@@ -115,8 +122,37 @@ def validate_model_dir(
                 results.append(result)
                 if not result.passed:
                     raise ValidationError(graph, name, tuple(value.shape), diff, atol)
-    log.info("validated %d outputs, max abs diff %.3g", len(results),
-             max(r.max_abs_diff for r in results))
+    log.info(
+        "validated %d outputs, max abs diff %.3g",
+        len(results),
+        max(r.max_abs_diff for r in results),
+    )
+    return results
+
+
+def validate_token_embeddings(
+    embeddings: TokenEmbeddings, path: Path, *, atol: float = DEFAULT_ATOL
+) -> list[CheckResult]:
+    """Compare the token-embedding graph with PyTorch on a few id batches."""
+    session = new_session(path)
+    rng = np.random.default_rng(0)
+    vocab, types = embeddings.word.num_embeddings, embeddings.token_type.num_embeddings
+    results = []
+    for case, (batch, seq) in (
+        ("one token", (1, 1)),
+        ("batch", (3, 17)),
+        ("long", (2, min(128, embeddings.position.num_embeddings))),
+    ):
+        ids = rng.integers(0, vocab, size=(batch, seq), dtype=np.int64)
+        type_ids = rng.integers(0, types, size=(batch, seq), dtype=np.int64)
+        with torch.no_grad():
+            want = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids)).numpy()
+        (got,) = session.run(None, {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids})
+        diff = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
+        result = CheckResult(path.name, case, graph_io.INPUT_EMBEDS, list(got.shape), diff, atol)
+        results.append(result)
+        if not result.passed:
+            raise ValidationError(path.name, graph_io.INPUT_EMBEDS, got.shape, diff, atol)
     return results
 
 
@@ -126,7 +162,7 @@ def results_table(results: list[CheckResult]) -> str:
     lines = [header, "-" * len(header)]
     for r in results:
         lines.append(
-            f"{r.graph:<16} {r.case:<26} {r.output:<18} {str(r.shape):<22} "
+            f"{r.graph:<16} {r.case:<26} {r.output:<18} {r.shape!s:<22} "
             f"{r.max_abs_diff:>10.2e}  {'yes' if r.passed else 'NO'}"
         )
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""``python -m service`` / ``attnserve-serve``: run the server with settings from the environment."""
+"""``python -m service`` / ``attnserve-serve``: run the server, settings from the environment."""
 
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ def main() -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port,
-        log_level=settings.log_level, lifespan="on",
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     server.run()

@@ -14,8 +14,17 @@ from service import pipeline
 from service.batcher import Batcher
 from service.errors import NotReady, PayloadTooLarge, UnsupportedMediaType
 from service.metrics import Metrics
-from service.runtime import ModelInfo
-from service.schemas import EncodeRequest, EncodeResponse, ErrorBody, Health, ModelCard, ModelList
+from service.runtime import ModelInfo, ModelRuntime
+from service.schemas import (
+    EncodeRequest,
+    EncodeResponse,
+    ErrorBody,
+    Health,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from service.settings import Settings
 
 # Requests larger than this are parsed and serialised on a worker thread, so a
@@ -29,7 +38,7 @@ class ServiceState:
 
     settings: Settings
     metrics: Metrics
-    models: dict[str, ModelInfo] = field(default_factory=dict)
+    runtimes: dict[str, ModelRuntime] = field(default_factory=dict)
     default_model: str = ""
     batcher: Batcher | None = None
     ready: bool = False
@@ -78,24 +87,38 @@ async def ready(state: State) -> Health:
 def model_card(info: ModelInfo, default: bool) -> ModelCard:
     cfg = info.config
     return ModelCard(
-        name=info.name, d_model=cfg.d_model, heads=cfg.n_heads, layers=cfg.n_layers,
-        d_ff=cfg.d_ff, max_seq_len=info.max_seq_len, causal=cfg.causal, window=cfg.window,
-        scoring=cfg.scoring, norm_placement=cfg.norm_placement, activation=cfg.activation,
-        opset=info.opset, sha256=info.sha256, default=default,
+        name=info.name,
+        d_model=cfg.d_model,
+        heads=cfg.n_heads,
+        layers=cfg.n_layers,
+        d_ff=cfg.d_ff,
+        max_seq_len=info.max_seq_len,
+        causal=cfg.causal,
+        window=cfg.window,
+        scoring=cfg.scoring,
+        norm_placement=cfg.norm_placement,
+        activation=cfg.activation,
+        opset=info.opset,
+        sha256=info.sha256,
+        tokenizer=info.has_tokenizer,
+        default=default,
     )
 
 
 @models.get("/models", response_model=ModelList)
 async def list_models(state: State) -> ModelList:
     """Every model this server serves."""
-    return ModelList(data=[model_card(m, m.name == state.default_model)
-                           for m in state.models.values()])
+    return ModelList(
+        data=[
+            model_card(rt.info, name == state.default_model) for name, rt in state.runtimes.items()
+        ]
+    )
 
 
 @models.get("/models/{name}", response_model=ModelCard, responses={404: ERROR_RESPONSES[404]})
 async def get_model(name: str, state: State) -> ModelCard:
     """One model's architecture, limits and file digests."""
-    info = pipeline.resolve_model(state.models, name, state.default_model)
+    info = pipeline.resolve_model(state.runtimes, name, state.default_model).info
     return model_card(info, info.name == state.default_model)
 
 
@@ -123,24 +146,64 @@ async def read_json_body(request: Request, limit: int) -> bytes:
     "/encode",
     response_model=None,
     responses={200: {"model": EncodeResponse}, **ERROR_RESPONSES},
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/EncodeRequest"}}}}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/EncodeRequest"}}
+            },
+        }
+    },
 )
 async def encode_sequences(request: Request, state: State) -> Response:
     """Contextualized embeddings (and optionally attention weights) for token embeddings."""
-    if not state.ready or state.batcher is None:
-        raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
+    batcher = require_ready(state)
     body = await read_json_body(request, state.settings.max_body_bytes)
-    args = (body, state.models, state.default_model, state.settings)
-    prepared = (await asyncio.to_thread(pipeline.prepare, *args) if len(body) > OFFLOAD_BYTES
-                else pipeline.prepare(*args))
-    results = await state.batcher.submit(
+    args = (body, state.runtimes, state.default_model, state.settings)
+    prepared = (
+        await asyncio.to_thread(pipeline.prepare, *args)
+        if len(body) > OFFLOAD_BYTES
+        else pipeline.prepare(*args)
+    )
+    results = await batcher.submit(
         prepared.model.name, prepared.sequences, with_attention=prepared.options.return_attention
     )
     state.metrics.tokens.labels(prepared.model.name).inc(sum(len(s) for s in prepared.sequences))
-    content = (await asyncio.to_thread(pipeline.finish, prepared, results)
-               if prepared.response_bytes > OFFLOAD_BYTES else pipeline.finish(prepared, results))
+    content = (
+        await asyncio.to_thread(pipeline.finish, prepared, results)
+        if prepared.response_bytes > OFFLOAD_BYTES
+        else pipeline.finish(prepared, results)
+    )
     return Response(content, media_type="application/json")
+
+
+@encode.post(
+    "/tokenize",
+    response_model=None,
+    responses={200: {"model": TokenizeResponse}, **ERROR_RESPONSES},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/TokenizeRequest"}}
+            },
+        }
+    },
+)
+async def tokenize_texts(request: Request, state: State) -> Response:
+    """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
+    require_ready(state)
+    body = await read_json_body(request, state.settings.max_body_bytes)
+    content = await asyncio.to_thread(
+        pipeline.tokenize, body, state.runtimes, state.default_model, state.settings
+    )
+    return Response(content, media_type="application/json")
+
+
+def require_ready(state: ServiceState) -> Batcher:
+    if not state.ready or state.batcher is None:
+        raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
+    return state.batcher
 
 
 @metrics.get("/metrics", response_class=Response)
@@ -151,11 +214,15 @@ async def prometheus_metrics(state: State) -> Response:
 
 def openapi_components() -> dict[str, Any]:
     """Schemas referenced by hand (the encode body is parsed by the codecs, not FastAPI)."""
-    schema = EncodeRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    defs = schema.pop("$defs", {})
-    return {**defs, "EncodeRequest": schema}
+    components: dict[str, Any] = {}
+    for model in (EncodeRequest, TokenizeRequest):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        components[model.__name__] = schema
+    return components
 
 
-def json_error(status: int, body: dict[str, str],
-               headers: dict[str, str] | None = None) -> JSONResponse:
+def json_error(
+    status: int, body: dict[str, str], headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)

@@ -25,7 +25,7 @@ from service import api
 from service.batcher import Batcher
 from service.errors import ModelLoadError, ServiceError
 from service.metrics import Metrics
-from service.runtime import load_repository
+from service.runtime import ModelRuntime, load_repository
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 HTTP_ERROR_TYPES = {404: "not_found", 405: "method_not_allowed"}
 
 
-async def _warm_up(state: api.ServiceState, runtimes: dict[str, Any]) -> None:
+async def _warm_up(state: api.ServiceState, runtimes: dict[str, ModelRuntime]) -> None:
     try:
         for runtime in runtimes.values():
             await asyncio.to_thread(runtime.warmup)
@@ -41,7 +41,7 @@ async def _warm_up(state: api.ServiceState, runtimes: dict[str, Any]) -> None:
         log.exception("warm-up failed; the server stays not ready")
         return
     state.ready = True
-    log.info("ready: %s (default %s)", ", ".join(state.models), state.default_model)
+    log.info("ready: %s (default %s)", ", ".join(state.runtimes), state.default_model)
 
 
 def _lifespan(state: api.ServiceState) -> Any:
@@ -53,12 +53,11 @@ def _lifespan(state: api.ServiceState) -> Any:
         except ModelLoadError as exc:
             log.error("attnserve cannot start: %s", exc)
             raise
-        state.models = {name: rt.info for name, rt in runtimes.items()}
+        state.runtimes = runtimes
         state.default_model = settings.default_model or sorted(runtimes)[0]
         state.batcher = Batcher(runtimes, settings, state.metrics)
         await state.batcher.start()
-        warm = (asyncio.create_task(_warm_up(state, runtimes)) if settings.warmup
-                else None)
+        warm = asyncio.create_task(_warm_up(state, runtimes)) if settings.warmup else None
         if warm is None:
             state.ready = True
         try:
@@ -120,28 +119,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in err.get("loc", ())) or "request"
-        return api.json_error(422, {"error": f"{where}: {err.get('msg')}",
-                                    "error_type": "invalid_input"})
+        return api.json_error(
+            422, {"error": f"{where}: {err.get('msg')}", "error_type": "invalid_input"}
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return api.json_error(exc.status_code, {
-            "error": str(exc.detail),
-            "error_type": HTTP_ERROR_TYPES.get(exc.status_code, "http_error"),
-        }, dict(exc.headers) if exc.headers else None)
+        return api.json_error(
+            exc.status_code,
+            {
+                "error": str(exc.detail),
+                "error_type": HTTP_ERROR_TYPES.get(exc.status_code, "http_error"),
+            },
+            dict(exc.headers) if exc.headers else None,
+        )
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return api.json_error(500, {"error": "internal server error",
-                                    "error_type": "internal_error"})
+        return api.json_error(
+            500, {"error": "internal server error", "error_type": "internal_error"}
+        )
 
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
-                                 routes=app.routes)
+            schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
             schema.setdefault("components", {}).setdefault("schemas", {}).update(
-                api.openapi_components())
+                api.openapi_components()
+            )
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -149,4 +156,3 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routes = {r.path for r in app.routes if hasattr(r, "path")}
     app.add_middleware(MetricsMiddleware, metrics=state.metrics, routes=routes)
     return app
-

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -74,8 +75,9 @@ def pad_batch(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 class Batcher:
     """One queue and worker per model, one inference thread for the process."""
 
-    def __init__(self, runtimes: dict[str, ModelRuntime], settings: Settings,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self, runtimes: dict[str, ModelRuntime], settings: Settings, metrics: Metrics
+    ) -> None:
         self._runtimes = runtimes
         self._settings = settings
         self._metrics = metrics
@@ -98,8 +100,9 @@ class Batcher:
                 await task
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def submit(self, model: str, sequences: list[np.ndarray], *,
-                     with_attention: bool) -> list[SequenceResult]:
+    async def submit(
+        self, model: str, sequences: list[np.ndarray], *, with_attention: bool
+    ) -> list[SequenceResult]:
         """Queue one request's sequences and wait for their per-sequence results."""
         if self._pending >= self._settings.max_queued_requests:
             raise Overloaded(
@@ -150,8 +153,13 @@ class Batcher:
                         if not job.future.done():
                             job.future.set_exception(exc)
 
-    async def _run_group(self, loop: asyncio.AbstractEventLoop, runtime: ModelRuntime,
-                         group: list[_Job], with_attention: bool) -> None:
+    async def _run_group(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        runtime: ModelRuntime,
+        group: list[_Job],
+        with_attention: bool,
+    ) -> None:
         slots = [(j, i) for j in group for i in range(len(j.sequences))]
         lengths = [len(job.sequences[i]) for job, i in slots]
         graph = "attention" if with_attention else "embeddings"
@@ -159,17 +167,20 @@ class Batcher:
             embeds, mask = pad_batch([slots[k][0].sequences[slots[k][1]] for k in run])
             start = time.perf_counter()
             hidden, attn = await loop.run_in_executor(
-                self._executor, lambda e=embeds, m=mask: runtime.run(
-                    e, m, with_attention=with_attention)
+                self._executor, partial(runtime.run, embeds, mask, with_attention=with_attention)
             )
             self._metrics.inference.labels(runtime.info.name, graph).observe(
-                time.perf_counter() - start)
+                time.perf_counter() - start
+            )
             self._metrics.batch_sequences.observe(len(run))
             self._metrics.batch_fill.observe(float(mask.sum()) / mask.size)
             for row, k in enumerate(run):
                 job, i = slots[k]
                 n = lengths[k]
-                job.results[i] = (hidden[row, :n], None if attn is None else attn[row, :, :, :n, :n])
+                job.results[i] = (
+                    hidden[row, :n],
+                    None if attn is None else attn[row, :, :, :n, :n],
+                )
         for job in group:
             if not job.future.done():
                 job.future.set_result([r for r in job.results if r is not None])

@@ -9,6 +9,7 @@ and never a stack trace::
     ├── PayloadTooLarge (413 payload_too_large)
     ├── UnsupportedMediaType (415 unsupported_media_type)
     ├── InvalidInput (422 invalid_input)
+    │   └── UnsupportedByModel (422 unsupported_by_model)
     ├── Overloaded (429 overloaded)
     └── NotReady (503 not_ready)
 """
@@ -56,6 +57,12 @@ class UnsupportedMediaType(ServiceError):
 class InvalidInput(ServiceError):
     status_code = 422
     error_type = "invalid_input"
+
+
+class UnsupportedByModel(InvalidInput):
+    """The request asks a model for something it cannot do (e.g. text without a tokenizer)."""
+
+    error_type = "unsupported_by_model"
 
 
 class Overloaded(ServiceError):

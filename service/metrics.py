@@ -11,11 +11,15 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "attnserve_requests", "HTTP requests by route and status.",
-            ["route", "status"], registry=self.registry,
+            "attnserve_requests",
+            "HTTP requests by route and status.",
+            ["route", "status"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "attnserve_request_seconds", "HTTP request latency by route.", ["route"],
+            "attnserve_request_seconds",
+            "HTTP request latency by route.",
+            ["route"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
@@ -26,15 +30,20 @@ class Metrics:
             "attnserve_queued_requests", "Requests waiting for inference.", registry=self.registry
         )
         self.batch_sequences = Histogram(
-            "attnserve_batch_sequences", "Sequences per onnxruntime run.",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry,
+            "attnserve_batch_sequences",
+            "Sequences per onnxruntime run.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
         )
         self.batch_fill = Histogram(
-            "attnserve_batch_fill_ratio", "Real tokens / padded tokens per onnxruntime run.",
-            buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 1.0), registry=self.registry,
+            "attnserve_batch_fill_ratio",
+            "Real tokens / padded tokens per onnxruntime run.",
+            buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=self.registry,
         )
         self.inference = Histogram(
-            "attnserve_inference_seconds", "Wall time of one onnxruntime run.",
+            "attnserve_inference_seconds",
+            "Wall time of one onnxruntime run.",
             ["model", "graph"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=self.registry,

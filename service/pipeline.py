@@ -1,4 +1,4 @@
-"""One encode request from body bytes to response bytes.
+"""One request from body bytes to response bytes.
 
 ``prepare`` parses and validates everything (limits, indices, response size)
 before any inference is queued, so a bad or oversized request costs nothing;
@@ -9,28 +9,30 @@ functions: the HTTP layer runs large ones off the event loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from service import codecs, postprocess
 from service.batcher import SequenceResult
-from service.errors import InvalidInput, ModelNotFound, PayloadTooLarge
-from service.runtime import ModelInfo
-from service.schemas import EncodeOptions
+from service.errors import InvalidInput, ModelNotFound, PayloadTooLarge, UnsupportedByModel
+from service.runtime import ModelInfo, ModelRuntime
+from service.schemas import EncodeOptions, TokenizeRequest
 from service.settings import Settings
 
 MB = 1e6
+Options = TypeVar("Options", bound=BaseModel)
 
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    """A validated request: decoded arrays plus everything ``finish`` needs."""
+    """A validated encode request: decoded arrays plus everything ``finish`` needs."""
 
     model: ModelInfo
     options: EncodeOptions
     sequences: list[np.ndarray]
+    tokens: list[list[str] | None]  # the tokens of text items, None for array items
     layers: list[int]
     heads: list[int]
     response_bytes: float
@@ -54,86 +56,97 @@ def pydantic_message(exc: ValidationError) -> str:
     return f"{where}: {err['msg']}"
 
 
-def resolve_model(models: dict[str, ModelInfo], name: str | None, default: str) -> ModelInfo:
+def parse_options(model: type[Options], payload: dict[str, Any]) -> Options:
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidInput(pydantic_message(exc)) from None
+
+
+def resolve_model(
+    runtimes: dict[str, ModelRuntime], name: str | None, default: str
+) -> ModelRuntime:
     key = default if name is None else name
     try:
-        return models[key]
+        return runtimes[key]
     except KeyError:
         raise ModelNotFound(
-            f"model {key!r} is not served here (available: {', '.join(sorted(models))})"
+            f"model {key!r} is not served here (available: {', '.join(sorted(runtimes))})"
         ) from None
 
 
-def _check_limits(raw_inputs: list[Any], model: ModelInfo, settings: Settings) -> None:
-    if len(raw_inputs) > settings.max_sequences:
-        raise PayloadTooLarge(
-            f"{len(raw_inputs)} sequences in one request; the limit is {settings.max_sequences}"
+def _tokenize(
+    runtime: ModelRuntime, texts: list[str], indices: list[int], truncate: bool, what: str
+) -> list[tuple[list[str], list[int], list[int]]]:
+    """Tokenize text items; 422 without a tokenizer, 413 when too long and not truncating."""
+    info = runtime.info
+    if not info.has_tokenizer:
+        raise UnsupportedByModel(
+            f"model {info.name!r} has no tokenizer: send token embeddings as arrays, or use a "
+            "model exported from a checkpoint with a tokenizer (e.g. minilm-l6)"
         )
-    total = 0
-    for i, item in enumerate(raw_inputs):
-        n = codecs.declared_length(item)
-        if n is None:
-            continue  # decode_sequence explains what is wrong with it
-        if n > model.max_seq_len:
+    encoded = runtime.tokenize(texts, truncate=truncate)
+    for i, (tokens, _, _) in zip(indices, encoded, strict=True):
+        if len(tokens) > info.max_seq_len:
+            raise PayloadTooLarge(
+                f"{what}[{i}] is {len(tokens)} tokens long; model {info.name!r} accepts at most "
+                f"{info.max_seq_len}: shorten it or set truncate=true"
+            )
+    return encoded
+
+
+def _check_counts(
+    n_sequences: int, lengths: list[int | None], model: ModelInfo, settings: Settings
+) -> None:
+    if n_sequences > settings.max_sequences:
+        raise PayloadTooLarge(
+            f"{n_sequences} sequences in one request; the limit is {settings.max_sequences}"
+        )
+    for i, n in enumerate(lengths):
+        if n is not None and n > model.max_seq_len:
             raise PayloadTooLarge(
                 f"inputs[{i}] has {n} tokens; model {model.name!r} accepts at most "
                 f"{model.max_seq_len}"
             )
-        total += n
+    total = sum(n for n in lengths if n is not None)
     if total > settings.max_tokens:
-        raise PayloadTooLarge(
-            f"{total} tokens in one request; the limit is {settings.max_tokens}"
-        )
+        raise PayloadTooLarge(f"{total} tokens in one request; the limit is {settings.max_tokens}")
 
 
-def _response_floats(lengths: list[int], d_model: int, options: EncodeOptions,
-                     return_embeddings: bool, n_layers: int, n_heads: int) -> tuple[int, int]:
+def _response_floats(
+    lengths: list[int], d_model: int, options: EncodeOptions, n_layers: int, n_heads: int
+) -> tuple[int, int]:
     """(all floats, attention floats) the response will carry."""
     attention_maps = 0
     if options.return_attention:
         reduce = options.attention.reduce
-        attention_maps = 1 if reduce == "rollout" else n_layers * (
-            1 if reduce in ("mean", "max") else n_heads)
+        attention_maps = (
+            1 if reduce == "rollout" else n_layers * (1 if reduce in ("mean", "max") else n_heads)
+        )
     attention = sum(attention_maps * n * n for n in lengths)
-    embeddings = sum(lengths) * d_model if return_embeddings else 0
+    embeddings = sum(lengths) * d_model if wants_embeddings(options) else 0
     pooled = len(lengths) * d_model if options.pooling != "none" else 0
     return embeddings + attention + pooled, attention
 
 
-def prepare(body: bytes, models: dict[str, ModelInfo], default_model: str,
-            settings: Settings) -> PreparedRequest:
-    """Parse, validate and decode; raise a ServiceError for anything a client got wrong."""
-    payload = codecs.parse_json_object(body)
-    if "inputs" not in payload:
-        raise InvalidInput("'inputs' is required: a list of [seq_len, d_model] arrays")
-    raw_inputs = payload.pop("inputs")
-    if not isinstance(raw_inputs, list):
-        raise InvalidInput("'inputs' must be a list of sequences")
-    if not raw_inputs:
-        raise InvalidInput("'inputs' is empty: send at least one sequence")
-    try:
-        options = EncodeOptions.model_validate(payload)
-    except ValidationError as exc:
-        raise InvalidInput(pydantic_message(exc)) from None
-    model = resolve_model(models, options.model, default_model)
-    cfg = model.config
-    _check_limits(raw_inputs, model, settings)
-    layers = heads = []
-    if options.return_attention:
-        layers = postprocess.resolve_indices(options.attention.layers, cfg.n_layers, "layers")
-        heads = postprocess.resolve_indices(options.attention.heads, cfg.n_heads, "heads")
-    sequences = [
-        codecs.decode_sequence(item, i, cfg.d_model) for i, item in enumerate(raw_inputs)
-    ]
+def _check_response_size(
+    lengths: list[int],
+    model: ModelInfo,
+    options: EncodeOptions,
+    layers: list[int],
+    heads: list[int],
+    settings: Settings,
+) -> float:
     floats, attention_floats = _response_floats(
-        [len(s) for s in sequences], cfg.d_model, options, wants_embeddings(options),
-        len(layers), len(heads),
+        lengths, model.config.d_model, options, len(layers), len(heads)
     )
     size = floats * codecs.BYTES_PER_FLOAT[options.encoding_format]
     if size > settings.max_response_bytes:
         hint = (
-            "select fewer layers or heads, use attention.reduce mean/max/rollout, "
-            if attention_floats else ""
+            "select fewer attention.layers or attention.heads, use attention.reduce "
+            "mean/max/rollout, "
+            if attention_floats
+            else ""
         ) + "send fewer or shorter sequences"
         if options.encoding_format == "float":
             hint += ", or use encoding_format=base64 (~2.6x smaller)"
@@ -142,34 +155,133 @@ def prepare(body: bytes, models: dict[str, ModelInfo], default_model: str,
             f"{attention_floats:,} of them attention); the limit is "
             f"{settings.max_response_bytes / MB:.1f} MB: {hint}"
         )
-    return PreparedRequest(model, options, sequences, layers, heads, size)
+    return size
+
+
+def prepare(
+    body: bytes, runtimes: dict[str, ModelRuntime], default_model: str, settings: Settings
+) -> PreparedRequest:
+    """Parse, validate and decode an encode request; raise a ServiceError on client mistakes."""
+    payload = codecs.parse_json_object(body)
+    if "inputs" not in payload:
+        raise InvalidInput("'inputs' is required: a list of [seq_len, d_model] arrays or texts")
+    raw_inputs = payload.pop("inputs")
+    if not isinstance(raw_inputs, list):
+        raise InvalidInput("'inputs' must be a list of sequences")
+    if not raw_inputs:
+        raise InvalidInput("'inputs' is empty: send at least one sequence")
+    options = parse_options(EncodeOptions, payload)
+    runtime = resolve_model(runtimes, options.model, default_model)
+    info, cfg = runtime.info, runtime.info.config
+    if len(raw_inputs) > settings.max_sequences:  # before tokenizing a huge list
+        _check_counts(len(raw_inputs), [], info, settings)
+    text_at = [i for i, item in enumerate(raw_inputs) if isinstance(item, str)]
+    encoded = (
+        _tokenize(runtime, [raw_inputs[i] for i in text_at], text_at, options.truncate, "inputs")
+        if text_at
+        else []
+    )
+    text_of = dict(zip(text_at, encoded, strict=True))
+    lengths = [
+        len(text_of[i][0]) if i in text_of else codecs.declared_length(item)
+        for i, item in enumerate(raw_inputs)
+    ]
+    _check_counts(len(raw_inputs), lengths, info, settings)
+    layers: list[int] = []
+    heads: list[int] = []
+    if options.return_attention:
+        layers = postprocess.resolve_indices(options.attention.layers, cfg.n_layers, "layers")
+        heads = postprocess.resolve_indices(options.attention.heads, cfg.n_heads, "heads")
+    sequences: list[np.ndarray | None] = [
+        None if i in text_of else codecs.decode_sequence(item, i, cfg.d_model)
+        for i, item in enumerate(raw_inputs)
+    ]
+    if encoded:
+        embedded = runtime.embed_tokens(
+            [ids for _, ids, _ in encoded], [types for _, _, types in encoded]
+        )
+        for i, array in zip(text_at, embedded, strict=True):
+            sequences[i] = array
+    arrays = [s for s in sequences if s is not None]
+    size = _check_response_size([len(s) for s in arrays], info, options, layers, heads, settings)
+    tokens = [text_of[i][0] if i in text_of else None for i in range(len(raw_inputs))]
+    return PreparedRequest(info, options, arrays, tokens, layers, heads, size)
 
 
 def finish(request: PreparedRequest, results: list[SequenceResult]) -> bytes:
-    """Per-sequence outputs -> the response body."""
+    """Per-sequence outputs -> the encode response body."""
     opts = request.options
     fmt = opts.encoding_format
     data = []
-    tokens = 0
     for i, (hidden, attn) in enumerate(results):
-        tokens += len(hidden)
         attention = None
         if attn is not None:
             attention = codecs.encode_array(
-                postprocess.select_attention(attn, request.layers, request.heads,
-                                             opts.attention.reduce), fmt)
+                postprocess.select_attention(
+                    attn, request.layers, request.heads, opts.attention.reduce
+                ),
+                fmt,
+            )
         pooled = None
         if opts.pooling != "none":
-            pooled = codecs.encode_array(postprocess.pool(hidden, opts.pooling, opts.normalize),
-                                         fmt)
-        data.append({
-            "index": i,
-            "embeddings": codecs.encode_array(hidden, fmt) if request.return_embeddings else None,
-            "attention": attention,
-            "pooled": pooled,
-        })
-    return codecs.dumps({
-        "model": request.model.name,
-        "data": data,
-        "usage": {"sequences": len(results), "tokens": tokens},
-    })
+            pooled = codecs.encode_array(
+                postprocess.pool(hidden, opts.pooling, opts.normalize), fmt
+            )
+        data.append(
+            {
+                "index": i,
+                "tokens": request.tokens[i],
+                "embeddings": codecs.encode_array(hidden, fmt)
+                if request.return_embeddings
+                else None,
+                "attention": attention,
+                "pooled": pooled,
+            }
+        )
+    return codecs.dumps(
+        {
+            "model": request.model.name,
+            "data": data,
+            "usage": {"sequences": len(results), "tokens": sum(len(h) for h, _ in results)},
+        }
+    )
+
+
+def tokenize(
+    body: bytes, runtimes: dict[str, ModelRuntime], default_model: str, settings: Settings
+) -> bytes:
+    """``POST /v1/tokenize``: texts -> tokens, ids and (optionally) token embeddings."""
+    options = parse_options(TokenizeRequest, codecs.parse_json_object(body))
+    runtime = resolve_model(runtimes, options.model, default_model)
+    texts = [options.text] if isinstance(options.text, str) else options.text
+    if not texts:
+        raise InvalidInput("'text' is empty: send at least one string")
+    if len(texts) > settings.max_sequences:
+        raise PayloadTooLarge(
+            f"{len(texts)} texts in one request; the limit is {settings.max_sequences}"
+        )
+    encoded = _tokenize(runtime, texts, list(range(len(texts))), options.truncate, "text")
+    embeddings: list[Any] = [None] * len(texts)
+    if options.return_embeddings:
+        _check_response_size(
+            [len(t) for t, _, _ in encoded],
+            runtime.info,
+            EncodeOptions(encoding_format=options.encoding_format),
+            [],
+            [],
+            settings,
+        )
+        arrays = runtime.embed_tokens(
+            [ids for _, ids, _ in encoded], [types for _, _, types in encoded]
+        )
+        embeddings = [codecs.encode_array(a, options.encoding_format) for a in arrays]
+    return codecs.dumps(
+        {
+            "model": runtime.info.name,
+            "data": [
+                {"index": i, "tokens": tokens, "ids": ids, "embeddings": embeddings[i]}
+                for i, (tokens, ids, _) in enumerate(encoded)
+            ],
+            "usage": {"sequences": len(texts), "tokens": sum(len(t) for t, _, _ in encoded)},
+        }
+    )

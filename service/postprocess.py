@@ -43,11 +43,11 @@ def select_attention(
     attn: np.ndarray, layers: list[int], heads: list[int], reduce: str
 ) -> np.ndarray:
     """[L, H, n, n] -> the selected layers/heads, reduced as asked."""
-    chosen = attn[layers][:, heads]  # (L', H', n, n)
+    chosen: np.ndarray = attn[layers][:, heads]  # (L', H', n, n)
     if reduce == "mean":
-        return chosen.mean(axis=1, keepdims=True)
+        return np.asarray(chosen.mean(axis=1, keepdims=True))
     if reduce == "max":
-        return chosen.max(axis=1, keepdims=True)
+        return np.asarray(chosen.max(axis=1, keepdims=True))
     if reduce == "rollout":
         return rollout(chosen)
     return chosen
@@ -55,10 +55,11 @@ def select_attention(
 
 def pool(hidden: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
     """[n, d] real-token embeddings -> [d]."""
+    vector: np.ndarray
     if pooling == "mean":
-        vector = hidden.mean(axis=0)
+        vector = np.mean(hidden, axis=0)
     elif pooling == "max":
-        vector = hidden.max(axis=0)
+        vector = np.max(hidden, axis=0)
     else:  # cls
         vector = hidden[0]
     if normalize:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from tokenizers import Tokenizer
 
 from model_export import graph_io
 from model_export.config import ConfigError, EncoderConfig
@@ -37,7 +38,12 @@ class ModelInfo:
     opset: int
     sha256: dict[str, str]
     max_seq_len: int
+    text: dict[str, Any] | None = None  # the text front end's section of config.json
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return bool(self.text and self.text.get("tokenizer"))
 
 
 def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
@@ -49,6 +55,11 @@ def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
         graphs = raw["graphs"]
         expected = {name: graphs[name]["sha256"] for name in graph_io.GRAPH_OUTPUTS}
         opset = int(raw["opset"])
+        text = raw.get("text")
+        if text:
+            expected[text["embeddings_graph"]] = text["embeddings_sha256"]
+            if text.get("tokenizer"):
+                expected[text["tokenizer"]] = text["tokenizer_sha256"]
     except FileNotFoundError:
         raise ModelLoadError(f"model {model_dir.name!r}: {config_path} is missing") from None
     except (ValueError, KeyError, TypeError, ConfigError) as exc:
@@ -56,7 +67,7 @@ def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
     for name, want in expected.items():
         path = model_dir / name
         if not path.is_file():
-            raise ModelLoadError(f"model {model_dir.name!r}: graph {path} is missing")
+            raise ModelLoadError(f"model {model_dir.name!r}: {path} is missing")
         got = sha256_file(path)
         if got != want:
             raise ModelLoadError(
@@ -70,7 +81,8 @@ def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
         opset=opset,
         sha256=expected,
         max_seq_len=min(config.max_seq_len, settings.max_seq_len),
-        extra={k: v for k, v in raw.items() if k in ("weights_source", "validation")},
+        text=text or None,
+        extra={k: v for k, v in raw.items() if k in ("weights_source", "sentence_pooling")},
     )
 
 
@@ -86,23 +98,85 @@ class ModelRuntime:
         spin = "1" if settings.allow_spinning else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)
-        self._sessions: dict[str, ort.InferenceSession] = {}
-        for graph, outputs in graph_io.GRAPH_OUTPUTS.items():
-            path = info.path / graph
-            try:
-                session = ort.InferenceSession(
-                    str(path), options, providers=["CPUExecutionProvider"]
-                )
-            except Exception as exc:  # onnxruntime raises its own untyped errors
-                raise ModelLoadError(f"model {info.name!r}: cannot load {path}: {exc}") from exc
-            inputs = tuple(i.name for i in session.get_inputs())
-            got_outputs = tuple(o.name for o in session.get_outputs())
-            if inputs != graph_io.INPUT_NAMES or got_outputs != outputs:
-                raise ModelLoadError(
-                    f"model {info.name!r}: {path} has inputs {inputs} and outputs "
-                    f"{got_outputs}; expected {graph_io.INPUT_NAMES} and {outputs}"
-                )
-            self._sessions[graph] = session
+        self._sessions = {
+            graph: self._open(options, graph, graph_io.INPUT_NAMES, outputs)
+            for graph, outputs in graph_io.GRAPH_OUTPUTS.items()
+        }
+        self._token_embeddings: ort.InferenceSession | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._truncating_tokenizer: Tokenizer | None = None
+        if info.text:
+            self._token_embeddings = self._open(
+                options,
+                info.text["embeddings_graph"],
+                graph_io.TEXT_INPUT_NAMES,
+                (graph_io.INPUT_EMBEDS,),
+            )
+            if info.has_tokenizer:
+                path = info.path / info.text["tokenizer"]
+                self._tokenizer = self._load_tokenizer(path, None)
+                # A second instance, so no request ever flips shared truncation state.
+                self._truncating_tokenizer = self._load_tokenizer(path, info.max_seq_len)
+
+    def _open(
+        self,
+        options: ort.SessionOptions,
+        graph: str,
+        inputs: tuple[str, ...],
+        outputs: tuple[str, ...],
+    ) -> ort.InferenceSession:
+        path = self.info.path / graph
+        name = self.info.name
+        try:
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise ModelLoadError(f"model {name!r}: cannot load {path}: {exc}") from exc
+        got_inputs = tuple(i.name for i in session.get_inputs())
+        got_outputs = tuple(o.name for o in session.get_outputs())
+        if got_inputs != inputs or got_outputs != outputs:
+            raise ModelLoadError(
+                f"model {name!r}: {path} has inputs {got_inputs} and outputs "
+                f"{got_outputs}; expected {inputs} and {outputs}"
+            )
+        return session
+
+    def _load_tokenizer(self, path: Path, truncate_at: int | None) -> Tokenizer:
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad files
+            raise ModelLoadError(f"model {self.info.name!r}: cannot load {path}: {exc}") from exc
+        tokenizer.no_padding()
+        if truncate_at is None:
+            tokenizer.no_truncation()
+        else:
+            tokenizer.enable_truncation(max_length=truncate_at)
+        return tokenizer
+
+    def tokenize(
+        self, texts: list[str], *, truncate: bool
+    ) -> list[tuple[list[str], list[int], list[int]]]:
+        """Texts -> (tokens, ids, type ids) each, special tokens included."""
+        tokenizer = self._truncating_tokenizer if truncate else self._tokenizer
+        if tokenizer is None:
+            raise RuntimeError(f"model {self.info.name!r} has no tokenizer")
+        return [(e.tokens, e.ids, e.type_ids) for e in tokenizer.encode_batch(texts)]
+
+    def embed_tokens(self, ids: list[list[int]], type_ids: list[list[int]]) -> list[np.ndarray]:
+        """Token ids -> the encoder's input embeddings [n_i, d], one array per sequence."""
+        if self._token_embeddings is None:
+            raise RuntimeError(f"model {self.info.name!r} has no token-embedding graph")
+        lengths = [len(x) for x in ids]
+        batch = np.zeros((len(ids), max(lengths)), dtype=np.int64)
+        types = np.zeros_like(batch)
+        for row, (seq, seq_types) in enumerate(zip(ids, type_ids, strict=True)):
+            batch[row, : len(seq)] = seq
+            types[row, : len(seq)] = seq_types
+        # Position and word embeddings of a token do not depend on later tokens, so
+        # padding with id 0 and trimming gives each sequence its own embeddings.
+        (embeds,) = self._token_embeddings.run(
+            None, {graph_io.INPUT_IDS: batch, graph_io.INPUT_TOKEN_TYPES: types}
+        )
+        return [embeds[row, :n] for row, n in enumerate(lengths)]
 
     def run(
         self, embeds: np.ndarray, mask: np.ndarray, *, with_attention: bool
@@ -125,7 +199,9 @@ class ModelRuntime:
         for with_attention in (False, True):
             hidden, attn = self.run(embeds, mask, with_attention=with_attention)
             if not np.isfinite(hidden).all() or (attn is not None and not np.isfinite(attn).all()):
-                raise ModelLoadError(f"model {self.info.name!r}: warm-up produced non-finite output")
+                raise ModelLoadError(
+                    f"model {self.info.name!r}: warm-up produced non-finite output"
+                )
 
 
 def load_repository(settings: Settings) -> dict[str, ModelRuntime]:

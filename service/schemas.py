@@ -17,6 +17,11 @@ Reduce = Literal["none", "mean", "max", "rollout"]
 EncodingFormat = Literal["float", "base64"]
 
 
+class Usage(BaseModel):
+    sequences: int
+    tokens: int
+
+
 class Base64Array(BaseModel):
     """A float32 array as base64 of its little-endian bytes, row-major."""
 
@@ -62,18 +67,50 @@ class EncodeOptions(BaseModel):
     encoding_format: EncodingFormat = Field(
         "float", description="float: nested JSON arrays; base64: Base64Array objects."
     )
+    truncate: bool = Field(
+        False,
+        description="Cut text items to the model's max_seq_len instead of refusing them (413).",
+    )
 
 
 class EncodeRequest(EncodeOptions):
-    """``POST /v1/encode``: sequences of token embeddings, ragged lengths allowed."""
+    """``POST /v1/encode``: sequences of token embeddings (or texts), ragged lengths allowed."""
 
-    inputs: list[list[list[float]] | Base64Array] = Field(
-        description="Sequences, each [seq_len_i, d_model] as nested floats or a Base64Array."
+    inputs: list[list[list[float]] | Base64Array | str] = Field(
+        description="Sequences, each [seq_len_i, d_model] as nested floats or a Base64Array; "
+        "or a text, for models with a tokenizer (tokenized, then embedded by the model)."
     )
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /v1/tokenize``: texts -> tokens, ids and the encoder's input embeddings."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str | list[str] = Field(description="One text or a list of texts.")
+    model: str | None = Field(None, description="Model name; the server's default if omitted.")
+    return_embeddings: bool = Field(
+        False, description="Also return the token embeddings [n, d_model] the encoder takes."
+    )
+    truncate: bool = Field(False, description="Cut texts to the model's max_seq_len.")
+    encoding_format: EncodingFormat = "float"
+
+
+class TokenizedItem(BaseModel):
+    index: int
+    tokens: list[str]
+    ids: list[int]
+    embeddings: list[list[float]] | Base64Array | None
+
+
+class TokenizeResponse(BaseModel):
+    model: str
+    data: list[TokenizedItem]
+    usage: Usage
 
 
 class EncodeItem(BaseModel):
     index: int = Field(description="Position of the sequence in the request.")
+    tokens: list[str] | None = Field(None, description="Tokens of a text item, else null.")
     embeddings: list[list[float]] | Base64Array | None = Field(
         description="[seq_len_i, d_model] contextualized embeddings of the real tokens."
     )
@@ -81,11 +118,6 @@ class EncodeItem(BaseModel):
         description="[L', H', seq_len_i, seq_len_i] attention weights, or null."
     )
     pooled: list[float] | Base64Array | None = Field(description="[d_model], or null.")
-
-
-class Usage(BaseModel):
-    sequences: int
-    tokens: int
 
 
 class EncodeResponse(BaseModel):
@@ -110,6 +142,7 @@ class ModelCard(BaseModel):
     activation: str
     opset: int
     sha256: dict[str, str]
+    tokenizer: bool = Field(description="Accepts text (POST /v1/tokenize, text inputs).")
     default: bool
 
 

@@ -61,8 +61,9 @@ class ServerFailed(RuntimeError):
 
 
 @contextmanager
-def running_server(repository: Path, *, ready_timeout: float = 60.0,
-                   **settings: str) -> Iterator[str]:
+def running_server(
+    repository: Path, *, ready_timeout: float = 60.0, **settings: str
+) -> Iterator[str]:
     """Run ``python -m service`` on 127.0.0.1:<free port>; yield its base URL.
 
     ``settings`` are ATTNSERVE_* values without the prefix, e.g. ``max_sequences="2"``.
@@ -79,8 +80,9 @@ def running_server(repository: Path, *, ready_timeout: float = 60.0,
     }
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + ready_timeout
             while True:

@@ -47,7 +47,8 @@ def weights_of(module: nn.Module) -> dict[str, np.ndarray]:
 
 def _linear(w: Weights, prefix: str, x: np.ndarray) -> np.ndarray:
     """nn.Linear semantics: weight stored (out, in), y = W x + b."""
-    return w[f"{prefix}.weight"] @ x + w[f"{prefix}.bias"]
+    y: np.ndarray = w[f"{prefix}.weight"] @ x + w[f"{prefix}.bias"]
+    return y
 
 
 def _layer_norm(w: Weights, prefix: str, x: np.ndarray, eps: float) -> np.ndarray:

@@ -1,0 +1,178 @@
+"""EncoderConfig validation, dict round trips and the named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from model_export.config import PRESETS, ConfigError, EncoderConfig, preset
+
+
+def kwargs(field: str, value: Any) -> dict[str, Any]:
+    """One field, typed loosely on purpose: these tests pass values of the wrong type."""
+    return {field: value}
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_defaults_are_valid_and_bert_like() -> None:
+    config = EncoderConfig()
+    assert (config.d_model, config.n_heads, config.n_layers, config.d_ff) == (384, 12, 6, 1536)
+    assert config.activation == "gelu"
+    assert config.norm_placement == "post"
+    assert config.layer_norm_eps == 1e-12
+    assert config.dropout == 0.0
+    assert not config.causal
+    assert config.window is None
+    assert config.scoring == "dot"
+    assert config.head_dim == 32
+
+
+@pytest.mark.parametrize(("d_model", "n_heads"), [(10, 3), (32, 5), (384, 7)])
+def test_d_model_must_be_divisible_by_n_heads(d_model: int, n_heads: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        EncoderConfig(d_model=d_model, n_heads=n_heads)
+    assert str(info.value) == (f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+
+
+@pytest.mark.parametrize("field", ["d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"])
+@pytest.mark.parametrize("value", [0, -1, -384, True, 2.0, "32", None])
+def test_sizes_must_be_positive_integers(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=f"^{field} must be a positive integer, got "):
+        EncoderConfig(**kwargs(field, value))
+
+
+@pytest.mark.parametrize("window", [0, -1, True, 2.5, "2"])
+def test_window_must_be_a_positive_integer_or_none(window: Any) -> None:
+    with pytest.raises(ConfigError, match=r"^window must be an integer >= 1 or None, got "):
+        EncoderConfig(window=window)
+
+
+def test_window_one_and_none_are_valid() -> None:
+    assert EncoderConfig(window=1).window == 1
+    assert EncoderConfig(window=None).window is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "choices"),
+    [
+        ("activation", "swish", "('gelu', 'gelu_tanh', 'relu')"),
+        ("activation", "GELU", "('gelu', 'gelu_tanh', 'relu')"),
+        ("scoring", "multiplicative", "('dot', 'additive')"),
+        ("norm_placement", "sandwich", "('post', 'pre')"),
+    ],
+)
+def test_unknown_choice_names_the_choices(field: str, value: str, choices: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        EncoderConfig(**kwargs(field, value))
+    assert str(info.value) == f"{field} must be one of {choices}, got {value!r}"
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan")])
+def test_layer_norm_eps_must_be_positive(eps: float) -> None:
+    with pytest.raises(ConfigError, match=r"^layer_norm_eps must be > 0"):
+        EncoderConfig(layer_norm_eps=eps)
+
+
+@pytest.mark.parametrize("dropout", [-0.1, 1.0, 1.5])
+def test_dropout_must_be_in_unit_interval(dropout: float) -> None:
+    with pytest.raises(ConfigError, match=r"^dropout must be in \[0, 1\)"):
+        EncoderConfig(dropout=dropout)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: config.py does not type-check `causal`; the string 'false' silently "
+    "builds a causal model (from_dict of a hand-edited config.json)",
+)
+def test_causal_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="causal"):
+        EncoderConfig.from_dict({"causal": "false"})
+
+
+def test_config_is_frozen() -> None:
+    config = EncoderConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.d_model = 64  # type: ignore[misc]
+
+
+def test_from_dict_rejects_unknown_keys() -> None:
+    with pytest.raises(ConfigError) as info:
+        EncoderConfig.from_dict({"d_model": 64, "nheads": 4, "hidden": 3})
+    assert str(info.value) == "unknown config keys: hidden, nheads"  # sorted, all of them
+
+
+def test_from_dict_validates_values() -> None:
+    with pytest.raises(ConfigError, match="divisible"):
+        EncoderConfig.from_dict({"d_model": 30, "n_heads": 4})
+
+
+def test_dict_and_json_round_trip() -> None:
+    config = EncoderConfig(
+        d_model=64,
+        n_heads=4,
+        n_layers=3,
+        d_ff=128,
+        activation="relu",
+        norm_placement="pre",
+        causal=True,
+        window=5,
+        scoring="additive",
+        max_seq_len=256,
+        layer_norm_eps=1e-6,
+    )
+    assert EncoderConfig.from_dict(config.to_dict()) == config
+    assert EncoderConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+PRESET_SIZES: dict[str, tuple[int, int, int, int]] = {
+    # name: (d_model, n_heads, n_layers, d_ff)
+    "tiny": (32, 4, 2, 64),
+    "small": (384, 12, 6, 1536),
+    "base": (768, 12, 12, 3072),
+}
+
+
+@pytest.mark.parametrize("name", list(PRESET_SIZES))
+def test_preset_sizes(name: str) -> None:
+    config = preset(name)
+    assert (config.d_model, config.n_heads, config.n_layers, config.d_ff) == PRESET_SIZES[name]
+    assert config.head_dim * config.n_heads == config.d_model
+    assert config == PRESETS[name]
+    # Presets are plain BERT-style encoders; the variants are opt-in.
+    assert (config.causal, config.window, config.scoring, config.norm_placement) == (
+        False,
+        None,
+        "dot",
+        "post",
+    )
+
+
+def test_tiny_preset_max_seq_len() -> None:
+    assert preset("tiny").max_seq_len == 128
+    assert preset("small").max_seq_len == 512
+
+
+def test_preset_set_is_documented() -> None:
+    assert sorted(PRESETS) == ["base", "small", "tiny"]
+
+
+def test_preset_overrides_are_applied_and_validated() -> None:
+    config = preset("tiny", causal=True, window=3, n_layers=1)
+    assert (config.d_model, config.n_layers, config.causal, config.window) == (32, 1, True, 3)
+    assert preset("tiny") == PRESETS["tiny"]  # the preset itself is untouched
+    with pytest.raises(ConfigError, match=r"d_model \(32\) must be divisible by n_heads \(3\)"):
+        preset("tiny", n_heads=3)
+    with pytest.raises(ConfigError, match="unknown config keys: heads"):
+        preset("tiny", heads=2)
+
+
+def test_unknown_preset() -> None:
+    with pytest.raises(ConfigError) as info:
+        preset("huge")
+    assert str(info.value) == "unknown preset 'huge'; choose one of ['base', 'small', 'tiny']"

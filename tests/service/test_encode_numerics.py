@@ -1,0 +1,278 @@
+"""POST /v1/encode against direct onnxruntime, PyTorch and numpy references.
+
+Tolerances: the server runs the same ONNX graphs, so it must match a direct
+onnxruntime run to float32 noise (atol 1e-5, which still catches any wrong
+token, head or layer: those differ by ~1e-1). PyTorch differs from
+onnxruntime by up to ~3e-6 (docs of model_export), so it gets atol 1e-4, the
+export's own tolerance.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from model_export.model import Encoder
+from model_export.validate import make_inputs
+from tests.service.helpers import (
+    D_MODEL,
+    MODEL,
+    N_HEADS,
+    N_LAYERS,
+    as_array,
+    b64_array,
+    encode,
+    ort_encode,
+    sequences,
+)
+
+ATOL_ORT = 1e-5  # same graph, possibly different padding: float32 noise only
+ATOL_TORCH = 1e-4  # PyTorch eager vs onnxruntime
+ATOL_ROW_SUM = 1e-5  # softmax rows in float32
+
+RAGGED = (16, 5, 1, 11, 3)
+
+
+def _embeddings(item: dict[str, Any]) -> np.ndarray:
+    return as_array(item["embeddings"])
+
+
+def test_embeddings_match_onnxruntime_and_pytorch(
+    client: httpx.Client, embeddings_session: ort.InferenceSession, tiny_encoder: Encoder
+) -> None:
+    lengths = (9, 4, 1)
+    embeds, mask = make_inputs(lengths, D_MODEL, seed=11)  # (B, T, d), (B, T)
+    seqs = [embeds[i, :n] for i, n in enumerate(lengths)]
+    body = encode(client, seqs)
+
+    assert body["model"] == MODEL
+    assert body["usage"] == {"sequences": 3, "tokens": sum(lengths)}
+    expected = ort_encode(embeddings_session, seqs)
+    with torch.no_grad():
+        torch_hidden, _ = tiny_encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+    for i, (item, n) in enumerate(zip(body["data"], lengths, strict=True)):
+        assert item["index"] == i
+        assert item["attention"] is None and item["pooled"] is None
+        got = _embeddings(item)
+        assert got.shape == (n, D_MODEL)
+        np.testing.assert_allclose(got, expected[i][0], rtol=0, atol=ATOL_ORT)
+        np.testing.assert_allclose(got, torch_hidden[i, :n].numpy(), rtol=0, atol=ATOL_TORCH)
+
+
+def test_attention_matches_attention_graph(
+    client: httpx.Client,
+    attention_session: ort.InferenceSession,
+    embeddings_session: ort.InferenceSession,
+    tiny_encoder: Encoder,
+) -> None:
+    lengths = (7, 12)
+    embeds, mask = make_inputs(lengths, D_MODEL, seed=12)
+    seqs = [embeds[i, :n] for i, n in enumerate(lengths)]
+    body = encode(client, seqs, return_attention=True)
+
+    expected = ort_encode(attention_session, seqs)
+    hidden_only = ort_encode(embeddings_session, seqs)
+    with torch.no_grad():
+        _, torch_attn = tiny_encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+    assert torch_attn is not None
+    for i, (item, n) in enumerate(zip(body["data"], lengths, strict=True)):
+        attn = as_array(item["attention"])
+        assert attn.shape == (N_LAYERS, N_HEADS, n, n)
+        want = expected[i][1]
+        assert want is not None
+        np.testing.assert_allclose(attn, want, rtol=0, atol=ATOL_ORT)
+        np.testing.assert_allclose(
+            attn, torch_attn[i, :, :, :n, :n].numpy(), rtol=0, atol=ATOL_TORCH
+        )
+        # The attention graph's embeddings are the embeddings graph's (atol 1e-5).
+        np.testing.assert_allclose(_embeddings(item), hidden_only[i][0], rtol=0, atol=ATOL_ORT)
+
+
+def test_ragged_batch_equals_each_sequence_alone(client: httpx.Client) -> None:
+    seqs = sequences(RAGGED, seed=13)
+    batch = encode(client, seqs, return_attention=True)["data"]
+    assert [item["index"] for item in batch] == list(range(len(RAGGED)))
+    for seq, item in zip(seqs, batch, strict=True):
+        n = len(seq)
+        alone = encode(client, [seq], return_attention=True)["data"][0]
+        emb, attn = _embeddings(item), as_array(item["attention"])
+        # Trimmed to this sequence's own length: no padded rows or columns leak out.
+        assert emb.shape == (n, D_MODEL)
+        assert attn.shape == (N_LAYERS, N_HEADS, n, n)
+        np.testing.assert_allclose(emb, _embeddings(alone), rtol=0, atol=ATOL_ORT)
+        np.testing.assert_allclose(attn, as_array(alone["attention"]), rtol=0, atol=ATOL_ORT)
+        # All attention mass is on real keys: rows over the n real keys sum to 1.
+        np.testing.assert_allclose(attn.sum(axis=-1), 1.0, rtol=0, atol=ATOL_ROW_SUM)
+
+
+# --- attention selection and reduction, against numpy on the attention graph's output ---
+
+
+def rollout_reference(attn: np.ndarray) -> np.ndarray:
+    """Abnar & Zuidema rollout of [L, H, n, n]: R = Â_L … Â_1, Â = rownorm(0.5 mean_h A + 0.5 I)."""
+    n = attn.shape[-1]
+    mixed = []
+    for layer in attn.astype(np.float64):  # (H, n, n)
+        a_hat = 0.5 * layer.mean(axis=0) + 0.5 * np.eye(n)  # (n, n)
+        mixed.append(a_hat / a_hat.sum(axis=1, keepdims=True))
+    # reduce over [Â_L, ..., Â_1]: ((Â_L Â_{L-1}) ...) Â_1
+    return functools.reduce(np.matmul, mixed[::-1])[None, None]  # (1, 1, n, n)
+
+
+def selection_reference(
+    attn: np.ndarray, layers: list[int] | None, heads: list[int] | None, reduce: str
+) -> np.ndarray:
+    """numpy fancy indexing (negative indices included) then the reduction."""
+    chosen = attn[list(range(N_LAYERS)) if layers is None else layers]
+    chosen = chosen[:, list(range(N_HEADS)) if heads is None else heads]  # (L', H', n, n)
+    if reduce == "mean":
+        return chosen.mean(axis=1, keepdims=True)
+    if reduce == "max":
+        return chosen.max(axis=1, keepdims=True)
+    if reduce == "rollout":
+        return rollout_reference(chosen)
+    return chosen
+
+
+SELECTIONS = [
+    # (layers, heads, reduce, expected (L', H') of the answer)
+    (None, None, "none", (N_LAYERS, N_HEADS)),
+    ([-1], None, "none", (1, N_HEADS)),
+    ([1, 0], [0, -1], "none", (2, 2)),
+    ([-2], [2], "none", (1, 1)),
+    (None, None, "mean", (N_LAYERS, 1)),
+    ([0], [1, 3], "mean", (1, 1)),
+    (None, None, "max", (N_LAYERS, 1)),
+    ([-1], [-2, -1], "max", (1, 1)),
+    (None, None, "rollout", (1, 1)),
+    ([-1], None, "rollout", (1, 1)),
+    ([0, 1], [0, 2], "rollout", (1, 1)),
+]
+
+
+@pytest.mark.parametrize(("layers", "heads", "reduce", "lead"), SELECTIONS)
+def test_attention_selection_and_reduce(
+    client: httpx.Client,
+    attention_session: ort.InferenceSession,
+    layers: list[int] | None,
+    heads: list[int] | None,
+    reduce: str,
+    lead: tuple[int, int],
+) -> None:
+    seqs = sequences((10, 3), seed=14)
+    attention: dict[str, Any] = {"reduce": reduce}
+    if layers is not None:
+        attention["layers"] = layers
+    if heads is not None:
+        attention["heads"] = heads
+    body = encode(client, seqs, return_attention=True, attention=attention)
+    full = ort_encode(attention_session, seqs)
+    for seq, item, (_, want_full) in zip(seqs, body["data"], full, strict=True):
+        assert want_full is not None
+        n = len(seq)
+        got = as_array(item["attention"])
+        assert got.shape == (*lead, n, n)
+        want = selection_reference(want_full, layers, heads, reduce)
+        np.testing.assert_allclose(got, want, rtol=0, atol=ATOL_ORT)
+        if reduce == "max":
+            # A max over heads is no distribution: rows sum to >= 1.
+            assert (got.sum(axis=-1) >= 1.0 - ATOL_ROW_SUM).all()
+        else:
+            np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=0, atol=ATOL_ROW_SUM)
+
+
+def test_rollout_reference_is_not_trivial(attention_session: ort.InferenceSession) -> None:
+    """Guards the reference itself: rollout must differ from the plain head mean."""
+    seq = sequences((8,), seed=15)
+    ((_, attn),) = ort_encode(attention_session, seq)
+    assert attn is not None
+    rollout = rollout_reference(attn)[0, 0]
+    assert np.abs(rollout - attn.mean(axis=1)[-1]).max() > 1e-3
+    np.testing.assert_allclose(rollout.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+
+
+# --- pooling -------------------------------------------------------------------------------
+
+
+def pooling_reference(hidden: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
+    vector = {
+        "mean": lambda h: h.astype(np.float64).mean(axis=0),
+        "max": lambda h: h.max(axis=0),
+        "cls": lambda h: h[0],
+    }[pooling](hidden)
+    if normalize:
+        vector = vector / np.linalg.norm(vector)
+    return np.asarray(vector, dtype=np.float64)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_pooling_on_real_tokens(client: httpx.Client, pooling: str, normalize: bool) -> None:
+    # Ragged, with negative-shifted inputs so a padded zero would win a max and skew a mean.
+    seqs = [s - 3.0 for s in sequences(RAGGED, seed=16)]
+    body = encode(client, seqs, pooling=pooling, normalize=normalize, return_embeddings=True)
+    for seq, item in zip(seqs, body["data"], strict=True):
+        hidden = _embeddings(item)
+        assert hidden.shape == (len(seq), D_MODEL)
+        pooled = as_array(item["pooled"])
+        assert pooled.shape == (D_MODEL,)
+        # float32 sums of <= 16 values: 1e-5 absolute is ample and catches any padding leak.
+        np.testing.assert_allclose(
+            pooled, pooling_reference(hidden, pooling, normalize), rtol=0, atol=1e-5
+        )
+        if normalize:
+            assert abs(float(np.linalg.norm(pooled)) - 1.0) < 1e-5
+
+
+def test_pooling_defaults_drop_embeddings(client: httpx.Client) -> None:
+    seqs = sequences((4, 2), seed=17)
+    pooled = encode(client, seqs, pooling="mean")["data"]
+    assert all(item["embeddings"] is None for item in pooled)
+    assert all(len(item["pooled"]) == D_MODEL for item in pooled)
+    plain = encode(client, seqs)["data"]
+    assert all(item["pooled"] is None and item["attention"] is None for item in plain)
+    embeddings_off = encode(client, seqs, return_embeddings=False, return_attention=True)["data"]
+    assert all(item["embeddings"] is None for item in embeddings_off)
+    assert [as_array(i["attention"]).shape for i in embeddings_off] == [
+        (N_LAYERS, N_HEADS, 4, 4),
+        (N_LAYERS, N_HEADS, 2, 2),
+    ]
+
+
+# --- base64 --------------------------------------------------------------------------------
+
+
+def test_base64_round_trip_is_bitwise(client: httpx.Client) -> None:
+    seqs = sequences((6, 2), seed=18)
+    options: dict[str, Any] = {
+        "return_attention": True,
+        "attention": {"layers": [-1], "reduce": "mean"},
+        "pooling": "max",
+        "return_embeddings": True,
+    }
+    as_floats = encode(client, seqs, **options)
+    b64_in = encode(client, [b64_array(s) for s in seqs], **options)
+    b64_both = encode(client, [b64_array(s) for s in seqs], encoding_format="base64", **options)
+
+    for f, bi, bb, seq in zip(
+        as_floats["data"], b64_in["data"], b64_both["data"], seqs, strict=True
+    ):
+        for key, shape in (
+            ("embeddings", [len(seq), D_MODEL]),
+            ("attention", [1, 1, len(seq), len(seq)]),
+            ("pooled", [D_MODEL]),
+        ):
+            wire = bb[key]
+            assert set(wire) == {"shape", "dtype", "data"}
+            assert wire["shape"] == shape and wire["dtype"] == "float32"
+            from_floats = as_array(f[key])
+            # Exact: the float32 values behind the JSON floats are the base64 bytes.
+            np.testing.assert_array_equal(from_floats.view(np.uint32), as_array(wire).view("<u4"))
+            np.testing.assert_array_equal(from_floats, as_array(bi[key]))
+    assert as_floats["usage"] == b64_in["usage"] == b64_both["usage"]
