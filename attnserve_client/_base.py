@@ -1,0 +1,176 @@
+"""What the sync and async clients share: configuration, request bodies, retry policy.
+
+The two clients differ only in how they wait (``time.sleep`` vs
+``asyncio.sleep``) and send; everything decidable without I/O lives here.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+
+from attnserve_client import _constants as C
+from attnserve_client._exceptions import APIConnectionError, APITimeoutError, status_error
+from attnserve_client._types import encode_array
+
+Reduce = Literal["none", "mean", "max", "rollout"]
+Pooling = Literal["none", "mean", "cls", "max"]
+WireFormat = Literal["base64", "float"]
+SequenceInput = np.ndarray | str
+Inputs = np.ndarray | Sequence[SequenceInput]
+
+
+def split_inputs(inputs: Inputs) -> list[SequenceInput]:
+    """[batch, seq, d] array, or a list of [seq_i, d] arrays / texts -> a list of sequences."""
+    if isinstance(inputs, np.ndarray):
+        if inputs.ndim == 2:
+            raise ValueError("inputs is one [seq, d_model] array: pass [it] or inputs[None]")
+        if inputs.ndim != 3:
+            raise ValueError(f"inputs must be [batch, seq, d_model], got shape {inputs.shape}")
+        return list(inputs)
+    if isinstance(inputs, str):
+        return [inputs]
+    return list(inputs)
+
+
+def encode_body(
+    inputs: Inputs,
+    *,
+    model: str | None,
+    return_attention: bool,
+    layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+    reduce: Reduce | None,
+    pooling: Pooling | None,
+    normalize: bool,
+    return_embeddings: bool | None,
+    truncate: bool,
+    wire_format: WireFormat,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/encode``; arrays go as base64 unless asked otherwise."""
+    sequences: list[Any] = []
+    for item in split_inputs(inputs):
+        if isinstance(item, str):
+            sequences.append(item)
+            continue
+        array = np.asarray(item, dtype=np.float32)
+        sequences.append(encode_array(array) if wire_format == "base64" else array.tolist())
+    if not sequences:
+        raise ValueError("inputs is empty")
+    body: dict[str, Any] = {"inputs": sequences, "encoding_format": wire_format}
+    if model is not None:
+        body["model"] = model
+    if return_attention:
+        body["return_attention"] = True
+        attention: dict[str, Any] = {}
+        if layers is not None:
+            attention["layers"] = list(layers)
+        if heads is not None:
+            attention["heads"] = list(heads)
+        if reduce is not None:
+            attention["reduce"] = reduce
+        body["attention"] = attention
+    if pooling is not None:
+        body["pooling"] = pooling
+    if normalize:
+        body["normalize"] = True
+    if return_embeddings is not None:
+        body["return_embeddings"] = return_embeddings
+    if truncate:
+        body["truncate"] = True
+    return body
+
+
+def chunks(items: Iterable[SequenceInput], size: int) -> Iterable[list[SequenceInput]]:
+    if size < 1:
+        raise ValueError("batch_size must be >= 1")
+    chunk: list[SequenceInput] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def retry_after_seconds(response: httpx.Response | None) -> float | None:
+    """The server's Retry-After (seconds or HTTP date), when it is sane."""
+    if response is None:
+        return None
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        if parsed is None:
+            return None
+        seconds = parsed.timestamp() - time.time()
+    return seconds if 0 <= seconds <= C.MAX_RETRY_AFTER else None
+
+
+def retry_delay(attempt: int, response: httpx.Response | None) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): Retry-After, else backoff."""
+    server = retry_after_seconds(response)
+    if server is not None:
+        return server
+    backoff = min(C.INITIAL_RETRY_DELAY * 2.0**attempt, C.MAX_RETRY_DELAY)
+    return backoff * (1.0 - 0.25 * random.random())  # jitter: spread synchronized clients
+
+
+def should_retry(response: httpx.Response) -> bool:
+    return response.status_code in C.RETRY_STATUSES
+
+
+def translate_transport_error(exc: httpx.TransportError) -> APIConnectionError:
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeoutError(f"the request timed out: {exc}")
+    return APIConnectionError(f"could not reach the server: {exc}")
+
+
+def checked_json(response: httpx.Response) -> Any:
+    """The body of a successful response; an APIStatusError for any error status."""
+    if response.is_success:
+        return response.json()
+    raise status_error(response)
+
+
+class BaseClient:
+    """Configuration shared by :class:`Client` and :class:`AsyncClient`."""
+
+    def __init__(
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float | httpx.Timeout | None,
+        max_retries: int,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get(C.ENV_BASE_URL) or C.DEFAULT_BASE_URL).rstrip(
+            "/"
+        )
+        self.api_key = api_key if api_key is not None else os.environ.get(C.ENV_API_KEY)
+        self.timeout = (
+            timeout
+            if isinstance(timeout, httpx.Timeout)
+            else httpx.Timeout(
+                C.DEFAULT_TIMEOUT if timeout is None else timeout, connect=C.DEFAULT_CONNECT_TIMEOUT
+            )
+        )
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self.max_retries = max_retries
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "attnserve-client/0.1"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers

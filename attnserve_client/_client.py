@@ -1,0 +1,372 @@
+"""``Client`` and ``AsyncClient``: the same methods, blocking and awaitable."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from attnserve_client import _constants as C
+from attnserve_client._base import (
+    BaseClient,
+    Inputs,
+    Pooling,
+    Reduce,
+    SequenceInput,
+    WireFormat,
+    checked_json,
+    chunks,
+    encode_body,
+    retry_delay,
+    should_retry,
+    translate_transport_error,
+)
+from attnserve_client._exceptions import APITimeoutError
+from attnserve_client._types import EncodeResult, ModelCard, TokenizeResult
+
+
+def _progress(total: int | None, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError as exc:  # pragma: no cover - tqdm ships with the client extra
+        raise ImportError("progress=True needs tqdm: pip install tqdm") from exc
+    return tqdm(total=total, unit="seq", desc="encode")
+
+
+class Client(BaseClient):
+    """Blocking client.
+
+    Example::
+
+        import numpy as np
+        from attnserve_client import Client
+
+        with Client("http://127.0.0.1:8000") as client:
+            result = client.encode(np.random.rand(2, 5, 384).astype("float32"))
+            result.stack().shape  # (2, 5, 384)
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout | None = None,
+        max_retries: int = C.DEFAULT_MAX_RETRIES,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key, timeout, max_retries)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=self._headers(),
+            timeout=self.timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(
+        self, method: str, path: str, *, json: Any = None, timeout: float | None = None
+    ) -> Any:
+        """Send with retries on connection errors, 408, 429 and 5xx; raise typed errors."""
+        kwargs: dict[str, Any] = {"json": json}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if last:
+                    raise translate_transport_error(exc) from exc
+                time.sleep(retry_delay(attempt, None))
+                continue
+            if should_retry(response) and not last:
+                time.sleep(retry_delay(attempt, response))
+                continue
+            return checked_json(response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def encode(
+        self,
+        inputs: Inputs,
+        *,
+        model: str | None = None,
+        return_attention: bool = False,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        reduce: Reduce | None = None,
+        pooling: Pooling | None = None,
+        normalize: bool = False,
+        return_embeddings: bool | None = None,
+        truncate: bool = False,
+        wire_format: WireFormat = "base64",
+        timeout: float | None = None,
+    ) -> EncodeResult:
+        """Contextualized embeddings of ``inputs``: [batch, seq, d] array, or a list of
+        [seq_i, d] arrays (ragged) or texts (models with a tokenizer)."""
+        body = encode_body(
+            inputs,
+            model=model,
+            return_attention=return_attention,
+            layers=layers,
+            heads=heads,
+            reduce=reduce,
+            pooling=pooling,
+            normalize=normalize,
+            return_embeddings=return_embeddings,
+            truncate=truncate,
+            wire_format=wire_format,
+        )
+        return EncodeResult.from_json(
+            self._request("POST", "/v1/encode", json=body, timeout=timeout)
+        )
+
+    def encode_many(
+        self,
+        sequences: Iterable[SequenceInput],
+        *,
+        batch_size: int = C.DEFAULT_BATCH_SIZE,
+        concurrency: int = C.DEFAULT_CONCURRENCY,
+        progress: bool = False,
+        **encode_kwargs: Any,
+    ) -> EncodeResult:
+        """Encode many sequences in requests of ``batch_size``, ``concurrency`` at a time,
+        keeping their order."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        batches = list(chunks(sequences, batch_size))
+        bar = _progress(sum(len(b) for b in batches), progress)
+        try:
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                futures = [pool.submit(self.encode, b, **encode_kwargs) for b in batches]
+                parts = []
+                for future in futures:  # in submission order: results keep the input order
+                    parts.append(future.result())
+                    if bar is not None:
+                        bar.update(len(parts[-1]))
+        finally:
+            if bar is not None:
+                bar.close()
+        return EncodeResult.concat(parts)
+
+    def tokenize(
+        self,
+        text: str | Sequence[str],
+        *,
+        model: str | None = None,
+        return_embeddings: bool = False,
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> TokenizeResult:
+        """Tokens, ids and optionally the encoder's input embeddings of ``text``."""
+        body = {
+            "text": text if isinstance(text, str) else list(text),
+            "model": model,
+            "return_embeddings": return_embeddings,
+            "truncate": truncate,
+            "encoding_format": "base64",
+        }
+        return TokenizeResult.from_json(
+            self._request("POST", "/v1/tokenize", json=body, timeout=timeout)
+        )
+
+    def models(self) -> list[ModelCard]:
+        return [ModelCard.from_json(m) for m in self._request("GET", "/v1/models")["data"]]
+
+    def model(self, name: str) -> ModelCard:
+        return ModelCard.from_json(self._request("GET", f"/v1/models/{name}"))
+
+    def ready(self) -> bool:
+        """True when the server has loaded and warmed up its models (no retries)."""
+        try:
+            return self._http.get("/health/ready", timeout=C.DEFAULT_CONNECT_TIMEOUT).is_success
+        except httpx.TransportError:
+            return False
+
+    def wait_until_ready(self, timeout: float = 60.0, *, interval: float = 0.2) -> None:
+        """Poll readiness; APITimeoutError if the server is not ready within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if time.monotonic() >= deadline:
+                raise APITimeoutError(f"server at {self.base_url} not ready after {timeout}s")
+            time.sleep(interval)
+
+
+class AsyncClient(BaseClient):
+    """Awaitable twin of :class:`Client`.
+
+    Example::
+
+        async with AsyncClient("http://127.0.0.1:8000") as client:
+            result = await client.encode(["A sentence.", "Another one."], pooling="mean")
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout | None = None,
+        max_retries: int = C.DEFAULT_MAX_RETRIES,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key, timeout, max_retries)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=self._headers(),
+            timeout=self.timeout,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(
+        self, method: str, path: str, *, json: Any = None, timeout: float | None = None
+    ) -> Any:
+        """Send with retries on connection errors, 408, 429 and 5xx; raise typed errors."""
+        kwargs: dict[str, Any] = {"json": json}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if last:
+                    raise translate_transport_error(exc) from exc
+                await asyncio.sleep(retry_delay(attempt, None))
+                continue
+            if should_retry(response) and not last:
+                await asyncio.sleep(retry_delay(attempt, response))
+                continue
+            return checked_json(response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def encode(
+        self,
+        inputs: Inputs,
+        *,
+        model: str | None = None,
+        return_attention: bool = False,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        reduce: Reduce | None = None,
+        pooling: Pooling | None = None,
+        normalize: bool = False,
+        return_embeddings: bool | None = None,
+        truncate: bool = False,
+        wire_format: WireFormat = "base64",
+        timeout: float | None = None,
+    ) -> EncodeResult:
+        """See :meth:`Client.encode`."""
+        body = encode_body(
+            inputs,
+            model=model,
+            return_attention=return_attention,
+            layers=layers,
+            heads=heads,
+            reduce=reduce,
+            pooling=pooling,
+            normalize=normalize,
+            return_embeddings=return_embeddings,
+            truncate=truncate,
+            wire_format=wire_format,
+        )
+        return EncodeResult.from_json(
+            await self._request("POST", "/v1/encode", json=body, timeout=timeout)
+        )
+
+    async def encode_many(
+        self,
+        sequences: Iterable[SequenceInput],
+        *,
+        batch_size: int = C.DEFAULT_BATCH_SIZE,
+        concurrency: int = C.DEFAULT_CONCURRENCY,
+        progress: bool = False,
+        **encode_kwargs: Any,
+    ) -> EncodeResult:
+        """See :meth:`Client.encode_many`."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        batches = list(chunks(sequences, batch_size))
+        bar = _progress(sum(len(b) for b in batches), progress)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(batch: list[SequenceInput]) -> EncodeResult:
+            async with gate:
+                result = await self.encode(batch, **encode_kwargs)
+            if bar is not None:
+                bar.update(len(result))
+            return result
+
+        try:
+            parts = await asyncio.gather(*(one(b) for b in batches))
+        finally:
+            if bar is not None:
+                bar.close()
+        return EncodeResult.concat(list(parts))
+
+    async def tokenize(
+        self,
+        text: str | Sequence[str],
+        *,
+        model: str | None = None,
+        return_embeddings: bool = False,
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> TokenizeResult:
+        """See :meth:`Client.tokenize`."""
+        body = {
+            "text": text if isinstance(text, str) else list(text),
+            "model": model,
+            "return_embeddings": return_embeddings,
+            "truncate": truncate,
+            "encoding_format": "base64",
+        }
+        return TokenizeResult.from_json(
+            await self._request("POST", "/v1/tokenize", json=body, timeout=timeout)
+        )
+
+    async def models(self) -> list[ModelCard]:
+        body = await self._request("GET", "/v1/models")
+        return [ModelCard.from_json(m) for m in body["data"]]
+
+    async def model(self, name: str) -> ModelCard:
+        return ModelCard.from_json(await self._request("GET", f"/v1/models/{name}"))
+
+    async def ready(self) -> bool:
+        """True when the server has loaded and warmed up its models (no retries)."""
+        try:
+            response = await self._http.get("/health/ready", timeout=C.DEFAULT_CONNECT_TIMEOUT)
+        except httpx.TransportError:
+            return False
+        return response.is_success
+
+    async def wait_until_ready(self, timeout: float = 60.0, *, interval: float = 0.2) -> None:
+        """Poll readiness; APITimeoutError if the server is not ready within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not await self.ready():
+            if time.monotonic() >= deadline:
+                raise APITimeoutError(f"server at {self.base_url} not ready after {timeout}s")
+            await asyncio.sleep(interval)

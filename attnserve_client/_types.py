@@ -1,0 +1,155 @@
+"""Typed results of the SDK: numpy arrays, never nested float lists."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+ArrayField = Literal["embeddings", "attention", "pooled"]
+
+
+def decode_array(value: Any) -> np.ndarray:
+    """A response array (base64 object or nested floats) -> float32 numpy."""
+    if isinstance(value, dict):
+        raw = base64.b64decode(value["data"])
+        return np.frombuffer(raw, dtype="<f4").reshape(value["shape"]).astype(np.float32)
+    return np.asarray(value, dtype=np.float32)
+
+
+def encode_array(array: np.ndarray) -> dict[str, Any]:
+    """float32 numpy -> the server's base64 array object."""
+    array = np.ascontiguousarray(array, dtype="<f4")
+    return {
+        "shape": list(array.shape),
+        "dtype": "float32",
+        "data": base64.b64encode(array.tobytes()).decode("ascii"),
+    }
+
+
+@dataclass(frozen=True)
+class Usage:
+    sequences: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    """The answer to ``encode``: per-sequence arrays, trimmed to each sequence's length.
+
+    ``embeddings[i]`` is [seq_len_i, d_model]; ``attention[i]`` is
+    [layers, heads, seq_len_i, seq_len_i] (heads 1 after mean/max, both 1 after
+    rollout); ``pooled[i]`` is [d_model]. Fields not asked for are ``None``.
+    ``tokens[i]`` holds the tokens of text inputs. Use :meth:`stack` for one
+    [batch, ...] array when all sequences have the same length.
+    """
+
+    model: str
+    embeddings: list[np.ndarray] | None
+    attention: list[np.ndarray] | None
+    pooled: list[np.ndarray] | None
+    tokens: list[list[str] | None]
+    usage: Usage
+
+    def __len__(self) -> int:
+        return self.usage.sequences
+
+    def stack(self, what: ArrayField = "embeddings") -> np.ndarray:
+        """[batch, ...] array of one field; ValueError if absent or lengths differ."""
+        arrays = getattr(self, what)
+        if arrays is None:
+            raise ValueError(f"the result holds no {what}: ask for them in encode()")
+        shapes = {a.shape for a in arrays}
+        if len(shapes) != 1:
+            raise ValueError(f"cannot stack {what}: sequences differ in length ({sorted(shapes)})")
+        return np.stack(arrays)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> EncodeResult:
+        items = sorted(body["data"], key=lambda item: item["index"])
+
+        def column(name: str) -> list[np.ndarray] | None:
+            values = [item.get(name) for item in items]
+            if all(v is None for v in values):
+                return None
+            return [decode_array(v) for v in values]
+
+        return cls(
+            model=body["model"],
+            embeddings=column("embeddings"),
+            attention=column("attention"),
+            pooled=column("pooled"),
+            tokens=[item.get("tokens") for item in items],
+            usage=Usage(**body["usage"]),
+        )
+
+    @classmethod
+    def concat(cls, parts: list[EncodeResult]) -> EncodeResult:
+        """Join results of consecutive chunks, in order (for ``encode_many``)."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+
+        def join(name: str) -> list[np.ndarray] | None:
+            columns = [getattr(p, name) for p in parts]
+            return None if columns[0] is None else [a for col in columns for a in col]
+
+        return cls(
+            model=parts[0].model,
+            embeddings=join("embeddings"),
+            attention=join("attention"),
+            pooled=join("pooled"),
+            tokens=[t for p in parts for t in p.tokens],
+            usage=Usage(sum(p.usage.sequences for p in parts), sum(p.usage.tokens for p in parts)),
+        )
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    model: str
+    tokens: list[list[str]]
+    ids: list[list[int]]
+    embeddings: list[np.ndarray] | None
+    usage: Usage
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> TokenizeResult:
+        items = sorted(body["data"], key=lambda item: item["index"])
+        embeddings = [item.get("embeddings") for item in items]
+        return cls(
+            model=body["model"],
+            tokens=[item["tokens"] for item in items],
+            ids=[item["ids"] for item in items],
+            embeddings=None
+            if all(e is None for e in embeddings)
+            else [decode_array(e) for e in embeddings],
+            usage=Usage(**body["usage"]),
+        )
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """A served model, as ``GET /v1/models/{name}`` describes it."""
+
+    name: str
+    d_model: int
+    heads: int
+    layers: int
+    max_seq_len: int
+    tokenizer: bool
+    default: bool
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ModelCard:
+        return cls(
+            name=body["name"],
+            d_model=body["d_model"],
+            heads=body["heads"],
+            layers=body["layers"],
+            max_seq_len=body["max_seq_len"],
+            tokenizer=body.get("tokenizer", False),
+            default=body.get("default", False),
+            raw=body,
+        )
