@@ -8,6 +8,7 @@
         │   ├── PayloadTooLargeError      413
         │   ├── UnsupportedMediaTypeError 415
         │   └── UnprocessableEntityError  422
+        ├── AuthenticationError       401 (missing or wrong API key)
         ├── NotFoundError             404 (e.g. unknown model)
         ├── OverloadedError           429 (retried first, honouring Retry-After)
         ├── ServiceUnavailableError   503 (e.g. not ready; retried first)
@@ -62,6 +63,10 @@ class UnprocessableEntityError(BadRequestError):
     pass
 
 
+class AuthenticationError(APIStatusError):
+    pass
+
+
 class NotFoundError(APIStatusError):
     pass
 
@@ -80,6 +85,7 @@ class InternalServerError(APIStatusError):
 
 _BY_STATUS: dict[int, type[APIStatusError]] = {
     400: BadRequestError,
+    401: AuthenticationError,
     404: NotFoundError,
     413: PayloadTooLargeError,
     415: UnsupportedMediaTypeError,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -12,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import pipeline
 from service.batcher import Batcher
-from service.errors import NotReady, PayloadTooLarge, UnsupportedMediaType
+from service.errors import NotReady, PayloadTooLarge, Unauthorized, UnsupportedMediaType
 from service.metrics import Metrics
 from service.runtime import ModelInfo, ModelRuntime
 from service.schemas import (
@@ -55,6 +56,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in (
         (400, "Malformed JSON body (invalid_json)."),
+        (401, "Missing or wrong API key, when the server has one (unauthorized)."),
         (404, "Unknown model (model_not_found)."),
         (413, "Too many sequences or tokens, sequence too long, body or response too large."),
         (415, "Content-Type is not application/json (unsupported_media_type)."),
@@ -64,9 +66,24 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     )
 }
 
+
+def require_api_key(request: Request) -> None:
+    """With ATTNSERVE_API_KEY set, /v1/* needs ``Authorization: Bearer <key>``."""
+    settings: Settings = request.app.state.service.settings
+    if settings.api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    expected = settings.api_key.get_secret_value()
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), expected):
+        raise Unauthorized(
+            "missing or wrong API key: send 'Authorization: Bearer <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
 health = APIRouter(tags=["health"])
-models = APIRouter(prefix="/v1", tags=["models"])
-encode = APIRouter(prefix="/v1", tags=["encode"])
+models = APIRouter(prefix="/v1", tags=["models"], dependencies=[Depends(require_api_key)])
+encode = APIRouter(prefix="/v1", tags=["encode"], dependencies=[Depends(require_api_key)])
 metrics = APIRouter(tags=["metrics"])
 
 

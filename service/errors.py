@@ -5,6 +5,7 @@ and never a stack trace::
 
     ServiceError (500 internal_error)
     ├── InvalidJSON (400 invalid_json)
+    ├── Unauthorized (401 unauthorized)
     ├── ModelNotFound (404 model_not_found)
     ├── PayloadTooLarge (413 payload_too_large)
     ├── UnsupportedMediaType (415 unsupported_media_type)
@@ -37,6 +38,11 @@ class ServiceError(Exception):
 class InvalidJSON(ServiceError):
     status_code = 400
     error_type = "invalid_json"
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+    error_type = "unauthorized"
 
 
 class ModelNotFound(ServiceError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -24,6 +24,11 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
+    api_key: SecretStr | None = Field(
+        None,
+        description="When set, /v1/* requires 'Authorization: Bearer <key>' (health and "
+        "metrics stay open for probes and scrapers).",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log level of the service and uvicorn."
     )

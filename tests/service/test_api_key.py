@@ -1,0 +1,47 @@
+"""ATTNSERVE_API_KEY guards /v1/*; health and metrics stay open for probes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from attnserve_client import AuthenticationError, Client
+from tests.conftest import running_server
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def guarded_url(model_repository: Path) -> Iterator[str]:
+    with running_server(model_repository, api_key=KEY) as url:
+        yield url
+
+
+def test_requests_without_the_key_get_401(guarded_url: str) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
+        r = httpx.get(f"{guarded_url}/v1/models", headers=headers)
+        assert r.status_code == 401
+        assert r.json()["error_type"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert KEY not in r.text
+
+
+def test_health_and_metrics_need_no_key(guarded_url: str) -> None:
+    assert httpx.get(f"{guarded_url}/health/ready").status_code == 200
+    assert httpx.get(f"{guarded_url}/metrics").status_code == 200
+
+
+def test_the_sdk_sends_the_key(guarded_url: str) -> None:
+    x = np.linspace(-1, 1, 5 * 32, dtype=np.float32).reshape(1, 5, 32)
+    with Client(guarded_url, api_key=KEY) as client:
+        assert client.encode(x).stack().shape == (1, 5, 32)
+    with (
+        Client(guarded_url, api_key="nope", max_retries=0) as client,
+        pytest.raises(AuthenticationError) as info,
+    ):
+        client.models()
+    assert info.value.status_code == 401 and info.value.error_type == "unauthorized"
