@@ -1,4 +1,9 @@
-"""``python -m model_export``: help, argument errors, and real export runs in a subprocess."""
+"""``python -m model_export``: help, argument errors, and real export runs in a subprocess.
+
+Every subprocess imports torch (~2 s of CPU each, see the xfail below), so the
+``runs`` fixture starts all of this module's invocations at once and each test
+waits for its own: the module costs a few seconds instead of one import per test.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +12,115 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
 
-from model_export import cli, graph_io
-from model_export.config import preset
+from model_export import graph_io
+from model_export.cli import main
+from model_export.config import EncoderConfig, preset
 from model_export.model import Encoder
 from tests.model_export.reference import ragged_batch
 
 PARITY_ATOL = 1e-4  # ONNX Runtime vs PyTorch, fp32 (observed ~1e-6)
 CASES = ("single token", "one sequence", "equal batch", "ragged batch with padding", "long ragged")
+EXPORT = [sys.executable, "-m", "model_export"]
+
+# Bad arguments: (args, the message the single stderr line must contain).
+BAD_ARGUMENTS: dict[str, tuple[list[str], str]] = {
+    "d_model-vs-heads": (
+        ["--d-model", "10", "--n-heads", "3"],
+        "d_model (10) must be divisible by n_heads (3)",
+    ),
+    "opset": (["--preset", "tiny", "--opset", "12"], "--opset must be >= 17, got 12"),
+    "weights": (["--preset", "tiny", "--weights", "/nonexistent/w.pt"], "--weights file not found"),
+}
+# The architecture of the --weights run: overrides on top of --preset tiny.
+WEIGHTS_CONFIG: EncoderConfig = preset("tiny", n_layers=1, causal=True, window=3)
 
 
-def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "model_export", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CliRuns:
+    """Subprocesses started together; ``result(name)`` waits for one of them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes], IO[bytes]]] = {}
+
+    def start(self, name: str, argv: list[str]) -> None:
+        assert name not in self._procs, name
+        # Files rather than pipes: nothing blocks on a full pipe while we wait on another run.
+        out = (self.root / f"{name}.stdout").open("w+b")
+        err = (self.root / f"{name}.stderr").open("w+b")
+        self._procs[name] = (subprocess.Popen(argv, stdout=out, stderr=err), out, err)
+
+    def result(self, name: str) -> Finished:
+        proc, out, err = self._procs[name]
+        returncode = proc.wait(timeout=300)
+        out.seek(0)
+        err.seek(0)
+        return Finished(returncode, out.read().decode(), err.read().decode())
+
+    def close(self) -> None:
+        for proc, out, err in self._procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            out.close()
+            err.close()
+
+
+def heavy_weights(config: EncoderConfig) -> Encoder:
+    """An encoder with O(1) weights, so that a run ignoring them shows in the output."""
+    encoder = Encoder(config, seed=99)
+    with torch.no_grad():
+        for name, param in encoder.named_parameters():
+            if "norm" not in name and not name.endswith("bias"):
+                param.mul_(25.0)
+    return encoder
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliRuns]:
+    root = tmp_path_factory.mktemp("cli")
+    torch.save(heavy_weights(WEIGHTS_CONFIG).state_dict(), root / "weights.pt")
+    code = "import sys, model_export.cli; sys.exit(int('torch' in sys.modules))"
+    invocations: dict[str, list[str]] = {
+        "help": [*EXPORT, "--help"],
+        **{
+            name: [*EXPORT, "--out", str(root / name), *args]
+            for name, (args, _) in BAD_ARGUMENTS.items()
+        },
+        "bad-choice": [*EXPORT, "--out", str(root / "bad-choice"), "--preset", "huge"],
+        "export": [
+            *EXPORT, "--preset", "tiny", "--exporter", "torchscript", "--seed", "7",
+            "--out", str(root / "tiny-cli"),
+        ],
+        "weights-run": [
+            *EXPORT, "--preset", "tiny", "--n-layers", "1", "--causal", "--window", "3",
+            "--weights", str(root / "weights.pt"), "--exporter", "torchscript",
+            "--name", "demo", "--out", str(root / "local"),
+        ],
+        "import-cli": [sys.executable, "-c", code],
+    }  # fmt: skip
+    runs = CliRuns(root)
+    try:
+        for name, argv in invocations.items():
+            runs.start(name, argv)
+        yield runs
+    finally:
+        runs.close()
 
 
 def onnx_hidden(model_dir: Path, embeds: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -52,62 +142,59 @@ def torch_hidden(encoder: Encoder, embeds: np.ndarray, mask: np.ndarray) -> np.n
     return result
 
 
-def test_help_exits_zero() -> None:
-    proc = run_cli("--help")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("usage: attnserve-export")
+def model_files(model_dir: Path) -> list[str]:
+    return sorted(p.name for p in model_dir.iterdir())
+
+
+def test_help_exits_zero(runs: CliRuns) -> None:
+    run = runs.result("help")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: attnserve-export")
     for flag in ("--out", "--preset", "--weights", "--window", "--scoring", "--opset", "--atol"):
-        assert flag in proc.stdout
-    assert "{dynamo,torchscript}" in proc.stdout
-    assert proc.stderr == ""
+        assert flag in run.stdout
+    assert "{dynamo,torchscript}" in run.stdout
+    assert run.stderr == ""
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--d-model", "10", "--n-heads", "3"], "d_model (10) must be divisible by n_heads (3)"),
-        (["--preset", "tiny", "--opset", "12"], "--opset must be >= 17, got 12"),
-        (["--preset", "tiny", "--weights", "/nonexistent/w.pt"], "--weights file not found"),
-    ],
-    ids=["d_model-vs-heads", "opset", "weights"],
-)
-def test_bad_arguments_give_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
-    out_dir = tmp_path / "out"
-    proc = run_cli("--out", out_dir, *args)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr  # no traceback
+@pytest.mark.parametrize("name", list(BAD_ARGUMENTS))
+def test_bad_arguments_give_one_clear_line(runs: CliRuns, name: str) -> None:
+    run = runs.result(name)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr  # no traceback, no log noise
     assert lines[0].startswith("attnserve-export: error: ")
-    assert message in lines[0]
-    assert proc.stdout == ""
-    assert list(tmp_path.iterdir()) == []  # nothing written
+    assert BAD_ARGUMENTS[name][1] in lines[0]
+    assert run.stdout == ""
+    assert not (runs.root / name).exists()  # nothing written
+    assert not list(runs.root.glob(f".{name}.*"))
 
 
-def test_argparse_errors_exit_two(tmp_path: Path) -> None:
-    proc = run_cli("--out", tmp_path / "out", "--preset", "huge")
-    assert proc.returncode == 2
-    last = proc.stderr.strip().splitlines()[-1]
+def test_argparse_errors_exit_two(runs: CliRuns) -> None:
+    run = runs.result("bad-choice")
+    assert run.returncode == 2
+    last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("attnserve-export: error: argument --preset: invalid choice: 'huge'")
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in run.stderr
+    assert not (runs.root / "bad-choice").exists()
 
 
-def test_cli_exports_and_prints_the_validation_table(tmp_path: Path) -> None:
-    out_dir = tmp_path / "tiny-cli"
-    proc = run_cli("--preset", "tiny", "--exporter", "torchscript", "--seed", "7", "--out", out_dir)
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in out_dir.iterdir()) == sorted(
-        [graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION, graph_io.CONFIG_FILE]
+def test_cli_exports_and_prints_the_validation_table(runs: CliRuns) -> None:
+    run = runs.result("export")
+    assert run.returncode == 0, run.stderr
+    out_dir = runs.root / "tiny-cli"
+    assert {graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION, graph_io.CONFIG_FILE} <= set(
+        model_files(out_dir)
     )
-    assert [p.name for p in tmp_path.iterdir()] == ["tiny-cli"]  # no staging directory
+    assert not list(runs.root.glob(".tiny-cli.*"))  # no staging directory left
 
-    lines = proc.stdout.splitlines()
+    lines = run.stdout.splitlines()
     assert lines[0].split() == ["graph", "case", "output", "shape", "max|diff|", "ok"]
     rows = [line for line in lines if line.startswith(("model.onnx", "model_attn.onnx"))]
     assert len(rows) == len(CASES) * 3  # (1 + 2) outputs per case
     assert all(row.endswith("  yes") for row in rows)
     for case in CASES:
         assert sum(case in row for row in rows) == 3
-    assert f"wrote {out_dir} in " in proc.stdout
+    assert f"wrote {out_dir} in " in run.stdout
 
     config = json.loads((out_dir / graph_io.CONFIG_FILE).read_text())
     assert config["name"] == "tiny-cli"
@@ -116,7 +203,7 @@ def test_cli_exports_and_prints_the_validation_table(tmp_path: Path) -> None:
     assert config["exporter"]["exporter"] == "torchscript"
     assert config["architecture"] == preset("tiny").to_dict()
     for graph in graph_io.GRAPH_OUTPUTS:  # the printed digest prefix is the recorded one
-        assert f"sha256 {config['graphs'][graph]['sha256'][:16]}" in proc.stdout
+        assert f"sha256 {config['graphs'][graph]['sha256'][:16]}" in run.stdout
 
     # The graph holds the seed-7 weights.
     embeds, mask = ragged_batch((6, 3), 32, seed=0)
@@ -126,34 +213,23 @@ def test_cli_exports_and_prints_the_validation_table(tmp_path: Path) -> None:
     )
 
 
-def test_cli_weights_and_architecture_overrides(tmp_path: Path) -> None:
-    config = preset("tiny", n_layers=1, causal=True, window=3)
-    source = Encoder(config, seed=99)
-    with torch.no_grad():  # O(1) weights, so that ignoring them would show in the output
-        for name, param in source.named_parameters():
-            if "norm" not in name and not name.endswith("bias"):
-                param.mul_(25.0)
-    weights = tmp_path / "weights.pt"
-    torch.save(source.state_dict(), weights)
-
-    out_dir = tmp_path / "local"
-    proc = run_cli(
-        "--preset", "tiny", "--n-layers", "1", "--causal", "--window", "3",
-        "--weights", weights, "--exporter", "torchscript", "--name", "demo", "--out", out_dir,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-
+def test_cli_weights_and_architecture_overrides(runs: CliRuns) -> None:
+    run = runs.result("weights-run")
+    assert run.returncode == 0, run.stderr
+    out_dir = runs.root / "local"
     recorded = json.loads((out_dir / graph_io.CONFIG_FILE).read_text())
-    assert recorded["architecture"] == config.to_dict()
+    assert recorded["architecture"] == WEIGHTS_CONFIG.to_dict()
     assert recorded["name"] == "demo"
     assert recorded["seed"] is None
-    assert recorded["weights_source"] == str(weights)
+    assert recorded["weights_source"] == str(runs.root / "weights.pt")
 
-    embeds, mask = ragged_batch((9, 4, 1), config.d_model, seed=1)
+    source = Encoder(WEIGHTS_CONFIG, seed=0)
+    source.load_state_dict(torch.load(runs.root / "weights.pt", weights_only=True))
+    embeds, mask = ragged_batch((9, 4, 1), WEIGHTS_CONFIG.d_model, seed=1)
     got = onnx_hidden(out_dir, embeds, mask)
     np.testing.assert_allclose(got, torch_hidden(source, embeds, mask), rtol=0, atol=PARITY_ATOL)
     # And not the seed-0 random init the CLI would otherwise have used.
-    seeded = torch_hidden(Encoder(config, seed=0), embeds, mask)
+    seeded = torch_hidden(Encoder(WEIGHTS_CONFIG, seed=0), embeds, mask)
     assert np.abs(got - seeded).max() > 100 * PARITY_ATOL
 
 
@@ -165,10 +241,8 @@ def test_cli_weights_and_architecture_overrides(tmp_path: Path) -> None:
     reason="bug: cli.py imports model_export.export at module level, which imports torch, "
     "onnx and onnxruntime, so --help and argument errors take ~2 s",
 )
-def test_importing_the_cli_does_not_import_torch() -> None:
-    code = "import sys, model_export.cli; sys.exit(int('torch' in sys.modules))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
-    assert proc.returncode == 0
+def test_importing_the_cli_does_not_import_torch(runs: CliRuns) -> None:
+    assert runs.result("import-cli").returncode == 0
 
 
 @pytest.fixture
@@ -198,8 +272,8 @@ def test_cli_failures_are_one_line_errors(
         weights = tmp_path / "w.pt"
         torch.save(Encoder(preset("tiny", n_layers=1), seed=0).state_dict(), weights)
         args += ["--weights", str(weights)]
-    # In process (the subprocess form is the same code path, and ~2 s slower).
-    assert cli.main(args) == 2
+    # In process: the subprocess form runs the same code, ~2 s slower.
+    assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith("attnserve-export: error: ")

@@ -59,6 +59,7 @@ def test_embeddings_match_onnxruntime_and_pytorch(
     for i, (item, n) in enumerate(zip(body["data"], lengths, strict=True)):
         assert item["index"] == i
         assert item["attention"] is None and item["pooled"] is None
+        assert item["tokens"] is None  # array inputs carry no tokens
         got = _embeddings(item)
         assert got.shape == (n, D_MODEL)
         np.testing.assert_allclose(got, expected[i][0], rtol=0, atol=ATOL_ORT)

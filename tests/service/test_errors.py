@@ -133,7 +133,15 @@ CASES = [
         says=("width",)),
     Bad("ragged-rows", 422, "invalid_input", json={"inputs": [[ROW, ROW[:-1]]]}),
     Bad("not-numbers", 422, "invalid_input", json={"inputs": [[[{"a": 1}] * D_MODEL]]}),
-    Bad("sequence-is-string", 422, "invalid_input", json={"inputs": ["abc"]}),
+    Bad("sequence-is-number", 422, "invalid_input", json={"inputs": [3]}),
+    Bad("sequence-is-null", 422, "invalid_input", json={"inputs": [None]}),
+    # text needs a tokenizer, and the tiny model has none
+    Bad("text-without-tokenizer", 422, "unsupported_by_model", json={"inputs": ["a text"]},
+        says=("tokenizer",)),
+    Bad("tokenize-without-tokenizer", 422, "unsupported_by_model", path="/v1/tokenize",
+        json={"text": "a text"}, says=("tokenizer",)),
+    Bad("tokenize-text-plain", 415, "unsupported_media_type", path="/v1/tokenize",
+        content=b"{}", headers={"content-type": "text/plain"}),
     Bad("nan-b64", 422, "invalid_input", json={"inputs": [_nan_bytes()]}, says=("nan",)),
     Bad("inf-b64", 422, "invalid_input", json={"inputs": [_inf_bytes()]}, says=("inf",)),
     Bad("overflows-float32", 422, "invalid_input", json={"inputs": [[[1e39] * D_MODEL]]},
@@ -189,11 +197,11 @@ CASES = [
         content=_chunked(_padded_body(30000)), says=("20,000",)),
     Bad("response-too-large", 413, "payload_too_large", server="limited",
         json={"inputs": [SEQ30], "return_attention": True},
-        says=("response", "layers or heads", "reduce")),
+        says=("response", "layers", "heads", "reduce")),
     Bad("response-too-large-b64", 413, "payload_too_large", server="limited",
         json={"inputs": [SEQ30], "return_attention": True, "encoding_format": "base64",
               "attention": {"layers": [0, 1, 0]}},
-        says=("response", "layers or heads", "reduce")),
+        says=("response", "layers", "heads", "reduce")),
 ]  # fmt: skip
 
 
