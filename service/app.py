@@ -72,16 +72,15 @@ def _lifespan(state: api.ServiceState) -> Any:
 
 
 class MetricsMiddleware:
-    """Counts requests and latency per route (pure ASGI: no per-request task overhead)."""
+    """Counts requests and latency per route template (pure ASGI: no per-request task)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, routes: set[str]) -> None:
-        self.app, self.metrics, self.routes = app, metrics, routes
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in self.routes else "unmatched"
         status = 500
         start = time.perf_counter()
 
@@ -94,6 +93,9 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            # The router records the matched route in the scope: label by its template
+            # (/v1/models/{name}), so labels stay few whatever paths clients send.
+            route = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - start)
 
@@ -153,6 +155,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
-    routes = {r.path for r in app.routes if hasattr(r, "path")}
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics, routes=routes)
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     return app
