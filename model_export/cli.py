@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,8 +28,7 @@ from model_export.config import (
     ConfigError,
     preset,
 )
-from model_export.export import DEFAULT_OPSET, EXPORTERS
-from model_export.validate import DEFAULT_ATOL
+from model_export.graph_io import DEFAULT_ATOL, DEFAULT_OPSET, EXPORTERS
 
 # CLI flag -> EncoderConfig field, for the individual overrides.
 _CONFIG_FLAGS = (
@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.opset < 17:
         raise ConfigError(f"--opset must be >= 17, got {args.opset}")
+    if not args.atol >= 0:
+        raise ConfigError(f"--atol must be >= 0, got {args.atol}")
     common = dict(opset=args.opset, exporter=args.exporter, atol=args.atol, name=args.name)
     if args.checkpoint is not None or args.preset in CHECKPOINT_PRESETS:
         from model_export.hf_import import CHECKPOINT_LOCATORS, load_checkpoint
@@ -132,7 +134,13 @@ def run(args: argparse.Namespace) -> int:
         if args.weights is not None:
             if not args.weights.is_file():
                 raise ConfigError(f"--weights file not found: {args.weights}")
-            encoder.load_weights(args.weights)
+            try:
+                encoder.load_weights(args.weights)
+            except (RuntimeError, pickle.UnpicklingError, EOFError) as exc:
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
+                raise ConfigError(
+                    f"cannot load --weights {args.weights} into this architecture: {first_line}"
+                ) from exc
         result = export_model(
             encoder,
             args.out,
@@ -155,9 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("torch").setLevel(logging.ERROR)  # exporter chatter about torchvision
     try:
         return run(args)
-    except (ConfigError, ValueError, OSError) as exc:
+    except (ConfigError, ValueError, OSError) as exc:  # CheckpointError is a ValueError
         print(f"attnserve-export: error: {exc}", file=sys.stderr)
         return 2
+    except AssertionError as exc:  # validate.ValidationError: ONNX differs from PyTorch
+        print(f"attnserve-export: validation failed: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

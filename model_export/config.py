@@ -66,6 +66,8 @@ class EncoderConfig:
             raise ConfigError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.causal, bool):
+            raise ConfigError(f"causal must be true or false, got {self.causal!r}")
         if self.window is not None and (
             isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1
         ):

@@ -42,8 +42,7 @@ from model_export.validate import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OPSET = 18
-EXPORTERS: tuple[str, ...] = ("dynamo", "torchscript")
+DEFAULT_OPSET = graph_io.DEFAULT_OPSET
 Exporter = Literal["dynamo", "torchscript"]
 FORMAT_VERSION = 1
 
@@ -147,7 +146,6 @@ def _export_graph(
             assert program is not None
             program.save(str(path), external_data=False)
         else:
-            axes = {0: graph_io.BATCH_AXIS, 1: graph_io.SEQ_AXIS}
             torch.onnx.export(
                 module,
                 example,
@@ -156,7 +154,7 @@ def _export_graph(
                 output_names=names,
                 opset_version=opset,
                 dynamo=False,
-                dynamic_axes={name: axes for name in inputs + names},
+                dynamic_axes={name: graph_io.DYNAMIC_AXES[name] for name in inputs + names},
             )
     onnx.checker.check_model(str(path), full_check=True)
 

@@ -36,6 +36,21 @@ GRAPH_OUTPUTS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_ATTENTIONS),
 }
 
+# Export defaults (torch-free, so the CLI answers --help without loading torch).
+DEFAULT_OPSET: Final = 18
+EXPORTERS: Final = ("dynamo", "torchscript")
+DEFAULT_ATOL: Final = 1e-4  # fp32: observed parity ~1e-6; 1e-4 leaves headroom, catches bugs
+
+# Dynamic axes of every graph input and output: axis index -> symbolic name.
+DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
+    INPUT_EMBEDS: {0: BATCH_AXIS, 1: SEQ_AXIS},
+    INPUT_MASK: {0: BATCH_AXIS, 1: SEQ_AXIS},
+    OUTPUT_HIDDEN: {0: BATCH_AXIS, 1: SEQ_AXIS},
+    OUTPUT_ATTENTIONS: {0: BATCH_AXIS, 3: SEQ_AXIS, 4: SEQ_AXIS},
+    INPUT_IDS: {0: BATCH_AXIS, 1: SEQ_AXIS},
+    INPUT_TOKEN_TYPES: {0: BATCH_AXIS, 1: SEQ_AXIS},
+}
+
 # Symbolic shapes, for config.json and documentation.
 SHAPES: Final[dict[str, list[str]]] = {
     INPUT_EMBEDS: [BATCH_AXIS, SEQ_AXIS, "d_model"],

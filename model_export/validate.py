@@ -20,7 +20,7 @@ from model_export.model import Encoder, TokenEmbeddings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ATOL = 1e-4  # fp32: observed parity is ~1e-6, so 1e-4 leaves headroom yet catches bugs
+DEFAULT_ATOL = graph_io.DEFAULT_ATOL
 
 
 class ValidationError(AssertionError):
@@ -84,6 +84,13 @@ def make_inputs(lengths: tuple[int, ...], d_model: int, seed: int) -> tuple[np.n
     return embeds, mask
 
 
+def max_abs_diff(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest |got - want|; inf when shapes differ or ``got`` holds NaN/Inf."""
+    if got.shape != want.shape or not np.isfinite(got).all():
+        return float("inf")
+    return float(np.max(np.abs(got - want))) if got.size else 0.0
+
+
 def new_session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -114,10 +121,7 @@ def validate_model_dir(
             names = list(graph_io.GRAPH_OUTPUTS[graph])
             got = session.run(names, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask})
             for name, value in zip(names, got, strict=True):
-                want = expected[name]
-                diff = float(np.max(np.abs(value - want))) if value.size else 0.0
-                if value.shape != want.shape or not np.isfinite(value).all():
-                    diff = float("inf")
+                diff = max_abs_diff(value, expected[name])
                 result = CheckResult(graph, case.name, name, list(value.shape), diff, atol)
                 results.append(result)
                 if not result.passed:
@@ -148,7 +152,7 @@ def validate_token_embeddings(
         with torch.no_grad():
             want = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids)).numpy()
         (got,) = session.run(None, {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids})
-        diff = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
+        diff = max_abs_diff(got, want)
         result = CheckResult(path.name, case, graph_io.INPUT_EMBEDS, list(got.shape), diff, atol)
         results.append(result)
         if not result.passed:

@@ -1,6 +1,6 @@
 """``python -m model_export``: help, argument errors, and real export runs in a subprocess.
 
-Every subprocess imports torch (~2 s of CPU each, see the xfail below), so the
+Most subprocesses import torch (~2 s of CPU each), so the
 ``runs`` fixture starts all of this module's invocations at once and each test
 waits for its own: the module costs a few seconds instead of one import per test.
 """
@@ -233,14 +233,6 @@ def test_cli_weights_and_architecture_overrides(runs: CliRuns) -> None:
     assert np.abs(got - seeded).max() > 100 * PARITY_ATOL
 
 
-# --- known bugs: these document the expected behaviour and fail until fixed --------------
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: cli.py imports model_export.export at module level, which imports torch, "
-    "onnx and onnxruntime, so --help and argument errors take ~2 s",
-)
 def test_importing_the_cli_does_not_import_torch(runs: CliRuns) -> None:
     assert runs.result("import-cli").returncode == 0
 
@@ -254,12 +246,6 @@ def restore_torch_logger() -> Iterator[None]:
     logger.setLevel(level)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(AssertionError, RuntimeError),
-    reason="bug: cli.main() catches only ConfigError/ValueError/OSError; a ValidationError "
-    "(an AssertionError) and load_state_dict's RuntimeError escape as tracebacks",
-)
 @pytest.mark.parametrize("case", ["negative-atol", "weights-of-another-architecture"])
 @pytest.mark.usefixtures("restore_torch_logger")
 def test_cli_failures_are_one_line_errors(

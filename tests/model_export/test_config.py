@@ -85,11 +85,6 @@ def test_dropout_must_be_in_unit_interval(dropout: float) -> None:
         EncoderConfig(dropout=dropout)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: config.py does not type-check `causal`; the string 'false' silently "
-    "builds a causal model (from_dict of a hand-edited config.json)",
-)
 def test_causal_must_be_a_bool() -> None:
     with pytest.raises(ConfigError, match="causal"):
         EncoderConfig.from_dict({"causal": "false"})

@@ -340,12 +340,6 @@ def test_variant_inputs_and_embeddings_have_dynamic_axes(variant: tuple[Encoder,
     assert_declared_axes(model_dir, encoder.config, attentions=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: export.py passes dynamic_axes {0: batch, 1: seq} to every output, so the "
-    "TorchScript graph declares attentions as [batch, seq, heads, ?, ?]: the layers axis "
-    "is labelled 'seq' and the two seq axes get other names",
-)
 def test_torchscript_attentions_declare_layers_and_seq_axes(tmp_path: Path) -> None:
     config = preset("tiny")
     export_model(Encoder(config, seed=0), tmp_path / "m", exporter="torchscript")

@@ -24,7 +24,7 @@ from model_export.hf_import import Checkpoint, load_checkpoint, minilm_l6_dir
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from a model hub
 
-from transformers import BertModel, BertTokenizerFast  # noqa: E402
+from transformers import BertModel, BertTokenizerFast
 
 HIDDEN_ATOL = 1e-4
 ATTENTION_ATOL = 1e-4
