@@ -125,6 +125,7 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
 @models.get("/models", response_model=ModelList)
 async def list_models(state: State) -> ModelList:
     """Every model this server serves."""
+    require_loaded(state)
     return ModelList(
         data=[
             model_card(rt.info, name == state.default_model) for name, rt in state.runtimes.items()
@@ -135,6 +136,7 @@ async def list_models(state: State) -> ModelList:
 @models.get("/models/{name}", response_model=ModelCard, responses={404: ERROR_RESPONSES[404]})
 async def get_model(name: str, state: State) -> ModelCard:
     """One model's architecture, limits and file digests."""
+    require_loaded(state)
     info = pipeline.resolve_model(state.runtimes, name, state.default_model).info
     return model_card(info, info.name == state.default_model)
 
@@ -215,6 +217,11 @@ async def tokenize_texts(request: Request, state: State) -> Response:
         pipeline.tokenize, body, state.runtimes, state.default_model, state.settings
     )
     return Response(content, media_type="application/json")
+
+
+def require_loaded(state: ServiceState) -> None:
+    if not state.runtimes:
+        raise NotReady("models are loading", headers={"Retry-After": "1"})
 
 
 def require_ready(state: ServiceState) -> Batcher:

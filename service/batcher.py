@@ -106,7 +106,8 @@ class Batcher:
         """Queue one request's sequences and wait for their per-sequence results."""
         if self._pending >= self._settings.max_queued_requests:
             raise Overloaded(
-                f"{self._pending} requests are already waiting; retry shortly",
+                f"the server is at capacity ({self._pending} requests queued or running, "
+                f"limit {self._settings.max_queued_requests}); retry shortly",
                 headers={"Retry-After": "1"},
             )
         loop = asyncio.get_running_loop()

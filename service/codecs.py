@@ -78,11 +78,14 @@ def decode_sequence(item: Any, index: int, d_model: int) -> np.ndarray:
         array = _decode_base64_array(item, where)
     elif isinstance(item, list):
         try:
-            array = np.asarray(item, dtype=np.float32)
+            parsed = np.asarray(item)  # no dtype: strings and booleans must not pass as numbers
         except (ValueError, TypeError):
+            parsed = None
+        if parsed is None or parsed.dtype.kind not in "fiu":
             raise InvalidInput(
                 f"{where}: must be a rectangular [seq_len, {d_model}] array of numbers"
-            ) from None
+            )
+        array = parsed.astype(np.float32)
     else:
         raise InvalidInput(
             f"{where}: must be a [seq_len, d_model] array or a {{shape, data}} base64 object"

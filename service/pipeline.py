@@ -151,9 +151,9 @@ def _check_response_size(
         if options.encoding_format == "float":
             hint += ", or use encoding_format=base64 (~2.6x smaller)"
         raise PayloadTooLarge(
-            f"the response would be about {size / MB:.1f} MB ({floats:,} floats, "
-            f"{attention_floats:,} of them attention); the limit is "
-            f"{settings.max_response_bytes / MB:.1f} MB: {hint}"
+            f"the response would be about {size:,.0f} bytes ({size / MB:.2f} MB: {floats:,} "
+            f"floats, {attention_floats:,} of them attention); the limit is "
+            f"{settings.max_response_bytes:,} bytes: {hint}"
         )
     return size
 
@@ -187,11 +187,9 @@ def prepare(
         for i, item in enumerate(raw_inputs)
     ]
     _check_counts(len(raw_inputs), lengths, info, settings)
-    layers: list[int] = []
-    heads: list[int] = []
-    if options.return_attention:
-        layers = postprocess.resolve_indices(options.attention.layers, cfg.n_layers, "layers")
-        heads = postprocess.resolve_indices(options.attention.heads, cfg.n_heads, "heads")
+    # Checked even without return_attention: a wrong index is wrong either way.
+    layers = postprocess.resolve_indices(options.attention.layers, cfg.n_layers, "layers")
+    heads = postprocess.resolve_indices(options.attention.heads, cfg.n_heads, "heads")
     sequences: list[np.ndarray | None] = [
         None if i in text_of else codecs.decode_sequence(item, i, cfg.d_model)
         for i, item in enumerate(raw_inputs)
@@ -214,6 +212,13 @@ def finish(request: PreparedRequest, results: list[SequenceResult]) -> bytes:
     fmt = opts.encoding_format
     data = []
     for i, (hidden, attn) in enumerate(results):
+        if not np.isfinite(hidden).all() or (attn is not None and not np.isfinite(attn).all()):
+            # Finite inputs can still overflow inside the model (e.g. |x| ~ 1e20 in
+            # LayerNorm's variance); never answer 200 with NaN.
+            raise InvalidInput(
+                f"inputs[{i}] overflows the model (non-finite outputs): its values are too "
+                f"large (max |x| {float(np.abs(request.sequences[i]).max()):.3g})"
+            )
         attention = None
         if attn is not None:
             attention = codecs.encode_array(

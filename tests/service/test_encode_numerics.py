@@ -37,6 +37,10 @@ ATOL_TORCH = 1e-4  # PyTorch eager vs onnxruntime
 ATOL_ROW_SUM = 1e-5  # softmax rows in float32
 
 RAGGED = (16, 5, 1, 11, 3)
+# The tiny model's random weights give near-uniform attention at unit-scale inputs;
+# scaled inputs make heads, layers and the rollout order differ by 1e-2..1e-1, far
+# above the 1e-5 tolerance, so a wrong selection or order cannot pass.
+SHARP = 8.0
 
 
 def _embeddings(item: dict[str, Any]) -> np.ndarray:
@@ -166,7 +170,7 @@ def test_attention_selection_and_reduce(
     reduce: str,
     lead: tuple[int, int],
 ) -> None:
-    seqs = sequences((10, 3), seed=14)
+    seqs = [SHARP * s for s in sequences((10, 3), seed=14)]
     attention: dict[str, Any] = {"reduce": reduce}
     if layers is not None:
         attention["layers"] = layers
@@ -188,14 +192,22 @@ def test_attention_selection_and_reduce(
             np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=0, atol=ATOL_ROW_SUM)
 
 
-def test_rollout_reference_is_not_trivial(attention_session: ort.InferenceSession) -> None:
-    """Guards the reference itself: rollout must differ from the plain head mean."""
-    seq = sequences((8,), seed=15)
+def test_references_can_tell_wrong_answers_apart(
+    attention_session: ort.InferenceSession,
+) -> None:
+    """Guards the references: the mistakes they must catch differ by far more than 1e-5."""
+    seq = [SHARP * s for s in sequences((10,), seed=14)]
     ((_, attn),) = ort_encode(attention_session, seq)
     assert attn is not None
     rollout = rollout_reference(attn)[0, 0]
-    assert np.abs(rollout - attn.mean(axis=1)[-1]).max() > 1e-3
     np.testing.assert_allclose(rollout.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    reversed_order = rollout_reference(attn[::-1])[0, 0]  # Â_1 Â_2 instead of Â_2 Â_1
+    no_residual = functools.reduce(np.matmul, attn.astype(np.float64).mean(axis=1)[::-1])
+    for wrong in (reversed_order, no_residual, attn.mean(axis=1)[-1]):
+        assert np.abs(rollout - wrong).max() > 100 * ATOL_ORT
+    assert np.abs(attn[:, 0] - attn[:, 1]).max() > 100 * ATOL_ORT  # heads differ
+    assert np.abs(attn[0] - attn[1]).max() > 100 * ATOL_ORT  # layers differ
+    assert np.abs(attn.mean(axis=1) - attn.max(axis=1)).max() > 100 * ATOL_ORT
 
 
 # --- pooling -------------------------------------------------------------------------------

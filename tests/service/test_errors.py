@@ -6,7 +6,6 @@ with small ATTNSERVE_* limits (module-scoped).
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -49,21 +48,15 @@ def limited_url(model_repository: Path) -> Iterator[str]:
         yield url
 
 
-def _b64(shape: list[int], values: np.ndarray | None = None) -> dict[str, Any]:
-    array = np.ones(shape, dtype="<f4") if values is None else values
-    return {"shape": shape, "data": base64.b64encode(array.astype("<f4").tobytes()).decode()}
+def _b64(shape: list[int]) -> dict[str, Any]:
+    return b64_array(np.ones(shape, dtype=np.float32))
 
 
-def _nan_bytes() -> dict[str, Any]:
-    values = np.ones((2, D_MODEL), dtype="<f4")
-    values[1, 5] = np.nan
-    return _b64([2, D_MODEL], values)
-
-
-def _inf_bytes() -> dict[str, Any]:
-    values = np.ones((2, D_MODEL), dtype="<f4")
-    values[0, 0] = -np.inf
-    return _b64([2, D_MODEL], values)
+def _b64_with(value: float) -> dict[str, Any]:
+    """A valid [2, D_MODEL] base64 sequence with one element set to ``value``."""
+    values = np.ones((2, D_MODEL), dtype=np.float32)
+    values[1, 5] = value
+    return b64_array(values)
 
 
 def _chunked(body: bytes) -> Callable[[], Iterator[bytes]]:
@@ -133,6 +126,12 @@ CASES = [
         says=("width",)),
     Bad("ragged-rows", 422, "invalid_input", json={"inputs": [[ROW, ROW[:-1]]]}),
     Bad("not-numbers", 422, "invalid_input", json={"inputs": [[[{"a": 1}] * D_MODEL]]}),
+    Bad("numbers-as-strings", 422, "invalid_input", json={"inputs": [[["1.5"] * D_MODEL]]},
+        says=("numbers",)),
+    Bad("numbers-as-booleans", 422, "invalid_input", json={"inputs": [[[True] * D_MODEL]]},
+        says=("numbers",)),
+    Bad("layer-without-return-attention", 422, "invalid_input",
+        json={"inputs": [[ROW]], "attention": {"layers": [99]}}, says=("layers",)),
     Bad("sequence-is-number", 422, "invalid_input", json={"inputs": [3]}),
     Bad("sequence-is-null", 422, "invalid_input", json={"inputs": [None]}),
     # text needs a tokenizer, and the tiny model has none
@@ -142,8 +141,8 @@ CASES = [
         json={"text": "a text"}, says=("tokenizer",)),
     Bad("tokenize-text-plain", 415, "unsupported_media_type", path="/v1/tokenize",
         content=b"{}", headers={"content-type": "text/plain"}),
-    Bad("nan-b64", 422, "invalid_input", json={"inputs": [_nan_bytes()]}, says=("nan",)),
-    Bad("inf-b64", 422, "invalid_input", json={"inputs": [_inf_bytes()]}, says=("inf",)),
+    Bad("nan-b64", 422, "invalid_input", json={"inputs": [_b64_with(np.nan)]}, says=("nan",)),
+    Bad("inf-b64", 422, "invalid_input", json={"inputs": [_b64_with(-np.inf)]}, says=("inf",)),
     Bad("overflows-float32", 422, "invalid_input", json={"inputs": [[[1e39] * D_MODEL]]},
         says=("float32",)),
     Bad("bad-base64", 422, "invalid_input",
@@ -293,3 +292,32 @@ def test_content_type_with_charset_is_accepted(client: httpx.Client) -> None:
         headers={"content-type": "application/json; charset=utf-8"},
     )
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_huge_finite_inputs_never_answer_nan(client: httpx.Client, encoding_format: str) -> None:
+    """1e20 is a valid float32, but LayerNorm's variance overflows: the model yields NaN.
+
+    A 200 must never carry NaN (JSON null in float format); the server should refuse
+    such inputs (422 invalid_input) or answer finite numbers.
+    """
+    x = sequences((4,), seed=24)[0] * np.float32(1e20)
+    assert np.isfinite(x).all()
+    r = client.post(
+        "/v1/encode",
+        json={
+            "inputs": [b64_array(x)],
+            "return_attention": True,
+            "pooling": "mean",
+            "return_embeddings": True,
+            "encoding_format": encoding_format,
+        },
+    )
+    if r.status_code == 200:
+        item = r.json()["data"][0]
+        for key in ("embeddings", "attention", "pooled"):
+            value = item[key]
+            assert "null" not in json.dumps(value), f"{key} holds null (NaN) in a 200 answer"
+            assert np.isfinite(as_array(value)).all(), f"{key} holds NaN/Inf in a 200 answer"
+    else:
+        assert (r.status_code, r.json()["error_type"]) == (422, "invalid_input"), r.text

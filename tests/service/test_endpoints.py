@@ -1,0 +1,209 @@
+"""Models, health, readiness, metrics and OpenAPI endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.app import create_app
+from service.settings import Settings
+from tests.service.helpers import (
+    D_FF,
+    D_MODEL,
+    MODEL,
+    MODEL_MAX_SEQ_LEN,
+    N_HEADS,
+    N_LAYERS,
+    encode,
+    sequences,
+)
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- /v1/models ----------------------------------------------------------------------------
+
+
+def test_model_list_and_card(client: httpx.Client, tiny_model_dir: Path) -> None:
+    listing = client.get("/v1/models")
+    assert listing.status_code == 200
+    cards = listing.json()["data"]
+    assert [c["name"] for c in cards] == [MODEL]
+    card = cards[0]
+    assert card["d_model"] == D_MODEL
+    assert card["heads"] == N_HEADS
+    assert card["layers"] == N_LAYERS
+    assert card["d_ff"] == D_FF
+    assert card["max_seq_len"] == MODEL_MAX_SEQ_LEN
+    assert card["default"] is True
+    assert card["tokenizer"] is False
+    assert card["causal"] is False and card["window"] is None
+    graphs = sorted(p.name for p in tiny_model_dir.glob("*.onnx"))
+    assert graphs == ["model.onnx", "model_attn.onnx"]
+    assert card["sha256"] == {name: _file_sha256(tiny_model_dir / name) for name in graphs}
+
+    single = client.get(f"/v1/models/{MODEL}")
+    assert single.status_code == 200
+    assert single.json() == card
+
+
+def test_unknown_model_card_is_404(client: httpx.Client) -> None:
+    r = client.get("/v1/models/no-such-model")
+    assert r.status_code == 404
+    assert r.json()["error_type"] == "model_not_found"
+    assert MODEL in r.json()["error"]  # names what is available
+
+
+# --- health and readiness ------------------------------------------------------------------
+
+
+def test_real_server_is_live_and_ready(client: httpx.Client) -> None:
+    live = client.get("/health/live")
+    assert (live.status_code, live.json()) == (200, {"status": "alive"})
+    ready = client.get("/health/ready")
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+
+
+def test_not_ready_before_lifespan_then_ready_after(model_repository: Path) -> None:
+    """ASGITransport does not run the lifespan: the app must say 503 until it has run."""
+    app = create_app(Settings(model_repository=model_repository))
+    body = {"inputs": [sequences((3,), seed=31)[0].tolist()]}
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as c:
+            ready = await c.get("/health/ready")
+            assert ready.status_code == 503
+            assert ready.json()["error_type"] == "not_ready"
+            assert "retry-after" in ready.headers
+            live = await c.get("/health/live")
+            assert live.status_code == 200  # live, just not ready
+            early = await c.post("/v1/encode", json=body)
+            assert early.status_code == 503
+            assert early.json()["error_type"] == "not_ready"
+            early_tokenize = await c.post("/v1/tokenize", json={"text": "x"})
+            assert early_tokenize.status_code == 503
+            for path in ("/v1/models", "/v1/models/tiny"):
+                early_models = await c.get(path)
+                assert early_models.status_code == 503, path
+                assert early_models.json()["error_type"] == "not_ready"
+
+            # Now run the real lifespan: load, warm up, then 200.
+            async with app.router.lifespan_context(app):
+                deadline = time.monotonic() + 30.0
+                while (await c.get("/health/ready")).status_code != 200:
+                    assert time.monotonic() < deadline, "not ready after 30 s"
+                    await asyncio.sleep(0.02)
+                done = await c.post("/v1/encode", json=body)
+                assert done.status_code == 200, done.text
+                assert done.json()["usage"] == {"sequences": 1, "tokens": 3}
+            after = await c.get("/health/ready")
+            assert after.status_code == 503  # shut down: not ready any more
+
+    asyncio.run(scenario())
+
+
+# --- /metrics ------------------------------------------------------------------------------
+
+
+def _samples(client: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def _total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str) -> float:
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def test_metrics_count_requests_and_tokens(client: httpx.Client) -> None:
+    before = _samples(client)
+    lengths = (5, 2)
+    encode(client, sequences(lengths, seed=32))
+    after = _samples(client)
+    tokens = ("attnserve_tokens_total", frozenset({("model", MODEL)}))
+    assert after[tokens] - before.get(tokens, 0.0) == sum(lengths)
+    # The encode and the first /metrics scrape (counted once it has answered).
+    assert _total(after, "attnserve_requests_total") - _total(
+        before, "attnserve_requests_total"
+    ) == pytest.approx(2)
+
+
+def test_metrics_label_requests_by_route(client: httpx.Client) -> None:
+    """Requests are counted under their route template, not lumped together as "unmatched"."""
+    before = _samples(client)
+    encode(client, sequences((3,), seed=33))
+    client.get("/v1/models")
+    client.get(f"/v1/models/{MODEL}")
+    after = _samples(client)
+    seen = sorted(
+        {dict(labels)["route"] for name, labels in after if name == "attnserve_requests_total"}
+    )
+    for route in ("/v1/encode", "/v1/models", "/v1/models/{name}"):
+        key = ("attnserve_requests_total", frozenset({("route", route), ("status", "200")}))
+        assert after.get(key, 0.0) - before.get(key, 0.0) == 1, f"routes seen: {seen}"
+
+
+# --- OpenAPI -------------------------------------------------------------------------------
+
+
+def _resolve(doc: dict[str, Any], ref: str) -> dict[str, Any]:
+    assert ref.startswith("#/"), ref
+    node: Any = doc
+    for part in ref[2:].split("/"):
+        node = node[part]
+    assert isinstance(node, dict)
+    return node
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [r for v in node.values() for r in _refs(v)]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
+
+
+def test_openapi_describes_encode(client: httpx.Client) -> None:
+    r = client.get("/openapi.json")
+    assert r.status_code == 200
+    doc = r.json()
+    post = doc["paths"]["/v1/encode"]["post"]
+    ref = post["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert ref == "#/components/schemas/EncodeRequest"
+    schema = _resolve(doc, ref)
+    assert "inputs" in schema["required"]
+    assert {
+        "inputs",
+        "model",
+        "return_attention",
+        "attention",
+        "pooling",
+        "normalize",
+        "return_embeddings",
+        "encoding_format",
+    } <= set(schema["properties"])
+    # Every $ref anywhere in the document resolves.
+    for each in _refs(doc):
+        _resolve(doc, each)
+    pooling = json.dumps(schema["properties"]["pooling"])
+    assert all(p in pooling for p in ("none", "mean", "cls", "max"))
+    assert {"200", "400", "404", "413", "415", "422"} <= set(post["responses"])
+    for path in ("/v1/models", "/v1/models/{name}", "/health/live", "/health/ready", "/metrics"):
+        assert path in doc["paths"], path

@@ -1,0 +1,65 @@
+"""The server refuses to start on a corrupt, empty or missing model repository."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ServerFailed, running_server
+
+
+def _corrupt_graph(name: str) -> Callable[[Path, Path], Path]:
+    def make(tiny: Path, tmp: Path) -> Path:
+        repo = tmp / "repo"
+        shutil.copytree(tiny, repo / "tiny")
+        with (repo / "tiny" / name).open("ab") as f:
+            f.write(b"\0")  # one byte appended: the digest no longer matches config.json
+        return repo
+
+    return make
+
+
+def _missing_file(name: str) -> Callable[[Path, Path], Path]:
+    def make(tiny: Path, tmp: Path) -> Path:
+        repo = tmp / "repo"
+        shutil.copytree(tiny, repo / "tiny")
+        (repo / "tiny" / name).unlink()
+        return repo
+
+    return make
+
+
+def _empty(tiny: Path, tmp: Path) -> Path:
+    (tmp / "repo").mkdir()
+    return tmp / "repo"
+
+
+def _missing(tiny: Path, tmp: Path) -> Path:
+    return tmp / "no-such-repo"
+
+
+@pytest.mark.parametrize(
+    ("make_repo", "says"),
+    [
+        (_corrupt_graph("model.onnx"), "SHA-256"),
+        (_corrupt_graph("model_attn.onnx"), "SHA-256"),
+        (_missing_file("config.json"), "config.json"),
+        (_empty, "no model"),
+        (_missing, "does not exist"),
+    ],
+    ids=["corrupt-model", "corrupt-attn", "no-config", "empty-repo", "missing-repo"],
+)
+def test_refuses_to_start(
+    tiny_model_dir: Path, tmp_path: Path, make_repo: Callable[[Path, Path], Path], says: str
+) -> None:
+    repo = make_repo(tiny_model_dir, tmp_path)
+    with (
+        pytest.raises(ServerFailed) as failed,
+        running_server(repo, ready_timeout=30.0),
+    ):
+        pytest.fail("the server became ready")  # pragma: no cover
+    assert failed.value.returncode != 0
+    assert says in failed.value.log, failed.value.log
