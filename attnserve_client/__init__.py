@@ -18,6 +18,7 @@ Errors are drawn in :mod:`attnserve_client._exceptions`; every one is an
 from attnserve_client._client import AsyncClient, Client
 from attnserve_client._exceptions import (
     APIConnectionError,
+    APIResponseError,
     APIStatusError,
     APITimeoutError,
     AttnserveError,
@@ -36,6 +37,7 @@ from attnserve_client.plot import plot_attention
 
 __all__ = [
     "APIConnectionError",
+    "APIResponseError",
     "APIStatusError",
     "APITimeoutError",
     "AsyncClient",

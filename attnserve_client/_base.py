@@ -10,16 +10,22 @@ import email.utils
 import os
 import random
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar
 
 import httpx
 import numpy as np
 
 from attnserve_client import _constants as C
-from attnserve_client._exceptions import APIConnectionError, APITimeoutError, status_error
+from attnserve_client._exceptions import (
+    APIConnectionError,
+    APIResponseError,
+    APITimeoutError,
+    status_error,
+)
 from attnserve_client._types import encode_array
 
+T = TypeVar("T")
 Reduce = Literal["none", "mean", "max", "rollout"]
 Pooling = Literal["none", "mean", "cls", "max"]
 WireFormat = Literal["base64", "float"]
@@ -111,10 +117,10 @@ def retry_after_seconds(response: httpx.Response | None) -> float | None:
     try:
         seconds = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (ValueError, TypeError):  # neither seconds nor an HTTP date: use the backoff
             return None
-        seconds = parsed.timestamp() - time.time()
     return seconds if 0 <= seconds <= C.MAX_RETRY_AFTER else None
 
 
@@ -139,9 +145,20 @@ def translate_transport_error(exc: httpx.TransportError) -> APIConnectionError:
 
 def checked_json(response: httpx.Response) -> Any:
     """The body of a successful response; an APIStatusError for any error status."""
-    if response.is_success:
+    if not response.is_success:
+        raise status_error(response)
+    try:
         return response.json()
-    raise status_error(response)
+    except ValueError as exc:  # e.g. an HTML page from a proxy
+        raise APIResponseError(f"the server's answer is not JSON: {response.text[:200]!r}") from exc
+
+
+def parse_body(factory: Callable[[Any], T], body: Any) -> T:
+    """Build a typed result; a body that does not fit the contract is an APIResponseError."""
+    try:
+        return factory(body)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise APIResponseError(f"unexpected response shape: {exc!r}") from exc
 
 
 class BaseClient:

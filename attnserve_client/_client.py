@@ -21,6 +21,7 @@ from attnserve_client._base import (
     checked_json,
     chunks,
     encode_body,
+    parse_body,
     retry_delay,
     should_retry,
     translate_transport_error,
@@ -131,8 +132,8 @@ class Client(BaseClient):
             truncate=truncate,
             wire_format=wire_format,
         )
-        return EncodeResult.from_json(
-            self._request("POST", "/v1/encode", json=body, timeout=timeout)
+        return parse_body(
+            EncodeResult.from_json, self._request("POST", "/v1/encode", json=body, timeout=timeout)
         )
 
     def encode_many(
@@ -180,15 +181,16 @@ class Client(BaseClient):
             "truncate": truncate,
             "encoding_format": "base64",
         }
-        return TokenizeResult.from_json(
-            self._request("POST", "/v1/tokenize", json=body, timeout=timeout)
+        return parse_body(
+            TokenizeResult.from_json,
+            self._request("POST", "/v1/tokenize", json=body, timeout=timeout),
         )
 
     def models(self) -> list[ModelCard]:
-        return [ModelCard.from_json(m) for m in self._request("GET", "/v1/models")["data"]]
+        return parse_body(ModelCard.list_from_json, self._request("GET", "/v1/models"))
 
     def model(self, name: str) -> ModelCard:
-        return ModelCard.from_json(self._request("GET", f"/v1/models/{name}"))
+        return parse_body(ModelCard.from_json, self._request("GET", f"/v1/models/{name}"))
 
     def ready(self) -> bool:
         """True when the server has loaded and warmed up its models (no retries)."""
@@ -293,8 +295,9 @@ class AsyncClient(BaseClient):
             truncate=truncate,
             wire_format=wire_format,
         )
-        return EncodeResult.from_json(
-            await self._request("POST", "/v1/encode", json=body, timeout=timeout)
+        return parse_body(
+            EncodeResult.from_json,
+            await self._request("POST", "/v1/encode", json=body, timeout=timeout),
         )
 
     async def encode_many(
@@ -344,16 +347,16 @@ class AsyncClient(BaseClient):
             "truncate": truncate,
             "encoding_format": "base64",
         }
-        return TokenizeResult.from_json(
-            await self._request("POST", "/v1/tokenize", json=body, timeout=timeout)
+        return parse_body(
+            TokenizeResult.from_json,
+            await self._request("POST", "/v1/tokenize", json=body, timeout=timeout),
         )
 
     async def models(self) -> list[ModelCard]:
-        body = await self._request("GET", "/v1/models")
-        return [ModelCard.from_json(m) for m in body["data"]]
+        return parse_body(ModelCard.list_from_json, await self._request("GET", "/v1/models"))
 
     async def model(self, name: str) -> ModelCard:
-        return ModelCard.from_json(await self._request("GET", f"/v1/models/{name}"))
+        return parse_body(ModelCard.from_json, await self._request("GET", f"/v1/models/{name}"))
 
     async def ready(self) -> bool:
         """True when the server has loaded and warmed up its models (no retries)."""

@@ -3,6 +3,8 @@
     AttnserveError
     ├── APIConnectionError            the server could not be reached
     │   └── APITimeoutError           no answer within the timeout
+    ├── APIResponseError              a success answer that breaks the contract (not JSON,
+    │                                 wrong shape): a proxy in the way, or a version mismatch
     └── APIStatusError                the server answered with an error status
         ├── BadRequestError           400, 413, 415, 422: fix the request
         │   ├── PayloadTooLargeError      413
@@ -34,6 +36,10 @@ class APIConnectionError(AttnserveError):
 class APITimeoutError(APIConnectionError):
     def __init__(self, message: str = "the request to the attnserve server timed out") -> None:
         super().__init__(message)
+
+
+class APIResponseError(AttnserveError):
+    """A 2xx answer the SDK cannot read."""
 
 
 class APIStatusError(AttnserveError):

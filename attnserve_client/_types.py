@@ -13,6 +13,8 @@ ArrayField = Literal["embeddings", "attention", "pooled"]
 
 def decode_array(value: Any) -> np.ndarray:
     """A response array (base64 object or nested floats) -> float32 numpy."""
+    if value is None:
+        raise ValueError("an array is missing (null) where its siblings have one")
     if isinstance(value, dict):
         raw = base64.b64decode(value["data"])
         return np.frombuffer(raw, dtype="<f4").reshape(value["shape"]).astype(np.float32)
@@ -153,3 +155,8 @@ class ModelCard:
             default=body.get("default", False),
             raw=body,
         )
+
+    @classmethod
+    def list_from_json(cls, body: dict[str, Any]) -> list[ModelCard]:
+        """``GET /v1/models``."""
+        return [cls.from_json(m) for m in body["data"]]

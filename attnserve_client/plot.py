@@ -31,10 +31,9 @@ def plot_attention(
         plot_attention(result, layer=-1, path="attention.png")
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
+        # The object-oriented API, not pyplot: no global backend switch, no figure registry
+        # (a notebook's inline display keeps working, and figures are not leaked).
+        from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - depends on the optional extra
         raise ImportError("plot_attention needs matplotlib: pip install 'attnserve[plot]'") from exc
     if result.attention is None:
@@ -47,7 +46,8 @@ def plot_attention(
     if labels is not None and len(labels) != n:
         raise ValueError(f"{len(labels)} token labels for a {n}x{n} attention map")
     size = max(4.0, min(16.0, 0.35 * n + 2))
-    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    fig = Figure(figsize=(size, size * 0.9))
+    ax = fig.subplots()
     image = ax.imshow(np.asarray(grid), cmap="viridis", vmin=0.0, aspect="equal")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
     if labels is not None:

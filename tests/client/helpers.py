@@ -1,0 +1,177 @@
+"""Helpers of the SDK tests: inputs, direct onnxruntime runs, real transports, servers.
+
+Nothing here imports ``service``: the tests talk to real servers through the SDK
+and compute their expectations from the ONNX files and numpy alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from model_export import graph_io
+from tests.conftest import free_port
+
+# The tiny preset the session fixtures export (model_export.config.PRESETS["tiny"]).
+D_MODEL = 32
+N_HEADS = 4
+N_LAYERS = 2
+MODEL_MAX_SEQ_LEN = 128
+MODEL = "tiny"
+
+# The server runs the same ONNX graphs as the tests do directly, so the two agree to
+# float32 noise; a wrong token, head or layer is off by ~1e-1.
+ATOL_ORT = 1e-5
+
+
+def sequences(lengths: tuple[int, ...], seed: int) -> list[np.ndarray]:
+    """Random float32 [n_i, D_MODEL] sequences."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((n, D_MODEL), dtype=np.float32) for n in lengths]
+
+
+def new_session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_run(session: ort.InferenceSession, seq: np.ndarray) -> list[np.ndarray]:
+    """One [n, d] sequence alone (batch of one, no padding): [hidden (n, d), attn (L, H, n, n)]."""
+    mask = np.ones((1, len(seq)), dtype=np.int64)  # (1, n)
+    outputs = session.run(None, {graph_io.INPUT_EMBEDS: seq[None], graph_io.INPUT_MASK: mask})
+    return [out[0] for out in outputs]
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """A real HTTP transport that counts the requests it sends (e.g. to see retries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent += 1
+        return super().handle_request(request)
+
+
+class RecordingTransport(CountingTransport):
+    """A real HTTP transport that keeps the JSON bodies of the last request and answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.request_json: Any = None
+        self.response_json: Any = None
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.request_json = json.loads(request.read()) if request.content else None
+        response = super().handle_request(request)
+        self.response_json = json.loads(response.read())
+        return response
+
+
+class RewritingTransport(CountingTransport):
+    """A real HTTP transport that replaces every request's body and Content-Type, as a
+    broken proxy would, so a real server answers the SDK with 400 or 415."""
+
+    def __init__(self, *, content: bytes, content_type: str) -> None:
+        super().__init__()
+        self.content = content
+        self.content_type = content_type
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("content-type", "content-length")
+        }
+        headers["content-type"] = self.content_type
+        rewritten = httpx.Request(
+            request.method,
+            request.url,
+            headers=headers,
+            content=self.content,
+            extensions=request.extensions,
+        )
+        return super().handle_request(rewritten)
+
+
+def poison_model(source: Path, target: Path) -> None:
+    """Copy a model directory with one LayerNorm weight set to NaN in both graphs.
+
+    The files' SHA-256 in config.json are updated, so the server loads the model; its
+    warm-up then sees non-finite output and the server stays live but never ready.
+    """
+    shutil.copytree(source, target)
+    config = json.loads((target / graph_io.CONFIG_FILE).read_text())
+    for graph in graph_io.GRAPH_OUTPUTS:
+        path = target / graph
+        model = onnx.load(str(path))
+        weight = next(i for i in model.graph.initializer if i.name.endswith("norm.weight"))
+        poisoned = np.full(numpy_helper.to_array(weight).shape, np.nan, dtype=np.float32)
+        weight.CopyFrom(numpy_helper.from_array(poisoned, weight.name))
+        onnx.save(model, str(path))
+        config["graphs"][graph]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (target / graph_io.CONFIG_FILE).write_text(json.dumps(config))
+
+
+@contextmanager
+def live_server(repository: Path, *, live_timeout: float = 60.0) -> Iterator[str]:
+    """Run ``python -m service`` and yield its URL once it is live (not waiting for ready).
+
+    ``tests.conftest.running_server`` waits for ready, which a server whose warm-up
+    fails never becomes; this is the same launch without that wait.
+    """
+    port = free_port()
+    env = {
+        **os.environ,
+        "ATTNSERVE_MODEL_REPOSITORY": str(repository),
+        "ATTNSERVE_HOST": "127.0.0.1",
+        "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_LOG_LEVEL": "critical",  # the failed warm-up's traceback is expected
+        "ATTNSERVE_INTRA_OP_THREADS": "1",
+    }
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.monotonic() + live_timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read()}")
+                try:
+                    if httpx.get(f"{url}/health/live", timeout=1.0).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"server at {url} not live after {live_timeout}s")
+                time.sleep(0.05)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,343 @@
+"""Contract: the SDK's result types parse every response shape the server's OpenAPI allows.
+
+The schema is the real server's ``/openapi.json``. Sample bodies cover each
+alternative of every ``anyOf`` there (nested floats, Base64Array objects with
+and without ``dtype``, null); each sample is first validated against the
+component schema, then parsed by the SDK, and the parsed arrays are compared
+exactly (atol 0: the samples hold float32 values, which JSON and base64 both
+carry without loss). A test also checks that the samples reach every
+alternative, so a new one in the schema fails here until the SDK is tested on it.
+
+``jsonschema`` is not a dependency of the project, so :func:`check` validates the
+keywords these schemas use and refuses (fails the test on) any other keyword.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from attnserve_client import EncodeResult, ModelCard, TokenizeResult
+from tests.client.helpers import MODEL
+
+Schema = dict[str, Any]
+Body = dict[str, Any]
+
+ANNOTATIONS = {"title", "description", "default", "examples"}
+TYPES: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+class Validator:
+    """JSON Schema (the subset in this OpenAPI 3.1 document), recording anyOf branches."""
+
+    def __init__(self, components: dict[str, Schema]) -> None:
+        self.components = components
+        self.branches: set[tuple[str, int]] = set()  # (anyOf location, branch) seen valid
+
+    def resolve(self, schema: Schema) -> Schema:
+        ref = schema["$ref"]
+        prefix = "#/components/schemas/"
+        assert ref.startswith(prefix), ref
+        return self.components[ref.removeprefix(prefix)]
+
+    def errors(self, value: Any, schema: Schema, where: str = "$", at: str = "") -> list[str]:
+        """Every violation of ``schema`` by ``value``; ``at`` names the schema position."""
+        unknown = set(schema) - ANNOTATIONS - {
+            "$ref", "anyOf", "type", "properties", "required", "additionalProperties",
+            "items", "const", "enum",
+        }  # fmt: skip
+        if unknown:
+            raise NotImplementedError(f"schema keyword(s) {sorted(unknown)} at {at or '/'}")
+        found: list[str] = []
+        if "$ref" in schema:
+            found += self.errors(value, self.resolve(schema), where, schema["$ref"])
+        if "anyOf" in schema:
+            per_branch = [
+                self.errors(value, branch, where, f"{at}/anyOf/{i}")
+                for i, branch in enumerate(schema["anyOf"])
+            ]
+            self.branches.update((at, i) for i, errs in enumerate(per_branch) if not errs)
+            if all(per_branch):
+                found.append(f"{where}: matches no alternative of {at}: {per_branch}")
+        if "type" in schema:
+            kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+            if not any(TYPES[k](value) for k in kinds):
+                return [*found, f"{where}: {value!r:.40} is not {schema['type']}"]
+        if "const" in schema and value != schema["const"]:
+            found.append(f"{where}: {value!r} != const {schema['const']!r}")
+        if "enum" in schema and value not in schema["enum"]:
+            found.append(f"{where}: {value!r} not in {schema['enum']}")
+        if isinstance(value, dict):
+            props = schema.get("properties", {})
+            found += [
+                f"{where}: {k!r} is required" for k in schema.get("required", []) if k not in value
+            ]
+            extra = schema.get("additionalProperties", True)
+            for key, item in value.items():
+                if key in props:
+                    found += self.errors(item, props[key], f"{where}.{key}", f"{at}/{key}")
+                elif extra is False:
+                    found.append(f"{where}: unexpected key {key!r}")
+                elif isinstance(extra, dict):
+                    found += self.errors(item, extra, f"{where}.{key}", f"{at}/*")
+        if isinstance(value, list) and "items" in schema:
+            for i, item in enumerate(value):
+                found += self.errors(item, schema["items"], f"{where}[{i}]", f"{at}/items")
+        return found
+
+    def check(self, value: Any, component: str) -> None:
+        problems = self.errors(value, self.components[component], at=component)
+        assert not problems, problems
+
+
+def every_anyof(components: dict[str, Schema], component: str) -> set[tuple[str, int]]:
+    """Every (anyOf location, branch) reachable from a component, in the validator's naming."""
+    found: set[tuple[str, int]] = set()
+
+    def walk(schema: Schema, at: str, seen: frozenset[str]) -> None:
+        if "$ref" in schema and schema["$ref"] not in seen:
+            ref = schema["$ref"]
+            walk(components[ref.rsplit("/", 1)[1]], ref, seen | {ref})
+        for i, branch in enumerate(schema.get("anyOf", [])):
+            found.add((at, i))
+            walk(branch, f"{at}/anyOf/{i}", seen)
+        for key, prop in schema.get("properties", {}).items():
+            walk(prop, f"{at}/{key}", seen)
+        if isinstance(schema.get("additionalProperties"), dict):
+            walk(schema["additionalProperties"], f"{at}/*", seen)
+        if "items" in schema:
+            walk(schema["items"], f"{at}/items", seen)
+
+    walk(components[component], component, frozenset())
+    return found
+
+
+@pytest.fixture(scope="module")
+def components(server_url: str) -> dict[str, Schema]:
+    r = httpx.get(f"{server_url}/openapi.json", timeout=30.0)
+    assert r.status_code == 200
+    schemas: dict[str, Schema] = r.json()["components"]["schemas"]
+    return schemas
+
+
+# --- sample bodies -------------------------------------------------------------------------
+
+RNG = np.random.default_rng(0)
+EMB = [RNG.standard_normal((n, 3), dtype=np.float32) for n in (2, 1, 3)]  # [n_i, d]
+ATT = [RNG.random((2, 1, n, n), dtype=np.float32) for n in (2, 1, 3)]  # [L', H', n, n]
+POOL = [RNG.standard_normal(3, dtype=np.float32) for _ in range(3)]  # [d]
+
+
+def b64(array: np.ndarray, *, dtype: bool = True) -> Body:
+    obj: Body = {
+        "shape": list(array.shape),
+        "data": base64.b64encode(array.astype("<f4").tobytes()).decode("ascii"),
+    }
+    if dtype:  # optional in the schema (default float32)
+        obj["dtype"] = "float32"
+    return obj
+
+
+def floats(array: np.ndarray) -> Any:
+    return array.tolist()  # Python floats holding float32 values exactly
+
+
+def wire(kind: str, array: np.ndarray) -> Any:
+    return {"float": floats, "base64": b64, "base64-no-dtype": lambda a: b64(a, dtype=False)}[kind](
+        array
+    )
+
+
+def encode_body(kinds: dict[str, str | None], *, tokens: str = "null") -> Body:
+    """Three items; ``kinds[field]`` is float, base64, base64-no-dtype, or None for null."""
+    arrays = {"embeddings": EMB, "attention": ATT, "pooled": POOL}
+    items = []
+    for i in range(3):
+        item: Body = {"index": i}
+        if tokens == "list":
+            item["tokens"] = ["[CLS]", "x", "[SEP]"][: len(EMB[i])]
+        elif tokens == "null":
+            item["tokens"] = None  # "absent" leaves the optional key out
+        for name, values in arrays.items():
+            kind = kinds.get(name)
+            item[name] = None if kind is None else wire(kind, values[i])
+        items.append(item)
+    items.reverse()  # the schema does not order data; the SDK must order by index
+    return {"model": MODEL, "data": items, "usage": {"sequences": 3, "tokens": 6}}
+
+
+ENCODE_CASES: dict[str, tuple[dict[str, str | None], str]] = {
+    "float": ({"embeddings": "float", "attention": "float", "pooled": "float"}, "null"),
+    "base64": ({"embeddings": "base64", "attention": "base64", "pooled": "base64"}, "list"),
+    "base64-no-dtype": (
+        {"embeddings": "base64-no-dtype", "attention": "base64-no-dtype", "pooled": None},
+        "absent",
+    ),
+    "embeddings-only": ({"embeddings": "float"}, "null"),
+    "pooled-only": ({"pooled": "base64"}, "list"),
+    "attention-only": ({"attention": "float"}, "absent"),
+    "all-null": ({}, "null"),
+}
+
+
+@pytest.mark.parametrize("case", ENCODE_CASES)
+def test_encode_response_shapes(components: dict[str, Schema], case: str) -> None:
+    kinds, tokens = ENCODE_CASES[case]
+    body = encode_body(kinds, tokens=tokens)
+    Validator(components).check(body, "EncodeResponse")
+    result = EncodeResult.from_json(body)
+    assert result.model == MODEL and len(result) == 3 and result.usage.tokens == 6
+    if tokens == "list":
+        assert result.tokens == [["[CLS]", "x"], ["[CLS]"], ["[CLS]", "x", "[SEP]"]]
+    else:
+        assert result.tokens == [None, None, None]
+    for name, want in (("embeddings", EMB), ("attention", ATT), ("pooled", POOL)):
+        got = getattr(result, name)
+        if kinds.get(name) is None:
+            assert got is None, name
+            continue
+        assert got is not None
+        for g, w in zip(got, want, strict=True):  # in index order
+            assert g.dtype == np.float32 and g.shape == w.shape
+            np.testing.assert_array_equal(g, w)  # atol 0
+
+
+def test_encode_response_with_no_items(components: dict[str, Schema]) -> None:
+    body = {"model": MODEL, "data": [], "usage": {"sequences": 0, "tokens": 0}}
+    Validator(components).check(body, "EncodeResponse")
+    result = EncodeResult.from_json(body)
+    assert len(result) == 0 and result.embeddings is None and result.tokens == []
+
+
+def tokenize_body(kind: str | None) -> Body:
+    items = [
+        {
+            "index": i,
+            "tokens": ["[CLS]", "x", "[SEP]"][: len(EMB[i])],
+            "ids": [101, 1060, 102][: len(EMB[i])],
+            "embeddings": None if kind is None else wire(kind, EMB[i]),
+        }
+        for i in range(3)
+    ]
+    return {"model": MODEL, "data": items[::-1], "usage": {"sequences": 3, "tokens": 6}}
+
+
+@pytest.mark.parametrize("kind", ["float", "base64", "base64-no-dtype", None])
+def test_tokenize_response_shapes(components: dict[str, Schema], kind: str | None) -> None:
+    body = tokenize_body(kind)
+    Validator(components).check(body, "TokenizeResponse")
+    result = TokenizeResult.from_json(body)
+    assert result.tokens == [["[CLS]", "x"], ["[CLS]"], ["[CLS]", "x", "[SEP]"]]
+    assert result.ids == [[101, 1060], [101], [101, 1060, 102]]
+    if kind is None:
+        assert result.embeddings is None
+    else:
+        assert result.embeddings is not None
+        for g, w in zip(result.embeddings, EMB, strict=True):
+            np.testing.assert_array_equal(g, w)  # atol 0
+
+
+def card_body(window: int | None, tokenizer: bool) -> Body:
+    return {
+        "name": "m",
+        "d_model": 384,
+        "heads": 12,
+        "layers": 6,
+        "d_ff": 1536,
+        "max_seq_len": 512,
+        "causal": window is not None,
+        "window": window,
+        "scoring": "dot",
+        "norm_placement": "post",
+        "activation": "gelu",
+        "opset": 18,
+        "sha256": {"model.onnx": "0" * 64, "model_attn.onnx": "1" * 64},
+        "tokenizer": tokenizer,
+        "default": not tokenizer,
+    }
+
+
+@pytest.mark.parametrize(("window", "tokenizer"), [(None, True), (4, False)])
+def test_model_card_shapes(
+    components: dict[str, Schema], window: int | None, tokenizer: bool
+) -> None:
+    body = card_body(window, tokenizer)
+    validator = Validator(components)
+    validator.check(body, "ModelCard")
+    validator.check({"data": [body, body]}, "ModelList")
+    card = ModelCard.from_json(body)
+    assert (card.name, card.d_model, card.heads, card.layers, card.max_seq_len) == (
+        "m",
+        384,
+        12,
+        6,
+        512,
+    )
+    assert (card.tokenizer, card.default) == (tokenizer, not tokenizer)
+    assert card.raw["window"] == window
+
+
+def all_samples() -> dict[str, list[Body]]:
+    return {
+        "EncodeResponse": [encode_body(k, tokens=t) for k, t in ENCODE_CASES.values()],
+        "TokenizeResponse": [tokenize_body(k) for k in ("float", "base64", None)],
+        "ModelCard": [card_body(None, True), card_body(4, False)],
+    }
+
+
+@pytest.mark.parametrize("component", ["EncodeResponse", "TokenizeResponse", "ModelCard"])
+def test_samples_cover_every_alternative(components: dict[str, Schema], component: str) -> None:
+    validator = Validator(components)
+    for body in all_samples()[component]:
+        validator.check(body, component)
+    missing = every_anyof(components, component) - validator.branches
+    assert not missing, f"no sample takes these anyOf branches: {sorted(missing)}"
+
+
+def test_real_responses_fit_the_schema(components: dict[str, Schema], server_url: str) -> None:
+    """What the server really sends validates, so the samples above are not made up."""
+    validator = Validator(components)
+    seq = np.ones((3, 32), np.float32).tolist()
+    with httpx.Client(base_url=server_url, timeout=30.0) as http:
+        for fmt in ("float", "base64"):
+            body = {"inputs": [seq], "encoding_format": fmt, "return_attention": True}
+            r = http.post("/v1/encode", json={**body, "pooling": "mean", "return_embeddings": True})
+            assert r.status_code == 200, r.text
+            validator.check(r.json(), "EncodeResponse")
+        validator.check(http.get("/v1/models").json(), "ModelList")
+        validator.check(http.get(f"/v1/models/{MODEL}").json(), "ModelCard")
+
+
+BAD: list[tuple[str, str, Callable[[Body], None]]] = [
+    ("EncodeResponse", "usage", lambda b: b.pop("usage")),
+    ("EncodeResponse", "is not", lambda b: b["data"][0].update(index="0")),
+    ("EncodeResponse", "unexpected key", lambda b: b["data"][0]["embeddings"].update(order="C")),
+    ("EncodeResponse", "const", lambda b: b["data"][0]["embeddings"].update(dtype="float16")),
+    ("EncodeResponse", "no alternative", lambda b: b["data"][0].update(pooled="1,2,3")),
+    ("EncodeResponse", "no alternative", lambda b: b["data"][0].update(attention=[[1.0]])),
+]
+
+
+@pytest.mark.parametrize(("component", "says", "break_it"), BAD)
+def test_validator_rejects_what_the_schema_forbids(
+    components: dict[str, Schema], component: str, says: str, break_it: Callable[[Body], None]
+) -> None:
+    """The home-made validator can fail: each broken body is refused, for the right reason."""
+    body = encode_body({"embeddings": "base64", "attention": "float", "pooled": None})
+    Validator(components).check(body, component)
+    break_it(body)
+    problems = Validator(components).errors(body, components[component], at=component)
+    assert any(says in p for p in problems), problems

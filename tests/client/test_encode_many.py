@@ -1,0 +1,144 @@
+"""``encode_many``: order kept under concurrency, requests of ``batch_size``, progress bar.
+
+Order: a real transport delays the request that carries the first batch, so
+that batch is answered last; the result must still start with it.
+Tolerance: against a direct onnxruntime run, ``ATOL_ORT`` (1e-5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from attnserve_client import AsyncClient, Client, EncodeResult, PayloadTooLargeError
+from tests.client.helpers import ATOL_ORT, D_MODEL, CountingTransport, ort_run, sequences
+
+# Distinct lengths, so a sequence's length tells where it went.
+LENGTHS = (12, 3, 7, 1, 9, 5, 2, 11, 4)
+DELAY = 0.3  # seconds the first batch is held back
+
+
+def first_length(request: httpx.Request) -> int:
+    """Length of the first sequence in an encode request body (a base64 array)."""
+    return int(json.loads(request.content)["inputs"][0]["shape"][0])
+
+
+class SlowFirstBatch(CountingTransport):
+    """A real transport that holds back the request whose first sequence has ``length``."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.length = length
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if first_length(request) == self.length:
+            time.sleep(DELAY)
+        return super().handle_request(request)
+
+
+class AsyncSlowFirstBatch(httpx.AsyncHTTPTransport):
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.length = length
+        self.sent = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent += 1
+        if first_length(request) == self.length:
+            await asyncio.sleep(DELAY)
+        return await super().handle_async_request(request)
+
+
+def assert_in_order(
+    result: EncodeResult, seqs: list[np.ndarray], session: ort.InferenceSession
+) -> None:
+    assert len(result) == len(seqs)
+    assert result.usage.tokens == sum(len(s) for s in seqs)
+    assert result.embeddings is not None
+    assert [len(e) for e in result.embeddings] == [len(s) for s in seqs]
+    for seq, hidden in zip(seqs, result.embeddings, strict=True):
+        np.testing.assert_allclose(hidden, ort_run(session, seq)[0], rtol=0, atol=ATOL_ORT)
+
+
+def test_sync_keeps_order_with_concurrency(
+    server_url: str, embeddings_session: ort.InferenceSession
+) -> None:
+    seqs = sequences(LENGTHS, seed=1)
+    transport = SlowFirstBatch(LENGTHS[0])
+    with Client(server_url, transport=transport) as client:
+        result = client.encode_many(seqs, batch_size=2, concurrency=4)
+    assert transport.sent == 5  # ceil(9 / 2)
+    assert_in_order(result, seqs, embeddings_session)
+
+
+def test_async_keeps_order_with_concurrency(
+    server_url: str, embeddings_session: ort.InferenceSession
+) -> None:
+    seqs = sequences(LENGTHS, seed=2)
+    transport = AsyncSlowFirstBatch(LENGTHS[0])
+
+    async def run() -> EncodeResult:
+        async with AsyncClient(server_url, transport=transport) as client:
+            return await client.encode_many(seqs, batch_size=2, concurrency=4)
+
+    result = asyncio.run(run())
+    assert transport.sent == 5
+    assert_in_order(result, seqs, embeddings_session)
+
+
+def test_batch_size_splits_requests(
+    two_sequence_url: str, embeddings_session: ort.InferenceSession
+) -> None:
+    """The server takes at most two sequences per request; batch_size=2 makes five fit."""
+    seqs = sequences((4, 6, 1, 3, 2), seed=3)
+    transport = CountingTransport()
+    with Client(two_sequence_url, transport=transport) as client:
+        with pytest.raises(PayloadTooLargeError):
+            client.encode(seqs)
+        with pytest.raises(PayloadTooLargeError):
+            client.encode_many(seqs, batch_size=3)
+        transport.sent = 0
+        result = client.encode_many(seqs, batch_size=2, concurrency=2, return_attention=True)
+    assert transport.sent == 3
+    assert_in_order(result, seqs, embeddings_session)
+    assert result.attention is not None  # encode options pass through to every request
+    assert [a.shape[-1] for a in result.attention] == [4, 6, 1, 3, 2]
+
+
+def test_batch_array_and_generator_inputs(client: Client) -> None:
+    batch = np.stack(sequences((3,) * 5, seed=4))  # (B, T, d)
+    from_array = client.encode_many(batch, batch_size=2)
+    from_generator = client.encode_many((row for row in batch), batch_size=4)
+    assert from_array.stack().shape == from_generator.stack().shape == (5, 3, D_MODEL)
+    np.testing.assert_array_equal(from_array.stack(), from_generator.stack())  # atol 0
+
+
+def test_sync_progress_bar(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    result = client.encode_many(sequences(LENGTHS, seed=5), batch_size=4, progress=True)
+    assert len(result) == len(LENGTHS)
+    err = capsys.readouterr().err  # tqdm writes to stderr
+    assert f"{len(LENGTHS)}/{len(LENGTHS)}" in err, err
+
+
+def test_async_progress_bar(server_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    async def run() -> EncodeResult:
+        async with AsyncClient(server_url) as client:
+            return await client.encode_many(
+                sequences(LENGTHS, seed=6), batch_size=4, concurrency=2, progress=True
+            )
+
+    assert len(asyncio.run(run())) == len(LENGTHS)
+    err = capsys.readouterr().err
+    assert f"{len(LENGTHS)}/{len(LENGTHS)}" in err, err
+
+
+@pytest.mark.parametrize(("batch_size", "concurrency"), [(0, 1), (1, 0)])
+def test_bad_batch_size_or_concurrency(client: Client, batch_size: int, concurrency: int) -> None:
+    with pytest.raises(ValueError, match=r"batch_size|concurrency"):
+        client.encode_many(sequences((2,), seed=7), batch_size=batch_size, concurrency=concurrency)

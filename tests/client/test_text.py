@@ -1,0 +1,89 @@
+"""Text inputs against the real all-MiniLM-L6-v2 server: tokens, ids, unit sentence vectors.
+
+Tolerances: a normalised float32 vector has norm 1 within 1e-5; the text path
+(server-side tokenizer and embedding graph) and the array path (the same
+embeddings sent back as arrays) run the same graphs, so they agree within 1e-5.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from attnserve_client import AsyncClient, Client, EncodeResult, TokenizeResult
+
+D_MINILM = 384
+ATOL_UNIT = 1e-5
+ATOL_SAME_GRAPH = 1e-5
+CLS, SEP = 101, 102  # ids of [CLS] and [SEP] in the uncased BERT vocabulary
+
+TEXTS = ["A man is playing a guitar.", "Someone plays the guitar.", "Stock markets fell today."]
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_server_url: str) -> Iterator[Client]:
+    with Client(minilm_server_url) as c:
+        yield c
+
+
+def test_text_encode_gives_tokens_and_unit_vectors(minilm: Client) -> None:
+    result = minilm.encode(TEXTS, pooling="mean", normalize=True)
+    assert result.model == "minilm-l6"
+    assert result.embeddings is None  # pooling replaces per-token embeddings by default
+    assert result.pooled is not None
+    for tokens in result.tokens:
+        assert tokens is not None
+        assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
+    first = result.tokens[0]
+    assert first is not None and "guitar" in first
+    assert result.usage.tokens == sum(len(t) for t in result.tokens if t is not None)
+    vectors = result.stack("pooled")  # (3, 384)
+    assert vectors.shape == (len(TEXTS), D_MINILM)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=0, atol=ATOL_UNIT)
+    # A real sentence model: the two guitar sentences are closer than the unrelated one.
+    similar, unrelated = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
+    assert similar > unrelated + 0.2, (similar, unrelated)  # measured: 0.84 vs -0.09
+
+
+def test_tokenize_returns_ids(minilm: Client) -> None:
+    result = minilm.tokenize(TEXTS[:2])
+    assert result.model == "minilm-l6"
+    assert result.embeddings is None
+    for tokens, ids in zip(result.tokens, result.ids, strict=True):
+        assert len(tokens) == len(ids)
+        assert all(isinstance(i, int) for i in ids)
+        assert ids[0] == CLS and ids[-1] == SEP
+        assert tokens[0] == "[CLS]"
+    assert result.usage.sequences == 2
+    single = minilm.tokenize(TEXTS[0])
+    assert single.ids == result.ids[:1] and single.tokens == result.tokens[:1]
+
+
+def test_text_path_equals_array_path(minilm: Client) -> None:
+    """Tokenize's input embeddings, sent back as arrays, encode as the texts themselves do."""
+    tokenized = minilm.tokenize(TEXTS, return_embeddings=True)
+    assert tokenized.embeddings is not None
+    assert [e.shape for e in tokenized.embeddings] == [(len(t), D_MINILM) for t in tokenized.tokens]
+    from_text = minilm.encode(TEXTS, return_embeddings=True, pooling="mean")
+    from_arrays = minilm.encode(tokenized.embeddings, return_embeddings=True, pooling="mean")
+    assert from_text.tokens == tokenized.tokens and from_arrays.tokens == [None] * len(TEXTS)
+    for field in ("embeddings", "pooled"):
+        for a, b in zip(getattr(from_text, field), getattr(from_arrays, field), strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=ATOL_SAME_GRAPH)
+
+
+def test_async_text(minilm_server_url: str) -> None:
+    async def run() -> tuple[EncodeResult, TokenizeResult]:
+        async with AsyncClient(minilm_server_url) as client:
+            return (
+                await client.encode(TEXTS[:1], pooling="cls", normalize=True),
+                await client.tokenize(TEXTS[:1]),
+            )
+
+    encoded, tokenized = asyncio.run(run())
+    assert encoded.tokens == tokenized.tokens
+    assert encoded.pooled is not None
+    np.testing.assert_allclose(np.linalg.norm(encoded.pooled[0]), 1.0, rtol=0, atol=ATOL_UNIT)
