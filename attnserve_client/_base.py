@@ -94,6 +94,19 @@ def encode_body(
     return body
 
 
+def tokenize_body(
+    text: str | Sequence[str], *, model: str | None, return_embeddings: bool, truncate: bool
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/tokenize``."""
+    return {
+        "text": text if isinstance(text, str) else list(text),
+        "model": model,
+        "return_embeddings": return_embeddings,
+        "truncate": truncate,
+        "encoding_format": "base64",
+    }
+
+
 def chunks(items: Iterable[SequenceInput], size: int) -> Iterable[list[SequenceInput]]:
     if size < 1:
         raise ValueError("batch_size must be >= 1")

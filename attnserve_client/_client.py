@@ -24,6 +24,7 @@ from attnserve_client._base import (
     parse_body,
     retry_delay,
     should_retry,
+    tokenize_body,
     translate_transport_error,
 )
 from attnserve_client._exceptions import APITimeoutError
@@ -174,13 +175,9 @@ class Client(BaseClient):
         timeout: float | None = None,
     ) -> TokenizeResult:
         """Tokens, ids and optionally the encoder's input embeddings of ``text``."""
-        body = {
-            "text": text if isinstance(text, str) else list(text),
-            "model": model,
-            "return_embeddings": return_embeddings,
-            "truncate": truncate,
-            "encoding_format": "base64",
-        }
+        body = tokenize_body(
+            text, model=model, return_embeddings=return_embeddings, truncate=truncate
+        )
         return parse_body(
             TokenizeResult.from_json,
             self._request("POST", "/v1/tokenize", json=body, timeout=timeout),
@@ -340,13 +337,9 @@ class AsyncClient(BaseClient):
         timeout: float | None = None,
     ) -> TokenizeResult:
         """See :meth:`Client.tokenize`."""
-        body = {
-            "text": text if isinstance(text, str) else list(text),
-            "model": model,
-            "return_embeddings": return_embeddings,
-            "truncate": truncate,
-            "encoding_format": "base64",
-        }
+        body = tokenize_body(
+            text, model=model, return_embeddings=return_embeddings, truncate=truncate
+        )
         return parse_body(
             TokenizeResult.from_json,
             await self._request("POST", "/v1/tokenize", json=body, timeout=timeout),

@@ -62,11 +62,13 @@ class ServerFailed(RuntimeError):
 
 @contextmanager
 def running_server(
-    repository: Path, *, ready_timeout: float = 60.0, **settings: str
+    repository: Path, *, ready_timeout: float = 60.0, wait_for: str = "ready", **settings: str
 ) -> Iterator[str]:
     """Run ``python -m service`` on 127.0.0.1:<free port>; yield its base URL.
 
     ``settings`` are ATTNSERVE_* values without the prefix, e.g. ``max_sequences="2"``.
+    ``wait_for`` names the health endpoint that must answer 200 first: "ready", or
+    "live" for a server meant never to become ready.
     """
     port = free_port()
     env = {
@@ -90,12 +92,12 @@ def running_server(
                     log.seek(0)
                     raise ServerFailed(proc.returncode, log.read())
                 try:
-                    if httpx.get(f"{url}/health/ready", timeout=1.0).status_code == 200:
+                    if httpx.get(f"{url}/health/{wait_for}", timeout=1.0).status_code == 200:
                         break
                 except httpx.TransportError:
                     pass
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"server at {url} not ready after {ready_timeout}s")
+                    raise TimeoutError(f"server at {url} not {wait_for} after {ready_timeout}s")
                 time.sleep(0.05)
             yield url
         finally:

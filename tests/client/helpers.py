@@ -6,16 +6,8 @@ and compute their expectations from the ONNX files and numpy alone.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +18,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from model_export import graph_io
-from tests.conftest import free_port
+from model_export.integrity import sha256_file
 
 # The tiny preset the session fixtures export (model_export.config.PRESETS["tiny"]).
 D_MODEL = 32
@@ -128,50 +120,5 @@ def poison_model(source: Path, target: Path) -> None:
         poisoned = np.full(numpy_helper.to_array(weight).shape, np.nan, dtype=np.float32)
         weight.CopyFrom(numpy_helper.from_array(poisoned, weight.name))
         onnx.save(model, str(path))
-        config["graphs"][graph]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        config["graphs"][graph]["sha256"] = sha256_file(path)
     (target / graph_io.CONFIG_FILE).write_text(json.dumps(config))
-
-
-@contextmanager
-def live_server(repository: Path, *, live_timeout: float = 60.0) -> Iterator[str]:
-    """Run ``python -m service`` and yield its URL once it is live (not waiting for ready).
-
-    ``tests.conftest.running_server`` waits for ready, which a server whose warm-up
-    fails never becomes; this is the same launch without that wait.
-    """
-    port = free_port()
-    env = {
-        **os.environ,
-        "ATTNSERVE_MODEL_REPOSITORY": str(repository),
-        "ATTNSERVE_HOST": "127.0.0.1",
-        "ATTNSERVE_PORT": str(port),
-        "ATTNSERVE_LOG_LEVEL": "critical",  # the failed warm-up's traceback is expected
-        "ATTNSERVE_INTRA_OP_THREADS": "1",
-    }
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            deadline = time.monotonic() + live_timeout
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read()}")
-                try:
-                    if httpx.get(f"{url}/health/live", timeout=1.0).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"server at {url} not live after {live_timeout}s")
-                time.sleep(0.05)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
