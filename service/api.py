@@ -28,8 +28,8 @@ from service.schemas import (
 )
 from service.settings import Settings
 
-# Requests larger than this are parsed and serialised on a worker thread, so a
-# big JSON body never stalls the event loop; small ones are cheaper inline.
+# Responses larger than this are serialised on a worker thread, so a big answer
+# never stalls the event loop; small ones are cheaper inline.
 OFFLOAD_BYTES = 256 * 1024
 
 
@@ -161,28 +161,25 @@ async def read_json_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def json_request_body(schema: str) -> dict[str, Any]:
+    """OpenAPI for a body the route parses itself (the arrays skip pydantic, see schemas)."""
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
 @encode.post(
     "/encode",
     response_model=None,
     responses={200: {"model": EncodeResponse}, **ERROR_RESPONSES},
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/EncodeRequest"}}
-            },
-        }
-    },
+    openapi_extra=json_request_body("EncodeRequest"),
 )
 async def encode_sequences(request: Request, state: State) -> Response:
     """Contextualized embeddings (and optionally attention weights) for token embeddings."""
     batcher = require_ready(state)
     body = await read_json_body(request, state.settings.max_body_bytes)
-    args = (body, state.runtimes, state.default_model, state.settings)
-    prepared = (
-        await asyncio.to_thread(pipeline.prepare, *args)
-        if len(body) > OFFLOAD_BYTES
-        else pipeline.prepare(*args)
+    # Off the loop: parsing big bodies, tokenizing and embedding texts all take real time.
+    prepared = await asyncio.to_thread(
+        pipeline.prepare, body, state.runtimes, state.default_model, state.settings
     )
     results = await batcher.submit(
         prepared.model.name, prepared.sequences, with_attention=prepared.options.return_attention
@@ -200,14 +197,7 @@ async def encode_sequences(request: Request, state: State) -> Response:
     "/tokenize",
     response_model=None,
     responses={200: {"model": TokenizeResponse}, **ERROR_RESPONSES},
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/TokenizeRequest"}}
-            },
-        }
-    },
+    openapi_extra=json_request_body("TokenizeRequest"),
 )
 async def tokenize_texts(request: Request, state: State) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
