@@ -207,11 +207,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
     parser.add_argument("--requests", type=int, default=400, help="requests per scenario")
+    parser.add_argument("--only", default="", help="run only scenarios whose name has this")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "serving.json")
     args = parser.parse_args()
     config = json.loads((args.model_dir / "config.json").read_text())
     d_model = config["architecture"]["d_model"]
-    rows = [run_scenario(args.model_dir, d_model, s, args.requests) for s in SCENARIOS]
+    rows = [
+        run_scenario(args.model_dir, d_model, s, args.requests)
+        for s in SCENARIOS
+        if args.only in s.name
+    ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": config["name"], "rows": rows}, indent=2))
     print(
