@@ -1,0 +1,126 @@
+"""Dockerfile and docker-compose.yml: static checks, and the image's commands run here.
+
+There is no Docker engine on CI machines, so the image is never built. Instead
+hadolint and Compose's own parser check the files, and the runtime stage's
+ENV, CMD and HEALTHCHECK are read out of the Dockerfile and run as they are
+(bar the host and port) against the real all-MiniLM-L6-v2 model directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import compose
+import httpx
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+COMPOSE = Path(compose.__file__).parent / "docker-compose"
+
+
+def runtime_stage() -> list[str]:
+    """Instruction lines (continuations joined) of the Dockerfile's last stage."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    start = max(i for i, ln in enumerate(lines) if ln.startswith("FROM "))
+    return lines[start:]
+
+
+def instruction(name: str) -> str:
+    (line,) = [ln for ln in runtime_stage() if ln.startswith(f"{name} ")]
+    return line[len(name) + 1 :].strip()
+
+
+def runtime_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in runtime_stage():
+        if line.startswith("ENV "):
+            for pair in shlex.split(line[4:]):
+                key, _, value = pair.partition("=")
+                env[key] = value
+    return env
+
+
+def test_hadolint_passes() -> None:
+    result = subprocess.run(
+        [str(BIN / "hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_file_is_valid_and_serves_on_loopback() -> None:
+    result = subprocess.run(
+        [str(COMPOSE), "-f", str(ROOT / "docker-compose.yml"), "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    service = json.loads(result.stdout)["services"]["attnserve"]
+    (port,) = service["ports"]
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "8000", 8000)
+    assert service["healthcheck"]["test"][0] == "CMD"
+
+
+def test_export_stage_pins_the_same_torch_as_pyproject() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (pin,) = [r for r in pyproject["project"]["optional-dependencies"]["export"] if "torch" in r]
+    assert pin == "torch==2.13.0"
+    assert (
+        f"pip install {pin} --index-url https://download.pytorch.org/whl/cpu"
+        in (ROOT / "Dockerfile").read_text()
+    )
+
+
+def test_runtime_stage_needs_no_torch() -> None:
+    installs = " ".join(ln for ln in runtime_stage() if ln.startswith("RUN "))
+    assert "'.[serve]'" in installs
+    assert "torch" not in installs and "export" not in installs
+
+
+def test_image_commands_serve_and_pass_the_healthcheck(minilm_repository: Path) -> None:
+    """CMD with the image's ENV starts the server; the HEALTHCHECK command then passes."""
+    env_image = runtime_env()
+    assert env_image["ATTNSERVE_DEFAULT_MODEL"] == "minilm-l6"
+    port = free_port()
+    env = {
+        **os.environ,
+        **env_image,
+        "ATTNSERVE_MODEL_REPOSITORY": str(minilm_repository),  # the image's /models
+        "ATTNSERVE_HOST": "127.0.0.1",  # tests stay on loopback
+        "ATTNSERVE_PORT": str(port),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    cmd = json.loads(instruction("CMD"))
+    health = json.loads(re.sub(r"^.*?CMD ", "", instruction("HEALTHCHECK")))
+    health = [part.replace("8000", str(port)) for part in health]
+    health[0] = sys.executable if health[0] == "python" else health[0]
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(health, capture_output=True).returncode != 0:
+            assert server.poll() is None, f"CMD {cmd} exited with {server.returncode}"
+            assert time.monotonic() < deadline, "HEALTHCHECK never passed"
+            time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/encode", json={"inputs": ["in a container"]})
+        assert r.status_code == 200 and r.json()["model"] == "minilm-l6"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    # Stopped: the healthcheck must now fail, so it is not a command that always passes.
+    assert subprocess.run(health, capture_output=True).returncode != 0
+
+
+def test_commands_are_exec_form() -> None:
+    """Exec form: the server is PID 1 and gets SIGTERM for a graceful shutdown."""
+    assert instruction("CMD").startswith("[")
+    assert 'CMD ["' in instruction("HEALTHCHECK")
