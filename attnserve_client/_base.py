@@ -188,6 +188,8 @@ class BaseClient:
             "/"
         )
         self.api_key = api_key if api_key is not None else os.environ.get(C.ENV_API_KEY)
+        if self.api_key is not None and not self.api_key.isascii():
+            raise ValueError("api_key must be ASCII: it travels in an HTTP header")
         self.timeout = (
             timeout
             if isinstance(timeout, httpx.Timeout)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -187,7 +188,9 @@ class Client(BaseClient):
         return parse_body(ModelCard.list_from_json, self._request("GET", "/v1/models"))
 
     def model(self, name: str) -> ModelCard:
-        return parse_body(ModelCard.from_json, self._request("GET", f"/v1/models/{name}"))
+        return parse_body(
+            ModelCard.from_json, self._request("GET", f"/v1/models/{quote(name, safe='')}")
+        )
 
     def ready(self) -> bool:
         """True when the server has loaded and warmed up its models (no retries)."""
@@ -321,10 +324,15 @@ class AsyncClient(BaseClient):
             return result
 
         try:
-            parts = await asyncio.gather(*(one(b) for b in batches))
+            # A TaskGroup cancels the other batches as soon as one fails.
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(b)) for b in batches]
+        except* Exception as errors:  # callers see the first error, as with Client
+            raise errors.exceptions[0] from None
         finally:
             if bar is not None:
                 bar.close()
+        parts = [t.result() for t in tasks]
         return EncodeResult.concat(list(parts))
 
     async def tokenize(
@@ -349,7 +357,9 @@ class AsyncClient(BaseClient):
         return parse_body(ModelCard.list_from_json, await self._request("GET", "/v1/models"))
 
     async def model(self, name: str) -> ModelCard:
-        return parse_body(ModelCard.from_json, await self._request("GET", f"/v1/models/{name}"))
+        return parse_body(
+            ModelCard.from_json, await self._request("GET", f"/v1/models/{quote(name, safe='')}")
+        )
 
     async def ready(self) -> bool:
         """True when the server has loaded and warmed up its models (no retries)."""

@@ -36,6 +36,11 @@ class Usage:
     sequences: int
     tokens: int
 
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Usage:
+        # Named fields only: a server that adds one must not break older clients.
+        return cls(sequences=int(body["sequences"]), tokens=int(body["tokens"]))
+
 
 @dataclass(frozen=True)
 class EncodeResult:
@@ -84,7 +89,7 @@ class EncodeResult:
             attention=column("attention"),
             pooled=column("pooled"),
             tokens=[item.get("tokens") for item in items],
-            usage=Usage(**body["usage"]),
+            usage=Usage.from_json(body["usage"]),
         )
 
     @classmethod
@@ -126,7 +131,7 @@ class TokenizeResult:
             embeddings=None
             if all(e is None for e in embeddings)
             else [decode_array(e) for e in embeddings],
-            usage=Usage(**body["usage"]),
+            usage=Usage.from_json(body["usage"]),
         )
 
 

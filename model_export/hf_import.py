@@ -9,6 +9,7 @@ Anything else is a :class:`CheckpointError` naming the keys.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -151,10 +152,18 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
             raise CheckpointError(f"{path} not found")
     hf = json.loads(config_path.read_text())
     config = config_from_hf(hf)
+    positions = config.max_seq_len
+    # sentence-transformers models were trained (and truncate) at max_seq_length,
+    # often shorter than the position table: serve them at that length.
+    st_path = root / "sentence_bert_config.json"
+    if st_path.is_file():
+        st_max = json.loads(st_path.read_text()).get("max_seq_length")
+        if isinstance(st_max, int) and 0 < st_max < positions:
+            config = dataclasses.replace(config, max_seq_len=st_max)
     encoder = Encoder(config)
     embeddings = TokenEmbeddings(
         int(hf["vocab_size"]),
-        config.max_seq_len,
+        positions,
         int(hf.get("type_vocab_size", 2)),
         config.d_model,
         config.layer_norm_eps,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -13,7 +14,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import pipeline
 from service.batcher import Batcher
-from service.errors import NotReady, PayloadTooLarge, Unauthorized, UnsupportedMediaType
+from service.errors import (
+    ClientClosedRequest,
+    NotReady,
+    PayloadTooLarge,
+    Unauthorized,
+    UnsupportedMediaType,
+)
 from service.metrics import Metrics
 from service.runtime import ModelInfo, ModelRuntime
 from service.schemas import (
@@ -27,6 +34,8 @@ from service.schemas import (
     TokenizeResponse,
 )
 from service.settings import Settings
+
+T = TypeVar("T")
 
 # Responses larger than this are serialised on a worker thread, so a big answer
 # never stalls the event loop; small ones are cheaper inline.
@@ -43,9 +52,11 @@ class ServiceState:
     default_model: str = ""
     batcher: Batcher | None = None
     ready: bool = False
+    failure: str | None = None  # set when the process can never serve (fails liveness)
 
 
-def get_state(request: Request) -> ServiceState:
+async def get_state(request: Request) -> ServiceState:
+    # async: a sync dependency would cost a threadpool hop on every request.
     state: ServiceState = request.app.state.service
     return state
 
@@ -67,14 +78,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
     """With ATTNSERVE_API_KEY set, /v1/* needs ``Authorization: Bearer <key>``."""
     settings: Settings = request.app.state.service.settings
     if settings.api_key is None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    expected = settings.api_key.get_secret_value()
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), expected):
+    expected = settings.api_key.get_secret_value().encode()
+    # Bytes, not str: compare_digest refuses non-ASCII str, and headers may carry any byte.
+    given = token.strip().encode("utf-8", "surrogateescape")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given, expected):
         raise Unauthorized(
             "missing or wrong API key: send 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": "Bearer"},
@@ -87,9 +100,11 @@ encode = APIRouter(prefix="/v1", tags=["encode"], dependencies=[Depends(require_
 metrics = APIRouter(tags=["metrics"])
 
 
-@health.get("/health/live", response_model=Health)
-async def live() -> Health:
-    """The process is up and answering."""
+@health.get("/health/live", response_model=Health, responses={503: ERROR_RESPONSES[503]})
+async def live(state: State) -> Health:
+    """The process is up and able to serve (503 once its warm-up has failed for good)."""
+    if state.failure is not None:
+        raise NotReady(state.failure)
     return Health(status="alive")
 
 
@@ -176,21 +191,51 @@ def json_request_body(schema: str) -> dict[str, Any]:
 async def encode_sequences(request: Request, state: State) -> Response:
     """Contextualized embeddings (and optionally attention weights) for token embeddings."""
     batcher = require_ready(state)
-    body = await read_json_body(request, state.settings.max_body_bytes)
-    # Off the loop: parsing big bodies, tokenizing and embedding texts all take real time.
-    prepared = await asyncio.to_thread(
-        pipeline.prepare, body, state.runtimes, state.default_model, state.settings
-    )
-    results = await batcher.submit(
-        prepared.model.name, prepared.sequences, with_attention=prepared.options.return_attention
-    )
-    state.metrics.tokens.labels(prepared.model.name).inc(sum(len(s) for s in prepared.sequences))
-    content = (
-        await asyncio.to_thread(pipeline.finish, prepared, results)
-        if prepared.response_bytes > OFFLOAD_BYTES
-        else pipeline.finish(prepared, results)
-    )
+    with batcher.permit():
+        body = await read_json_body(request, state.settings.max_body_bytes)
+        # Off the loop: parsing big bodies, tokenizing and embedding texts take real time.
+        prepared = await asyncio.to_thread(
+            pipeline.prepare, body, state.runtimes, state.default_model, state.settings
+        )
+        results = await unless_disconnected(
+            request,
+            batcher.submit(
+                prepared.model.name,
+                prepared.sequences,
+                with_attention=prepared.options.return_attention,
+            ),
+        )
+        tokens = sum(len(s) for s in prepared.sequences)
+        state.metrics.tokens.labels(prepared.model.name).inc(tokens)
+        content = (
+            await asyncio.to_thread(pipeline.finish, prepared, results)
+            if prepared.response_bytes > OFFLOAD_BYTES
+            else pipeline.finish(prepared, results)
+        )
     return Response(content, media_type="application/json")
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Await ``work`` unless the client goes away first; then cancel it (queued runs skip it).
+
+    uvicorn does not cancel a handler whose client disconnected, so without this a
+    burst of abandoned requests would still be computed in full.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise ClientClosedRequest("the client closed the connection before the answer")
+    finally:
+        watcher.cancel()
 
 
 @encode.post(
@@ -201,11 +246,11 @@ async def encode_sequences(request: Request, state: State) -> Response:
 )
 async def tokenize_texts(request: Request, state: State) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
-    require_ready(state)
-    body = await read_json_body(request, state.settings.max_body_bytes)
-    content = await asyncio.to_thread(
-        pipeline.tokenize, body, state.runtimes, state.default_model, state.settings
-    )
+    with require_ready(state).permit():
+        body = await read_json_body(request, state.settings.max_body_bytes)
+        content = await asyncio.to_thread(
+            pipeline.tokenize, body, state.runtimes, state.default_model, state.settings
+        )
     return Response(content, media_type="application/json")
 
 

@@ -37,8 +37,11 @@ async def _warm_up(state: api.ServiceState, runtimes: dict[str, ModelRuntime]) -
     try:
         for runtime in runtimes.values():
             await asyncio.to_thread(runtime.warmup)
-    except Exception:
-        log.exception("warm-up failed; the server stays not ready")
+    except Exception as exc:
+        log.exception("warm-up failed: the server will never be ready")
+        # Fail liveness too, so an orchestrator restarts it instead of keeping a
+        # process that answers health checks but can never serve.
+        state.failure = f"warm-up failed: {exc}"
         return
     state.ready = True
     log.info("ready: %s (default %s)", ", ".join(state.runtimes), state.default_model)
@@ -138,7 +141,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        # No logging here: Starlette re-raises after this answer and uvicorn logs the
+        # traceback once.
         return api.json_error(
             500, {"error": "internal server error", "error_type": "internal_error"}
         )

@@ -8,8 +8,8 @@ so short and long sequences are not padded to each other. Runs execute one at
 a time on a single inference thread: on a small CPU, concurrent onnxruntime
 runs only fight over the same cores.
 
-Admission: at most ``max_queued_requests`` requests wait; the next gets 429
-with ``Retry-After``.
+Admission: at most ``max_queued_requests`` requests are in progress (parsing,
+queued, running or serialising); the next gets 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,7 +28,7 @@ import numpy as np
 
 from service.errors import Overloaded
 from service.metrics import Metrics
-from service.runtime import ModelRuntime
+from service.runtime import ModelRuntime, pad
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,29 +48,17 @@ class _Job:
         return sum(len(s) for s in self.sequences)
 
 
-def plan_runs(lengths: list[int], max_padded_tokens: int) -> list[list[int]]:
-    """Group sequence indices into runs: longest first, each run's batch x longest within budget."""
+def plan_runs(lengths: list[int], fits: Callable[[int, int], bool]) -> list[list[int]]:
+    """Group sequence indices into runs, longest first; ``fits(batch, longest)`` bounds a run."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
     runs: list[list[int]] = []
     for i in order:
         # Sorted descending, so the run's first sequence is its longest.
-        if runs and (len(runs[-1]) + 1) * lengths[runs[-1][0]] <= max_padded_tokens:
+        if runs and fits(len(runs[-1]) + 1, lengths[runs[-1][0]]):
             runs[-1].append(i)
         else:
             runs.append([i])
     return runs
-
-
-def pad_batch(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Zero-pad [n_i, d] arrays to [B, T, d] with an int64 1/0 mask."""
-    longest = max(len(s) for s in sequences)
-    d = sequences[0].shape[1]
-    embeds = np.zeros((len(sequences), longest, d), dtype=np.float32)
-    mask = np.zeros((len(sequences), longest), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        embeds[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return embeds, mask
 
 
 class Batcher:
@@ -100,27 +89,38 @@ class Batcher:
                 await task
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def submit(
-        self, model: str, sequences: list[np.ndarray], *, with_attention: bool
-    ) -> list[SequenceResult]:
-        """Queue one request's sequences and wait for their per-sequence results."""
-        if self._pending >= self._settings.max_queued_requests:
+    @contextlib.contextmanager
+    def permit(self) -> Iterator[None]:
+        """Admission: taken before a request's body is even parsed, so a flood costs
+        nothing beyond a 429; held until its response is built."""
+        limit = self._settings.max_queued_requests
+        if self._pending >= limit:
             raise Overloaded(
-                f"the server is at capacity ({self._pending} requests queued or running, "
-                f"limit {self._settings.max_queued_requests}); retry shortly",
+                f"the server is at capacity ({self._pending} requests in progress, limit "
+                f"{limit}); retry shortly",
                 headers={"Retry-After": "1"},
             )
-        loop = asyncio.get_running_loop()
-        job = _Job(sequences, with_attention, loop.create_future(), [None] * len(sequences))
         self._pending += 1
         self._metrics.queue_depth.set(self._pending)
         try:
-            self._queues[model].append(job)
-            self._wakeups[model].set()
-            return await job.future
+            yield
         finally:
             self._pending -= 1
             self._metrics.queue_depth.set(self._pending)
+
+    async def submit(
+        self, model: str, sequences: list[np.ndarray], *, with_attention: bool
+    ) -> list[SequenceResult]:
+        """Queue one request's sequences and wait for their per-sequence results.
+
+        Cancelling the caller (a client that went away) cancels the job: runs not
+        yet started skip it.
+        """
+        loop = asyncio.get_running_loop()
+        job = _Job(sequences, with_attention, loop.create_future(), [None] * len(sequences))
+        self._queues[model].append(job)
+        self._wakeups[model].set()
+        return await job.future
 
     def _take_batch(self, queue: deque[_Job]) -> list[_Job]:
         """The oldest job plus whatever else is queued, up to the token budget."""
@@ -144,15 +144,8 @@ class Batcher:
             jobs = self._take_batch(queue)
             for with_attention in (False, True):
                 group = [j for j in jobs if j.with_attention == with_attention]
-                if not group:
-                    continue
-                try:
+                if group:
                     await self._run_group(loop, runtime, group, with_attention)
-                except Exception as exc:
-                    log.exception("inference failed for model %s", model)
-                    for job in group:
-                        if not job.future.done():
-                            job.future.set_exception(exc)
 
     async def _run_group(
         self,
@@ -164,12 +157,34 @@ class Batcher:
         slots = [(j, i) for j in group for i in range(len(j.sequences))]
         lengths = [len(job.sequences[i]) for job, i in slots]
         graph = "attention" if with_attention else "embeddings"
-        for run in plan_runs(lengths, self._settings.max_batch_tokens):
-            embeds, mask = pad_batch([slots[k][0].sequences[slots[k][1]] for k in run])
-            start = time.perf_counter()
-            hidden, attn = await loop.run_in_executor(
-                self._executor, partial(runtime.run, embeds, mask, with_attention=with_attention)
+        maps = runtime.info.config.n_layers * runtime.info.config.n_heads
+        settings = self._settings
+
+        def fits(batch: int, longest: int) -> bool:
+            # Padded tokens bound the embeddings; attention grows with longest², so
+            # its floats get their own budget (the graph's memory is mostly these).
+            if batch * longest > settings.max_batch_tokens:
+                return False
+            return not with_attention or (
+                batch * maps * longest * longest <= settings.max_batch_attention_floats
             )
+
+        for run in plan_runs(lengths, fits):
+            if all(slots[k][0].future.done() for k in run):
+                continue  # every client of this run went away
+            embeds, mask = pad([slots[k][0].sequences[slots[k][1]] for k in run])
+            start = time.perf_counter()
+            try:
+                hidden, attn = await loop.run_in_executor(
+                    self._executor,
+                    partial(runtime.run, embeds, mask, with_attention=with_attention),
+                )
+            except Exception as exc:  # fail this run's requests only, not their neighbours'
+                log.exception("inference failed for model %s", runtime.info.name)
+                for k in run:
+                    if not slots[k][0].future.done():
+                        slots[k][0].future.set_exception(exc)
+                continue
             self._metrics.inference.labels(runtime.info.name, graph).observe(
                 time.perf_counter() - start
             )
@@ -178,9 +193,11 @@ class Batcher:
             for row, k in enumerate(run):
                 job, i = slots[k]
                 n = lengths[k]
+                # Copies, so the run's full [B, L, H, T, T] tensor is freed now, not when
+                # the last response is serialised.
                 job.results[i] = (
-                    hidden[row, :n],
-                    None if attn is None else attn[row, :, :, :n, :n],
+                    hidden[row, :n].copy(),
+                    None if attn is None else attn[row, :, :, :n, :n].copy(),
                 )
         for job in group:
             if not job.future.done():

@@ -43,10 +43,14 @@ def _decode_base64_array(item: dict[str, Any], where: str) -> np.ndarray:
     shape, data = item.get("shape"), item.get("data")
     if item.get("dtype", "float32") != "float32":
         raise InvalidInput(f"{where}: dtype must be 'float32'")
-    if not isinstance(shape, list) or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
     ):
-        raise InvalidInput(f"{where}: 'shape' must be a list of non-negative integers")
+        raise InvalidInput(
+            f"{where}: 'shape' must be [seq_len, d_model]: rank 2, non-negative integers"
+        )
     if not isinstance(data, str):
         raise InvalidInput(f"{where}: 'data' must be a base64 string")
     try:
@@ -58,7 +62,11 @@ def _decode_base64_array(item: dict[str, Any], where: str) -> np.ndarray:
         raise InvalidInput(
             f"{where}: 'data' holds {len(raw)} bytes but shape {shape} needs {expected}"
         )
-    return np.frombuffer(raw, dtype=FLOAT32_LE).reshape(shape).astype(np.float32, copy=False)
+    try:
+        array = np.frombuffer(raw, dtype=FLOAT32_LE).reshape(shape)
+    except ValueError:  # e.g. a dimension beyond what numpy can index
+        raise InvalidInput(f"{where}: 'shape' {shape} cannot be represented") from None
+    return array.astype(np.float32, copy=False)
 
 
 def declared_length(item: Any) -> int | None:

@@ -12,6 +12,7 @@ and never a stack trace::
     ├── InvalidInput (422 invalid_input)
     │   └── UnsupportedByModel (422 unsupported_by_model)
     ├── Overloaded (429 overloaded)
+    ├── ClientClosedRequest (499 client_closed_request: logged, never seen by anyone)
     └── NotReady (503 not_ready)
 """
 
@@ -74,6 +75,13 @@ class UnsupportedByModel(InvalidInput):
 class Overloaded(ServiceError):
     status_code = 429
     error_type = "overloaded"
+
+
+class ClientClosedRequest(ServiceError):
+    """The client disconnected while its request waited; 499 as nginx logs it."""
+
+    status_code = 499
+    error_type = "client_closed_request"
 
 
 class NotReady(ServiceError):

@@ -76,27 +76,23 @@ def resolve_model(
 
 
 def _tokenize(
-    runtime: ModelRuntime, texts: list[str], indices: list[int], truncate: bool, what: str
+    runtime: ModelRuntime, texts: list[str], truncate: bool
 ) -> list[tuple[list[str], list[int], list[int]]]:
-    """Tokenize text items; 422 without a tokenizer, 413 when too long and not truncating."""
-    info = runtime.info
-    if not info.has_tokenizer:
+    """Tokenize text items; 422 for a model without a tokenizer."""
+    if not runtime.info.has_tokenizer:
         raise UnsupportedByModel(
-            f"model {info.name!r} has no tokenizer: send token embeddings as arrays, or use a "
-            "model exported from a checkpoint with a tokenizer (e.g. minilm-l6)"
+            f"model {runtime.info.name!r} has no tokenizer: send token embeddings as arrays, or "
+            "use a model exported from a checkpoint with a tokenizer (e.g. minilm-l6)"
         )
-    encoded = runtime.tokenize(texts, truncate=truncate)
-    for i, (tokens, _, _) in zip(indices, encoded, strict=True):
-        if len(tokens) > info.max_seq_len:
-            raise PayloadTooLarge(
-                f"{what}[{i}] is {len(tokens)} tokens long; model {info.name!r} accepts at most "
-                f"{info.max_seq_len}: shorten it or set truncate=true"
-            )
-    return encoded
+    return runtime.tokenize(texts, truncate=truncate)
 
 
 def _check_counts(
-    n_sequences: int, lengths: list[int | None], model: ModelInfo, settings: Settings
+    n_sequences: int,
+    lengths: list[int | None],
+    model: ModelInfo,
+    settings: Settings,
+    what: str = "inputs",
 ) -> None:
     if n_sequences > settings.max_sequences:
         raise PayloadTooLarge(
@@ -105,8 +101,8 @@ def _check_counts(
     for i, n in enumerate(lengths):
         if n is not None and n > model.max_seq_len:
             raise PayloadTooLarge(
-                f"inputs[{i}] has {n} tokens; model {model.name!r} accepts at most "
-                f"{model.max_seq_len}"
+                f"{what}[{i}] has {n} tokens; model {model.name!r} accepts at most "
+                f"{model.max_seq_len} (shorten it; for texts, or set truncate=true)"
             )
     total = sum(n for n in lengths if n is not None)
     if total > settings.max_tokens:
@@ -177,9 +173,7 @@ def prepare(
         _check_counts(len(raw_inputs), [], info, settings)
     text_at = [i for i, item in enumerate(raw_inputs) if isinstance(item, str)]
     encoded = (
-        _tokenize(runtime, [raw_inputs[i] for i in text_at], text_at, options.truncate, "inputs")
-        if text_at
-        else []
+        _tokenize(runtime, [raw_inputs[i] for i in text_at], options.truncate) if text_at else []
     )
     text_of = dict(zip(text_at, encoded, strict=True))
     lengths = [
@@ -190,6 +184,10 @@ def prepare(
     # Checked even without return_attention: a wrong index is wrong either way.
     layers = postprocess.resolve_indices(options.attention.layers, cfg.n_layers, "layers")
     heads = postprocess.resolve_indices(options.attention.heads, cfg.n_heads, "heads")
+    if options.attention.reduce == "rollout":
+        layers = sorted(set(layers))  # rollout multiplies layers bottom-up, each once
+    if options.normalize and options.pooling == "none":
+        raise InvalidInput("normalize applies to pooled vectors: set pooling (mean, cls, max)")
     sequences: list[np.ndarray | None] = [
         None if i in text_of else codecs.decode_sequence(item, i, cfg.d_model)
         for i, item in enumerate(raw_inputs)
@@ -261,11 +259,10 @@ def tokenize(
     texts = [options.text] if isinstance(options.text, str) else options.text
     if not texts:
         raise InvalidInput("'text' is empty: send at least one string")
-    if len(texts) > settings.max_sequences:
-        raise PayloadTooLarge(
-            f"{len(texts)} texts in one request; the limit is {settings.max_sequences}"
-        )
-    encoded = _tokenize(runtime, texts, list(range(len(texts))), options.truncate, "text")
+    if len(texts) > settings.max_sequences:  # before tokenizing a huge list
+        _check_counts(len(texts), [], runtime.info, settings, "text")
+    encoded = _tokenize(runtime, texts, options.truncate)
+    _check_counts(len(texts), [len(t) for t, _, _ in encoded], runtime.info, settings, "text")
     embeddings: list[Any] = [None] * len(texts)
     if options.return_embeddings:
         _check_response_size(

@@ -43,7 +43,7 @@ def select_attention(
     attn: np.ndarray, layers: list[int], heads: list[int], reduce: str
 ) -> np.ndarray:
     """[L, H, n, n] -> the selected layers/heads, reduced as asked."""
-    chosen: np.ndarray = attn[layers][:, heads]  # (L', H', n, n)
+    chosen: np.ndarray = attn[np.ix_(layers, heads)]  # (L', H', n, n), one copy
     if reduce == "mean":
         return np.asarray(chosen.mean(axis=1, keepdims=True))
     if reduce == "max":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,20 +87,52 @@ def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
     )
 
 
+# Every onnxruntime run in the process takes this lock: the batcher's inference
+# thread and the token-embedding runs of request threads then never fight over
+# the same cores (each run already uses all intra-op threads).
+_ORT_LOCK = threading.Lock()
+
+
+def _session_options(settings: Settings) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = settings.inter_op_threads
+    options.log_severity_level = 3
+    spin = "1" if settings.allow_spinning else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    return options
+
+
+def pad(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-pad [n_i, ...] arrays into one [B, T, ...] batch, with an int64 1/0 mask [B, T]."""
+    longest = max(len(s) for s in sequences)
+    first = sequences[0]
+    batch = np.zeros((len(sequences), longest, *first.shape[1:]), dtype=first.dtype)
+    mask = np.zeros((len(sequences), longest), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        batch[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return batch, mask
+
+
 class ModelRuntime:
     """Both onnxruntime sessions of one model; ``run`` is blocking (call it off the loop)."""
 
     def __init__(self, info: ModelInfo, settings: Settings) -> None:
         self.info = info
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = settings.intra_op_threads
-        options.inter_op_num_threads = settings.inter_op_threads
-        options.log_severity_level = 3
-        spin = "1" if settings.allow_spinning else "0"
-        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-        options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        options = _session_options(settings)
+        # The attention graph's buffers grow with seq²: without the arena, a long request's
+        # memory goes back to the system afterwards instead of staying reserved for good.
+        attention_options = _session_options(settings)
+        attention_options.enable_cpu_mem_arena = False
         self._sessions = {
-            graph: self._open(options, graph, graph_io.INPUT_NAMES, outputs)
+            graph: self._open(
+                attention_options if graph == graph_io.GRAPH_ATTENTION else options,
+                graph,
+                graph_io.INPUT_NAMES,
+                outputs,
+            )
             for graph, outputs in graph_io.GRAPH_OUTPUTS.items()
         }
         self._token_embeddings: ort.InferenceSession | None = None
@@ -165,18 +198,14 @@ class ModelRuntime:
         """Token ids -> the encoder's input embeddings [n_i, d], one array per sequence."""
         if self._token_embeddings is None:
             raise RuntimeError(f"model {self.info.name!r} has no token-embedding graph")
-        lengths = [len(x) for x in ids]
-        batch = np.zeros((len(ids), max(lengths)), dtype=np.int64)
-        types = np.zeros_like(batch)
-        for row, (seq, seq_types) in enumerate(zip(ids, type_ids, strict=True)):
-            batch[row, : len(seq)] = seq
-            types[row, : len(seq)] = seq_types
-        # Position and word embeddings of a token do not depend on later tokens, so
-        # padding with id 0 and trimming gives each sequence its own embeddings.
-        (embeds,) = self._token_embeddings.run(
-            None, {graph_io.INPUT_IDS: batch, graph_io.INPUT_TOKEN_TYPES: types}
-        )
-        return [embeds[row, :n] for row, n in enumerate(lengths)]
+        batch, mask = pad([np.asarray(x, dtype=np.int64) for x in ids])
+        types, _ = pad([np.asarray(x, dtype=np.int64) for x in type_ids])
+        # A token's word, position and type embeddings do not depend on later tokens,
+        # so padding with id 0 and trimming gives each sequence its own embeddings.
+        feeds = {graph_io.INPUT_IDS: batch, graph_io.INPUT_TOKEN_TYPES: types}
+        with _ORT_LOCK:
+            (embeds,) = self._token_embeddings.run(None, feeds)
+        return [embeds[row, :n] for row, n in enumerate(mask.sum(axis=1))]
 
     def run(
         self, embeds: np.ndarray, mask: np.ndarray, *, with_attention: bool
@@ -184,18 +213,19 @@ class ModelRuntime:
         """embeds float32 [B, T, d], mask int64 [B, T] -> hidden [B, T, d], attn [B, L, H, T, T]."""
         graph = graph_io.GRAPH_ATTENTION if with_attention else graph_io.GRAPH_EMBEDDINGS
         feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
-        outputs = self._sessions[graph].run(None, feeds)
+        with _ORT_LOCK:
+            outputs = self._sessions[graph].run(None, feeds)
         return outputs[0], (outputs[1] if with_attention else None)
 
     def warmup(self) -> None:
         """One small ragged batch per graph: proves the sessions run before we say ready."""
         d = self.info.config.d_model
-        lengths = (min(8, self.info.max_seq_len), 1)
-        embeds = np.zeros((2, lengths[0], d), dtype=np.float32)
-        mask = np.zeros((2, lengths[0]), dtype=np.int64)
-        for i, n in enumerate(lengths):
-            embeds[i, :n] = np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
-            mask[i, :n] = 1
+        embeds, mask = pad(
+            [
+                np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
+                for n in (min(8, self.info.max_seq_len), 1)
+            ]
+        )
         for with_attention in (False, True):
             hidden, attn = self.run(embeds, mask, with_attention=with_attention)
             if not np.isfinite(hidden).all() or (attn is not None and not np.isfinite(attn).all()):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -29,6 +29,13 @@ class Settings(BaseSettings):
         description="When set, /v1/* requires 'Authorization: Bearer <key>' (health and "
         "metrics stay open for probes and scrapers).",
     )
+
+    @field_validator("api_key")
+    @classmethod
+    def _empty_key_is_no_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # ATTNSERVE_API_KEY="" must not mean "any Bearer token passes".
+        return value if value is not None and value.get_secret_value() else None
+
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log level of the service and uvicorn."
     )
@@ -61,7 +68,13 @@ class Settings(BaseSettings):
         description="Padded tokens (sequences x longest) per onnxruntime run formed by the "
         "batcher; sequences from queued requests are grouped by length up to this budget.",
     )
+    max_batch_attention_floats: int = Field(
+        32 * 1024 * 1024,
+        ge=1,
+        description="Attention weights (sequences x layers x heads x longest²) per run of "
+        "the attention graph: bounds its memory, which grows with the square of the length.",
+    )
     max_queued_requests: int = Field(
-        256, ge=1, description="Requests waiting for inference before new ones get 429."
+        256, ge=1, description="Requests in progress before new ones get 429."
     )
     warmup: bool = Field(True, description="Run a warm-up inference per graph before ready.")

@@ -67,8 +67,8 @@ def running_server(
     """Run ``python -m service`` on 127.0.0.1:<free port>; yield its base URL.
 
     ``settings`` are ATTNSERVE_* values without the prefix, e.g. ``max_sequences="2"``.
-    ``wait_for`` names the health endpoint that must answer 200 first: "ready", or
-    "live" for a server meant never to become ready.
+    ``wait_for`` is "ready" (``/health/ready`` answers 200) or "up" (the server
+    answers HTTP at all: for a server meant never to become ready).
     """
     port = free_port()
     env = {
@@ -92,7 +92,8 @@ def running_server(
                     log.seek(0)
                     raise ServerFailed(proc.returncode, log.read())
                 try:
-                    if httpx.get(f"{url}/health/{wait_for}", timeout=1.0).status_code == 200:
+                    status = httpx.get(f"{url}/health/ready", timeout=1.0).status_code
+                    if status == 200 or wait_for == "up":
                         break
                 except httpx.TransportError:
                     pass

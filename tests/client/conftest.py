@@ -48,12 +48,12 @@ def two_sequence_url(model_repository: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def not_ready_url(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[str]:
-    """A real server that is live but never ready (its model's warm-up fails): 503s."""
+    """A real server that answers but is never ready (its model's warm-up fails): 503s."""
     repo = tmp_path_factory.mktemp("poisoned-models")
     poison_model(tiny_model_dir, repo / MODEL)
-    # Warm-up fails on the poisoned model, so the server is live but never ready;
+    # Warm-up fails on the poisoned model, so the server answers but is never ready;
     # "critical" keeps that expected traceback out of the test log.
-    with running_server(repo, wait_for="live", log_level="critical") as url:
+    with running_server(repo, wait_for="up", log_level="critical") as url:
         yield url
 
 

@@ -172,7 +172,7 @@ def test_paraphrases_are_closer_than_unrelated_sentences(minilm_server_url: str)
 
 
 def test_text_longer_than_the_model_is_refused_or_truncated(minilm_server_url: str) -> None:
-    long_text = "word " * 600
+    long_text = "word " * 300
     r = httpx.post(f"{minilm_server_url}/v1/encode", json={"inputs": [long_text]})
     assert r.status_code == 413 and r.json()["error_type"] == "payload_too_large"
     r = httpx.post(
@@ -180,4 +180,17 @@ def test_text_longer_than_the_model_is_refused_or_truncated(minilm_server_url: s
         json={"inputs": [long_text], "truncate": True, "pooling": "mean"},
     )
     assert r.status_code == 200, r.text
-    assert r.json()["usage"]["tokens"] == 512
+    # sentence_bert_config.json: max_seq_length 256, as sentence-transformers truncates.
+    assert r.json()["usage"]["tokens"] == 256
+
+
+def test_tokenize_obeys_the_request_limits(minilm_server_url: str) -> None:
+    """The same limits as /v1/encode: too long (413) unless truncating, too many (413)."""
+    url = f"{minilm_server_url}/v1/tokenize"
+    r = httpx.post(url, json={"text": ["word " * 300]})
+    assert r.status_code == 413, r.status_code
+    assert r.json()["error_type"] == "payload_too_large" and "truncate" in r.json()["error"]
+    r = httpx.post(url, json={"text": ["word " * 300], "truncate": True})
+    assert r.status_code == 200 and len(r.json()["data"][0]["ids"]) == 256
+    r = httpx.post(url, json={"text": ["hi"] * 65})  # ATTNSERVE_MAX_SEQUENCES is 64
+    assert r.status_code == 413, r.status_code

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from attnserve_client import AuthenticationError, Client
+from service.settings import Settings
 from tests.conftest import running_server
 
 KEY = "s3cret-key"
@@ -22,7 +23,12 @@ def guarded_url(model_repository: Path) -> Iterator[str]:
 
 
 def test_requests_without_the_key_get_401(guarded_url: str) -> None:
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {KEY}"},
+        {"Authorization": "Bearer s\u00e9kret".encode("latin-1")},  # non-ASCII: 401, not 500
+    ):
         r = httpx.get(f"{guarded_url}/v1/models", headers=headers)
         assert r.status_code == 401
         assert r.json()["error_type"] == "unauthorized"
@@ -45,3 +51,9 @@ def test_the_sdk_sends_the_key(guarded_url: str) -> None:
     ):
         client.models()
     assert info.value.status_code == 401 and info.value.error_type == "unauthorized"
+
+
+def test_an_empty_key_means_no_key() -> None:
+    """ATTNSERVE_API_KEY="" must not turn on auth that any Bearer token passes."""
+    assert Settings(api_key="").api_key is None  # type: ignore[arg-type]
+    assert Settings(api_key=KEY).api_key is not None  # type: ignore[arg-type]

@@ -289,3 +289,19 @@ def test_base64_round_trip_is_bitwise(client: httpx.Client) -> None:
             np.testing.assert_array_equal(from_floats.view(np.uint32), as_array(wire).view("<u4"))
             np.testing.assert_array_equal(from_floats, as_array(bi[key]))
     assert as_floats["usage"] == b64_in["usage"] == b64_both["usage"]
+
+
+def test_rollout_uses_each_layer_once_bottom_up(client: httpx.Client) -> None:
+    """Rollout is a product over layers in model order: [1, 1, 0] means layers {0, 1}."""
+    x = sequences((6,), seed=77)[0] * np.float32(8)
+    opts = {"return_attention": True, "encoding_format": "base64"}
+    got = [
+        as_array(
+            encode(client, [x], attention={"layers": layers, "reduce": "rollout"}, **opts)["data"][
+                0
+            ]["attention"]
+        )
+        for layers in ([1, 1, 0], [0, 1], None)
+    ]
+    np.testing.assert_array_equal(got[0], got[1])  # same computation: exactly equal
+    np.testing.assert_array_equal(got[1], got[2])
