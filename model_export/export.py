@@ -42,7 +42,6 @@ from model_export.validate import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OPSET = graph_io.DEFAULT_OPSET
 Exporter = Literal["dynamo", "torchscript"]
 FORMAT_VERSION = 1
 
@@ -163,7 +162,7 @@ def export_model(
     encoder: Encoder,
     out_dir: str | Path,
     *,
-    opset: int = DEFAULT_OPSET,
+    opset: int = graph_io.DEFAULT_OPSET,
     exporter: Exporter = "dynamo",
     atol: float = DEFAULT_ATOL,
     embeddings: TokenEmbeddings | None = None,

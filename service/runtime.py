@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ class ModelInfo:
     sha256: dict[str, str]
     max_seq_len: int
     text: dict[str, Any] | None = None  # the text front end's section of config.json
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_tokenizer(self) -> bool:
@@ -83,7 +82,6 @@ def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
         sha256=expected,
         max_seq_len=min(config.max_seq_len, settings.max_seq_len),
         text=text or None,
-        extra={k: v for k, v in raw.items() if k in ("weights_source", "sentence_pooling")},
     )
 
 
