@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
             embeddings=ckpt.embeddings,
             tokenizer_file=ckpt.tokenizer_file,
             source=str(source),
-            extra={"sentence_pooling": ckpt.sentence_pooling},
+            pooling=ckpt.pooling,
+            normalize=ckpt.normalize,
             **common,
         )
     else:

@@ -2,10 +2,12 @@
 
 Layout written::
 
-    <out>/model.onnx        embeddings only (attention weights never computed)
+    <out>/model.onnx        embeddings only (attention weights are computed per
+                            layer by softmax but never returned)
     <out>/model_attn.onnx   embeddings and attention weights
-    <out>/config.json       architecture, I/O names and shapes, opset, SHA-256
-                            of each graph, validation results, exporter versions
+    <out>/config.json       the manifest (model_export.manifest): architecture,
+                            SHA-256 of each file, pooling recipe, validation
+                            results, exporter versions
 
 The directory is written to a temporary sibling first and renamed into place,
 so a failed export never leaves a half-written model that a server could load.
@@ -13,7 +15,6 @@ so a failed export never leaves a half-written model that a server could load.
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import shutil
@@ -22,7 +23,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import onnx
 import onnxruntime
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
-from model_export.integrity import sha256_file
+from model_export.manifest import Manifest, Pooling, TextFrontEnd, sha256_file
 from model_export.model import Encoder, TokenEmbeddings
 from model_export.validate import (
     DEFAULT_ATOL,
@@ -43,7 +44,6 @@ from model_export.validate import (
 log = logging.getLogger(__name__)
 
 Exporter = Literal["dynamo", "torchscript"]
-FORMAT_VERSION = 1
 
 
 class _EmbeddingsGraph(nn.Module):
@@ -77,8 +77,8 @@ def _export_text_frontend(
     exporter: Exporter,
     atol: float,
     checks: list[CheckResult],
-) -> dict[str, Any]:
-    """Export and validate the token-embedding graph; copy the tokenizer. Returns config."""
+) -> TextFrontEnd:
+    """Export and validate the token-embedding graph; copy the tokenizer."""
     path = staging / graph_io.GRAPH_TOKEN_EMBEDDINGS
     ids = torch.ones(2, 8, dtype=torch.int64)
     _export_graph(
@@ -91,20 +91,20 @@ def _export_text_frontend(
         [graph_io.INPUT_EMBEDS],
     )
     checks += validate_token_embeddings(embeddings, path, atol=atol)
-    text: dict[str, Any] = {
-        "embeddings_graph": graph_io.GRAPH_TOKEN_EMBEDDINGS,
-        "embeddings_sha256": sha256_file(path),
-        "vocab_size": embeddings.word.num_embeddings,
-        "type_vocab_size": embeddings.token_type.num_embeddings,
-        "max_positions": embeddings.position.num_embeddings,
-        "tokenizer": None,
-        "tokenizer_sha256": None,
-    }
+    tokenizer = tokenizer_sha256 = None
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, staging / graph_io.TOKENIZER_FILE)
-        text["tokenizer"] = graph_io.TOKENIZER_FILE
-        text["tokenizer_sha256"] = sha256_file(staging / graph_io.TOKENIZER_FILE)
-    return text
+        tokenizer = graph_io.TOKENIZER_FILE
+        tokenizer_sha256 = sha256_file(staging / graph_io.TOKENIZER_FILE)
+    return TextFrontEnd(
+        embeddings_graph=graph_io.GRAPH_TOKEN_EMBEDDINGS,
+        embeddings_sha256=sha256_file(path),
+        vocab_size=embeddings.word.num_embeddings,
+        type_vocab_size=embeddings.token_type.num_embeddings,
+        max_positions=embeddings.position.num_embeddings,
+        tokenizer=tokenizer,
+        tokenizer_sha256=tokenizer_sha256,
+    )
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,9 @@ def export_model(
     name: str | None = None,
     seed: int | None = None,
     source: str | None = None,
-    extra: dict[str, Any] | None = None,
+    pooling: Pooling | None = None,
+    normalize: bool = False,
+    matryoshka_dimensions: tuple[int, ...] = (),
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -179,6 +181,8 @@ def export_model(
     fixtures and for onnxruntime's transformer optimizer, which only fuses its
     patterns. With ``embeddings`` (and a ``tokenizer_file``) the directory also
     gets the text front end: ``embeddings.onnx`` and ``tokenizer.json``.
+    ``pooling``/``normalize``/``matryoshka_dimensions`` go into the manifest as
+    the model's sentence-embedding recipe.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -208,40 +212,33 @@ def export_model(
             text = _export_text_frontend(
                 embeddings, tokenizer_file, staging, opset, exporter, atol, checks
             )
-        config = {
-            "format_version": FORMAT_VERSION,
-            "name": name or out_dir.name,
-            "architecture": encoder.config.to_dict(),
-            "seed": seed,
-            "weights_source": source,
-            "opset": opset,
-            "inputs": {
-                n: {"dtype": dt, "shape": graph_io.SHAPES[n]}
-                for n, dt in ((graph_io.INPUT_EMBEDS, "float32"), (graph_io.INPUT_MASK, "int64"))
+        manifest = Manifest(
+            name=name or out_dir.name,
+            architecture=encoder.config,
+            opset=opset,
+            graphs=graph_sha,
+            text=text,
+            pooling=pooling,
+            normalize=normalize,
+            matryoshka_dimensions=matryoshka_dimensions,
+            record={
+                "seed": seed,
+                "weights_source": source,
+                "validation": {
+                    "atol": atol,
+                    "max_abs_diff": max(c.max_abs_diff for c in checks),
+                    "checks": results_json(checks),
+                },
+                "exporter": {
+                    "exporter": exporter,
+                    "torch": torch.__version__,
+                    "onnx": onnx.__version__,
+                    "onnxruntime": onnxruntime.__version__,
+                    "python": platform.python_version(),
+                },
             },
-            "graphs": {
-                f: {
-                    "outputs": {o: {"dtype": "float32", "shape": graph_io.SHAPES[o]} for o in outs},
-                    "sha256": graph_sha[f],
-                }
-                for f, outs in graph_io.GRAPH_OUTPUTS.items()
-            },
-            "validation": {
-                "atol": atol,
-                "max_abs_diff": max(c.max_abs_diff for c in checks),
-                "checks": results_json(checks),
-            },
-            "exporter": {
-                "exporter": exporter,
-                "torch": torch.__version__,
-                "onnx": onnx.__version__,
-                "onnxruntime": onnxruntime.__version__,
-                "python": platform.python_version(),
-            },
-            "text": text,
-            **(extra or {}),
-        }
-        (staging / graph_io.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        )
+        manifest.write(staging)
         files = {p.name: graph_sha.get(p.name) or sha256_file(p) for p in sorted(staging.iterdir())}
         staging.chmod(0o755)  # mkdtemp makes it private; a model directory is not secret
         if out_dir.exists():

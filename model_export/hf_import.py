@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from model_export.config import EncoderConfig
+from model_export.manifest import Pooling
 from model_export.model import Encoder, TokenEmbeddings
 
 # Checkpoint keys we read on purpose and leave out of the model.
@@ -65,7 +66,8 @@ class Checkpoint:
     embeddings: TokenEmbeddings
     tokenizer_file: Path | None
     source: Path
-    sentence_pooling: dict[str, Any]
+    pooling: Pooling | None  # sentence-transformers' pooling, if the checkpoint says
+    normalize: bool  # sentence-transformers' Normalize module follows the pooling
 
 
 def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
@@ -171,8 +173,7 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
     enc_state, emb_state = map_state_dict(load_file(str(weights_path)), encoder, embeddings)
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)
-    pooling_path = root / "1_Pooling" / "config.json"
-    pooling = json.loads(pooling_path.read_text()) if pooling_path.is_file() else {}
+    pooling, normalize = sentence_recipe(root)
     tokenizer = root / "tokenizer.json"
     return Checkpoint(
         name=name or root.name,
@@ -180,8 +181,32 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
         embeddings=embeddings,
         tokenizer_file=tokenizer if tokenizer.is_file() else None,
         source=root,
-        sentence_pooling=pooling,
+        pooling=pooling,
+        normalize=normalize,
     )
+
+
+# sentence-transformers' pooling flags -> our pooling names (mean_sqrt_len has no equivalent).
+_POOLING_FLAGS: dict[str, Pooling] = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+}
+
+
+def sentence_recipe(root: Path) -> tuple[Pooling | None, bool]:
+    """(pooling, normalize) of a sentence-transformers checkpoint; (None, False) otherwise.
+
+    Pooling comes from ``1_Pooling/config.json`` when exactly one supported mode is
+    on; normalisation from a ``Normalize`` module in ``modules.json``.
+    """
+    pooling_path = root / "1_Pooling" / "config.json"
+    flags = json.loads(pooling_path.read_text()) if pooling_path.is_file() else {}
+    modes = [ours for flag, ours in _POOLING_FLAGS.items() if flags.get(flag)]
+    modules_path = root / "modules.json"
+    modules = json.loads(modules_path.read_text()) if modules_path.is_file() else []
+    normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
+    return (modes[0] if len(modes) == 1 else None), normalize
 
 
 def minilm_l6_dir() -> Path:

@@ -1,14 +1,15 @@
 """``create_app(settings)``: the FastAPI application factory.
 
-The lifespan loads every model of the repository (refusing to start on a
-missing or corrupt one), starts the batcher, then warms each model up in the
-background; ``/health/ready`` answers 503 until that warm-up has passed.
+The lifespan starts the engine (which loads every model of the repository,
+refusing to start on a missing or corrupt one, then warms up in the
+background: ``/health/ready`` answers 503 until that has passed) and stops it.
+Each protocol brings its routers; their errors are rendered by each
+protocol's own route class, the rest (unknown paths, 405, unexpected errors)
+in the native shape.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,55 +22,27 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import api
-from service.batcher import Batcher
-from service.errors import ModelLoadError, ServiceError
+from service.engine import Engine
+from service.errors import ServiceError
 from service.metrics import Metrics
-from service.runtime import ModelRuntime, load_repository
+from service.protocols.http import validation_error
+from service.protocols.native import errors as native_errors
+from service.protocols.native import routes as native
+from service.protocols.openai import routes as openai
 from service.settings import Settings
 
-log = logging.getLogger(__name__)
-
 HTTP_ERROR_TYPES = {404: "not_found", 405: "method_not_allowed"}
+PROTOCOLS = (native, openai)
 
 
-async def _warm_up(state: api.ServiceState, runtimes: dict[str, ModelRuntime]) -> None:
-    try:
-        for runtime in runtimes.values():
-            await asyncio.to_thread(runtime.warmup)
-    except Exception as exc:
-        log.exception("warm-up failed: the server will never be ready")
-        # Fail liveness too, so an orchestrator restarts it instead of keeping a
-        # process that answers health checks but can never serve.
-        state.failure = f"warm-up failed: {exc}"
-        return
-    state.ready = True
-    log.info("ready: %s (default %s)", ", ".join(state.runtimes), state.default_model)
-
-
-def _lifespan(state: api.ServiceState) -> Any:
+def _lifespan(engine: Engine) -> Any:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings = state.settings
-        try:
-            runtimes = await asyncio.to_thread(load_repository, settings)
-        except ModelLoadError as exc:
-            log.error("attnserve cannot start: %s", exc)
-            raise
-        state.runtimes = runtimes
-        state.default_model = settings.default_model or sorted(runtimes)[0]
-        state.batcher = Batcher(runtimes, settings, state.metrics)
-        await state.batcher.start()
-        warm = asyncio.create_task(_warm_up(state, runtimes)) if settings.warmup else None
-        if warm is None:
-            state.ready = True
+        await engine.start()
         try:
             yield
         finally:
-            state.ready = False
-            if warm is not None:
-                warm.cancel()
-            await state.batcher.stop()
+            await engine.stop()
 
     return lifespan
 
@@ -105,37 +78,34 @@ class MetricsMiddleware:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    state = api.ServiceState(settings=settings, metrics=Metrics())
+    engine = Engine(settings, Metrics())
     app = FastAPI(
         title="attnserve",
         version="0.1.0",
         summary="Contextualized embeddings and attention weights from self-attention encoders.",
-        lifespan=_lifespan(state),
+        lifespan=_lifespan(engine),
     )
-    app.state.service = state
-    for router in (api.health, api.models, api.encode, api.metrics):
-        app.include_router(router)
+    app.state.engine = engine
+    for protocol in PROTOCOLS:
+        for router in protocol.routers:
+            app.include_router(router)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return api.json_error(exc.status_code, exc.body(), exc.headers)
+        return native_errors.render(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in err.get("loc", ())) or "request"
-        return api.json_error(
-            422, {"error": f"{where}: {err.get('msg')}", "error_type": "invalid_input"}
-        )
+    async def request_validation_error(
+        request: Request, exc: RequestValidationError
+    ) -> JSONResponse:
+        return native_errors.render(validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return api.json_error(
+        return native_errors.error_response(
             exc.status_code,
-            {
-                "error": str(exc.detail),
-                "error_type": HTTP_ERROR_TYPES.get(exc.status_code, "http_error"),
-            },
+            str(exc.detail),
+            HTTP_ERROR_TYPES.get(exc.status_code, "http_error"),
             dict(exc.headers) if exc.headers else None,
         )
 
@@ -143,21 +113,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         # No logging here: Starlette re-raises after this answer and uvicorn logs the
         # traceback once.
-        return api.json_error(
-            500, {"error": "internal server error", "error_type": "internal_error"}
-        )
+        return native_errors.error_response(500, "internal server error", "internal_error")
 
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(
                 title=app.title, version=app.version, summary=app.summary, routes=app.routes
             )
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(
-                api.openapi_components()
-            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for protocol in PROTOCOLS:
+                components.update(protocol.openapi_components())
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.add_middleware(MetricsMiddleware, metrics=engine.metrics)
     return app

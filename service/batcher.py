@@ -6,10 +6,7 @@ was busy (up to ``max_batch_tokens`` real tokens), sorts those sequences by
 length and cuts them into runs of at most ``max_batch_tokens`` padded tokens,
 so short and long sequences are not padded to each other. Runs execute one at
 a time on a single inference thread: on a small CPU, concurrent onnxruntime
-runs only fight over the same cores.
-
-Admission: at most ``max_queued_requests`` requests are in progress (parsing,
-queued, running or serialising); the next gets 429 with ``Retry-After``.
+runs only fight over the same cores. Admission happens above, in the engine.
 """
 
 from __future__ import annotations
@@ -19,14 +16,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
-from service.errors import Overloaded
 from service.metrics import Metrics
 from service.runtime import ModelRuntime, pad
 from service.settings import Settings
@@ -73,7 +69,6 @@ class Batcher:
         self._queues: dict[str, deque[_Job]] = {name: deque() for name in runtimes}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
-        self._pending = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
 
     async def start(self) -> None:
@@ -88,25 +83,6 @@ class Batcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._executor.shutdown(wait=True, cancel_futures=True)
-
-    @contextlib.contextmanager
-    def permit(self) -> Iterator[None]:
-        """Admission: taken before a request's body is even parsed, so a flood costs
-        nothing beyond a 429; held until its response is built."""
-        limit = self._settings.max_queued_requests
-        if self._pending >= limit:
-            raise Overloaded(
-                f"the server is at capacity ({self._pending} requests in progress, limit "
-                f"{limit}); retry shortly",
-                headers={"Retry-After": "1"},
-            )
-        self._pending += 1
-        self._metrics.queue_depth.set(self._pending)
-        try:
-            yield
-        finally:
-            self._pending -= 1
-            self._metrics.queue_depth.set(self._pending)
 
     async def submit(
         self, model: str, sequences: list[np.ndarray], *, with_attention: bool

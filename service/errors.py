@@ -1,13 +1,18 @@
-"""The service's error hierarchy; one handler turns any of them into a JSON answer.
+"""Domain errors: what went wrong, in protocol-neutral terms.
 
-Every error answer has the body ``{"error": "<message>", "error_type": "<kind>"}``
-and never a stack trace::
+The engine and the protocols raise these; each protocol renders them in its
+own body shape (``service/protocols/<name>/errors.py``). An error carries an
+HTTP-like ``status_code``, a machine ``error_type``, a message for a person
+and, when one field is to blame, that field as a path in domain terms
+(``("inputs", 3)``, ``("attention", "layers")``) that the protocol spells with
+its own field names::
 
     ServiceError (500 internal_error)
     ├── InvalidJSON (400 invalid_json)
     ├── Unauthorized (401 unauthorized)
     ├── ModelNotFound (404 model_not_found)
     ├── PayloadTooLarge (413 payload_too_large)
+    │   └── SequenceTooLong (413 payload_too_large: one sequence beyond the model's length)
     ├── UnsupportedMediaType (415 unsupported_media_type)
     ├── InvalidInput (422 invalid_input)
     │   └── UnsupportedByModel (422 unsupported_by_model)
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+FieldPath = tuple[str | int, ...]
+
 
 class ServiceError(Exception):
     """Base class: ``status_code`` and ``error_type`` travel to the client."""
@@ -27,13 +34,29 @@ class ServiceError(Exception):
     status_code: ClassVar[int] = 500
     error_type: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: FieldPath | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.field = field
         self.headers = headers
 
-    def body(self) -> dict[str, str]:
-        return {"error": self.message, "error_type": self.error_type}
+
+def field_name(field: FieldPath, renames: dict[str, str] | None = None) -> str:
+    """``("inputs", 3, "shape")`` -> ``inputs[3].shape``, the first name spelled per ``renames``."""
+    out = ""
+    for i, part in enumerate(field):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            name = (renames or {}).get(part, part) if i == 0 else part
+            out += f".{name}" if out else name
+    return out
 
 
 class InvalidJSON(ServiceError):
@@ -54,6 +77,10 @@ class ModelNotFound(ServiceError):
 class PayloadTooLarge(ServiceError):
     status_code = 413
     error_type = "payload_too_large"
+
+
+class SequenceTooLong(PayloadTooLarge):
+    """One sequence is longer than the model accepts (protocols may answer it as 400)."""
 
 
 class UnsupportedMediaType(ServiceError):

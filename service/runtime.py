@@ -3,26 +3,22 @@
 A :class:`ModelRuntime` owns the two sessions of one model directory
 (``model.onnx`` for embeddings only, ``model_attn.onnx`` with attention) and
 runs padded batches. :func:`load_repository` loads every model of a model
-repository, checking each file's SHA-256 against ``config.json`` first, and
+repository through its manifest, checking each file's SHA-256 first, and
 raises :class:`ModelLoadError` with a clear message on anything wrong.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from model_export import graph_io
-from model_export.config import ConfigError, EncoderConfig
-from model_export.integrity import sha256_file
+from model_export.manifest import EncoderConfig, Manifest, ManifestError, graph_io
 from service.errors import ModelLoadError
 from service.settings import Settings
 
@@ -31,57 +27,42 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the service knows of a model, read from its ``config.json``."""
+    """What the service knows of a model: its manifest, where it lives, its served length."""
 
-    name: str
+    manifest: Manifest
     path: Path
-    config: EncoderConfig
-    opset: int
-    sha256: dict[str, str]
-    max_seq_len: int
-    text: dict[str, Any] | None = None  # the text front end's section of config.json
+    max_seq_len: int  # the model's own length, capped by the server's setting
+    created: int  # Unix time its manifest was written (OpenAI's model "created")
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def config(self) -> EncoderConfig:
+        return self.manifest.architecture
 
     @property
     def has_tokenizer(self) -> bool:
-        return bool(self.text and self.text.get("tokenizer"))
+        return self.manifest.has_tokenizer
+
+    @property
+    def has_text_front_end(self) -> bool:
+        return self.manifest.text is not None
 
 
 def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
-    """Parse and check ``config.json`` and the graph files' SHA-256."""
-    config_path = model_dir / graph_io.CONFIG_FILE
+    """Read the manifest and check every file's SHA-256 against it."""
     try:
-        raw = json.loads(config_path.read_text())
-        config = EncoderConfig.from_dict(raw["architecture"])
-        graphs = raw["graphs"]
-        expected = {name: graphs[name]["sha256"] for name in graph_io.GRAPH_OUTPUTS}
-        opset = int(raw["opset"])
-        text = raw.get("text")
-        if text:
-            expected[text["embeddings_graph"]] = text["embeddings_sha256"]
-            if text.get("tokenizer"):
-                expected[text["tokenizer"]] = text["tokenizer_sha256"]
-    except FileNotFoundError:
-        raise ModelLoadError(f"model {model_dir.name!r}: {config_path} is missing") from None
-    except (ValueError, KeyError, TypeError, ConfigError) as exc:
-        raise ModelLoadError(f"model {model_dir.name!r}: {config_path} is invalid: {exc}") from exc
-    for name, want in expected.items():
-        path = model_dir / name
-        if not path.is_file():
-            raise ModelLoadError(f"model {model_dir.name!r}: {path} is missing")
-        got = sha256_file(path)
-        if got != want:
-            raise ModelLoadError(
-                f"model {model_dir.name!r}: {path} is corrupt: SHA-256 {got} does not match "
-                f"{want} recorded in config.json"
-            )
+        manifest = Manifest.read(model_dir)
+        manifest.verify(model_dir)
+    except ManifestError as exc:
+        raise ModelLoadError(f"model {model_dir.name!r}: {exc}") from exc
     return ModelInfo(
-        name=str(raw.get("name") or model_dir.name),
+        manifest=manifest,
         path=model_dir,
-        config=config,
-        opset=opset,
-        sha256=expected,
-        max_seq_len=min(config.max_seq_len, settings.max_seq_len),
-        text=text or None,
+        max_seq_len=min(manifest.architecture.max_seq_len, settings.max_seq_len),
+        created=int((model_dir / graph_io.CONFIG_FILE).stat().st_mtime),
     )
 
 
@@ -136,15 +117,16 @@ class ModelRuntime:
         self._token_embeddings: ort.InferenceSession | None = None
         self._tokenizer: Tokenizer | None = None
         self._truncating_tokenizer: Tokenizer | None = None
-        if info.text:
+        text = info.manifest.text
+        if text is not None:
             self._token_embeddings = self._open(
                 options,
-                info.text["embeddings_graph"],
+                text.embeddings_graph,
                 graph_io.TEXT_INPUT_NAMES,
                 (graph_io.INPUT_EMBEDS,),
             )
-            if info.has_tokenizer:
-                path = info.path / info.text["tokenizer"]
+            if text.tokenizer is not None:
+                path = info.path / text.tokenizer
                 self._tokenizer = self._load_tokenizer(path, None)
                 # A second instance, so no request ever flips shared truncation state.
                 self._truncating_tokenizer = self._load_tokenizer(path, info.max_seq_len)

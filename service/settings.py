@@ -78,3 +78,8 @@ class Settings(BaseSettings):
         256, ge=1, description="Requests in progress before new ones get 429."
     )
     warmup: bool = Field(True, description="Run a warm-up inference per graph before ready.")
+    openai_truncate: bool = Field(
+        False,
+        description="POST /v1/embeddings: cut texts longer than the model's max_seq_len instead "
+        "of refusing them with 400 (OpenAI's API refuses them).",
+    )

@@ -18,7 +18,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from model_export import graph_io
-from model_export.integrity import sha256_file
+from model_export.manifest import sha256_file
 
 # The tiny preset the session fixtures export (model_export.config.PRESETS["tiny"]).
 D_MODEL = 32

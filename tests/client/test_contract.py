@@ -252,6 +252,11 @@ def test_tokenize_response_shapes(components: dict[str, Schema], kind: str | Non
 
 def card_body(window: int | None, tokenizer: bool) -> Body:
     return {
+        # OpenAI's model object (the openai client's models.list() reads these)
+        "id": "m",
+        "object": "model",
+        "created": 1_700_000_000,
+        "owned_by": "attnserve",
         "name": "m",
         "d_model": 384,
         "heads": 12,
@@ -266,6 +271,9 @@ def card_body(window: int | None, tokenizer: bool) -> Body:
         "opset": 18,
         "sha256": {"model.onnx": "0" * 64, "model_attn.onnx": "1" * 64},
         "tokenizer": tokenizer,
+        "pooling": "mean" if tokenizer else None,
+        "normalize": tokenizer,
+        "matryoshka_dimensions": [384, 128] if tokenizer else [],
         "default": not tokenizer,
     }
 
@@ -277,7 +285,7 @@ def test_model_card_shapes(
     body = card_body(window, tokenizer)
     validator = Validator(components)
     validator.check(body, "ModelCard")
-    validator.check({"data": [body, body]}, "ModelList")
+    validator.check({"object": "list", "data": [body, body]}, "ModelList")
     card = ModelCard.from_json(body)
     assert (card.name, card.d_model, card.heads, card.layers, card.max_seq_len) == (
         "m",

@@ -1,4 +1,4 @@
-"""The wire contract of the HTTP API, as pydantic models.
+"""The native wire contract (``/v1/encode``, ``/v1/tokenize``, ``/v1/models``), as pydantic models.
 
 Small fields are validated by these models. The arrays in ``inputs`` are not:
 a pydantic ``list[list[float]]`` costs ~10x the inference itself, so the codecs
@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Pooling = Literal["none", "mean", "cls", "max"]
-Reduce = Literal["none", "mean", "max", "rollout"]
+from service.engine.types import Pooling, Reduce
+
 EncodingFormat = Literal["float", "base64"]
 
 
@@ -127,8 +127,13 @@ class EncodeResponse(BaseModel):
 
 
 class ModelCard(BaseModel):
-    """``GET /v1/models/{name}``."""
+    """``GET /v1/models/{name}``: a superset of OpenAI's model object (id, object, created,
+    owned_by), so ``openai``'s ``client.models.list()`` reads it too."""
 
+    id: str = Field(description="The model's name (OpenAI's field).")
+    object: Literal["model"] = "model"
+    created: int = Field(description="Unix time the model directory's manifest was written.")
+    owned_by: str = "attnserve"
     name: str
     d_model: int
     heads: int
@@ -143,10 +148,20 @@ class ModelCard(BaseModel):
     opset: int
     sha256: dict[str, str]
     tokenizer: bool = Field(description="Accepts text (POST /v1/tokenize, text inputs).")
+    pooling: str | None = Field(
+        description="The model's own sentence-embedding pooling (used by /v1/embeddings)."
+    )
+    normalize: bool = Field(
+        description="Whether the model's sentence embeddings are L2-normalised."
+    )
+    matryoshka_dimensions: list[int] = Field(
+        description="Sizes the model's embeddings may be shortened to (OpenAI 'dimensions')."
+    )
     default: bool
 
 
 class ModelList(BaseModel):
+    object: Literal["list"] = "list"
     data: list[ModelCard]
 
 

@@ -11,13 +11,14 @@ def resolve_indices(indices: list[int] | None, size: int, what: str) -> list[int
     """Normalise (possibly negative) indices into [0, size); reject out-of-range ones."""
     if indices is None:
         return list(range(size))
+    where = ("attention", what)
     if not indices:
-        raise InvalidInput(f"attention.{what} must not be empty (omit it for all)")
+        raise InvalidInput("must not be empty (omit it for all)", field=where)
     bad = [i for i in indices if not -size <= i < size]
     if bad:
         raise InvalidInput(
-            f"attention.{what} {bad} out of range: the model has {size} {what} "
-            f"(valid: {-size}..{size - 1})"
+            f"{bad} out of range: the model has {size} {what} (valid: {-size}..{size - 1})",
+            field=where,
         )
     return [i % size for i in indices]
 
@@ -53,8 +54,13 @@ def select_attention(
     return chosen
 
 
-def pool(hidden: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
-    """[n, d] real-token embeddings -> [d]."""
+def pool(
+    hidden: np.ndarray, pooling: str, normalize: bool, dimensions: int | None = None
+) -> np.ndarray:
+    """[n, d] real-token embeddings -> [d], or its first ``dimensions`` (Matryoshka).
+
+    Truncation comes before normalisation, so a truncated vector is a unit vector too.
+    """
     vector: np.ndarray
     if pooling == "mean":
         vector = np.mean(hidden, axis=0)
@@ -62,6 +68,8 @@ def pool(hidden: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
         vector = np.max(hidden, axis=0)
     else:  # cls
         vector = hidden[0]
+    if dimensions is not None:
+        vector = vector[:dimensions]
     if normalize:
         vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
     return vector.astype(np.float32)

@@ -1,0 +1,223 @@
+"""The model directory's typed, versioned contract: ``config.json`` as a :class:`Manifest`.
+
+``model_export`` writes it; the service reads a model directory only through
+this module (torch-free, numpy-free). Names of files, inputs and outputs come
+from :mod:`model_export.graph_io`, the architecture from
+:class:`~model_export.config.EncoderConfig`; both are re-exported here so a
+reader needs nothing else from ``model_export``.
+
+Format versions: 1 (the first release: no pooling section) is still read, with
+the defaults of the time (no default pooling, no normalisation); 2 adds
+``pooling``, ``normalize`` and ``matryoshka_dimensions``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from model_export import graph_io
+from model_export.config import ConfigError, EncoderConfig
+
+__all__ = [
+    "FORMAT_VERSION",
+    "POOLINGS",
+    "ConfigError",
+    "EncoderConfig",
+    "Manifest",
+    "ManifestError",
+    "Pooling",
+    "TextFrontEnd",
+    "graph_io",
+    "sha256_file",
+]
+
+FORMAT_VERSION: Final = 2
+READABLE_VERSIONS: Final = (1, 2)
+
+Pooling = Literal["mean", "cls", "max"]
+POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max")
+
+
+class ManifestError(ValueError):
+    """A model directory whose ``config.json`` or files do not keep the contract."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class TextFrontEnd:
+    """Token ids -> the encoder's input embeddings (``embeddings.onnx``), and a tokenizer."""
+
+    embeddings_graph: str
+    embeddings_sha256: str
+    vocab_size: int
+    type_vocab_size: int
+    max_positions: int
+    tokenizer: str | None = None
+    tokenizer_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "type_vocab_size", "max_positions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ManifestError(f"text.{name} must be a positive integer, got {value!r}")
+        if (self.tokenizer is None) != (self.tokenizer_sha256 is None):
+            raise ManifestError("text.tokenizer and text.tokenizer_sha256 go together")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TextFrontEnd:
+        try:
+            return cls(**data)
+        except TypeError as exc:  # unknown or missing keys
+            raise ManifestError(f"text: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a server needs to know about a model directory, and its provenance.
+
+    ``pooling``/``normalize`` are the model's own sentence-embedding recipe
+    (sentence-transformers' ``1_Pooling/config.json``), used by protocols that
+    answer one vector per text (OpenAI embeddings). ``matryoshka_dimensions``
+    lists the prefix lengths the model was trained to be truncated to; empty
+    means truncation is not supported.
+    """
+
+    name: str
+    architecture: EncoderConfig
+    opset: int
+    graphs: dict[str, str]  # graph file -> SHA-256
+    text: TextFrontEnd | None = None
+    pooling: Pooling | None = None
+    normalize: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
+    format_version: int = FORMAT_VERSION
+    # Provenance: recorded for people, never read by the server.
+    record: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.format_version not in READABLE_VERSIONS:
+            raise ManifestError(
+                f"format_version {self.format_version!r} is not supported (this version reads "
+                f"{', '.join(map(str, READABLE_VERSIONS))}): re-export the model"
+            )
+        missing = sorted(set(graph_io.GRAPH_OUTPUTS) - set(self.graphs))
+        if missing:
+            raise ManifestError(f"graphs lacks {', '.join(missing)}")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ManifestError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        d_model = self.architecture.d_model
+        for dim in self.matryoshka_dimensions:
+            if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= d_model:
+                raise ManifestError(
+                    f"matryoshka_dimensions must be integers in 1..{d_model}, got {dim!r}"
+                )
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.text is not None and self.text.tokenizer is not None
+
+    def files(self) -> dict[str, str]:
+        """Every file the model directory must hold -> its SHA-256."""
+        files = dict(self.graphs)
+        if self.text is not None:
+            files[self.text.embeddings_graph] = self.text.embeddings_sha256
+            if self.text.tokenizer is not None and self.text.tokenizer_sha256 is not None:
+                files[self.text.tokenizer] = self.text.tokenizer_sha256
+        return files
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "name": self.name,
+            "architecture": self.architecture.to_dict(),
+            "opset": self.opset,
+            "inputs": {
+                n: {"dtype": dt, "shape": graph_io.SHAPES[n]}
+                for n, dt in ((graph_io.INPUT_EMBEDS, "float32"), (graph_io.INPUT_MASK, "int64"))
+            },
+            "graphs": {
+                f: {
+                    "outputs": {o: {"dtype": "float32", "shape": graph_io.SHAPES[o]} for o in outs},
+                    "sha256": self.graphs[f],
+                }
+                for f, outs in graph_io.GRAPH_OUTPUTS.items()
+            },
+            "text": None if self.text is None else asdict(self.text),
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+            "matryoshka_dimensions": list(self.matryoshka_dimensions),
+            **self.record,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Manifest:
+        """Parse a ``config.json`` object; ManifestError names what is wrong."""
+        known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
+        known |= {"pooling", "normalize", "matryoshka_dimensions"}
+        try:
+            text = raw.get("text")
+            dims = raw.get("matryoshka_dimensions") or []
+            if not isinstance(dims, list):
+                raise ManifestError("matryoshka_dimensions must be a list")
+            return cls(
+                format_version=raw["format_version"],
+                name=str(raw["name"]),
+                architecture=EncoderConfig.from_dict(raw["architecture"]),
+                opset=int(raw["opset"]),
+                graphs={f: str(g["sha256"]) for f, g in raw["graphs"].items()},
+                text=TextFrontEnd.from_dict(text) if text else None,
+                pooling=raw.get("pooling"),
+                normalize=bool(raw.get("normalize", False)),
+                matryoshka_dimensions=tuple(dims),
+                record={k: v for k, v in raw.items() if k not in known},
+            )
+        except ManifestError:
+            raise
+        except KeyError as exc:
+            raise ManifestError(f"lacks {exc.args[0]!r}") from None
+        except (TypeError, ValueError, AttributeError) as exc:  # ConfigError is a ValueError
+            raise ManifestError(str(exc)) from exc
+
+    @classmethod
+    def read(cls, model_dir: Path) -> Manifest:
+        """Read ``config.json`` of ``model_dir`` (files are not checked: see ``verify``)."""
+        path = model_dir / graph_io.CONFIG_FILE
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ManifestError(f"{path} is missing") from None
+        except (OSError, ValueError) as exc:
+            raise ManifestError(f"{path} is not readable JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{path} is not a JSON object")
+        try:
+            return cls.from_dict(raw)
+        except ManifestError as exc:
+            raise ManifestError(f"{path} is invalid: {exc}") from None
+
+    def write(self, model_dir: Path) -> None:
+        (model_dir / graph_io.CONFIG_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def verify(self, model_dir: Path) -> None:
+        """Check that every file is present and matches its recorded SHA-256."""
+        for name, want in self.files().items():
+            path = model_dir / name
+            if not path.is_file():
+                raise ManifestError(f"{path} is missing")
+            got = sha256_file(path)
+            if got != want:
+                raise ManifestError(
+                    f"{path} is corrupt: SHA-256 {got} does not match {want} recorded in "
+                    f"{graph_io.CONFIG_FILE}"
+                )

@@ -1,0 +1,436 @@
+"""The protocol-neutral core: every rule of a request, whatever wire format it came in.
+
+Protocols (``service/protocols/<name>/``) turn bytes into an
+:class:`~service.engine.types.EncodeRequest` and call :meth:`Engine.encode`;
+the engine resolves the model, admits, tokenizes and embeds texts, checks
+every limit, submits to the batcher (dropping the work if the caller goes
+away), selects and reduces attention, pools and normalises, counts metrics,
+and hands back numpy arrays. It never sees JSON or HTTP; only the batcher
+below it talks to the runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from service.batcher import Batcher, SequenceResult
+from service.engine import limits, postprocess
+from service.engine.types import (
+    ArrayInput,
+    EncodeRequest,
+    EncodeResult,
+    Pooling,
+    SequenceOutput,
+    TokenIds,
+    TokenizedText,
+    TokenizeRequest,
+    TokenizeResult,
+)
+from service.errors import (
+    ClientClosedRequest,
+    InvalidInput,
+    ModelLoadError,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    UnsupportedByModel,
+)
+from service.metrics import Metrics
+from service.runtime import ModelInfo, ModelRuntime, load_repository
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
+
+# Answers estimated larger than this are finished on a worker thread, so a big
+# answer never stalls the event loop; small ones are cheaper inline.
+OFFLOAD_BYTES = 256 * 1024
+# Out-of-vocabulary token ids named in an error, at most.
+SHOWN_IDS = 10
+
+Disconnected = Callable[[], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True)
+class PreparedEncode:
+    """A checked encode request: decoded arrays and every resolved option."""
+
+    request: EncodeRequest
+    model: ModelInfo
+    sequences: list[np.ndarray]
+    tokens: list[list[str] | None]  # the tokens of text items, None for the others
+    layers: list[int]
+    heads: list[int]
+    pooling: Pooling
+    response_bytes: float
+
+
+class Engine:
+    """Models, admission, limits, text front end, batching and post-processing."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.runtimes: dict[str, ModelRuntime] = {}
+        self.default_model = ""
+        self.ready = False
+        self.failure: str | None = None  # set when the process can never serve (fails liveness)
+        self._batcher: Batcher | None = None
+        self._warm_up: asyncio.Task[None] | None = None
+        self._in_progress = 0
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load every model (ModelLoadError: refuse to start), then warm up in the background."""
+        try:
+            runtimes = await asyncio.to_thread(load_repository, self.settings)
+        except ModelLoadError as exc:
+            log.error("attnserve cannot start: %s", exc)
+            raise
+        self.runtimes = runtimes
+        self.default_model = self.settings.default_model or sorted(runtimes)[0]
+        self._batcher = Batcher(runtimes, self.settings, self.metrics)
+        await self._batcher.start()
+        if self.settings.warmup:
+            self._warm_up = asyncio.create_task(self._warm())
+        else:
+            self.ready = True
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self._warm_up is not None:
+            self._warm_up.cancel()
+        if self._batcher is not None:
+            await self._batcher.stop()
+
+    async def _warm(self) -> None:
+        try:
+            for runtime in self.runtimes.values():
+                await asyncio.to_thread(runtime.warmup)
+        except Exception as exc:
+            log.exception("warm-up failed: the server will never be ready")
+            # Fail liveness too, so an orchestrator restarts it instead of keeping a
+            # process that answers health checks but can never serve.
+            self.failure = f"warm-up failed: {exc}"
+            return
+        self.ready = True
+        log.info("ready: %s (default %s)", ", ".join(self.runtimes), self.default_model)
+
+    def require_ready(self) -> Batcher:
+        if not self.ready or self._batcher is None:
+            raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
+        return self._batcher
+
+    # -- models -----------------------------------------------------------------------------
+
+    def models(self) -> list[ModelInfo]:
+        if not self.runtimes:
+            raise NotReady("models are loading", headers={"Retry-After": "1"})
+        return [rt.info for rt in self.runtimes.values()]
+
+    def model(self, name: str | None) -> ModelInfo:
+        return self._runtime(name).info
+
+    def _runtime(self, name: str | None) -> ModelRuntime:
+        if not self.runtimes:
+            raise NotReady("models are loading", headers={"Retry-After": "1"})
+        key = self.default_model if name is None else name
+        try:
+            return self.runtimes[key]
+        except KeyError:
+            raise ModelNotFound(
+                f"model {key!r} is not served here (available: {', '.join(sorted(self.runtimes))})",
+                field=("model",),
+            ) from None
+
+    # -- admission --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Taken before a request's body is read, so a flood costs nothing beyond a 429;
+        held until its answer is built. Refuses with 503 until the models are ready."""
+        self.require_ready()
+        limit = self.settings.max_queued_requests
+        if self._in_progress >= limit:
+            raise Overloaded(
+                f"the server is at capacity ({self._in_progress} requests in progress, limit "
+                f"{limit}); retry shortly",
+                headers={"Retry-After": "1"},
+            )
+        self._in_progress += 1
+        self.metrics.queue_depth.set(self._in_progress)
+        try:
+            yield
+        finally:
+            self._in_progress -= 1
+            self.metrics.queue_depth.set(self._in_progress)
+
+    # -- encode -----------------------------------------------------------------------------
+
+    async def encode(
+        self, parse: Callable[[], tuple[EncodeRequest, W]], *, until: Disconnected | None = None
+    ) -> tuple[EncodeResult, W]:
+        """Parse (the protocol's decoding) and prepare off the event loop, in one hop; run.
+
+        ``parse`` returns the request and whatever the protocol needs later to write
+        the answer (e.g. its encoding format), handed back beside the result. ``until``
+        makes a coroutine that returns when the caller has gone away: the request's
+        queued work is then dropped and ClientClosedRequest raised.
+        """
+
+        def prepare() -> tuple[PreparedEncode, W]:
+            request, wire = parse()
+            return self.prepare(request), wire
+
+        prepared, wire = await asyncio.to_thread(prepare)
+        return await self.run(prepared, until=until), wire
+
+    def prepare(self, request: EncodeRequest) -> PreparedEncode:
+        """Check everything and decode/embed the inputs; raise a ServiceError on mistakes."""
+        runtime = self._runtime(request.model)
+        info, cfg = runtime.info, runtime.info.config
+        if not request.inputs:
+            raise InvalidInput("is empty: send at least one sequence", field=("inputs",))
+        limits.check_sequence_count(len(request.inputs), self.settings)  # before reading them
+        inputs = list(request.inputs)
+        texts = {i: item for i, item in enumerate(inputs) if isinstance(item, str)}
+        tokenized = (
+            dict(
+                zip(
+                    texts,
+                    self._tokenize(runtime, list(texts.values()), request.truncate),
+                    strict=True,
+                )
+            )
+            if texts
+            else {}
+        )
+        ids = {i: item.ids for i, item in enumerate(inputs) if isinstance(item, TokenIds)}
+        if ids:
+            self._check_token_ids(runtime.info, ids)
+        lengths = [
+            len(tokenized[i][0])
+            if i in tokenized
+            else len(ids[i])
+            if i in ids
+            else item.rows
+            if isinstance(item, ArrayInput)
+            else None
+            for i, item in enumerate(inputs)
+        ]
+        limits.check_lengths(lengths, info, self.settings, "inputs")
+        # Checked even without return_attention: a wrong index is wrong either way.
+        spec = request.attention
+        layers = postprocess.resolve_indices(spec.layers, cfg.n_layers, "layers")
+        heads = postprocess.resolve_indices(spec.heads, cfg.n_heads, "heads")
+        if spec.reduce == "rollout":
+            layers = sorted(set(layers))  # rollout multiplies layers bottom-up, each once
+        pooling = self._pooling(info, request)
+        sequences: dict[int, np.ndarray] = {
+            i: limits.check_array(item.decode(), ("inputs", i), cfg.d_model)
+            for i, item in enumerate(inputs)
+            if isinstance(item, ArrayInput)
+        }
+        id_lists = {i: tokenized[i][1] for i in tokenized} | ids
+        type_lists = {i: tokenized[i][2] for i in tokenized} | {
+            i: [0] * len(v) for i, v in ids.items()
+        }
+        if id_lists:
+            order = sorted(id_lists)
+            embedded = runtime.embed_tokens(
+                [id_lists[i] for i in order], [type_lists[i] for i in order]
+            )
+            sequences.update(zip(order, embedded, strict=True))
+        arrays = [sequences[i] for i in range(len(inputs))]
+        floats, attention_floats = limits.response_floats(
+            [len(a) for a in arrays],
+            cfg.d_model,
+            attention_maps=limits.attention_maps(spec, len(layers), len(heads))
+            if request.return_attention
+            else 0,
+            embeddings=request.return_embeddings,
+            pooled_width=None if pooling == "none" else (request.dimensions or cfg.d_model),
+        )
+        size = limits.check_response_size(
+            floats, attention_floats, request.bytes_per_float, self.settings
+        )
+        tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
+        return PreparedEncode(request, info, arrays, tokens, layers, heads, pooling, size)
+
+    def _pooling(self, info: ModelInfo, request: EncodeRequest) -> Pooling:
+        """The pooling to apply; checks normalize and dimensions against it and the model."""
+        manifest = info.manifest
+        pooling: Pooling = (
+            (manifest.pooling or "mean") if request.pooling == "model" else request.pooling
+        )
+        if request.normalize and pooling == "none":
+            raise InvalidInput(
+                "applies to pooled vectors: set pooling (mean, cls, max)", field=("normalize",)
+            )
+        if request.dimensions is not None:
+            allowed = manifest.matryoshka_dimensions
+            if not allowed:
+                raise InvalidInput(
+                    f"model {info.name!r} was not trained for shortened embeddings (its "
+                    "manifest declares no Matryoshka dimensions): omit dimensions",
+                    field=("dimensions",),
+                )
+            if request.dimensions not in allowed:
+                raise InvalidInput(
+                    f"{request.dimensions} is not one of model {info.name!r}'s Matryoshka "
+                    f"dimensions {list(allowed)}",
+                    field=("dimensions",),
+                )
+            if pooling == "none":
+                raise InvalidInput("applies to pooled vectors", field=("dimensions",))
+        return pooling
+
+    def _tokenize(
+        self, runtime: ModelRuntime, texts: list[str], truncate: bool
+    ) -> list[tuple[list[str], list[int], list[int]]]:
+        if not runtime.info.has_tokenizer:
+            raise UnsupportedByModel(
+                f"model {runtime.info.name!r} has no tokenizer: send token embeddings as "
+                "arrays, or use a model exported from a checkpoint with a tokenizer "
+                "(e.g. minilm-l6)"
+            )
+        return runtime.tokenize(texts, truncate=truncate)
+
+    def _check_token_ids(self, info: ModelInfo, ids: dict[int, list[int]]) -> None:
+        """Token ids must be the model's own: it has a tokenizer and each id is in range."""
+        text = info.manifest.text
+        if text is None or not info.has_tokenizer:
+            raise UnsupportedByModel(
+                f"model {info.name!r} has no tokenizer, so it has no token ids: send token "
+                "embeddings as arrays"
+            )
+        for i, seq in ids.items():
+            if not seq:
+                raise InvalidInput("holds no token ids", field=("inputs", i))
+            bad = sorted({t for t in seq if not 0 <= t < text.vocab_size})
+            if bad:
+                shown = ", ".join(map(str, bad[:SHOWN_IDS])) + (
+                    ", ..." if len(bad) > SHOWN_IDS else ""
+                )
+                raise InvalidInput(
+                    f"token ids {shown} are outside model {info.name!r}'s vocabulary "
+                    f"(0..{text.vocab_size - 1}): send ids of this model's own tokenizer "
+                    "(e.g. from /v1/tokenize), or send text",
+                    field=("inputs", i),
+                )
+
+    async def run(
+        self, prepared: PreparedEncode, *, until: Disconnected | None = None
+    ) -> EncodeResult:
+        """Queue a prepared request, wait for its runs, and post-process the outputs."""
+        batcher = self.require_ready()
+        request, name = prepared.request, prepared.model.name
+        work = batcher.submit(name, prepared.sequences, with_attention=request.return_attention)
+        results = await self._unless_gone(work, until)
+        self.metrics.tokens.labels(name).inc(sum(len(s) for s in prepared.sequences))
+        if prepared.response_bytes > OFFLOAD_BYTES:
+            return await asyncio.to_thread(self.finish, prepared, results)
+        return self.finish(prepared, results)
+
+    @staticmethod
+    async def _unless_gone(work: Coroutine[Any, Any, T], until: Disconnected | None) -> T:
+        """Await ``work`` unless the caller goes away first; then cancel it (queued runs skip it).
+
+        uvicorn does not cancel a handler whose client disconnected, so without this a
+        burst of abandoned requests would still be computed in full.
+        """
+        if until is None:
+            return await work
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(until())
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise ClientClosedRequest("the client closed the connection before the answer")
+        finally:
+            watcher.cancel()
+            task.cancel()  # no-op when done; drops the queued job otherwise
+
+    def finish(self, prepared: PreparedEncode, results: list[SequenceResult]) -> EncodeResult:
+        """Per-sequence model outputs -> the answer: attention selected/reduced, pooled."""
+        request = prepared.request
+        outputs = []
+        for i, (hidden, attn) in enumerate(results):
+            if not np.isfinite(hidden).all() or (attn is not None and not np.isfinite(attn).all()):
+                # Finite inputs can still overflow inside the model (e.g. |x| ~ 1e20 in
+                # LayerNorm's variance); never answer with NaN.
+                raise InvalidInput(
+                    "overflows the model (non-finite outputs): its values are too large "
+                    f"(max |x| {float(np.abs(prepared.sequences[i]).max()):.3g})",
+                    field=("inputs", i),
+                )
+            attention = None
+            if attn is not None:
+                attention = postprocess.select_attention(
+                    attn, prepared.layers, prepared.heads, request.attention.reduce
+                )
+            pooled = None
+            if prepared.pooling != "none":
+                pooled = postprocess.pool(
+                    hidden, prepared.pooling, request.normalize, request.dimensions
+                )
+            outputs.append(
+                SequenceOutput(
+                    tokens=prepared.tokens[i],
+                    length=len(hidden),
+                    embeddings=hidden if request.return_embeddings else None,
+                    attention=attention,
+                    pooled=pooled,
+                )
+            )
+        return EncodeResult(prepared.model.name, outputs, prepared.response_bytes)
+
+    # -- tokenize ---------------------------------------------------------------------------
+
+    async def tokenize(
+        self, parse: Callable[[], tuple[TokenizeRequest, W]]
+    ) -> tuple[TokenizeResult, W]:
+        """Parse and tokenize (and embed, if asked) off the event loop, like ``encode``."""
+        self.require_ready()
+
+        def tokenize() -> tuple[TokenizeResult, W]:
+            request, wire = parse()
+            return self.tokenize_now(request), wire
+
+        return await asyncio.to_thread(tokenize)
+
+    def tokenize_now(self, request: TokenizeRequest) -> TokenizeResult:
+        runtime = self._runtime(request.model)
+        info = runtime.info
+        if not request.texts:
+            raise InvalidInput("is empty: send at least one string", field=("texts",))
+        limits.check_sequence_count(len(request.texts), self.settings)
+        encoded = self._tokenize(runtime, request.texts, request.truncate)
+        lengths = [len(tokens) for tokens, _, _ in encoded]
+        limits.check_lengths(list(lengths), info, self.settings, "texts")
+        embeddings: list[np.ndarray | None] = [None] * len(encoded)
+        if request.return_embeddings:
+            floats, _ = limits.response_floats(
+                lengths, info.config.d_model, attention_maps=0, embeddings=True, pooled_width=None
+            )
+            limits.check_response_size(floats, 0, request.bytes_per_float, self.settings)
+            embeddings = list(
+                runtime.embed_tokens([ids for _, ids, _ in encoded], [t for _, _, t in encoded])
+            )
+        return TokenizeResult(
+            info.name,
+            [
+                TokenizedText(tokens, ids, emb)
+                for (tokens, ids, _), emb in zip(encoded, embeddings, strict=True)
+            ],
+        )

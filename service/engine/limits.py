@@ -1,0 +1,96 @@
+"""Every limit of a request, checked before any inference is queued.
+
+A bad or oversized request then costs a parse and a few comparisons, never a
+run: sequence counts and lengths are checked before arrays are decoded or
+texts embedded, and the answer's size before anything is computed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.engine.types import AttentionSpec
+from service.errors import FieldPath, InvalidInput, PayloadTooLarge, SequenceTooLong
+from service.runtime import ModelInfo
+from service.settings import Settings
+
+MB = 1e6
+
+
+def check_sequence_count(n_sequences: int, settings: Settings) -> None:
+    if n_sequences > settings.max_sequences:
+        raise PayloadTooLarge(
+            f"{n_sequences} sequences in one request; the limit is {settings.max_sequences}"
+        )
+
+
+def check_lengths(
+    lengths: list[int | None], model: ModelInfo, settings: Settings, field: str
+) -> None:
+    """Each known length within the model's, and their sum within ``max_tokens``."""
+    for i, n in enumerate(lengths):
+        if n is not None and n > model.max_seq_len:
+            raise SequenceTooLong(
+                f"{n} tokens; model {model.name!r} accepts at most {model.max_seq_len}: shorten it",
+                field=(field, i),
+            )
+    total = sum(n for n in lengths if n is not None)
+    if total > settings.max_tokens:
+        raise PayloadTooLarge(f"{total} tokens in one request; the limit is {settings.max_tokens}")
+
+
+def check_array(array: np.ndarray, field: FieldPath, d_model: int) -> np.ndarray:
+    """A decoded sequence must be float32 [n >= 1, d_model], all finite."""
+    if array.ndim != 2:
+        raise InvalidInput(
+            f"expected rank 2 [seq_len, {d_model}], got shape {list(array.shape)}", field=field
+        )
+    if array.shape[0] == 0:
+        raise InvalidInput("sequence is empty", field=field)
+    if array.shape[1] != d_model:
+        raise InvalidInput(f"width {array.shape[1]} does not match d_model {d_model}", field=field)
+    if not np.isfinite(array).all():
+        raise InvalidInput("contains NaN or Inf (or a value beyond float32 range)", field=field)
+    return array
+
+
+def response_floats(
+    lengths: list[int],
+    d_model: int,
+    *,
+    attention_maps: int,
+    embeddings: bool,
+    pooled_width: int | None,
+) -> tuple[int, int]:
+    """(all floats, attention floats) an answer carries; ``attention_maps`` per sequence."""
+    attention = sum(attention_maps * n * n for n in lengths)
+    per_token = sum(lengths) * d_model if embeddings else 0
+    pooled = len(lengths) * pooled_width if pooled_width is not None else 0
+    return per_token + attention + pooled, attention
+
+
+def attention_maps(spec: AttentionSpec, n_layers: int, n_heads: int) -> int:
+    """How many [n, n] maps one sequence's answer holds for the selected layers and heads."""
+    if spec.reduce == "rollout":
+        return 1
+    return n_layers * (1 if spec.reduce in ("mean", "max") else n_heads)
+
+
+def check_response_size(
+    floats: int, attention_floats: int, bytes_per_float: float, settings: Settings
+) -> float:
+    """The answer's estimated bytes; PayloadTooLarge (413) beyond ``max_response_bytes``."""
+    size = floats * bytes_per_float
+    if size > settings.max_response_bytes:
+        hint = (
+            "select fewer attention.layers or attention.heads, use attention.reduce "
+            "mean/max/rollout, "
+            if attention_floats
+            else ""
+        ) + "send fewer or shorter sequences, or use a more compact encoding (base64)"
+        raise PayloadTooLarge(
+            f"the response would be about {size:,.0f} bytes ({size / MB:.2f} MB: {floats:,} "
+            f"floats, {attention_floats:,} of them attention); the limit is "
+            f"{settings.max_response_bytes:,} bytes: {hint}"
+        )
+    return size

@@ -1,0 +1,118 @@
+"""The engine's request and result types: numpy and plain values, no JSON, no HTTP.
+
+A protocol's codec turns its wire format into an :class:`EncodeRequest` (or
+:class:`TokenizeRequest`) and the engine's results back into bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Pooling = Literal["none", "mean", "cls", "max"]
+Reduce = Literal["none", "mean", "max", "rollout"]
+# "model": the model's own sentence-embedding pooling (its manifest), else mean.
+PoolingChoice = Literal["none", "mean", "cls", "max", "model"]
+
+
+@dataclass(frozen=True)
+class ArrayInput:
+    """Token embeddings whose decoding waits until the request's limits have passed.
+
+    ``rows`` is the sequence length the wire format declares (None if it cannot
+    tell without decoding); ``decode`` yields a float32 array of any shape, which
+    the engine checks against the model.
+    """
+
+    rows: int | None
+    decode: Callable[[], np.ndarray]
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """Token ids in the model's own vocabulary, used as given (special tokens included)."""
+
+    ids: list[int]
+
+
+InputItem = ArrayInput | str | TokenIds
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Which attention maps to return and how to reduce them (None: all layers/heads)."""
+
+    layers: list[int] | None = None
+    heads: list[int] | None = None
+    reduce: Reduce = "none"
+
+
+@dataclass(frozen=True)
+class EncodeRequest:
+    """One encode request in domain terms.
+
+    ``bytes_per_float`` is what one float costs in the protocol's answer, so the
+    engine can refuse an answer too large before computing it.
+    """
+
+    inputs: Sequence[InputItem]  # read once its length has passed the limits
+    bytes_per_float: float
+    model: str | None = None
+    return_attention: bool = False
+    attention: AttentionSpec = field(default_factory=AttentionSpec)
+    pooling: PoolingChoice = "none"
+    normalize: bool = False
+    dimensions: int | None = None  # Matryoshka truncation of the pooled vector
+    return_embeddings: bool = True
+    truncate: bool = False
+
+
+@dataclass(frozen=True)
+class SequenceOutput:
+    """One sequence's answer; fields not asked for are None."""
+
+    tokens: list[str] | None  # tokens of a text item
+    length: int
+    embeddings: np.ndarray | None  # [n, d_model]
+    attention: np.ndarray | None  # [L', H' or 1, n, n] or [1, 1, n, n]
+    pooled: np.ndarray | None  # [d_model] or [dimensions]
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    model: str
+    outputs: list[SequenceOutput]
+    response_bytes: float  # the engine's estimate of the answer's size
+
+    @property
+    def tokens(self) -> int:
+        return sum(o.length for o in self.outputs)
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    texts: list[str]
+    bytes_per_float: float
+    model: str | None = None
+    return_embeddings: bool = False
+    truncate: bool = False
+
+
+@dataclass(frozen=True)
+class TokenizedText:
+    tokens: list[str]
+    ids: list[int]
+    embeddings: np.ndarray | None  # [n, d_model], the encoder's input
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    model: str
+    items: list[TokenizedText]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(t.tokens) for t in self.items)

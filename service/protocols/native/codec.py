@@ -1,0 +1,202 @@
+"""Native bodies <-> the engine's types: ``/v1/encode`` and ``/v1/tokenize``.
+
+Input arrays are nested JSON floats or ``{"shape", "data"}`` base64 objects;
+they are decoded straight to numpy (never through pydantic) and only once the
+engine has checked the request's counts and lengths.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from service.engine import (
+    ArrayInput,
+    AttentionSpec,
+    EncodeRequest,
+    EncodeResult,
+    InputItem,
+    TokenizeRequest,
+    TokenizeResult,
+)
+from service.errors import InvalidInput
+from service.protocols import wire
+from service.protocols.native.schemas import EncodeOptions
+from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
+
+BYTES_PER_FLOAT = {"float": wire.JSON_FLOAT_BYTES, "base64": wire.BASE64_FLOAT_BYTES}
+
+
+def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
+    """An encode body -> (EncodeRequest, encoding format of its answer); InvalidJSON or
+    InvalidInput on a malformed one."""
+    payload = wire.parse_json_object(body)
+    if "inputs" not in payload:
+        raise InvalidInput(
+            "is required: a list of [seq_len, d_model] arrays or texts", field=("inputs",)
+        )
+    raw_inputs = payload.pop("inputs")
+    if not isinstance(raw_inputs, list):
+        raise InvalidInput("must be a list of sequences", field=("inputs",))
+    options = wire.parse_options(EncodeOptions, payload)
+    request = EncodeRequest(
+        inputs=wire.LazyItems(raw_inputs, _input_item),
+        bytes_per_float=BYTES_PER_FLOAT[options.encoding_format],
+        model=options.model,
+        return_attention=options.return_attention,
+        attention=AttentionSpec(
+            options.attention.layers, options.attention.heads, options.attention.reduce
+        ),
+        pooling=options.pooling,
+        normalize=options.normalize,
+        return_embeddings=wants_embeddings(options),
+        truncate=options.truncate,
+    )
+    return request, options.encoding_format
+
+
+def wants_embeddings(options: EncodeOptions) -> bool:
+    """Per-token embeddings are returned unless pooling replaces them (overridable)."""
+    if options.return_embeddings is not None:
+        return options.return_embeddings
+    return options.pooling == "none"
+
+
+def _input_item(index: int, item: Any) -> InputItem:
+    if isinstance(item, str):
+        return item
+    return ArrayInput(rows=_declared_length(item), decode=partial(_decode_array, item, index))
+
+
+def _declared_length(item: Any) -> int | None:
+    """Sequence length of an input item without decoding it (for early limit checks)."""
+    if isinstance(item, list):
+        return len(item)
+    if isinstance(item, dict) and isinstance(item.get("shape"), list) and item["shape"]:
+        first = item["shape"][0]
+        return first if isinstance(first, int) and not isinstance(first, bool) else None
+    return None
+
+
+def _decode_array(item: Any, index: int) -> np.ndarray:
+    """One input item -> a float32 array (the engine checks its shape against the model)."""
+    where = ("inputs", index)
+    if isinstance(item, dict):
+        return _decode_base64_array(item, where)
+    if isinstance(item, list):
+        try:
+            parsed = np.asarray(item)  # no dtype: strings and booleans must not pass as numbers
+        except (ValueError, TypeError):
+            parsed = None
+        if parsed is None or parsed.dtype.kind not in "fiu":
+            raise InvalidInput(
+                "must be a rectangular [seq_len, d_model] array of numbers", field=where
+            )
+        with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused as such
+            return parsed.astype(np.float32)
+    raise InvalidInput(
+        "must be a [seq_len, d_model] array, a {shape, data} base64 object or a text",
+        field=where,
+    )
+
+
+def _decode_base64_array(item: dict[str, Any], where: tuple[str | int, ...]) -> np.ndarray:
+    unknown = set(item) - {"shape", "data", "dtype"}
+    if unknown:
+        raise InvalidInput(f"unknown keys {sorted(unknown)}", field=where)
+    shape, data = item.get("shape"), item.get("data")
+    if item.get("dtype", "float32") != "float32":
+        raise InvalidInput("dtype must be 'float32'", field=where)
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+    ):
+        raise InvalidInput(
+            "'shape' must be [seq_len, d_model]: rank 2, non-negative integers", field=where
+        )
+    if not isinstance(data, str):
+        raise InvalidInput("'data' must be a base64 string", field=where)
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput("'data' is not valid base64", field=where) from None
+    expected = math.prod(shape) * wire.FLOAT32_LE.itemsize
+    if len(raw) != expected:
+        raise InvalidInput(
+            f"'data' holds {len(raw)} bytes but shape {shape} needs {expected}", field=where
+        )
+    try:
+        array = np.frombuffer(raw, dtype=wire.FLOAT32_LE).reshape(shape)
+    except ValueError:  # e.g. a dimension beyond what numpy can index
+        raise InvalidInput(f"'shape' {shape} cannot be represented", field=where) from None
+    return array.astype(np.float32, copy=False)
+
+
+def encode_array(array: np.ndarray, encoding_format: str) -> Any:
+    """Answer form of an array: itself (orjson writes it) or a Base64Array dict."""
+    array = wire.float32_le(array)
+    if encoding_format == "base64":
+        return {"shape": list(array.shape), "dtype": "float32", "data": wire.base64_float32(array)}
+    return array
+
+
+def encode_response(result: EncodeResult, encoding_format: str) -> bytes:
+    def arr(value: np.ndarray | None) -> Any:
+        return None if value is None else encode_array(value, encoding_format)
+
+    return wire.dumps(
+        {
+            "model": result.model,
+            "data": [
+                {
+                    "index": i,
+                    "tokens": out.tokens,
+                    "embeddings": arr(out.embeddings),
+                    "attention": arr(out.attention),
+                    "pooled": arr(out.pooled),
+                }
+                for i, out in enumerate(result.outputs)
+            ],
+            "usage": {"sequences": len(result.outputs), "tokens": result.tokens},
+        }
+    )
+
+
+def tokenize_request(body: bytes) -> tuple[TokenizeRequest, str]:
+    """A tokenize body -> (TokenizeRequest, encoding_format of its answer)."""
+    options = wire.parse_options(TokenizeBody, wire.parse_json_object(body))
+    texts = [options.text] if isinstance(options.text, str) else options.text
+    request = TokenizeRequest(
+        texts=texts,
+        bytes_per_float=BYTES_PER_FLOAT[options.encoding_format],
+        model=options.model,
+        return_embeddings=options.return_embeddings,
+        truncate=options.truncate,
+    )
+    return request, options.encoding_format
+
+
+def tokenize_response(result: TokenizeResult, encoding_format: str) -> bytes:
+    return wire.dumps(
+        {
+            "model": result.model,
+            "data": [
+                {
+                    "index": i,
+                    "tokens": item.tokens,
+                    "ids": item.ids,
+                    "embeddings": None
+                    if item.embeddings is None
+                    else encode_array(item.embeddings, encoding_format),
+                }
+                for i, item in enumerate(result.items)
+            ],
+            "usage": {"sequences": len(result.items), "tokens": result.tokens},
+        }
+    )

@@ -1,0 +1,168 @@
+"""Native routes: ``/v1/encode``, ``/v1/tokenize``, ``/v1/models``, health and metrics.
+
+Routes move bytes: body -> codec -> engine -> codec -> bytes. No limit, no
+array math and no model logic lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.errors import NotReady
+from service.protocols.http import (
+    EngineDep,
+    disconnected,
+    json_request_body,
+    off_loop_if_large,
+    protocol_route,
+    read_body,
+    require_api_key,
+)
+from service.protocols.native import codec
+from service.protocols.native.errors import render
+from service.protocols.native.schemas import (
+    EncodeRequest,
+    EncodeResponse,
+    ErrorBody,
+    Health,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from service.runtime import ModelInfo
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (400, "Malformed JSON body (invalid_json)."),
+        (401, "Missing or wrong API key, when the server has one (unauthorized)."),
+        (404, "Unknown model (model_not_found)."),
+        (413, "Too many sequences or tokens, sequence too long, body or response too large."),
+        (415, "Content-Type is not application/json (unsupported_media_type)."),
+        (422, "Well-formed JSON with invalid content (invalid_input)."),
+        (429, "Too many requests queued (overloaded); honour Retry-After."),
+        (503, "Models not loaded or warm-up not finished (not_ready)."),
+    )
+}
+
+NativeRoute = protocol_route(render)
+health = APIRouter(tags=["health"], route_class=NativeRoute)
+models = APIRouter(
+    prefix="/v1", tags=["models"], dependencies=[Depends(require_api_key)], route_class=NativeRoute
+)
+encode = APIRouter(
+    prefix="/v1", tags=["encode"], dependencies=[Depends(require_api_key)], route_class=NativeRoute
+)
+metrics = APIRouter(tags=["metrics"], route_class=NativeRoute)
+routers = (health, models, encode, metrics)
+
+
+@health.get("/health/live", response_model=Health, responses={503: ERROR_RESPONSES[503]})
+async def live(engine: EngineDep) -> Health:
+    """The process is up and able to serve (503 once its warm-up has failed for good)."""
+    if engine.failure is not None:
+        raise NotReady(engine.failure)
+    return Health(status="alive")
+
+
+@health.get("/health/ready", response_model=Health, responses={503: ERROR_RESPONSES[503]})
+async def ready(engine: EngineDep) -> Health:
+    """Models are loaded and a warm-up inference passed."""
+    engine.require_ready()
+    return Health(status="ready")
+
+
+def model_card(info: ModelInfo, default: bool) -> ModelCard:
+    manifest, cfg = info.manifest, info.config
+    return ModelCard(
+        id=info.name,
+        created=info.created,
+        name=info.name,
+        d_model=cfg.d_model,
+        heads=cfg.n_heads,
+        layers=cfg.n_layers,
+        d_ff=cfg.d_ff,
+        max_seq_len=info.max_seq_len,
+        causal=cfg.causal,
+        window=cfg.window,
+        scoring=cfg.scoring,
+        norm_placement=cfg.norm_placement,
+        activation=cfg.activation,
+        opset=manifest.opset,
+        sha256=manifest.files(),
+        tokenizer=info.has_tokenizer,
+        pooling=manifest.pooling,
+        normalize=manifest.normalize,
+        matryoshka_dimensions=list(manifest.matryoshka_dimensions),
+        default=default,
+    )
+
+
+@models.get("/models", response_model=ModelList)
+async def list_models(engine: EngineDep) -> ModelList:
+    """Every model this server serves (OpenAI's ``GET /v1/models`` reads this too)."""
+    return ModelList(
+        data=[model_card(info, info.name == engine.default_model) for info in engine.models()]
+    )
+
+
+@models.get("/models/{name}", response_model=ModelCard, responses={404: ERROR_RESPONSES[404]})
+async def get_model(name: str, engine: EngineDep) -> ModelCard:
+    """One model's architecture, limits, pooling and file digests."""
+    info = engine.model(name)
+    return model_card(info, info.name == engine.default_model)
+
+
+@encode.post(
+    "/encode",
+    response_model=None,
+    responses={200: {"model": EncodeResponse}, **ERROR_RESPONSES},
+    openapi_extra=json_request_body("EncodeRequest"),
+)
+async def encode_sequences(request: Request, engine: EngineDep) -> Response:
+    """Contextualized embeddings (and optionally attention weights) for token embeddings."""
+    with engine.admit():
+        body = await read_body(request, engine.settings.max_body_bytes)
+        result, fmt = await engine.encode(
+            lambda: codec.encode_request(body), until=disconnected(request)
+        )
+        content = await off_loop_if_large(
+            result.response_bytes, lambda: codec.encode_response(result, fmt)
+        )
+    return Response(content, media_type="application/json")
+
+
+@encode.post(
+    "/tokenize",
+    response_model=None,
+    responses={200: {"model": TokenizeResponse}, **ERROR_RESPONSES},
+    openapi_extra=json_request_body("TokenizeRequest"),
+)
+async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
+    """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
+    with engine.admit():
+        body = await read_body(request, engine.settings.max_body_bytes)
+        result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body))
+        content = codec.tokenize_response(result, fmt)
+    return Response(content, media_type="application/json")
+
+
+@metrics.get("/metrics", response_class=Response)
+async def prometheus_metrics(engine: EngineDep) -> Response:
+    """Prometheus text exposition."""
+    return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def openapi_components() -> dict[str, Any]:
+    """Schemas referenced by hand (the encode body is parsed by the codec, not FastAPI)."""
+    components: dict[str, Any] = {}
+    for model in (EncodeRequest, TokenizeRequest):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        components[model.__name__] = schema
+    return components

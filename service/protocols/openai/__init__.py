@@ -1,0 +1,1 @@
+"""The OpenAI embeddings API (``POST /v1/embeddings``) on the engine."""

@@ -1,0 +1,69 @@
+"""OpenAI's embeddings wire contract, as pydantic models (for validation and OpenAPI).
+
+``input`` is decoded by the codec, not pydantic, so a list of a million items is
+refused by the engine's count limit before a million objects are validated.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EncodingFormat = Literal["float", "base64"]
+
+
+class EmbeddingsOptions(BaseModel):
+    """Every field of an embeddings request except ``input``."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="Model name, as GET /v1/models lists it.")
+    encoding_format: EncodingFormat = Field(
+        "float",
+        description="float: JSON numbers; base64: standard base64 of little-endian float32.",
+    )
+    dimensions: int | None = Field(
+        None,
+        ge=1,
+        description="Shorten each vector to this many dimensions (then renormalise); only "
+        "for models whose manifest declares Matryoshka dimensions.",
+    )
+    user: str | None = Field(None, description="Accepted and ignored.")
+
+
+class EmbeddingsRequest(EmbeddingsOptions):
+    """``POST /v1/embeddings``."""
+
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="A text, a list of texts, or token ids of the model's own tokenizer "
+        "(one list of ints, or a list of them)."
+    )
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="The vector, or its base64 form.")
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail

@@ -1,0 +1,81 @@
+"""Bytes <-> Python values every protocol shares: JSON objects, little-endian float32.
+
+Arrays never pass through pydantic or Python float lists on the way out:
+orjson serialises numpy directly, and base64 is the raw little-endian bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, overload
+
+import numpy as np
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from service.errors import InvalidInput, InvalidJSON
+
+FLOAT32_LE = np.dtype("<f4")
+# What one float costs in an answer, for the engine's up-front size check: orjson
+# writes a float32 in at most ~13 characters plus a separator; base64 is 4/3 x 4.
+JSON_FLOAT_BYTES = 14.0
+BASE64_FLOAT_BYTES = 16.0 / 3.0
+
+Options = TypeVar("Options", bound=BaseModel)
+T = TypeVar("T")
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput("request body must be a JSON object")
+    return value
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def parse_options(model: type[Options], payload: dict[str, Any]) -> Options:
+    """Validate the small fields of a body; the first problem as InvalidInput on its field."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InvalidInput(str(err["msg"]), field=tuple(err["loc"]) or None) from None
+
+
+def float32_le(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, dtype=FLOAT32_LE)
+
+
+def base64_float32(array: np.ndarray) -> str:
+    """Standard base64 of the array's little-endian float32 bytes, row-major."""
+    return base64.b64encode(float32_le(array).tobytes()).decode("ascii")
+
+
+class LazyItems(Sequence[T]):
+    """A request's list, each item converted when the engine reads it.
+
+    The engine checks the count first, so a body of a million tiny items is refused
+    before a million domain objects are built.
+    """
+
+    def __init__(self, raw: list[Any], convert: Callable[[int, Any], T]) -> None:
+        self._raw, self._convert = raw, convert
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[T]: ...
+    def __getitem__(self, index: int | slice) -> T | Sequence[T]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        return self._convert(index, self._raw[index])
