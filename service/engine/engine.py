@@ -148,7 +148,7 @@ class Engine:
             return self.runtimes[key]
         except KeyError:
             raise ModelNotFound(
-                f"model {key!r} is not served here (available: {', '.join(sorted(self.runtimes))})",
+                f"{key!r} is not served here (available: {', '.join(sorted(self.runtimes))})",
                 field=("model",),
             ) from None
 
@@ -322,7 +322,7 @@ class Engine:
                     ", ..." if len(bad) > SHOWN_IDS else ""
                 )
                 raise InvalidInput(
-                    f"token ids {shown} are outside model {info.name!r}'s vocabulary "
+                    f"token ids {shown} are outside the vocabulary of model {info.name!r} "
                     f"(0..{text.vocab_size - 1}): send ids of this model's own tokenizer "
                     "(e.g. from /v1/tokenize), or send text",
                     field=("inputs", i),

@@ -9,7 +9,6 @@ sentence-transformers embedding (masked mean, L2-normalised) 1e-5.
 from __future__ import annotations
 
 import base64
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,46 +20,13 @@ import torch
 
 from model_export import graph_io
 from model_export.hf_import import Checkpoint, load_checkpoint, minilm_l6_dir
-
-os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from a model hub
-
-from transformers import BertModel, BertTokenizerFast
-
-HIDDEN_ATOL = 1e-4
-ATTENTION_ATOL = 1e-4
-SENTENCE_ATOL = 1e-5
-
-SENTENCES = [
-    "A man is eating food.",
-    "Attention is all you need, said the paper that started it all.",
-    "Hi!",
-    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
-]
-
-
-class Reference:
-    """HF outputs for SENTENCES, batched with padding."""
-
-    def __init__(self) -> None:
-        path = minilm_l6_dir()
-        self.tokenizer = BertTokenizerFast.from_pretrained(path)
-        model = BertModel.from_pretrained(path, attn_implementation="eager").eval()
-        batch = self.tokenizer(SENTENCES, padding=True, return_tensors="pt")
-        with torch.no_grad():
-            out = model(**batch, output_attentions=True)
-        self.mask = batch["attention_mask"].numpy()
-        self.ids = batch["input_ids"].numpy()
-        self.lengths = self.mask.sum(axis=1).tolist()
-        self.hidden = out.last_hidden_state.numpy()  # (B, T, d)
-        self.attentions = torch.stack(out.attentions, dim=1).numpy()  # (B, L, H, T, T)
-        summed = (self.hidden * self.mask[:, :, None]).sum(axis=1)
-        mean = summed / self.mask.sum(axis=1, keepdims=True)
-        self.sentence = mean / np.linalg.norm(mean, axis=1, keepdims=True)
-
-
-@pytest.fixture(scope="module")
-def reference() -> Reference:
-    return Reference()
+from tests.pretrained.reference import (
+    ATTENTION_ATOL,
+    HIDDEN_ATOL,
+    SENTENCE_ATOL,
+    SENTENCES,
+    Reference,
+)
 
 
 @pytest.fixture(scope="module")
