@@ -46,6 +46,18 @@ _CONFIG_FLAGS = (
 )
 
 
+def _dimensions(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas: {text!r}"
+        ) from None
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"dimensions must be positive: {text!r}")
+    return dims
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="attnserve-export",
@@ -87,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     arch.add_argument("--window", type=int, help="restricted self-attention radius r: |i-j| <= r")
     arch.add_argument("--scoring", choices=SCORINGS, help="dot (scaled dot-product) or additive")
     arch.add_argument("--max-seq-len", type=int, help="longest sequence the service will accept")
+    p.add_argument(
+        "--matryoshka-dimensions",
+        type=_dimensions,
+        default=(),
+        metavar="N,N,...",
+        help="sizes the model was trained to be shortened to (e.g. 768,512,256): lets "
+        "/v1/embeddings honour 'dimensions'",
+    )
     exp = p.add_argument_group("export")
     exp.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (>= 17)")
     exp.add_argument("--exporter", choices=EXPORTERS, default="dynamo")
@@ -112,7 +132,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--opset must be >= 17, got {args.opset}")
     if not args.atol >= 0:
         raise ConfigError(f"--atol must be >= 0, got {args.atol}")
-    common = dict(opset=args.opset, exporter=args.exporter, atol=args.atol, name=args.name)
+    common = dict(
+        opset=args.opset,
+        exporter=args.exporter,
+        atol=args.atol,
+        name=args.name,
+        matryoshka_dimensions=args.matryoshka_dimensions,
+    )
     if args.checkpoint is not None or args.preset in CHECKPOINT_PRESETS:
         from model_export.hf_import import CHECKPOINT_LOCATORS, load_checkpoint
 

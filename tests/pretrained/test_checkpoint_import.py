@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from model_export.hf_import import CheckpointError, config_from_hf, map_state_dict, minilm_l6_dir
+from model_export.manifest import Manifest
 from model_export.model import Encoder, TokenEmbeddings
 
 
@@ -79,3 +82,11 @@ def test_config_errors_are_clear() -> None:
                 "hidden_act": "swish",
             }
         )
+
+
+def test_minilm_manifest_carries_its_sentence_recipe(minilm_repository: Path) -> None:
+    """1_Pooling/config.json says mean; modules.json has a Normalize module."""
+    manifest = Manifest.read(minilm_repository / "minilm-l6")
+    assert (manifest.pooling, manifest.normalize) == ("mean", True)
+    assert manifest.matryoshka_dimensions == ()
+    assert manifest.has_tokenizer and manifest.architecture.max_seq_len == 256

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,17 @@ def _missing_file(name: str) -> Callable[[Path, Path], Path]:
     return make
 
 
+def _edited_manifest(**changes: object) -> Callable[[Path, Path], Path]:
+    def make(tiny: Path, tmp: Path) -> Path:
+        repo = tmp / "repo"
+        shutil.copytree(tiny, repo / "tiny")
+        path = repo / "tiny" / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+        return repo
+
+    return make
+
+
 def _empty(tiny: Path, tmp: Path) -> Path:
     (tmp / "repo").mkdir()
     return tmp / "repo"
@@ -49,8 +61,20 @@ def _missing(tiny: Path, tmp: Path) -> Path:
         (_missing_file("config.json"), "config.json"),
         (_empty, "no model"),
         (_missing, "does not exist"),
+        (_edited_manifest(format_version=99), "format_version 99 is not supported"),
+        (_edited_manifest(pooling="sum"), "pooling must be one of"),
+        (_edited_manifest(matryoshka_dimensions=[0]), "matryoshka_dimensions"),
     ],
-    ids=["corrupt-model", "corrupt-attn", "no-config", "empty-repo", "missing-repo"],
+    ids=[
+        "corrupt-model",
+        "corrupt-attn",
+        "no-config",
+        "empty-repo",
+        "missing-repo",
+        "future-manifest",
+        "bad-pooling",
+        "bad-matryoshka",
+    ],
 )
 def test_refuses_to_start(
     tiny_model_dir: Path, tmp_path: Path, make_repo: Callable[[Path, Path], Path], says: str
