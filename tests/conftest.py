@@ -120,17 +120,10 @@ def server_url(model_repository: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def minilm_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model repository holding the real all-MiniLM-L6-v2, exported as `make serve` does."""
-    from model_export.hf_import import load_checkpoint, minilm_l6_dir
+    from model_export.cli import main
 
-    ckpt = load_checkpoint(minilm_l6_dir())
     repo = tmp_path_factory.mktemp("minilm-models")
-    export_model(
-        ckpt.encoder,
-        repo / "minilm-l6",
-        embeddings=ckpt.embeddings,
-        tokenizer_file=ckpt.tokenizer_file,
-        name="minilm-l6",
-    )
+    assert main(["--preset", "minilm-l6", "--out", str(repo / "minilm-l6")]) == 0
     return repo
 
 
