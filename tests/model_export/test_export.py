@@ -17,6 +17,7 @@ import torch
 from model_export import graph_io
 from model_export.config import EncoderConfig, preset
 from model_export.export import export_model
+from model_export.manifest import FORMAT_VERSION, Manifest
 from model_export.model import Encoder
 from model_export.validate import DEFAULT_ATOL, ValidationError, validate_model_dir
 from tests.conftest import TINY_SEED
@@ -101,7 +102,8 @@ def test_config_json_records_architecture_and_io(
     tiny_model_dir: Path, tiny_config: EncoderConfig
 ) -> None:
     config = read_config(tiny_model_dir)
-    assert config["format_version"] == 1
+    assert config["format_version"] == FORMAT_VERSION == 2
+    assert Manifest.read(tiny_model_dir).to_dict() == config  # the typed contract reads it all
     assert config["name"] == "tiny"
     assert config["seed"] == TINY_SEED
     assert config["architecture"] == tiny_config.to_dict()
