@@ -2,6 +2,7 @@
 
 from service.engine.engine import OFFLOAD_BYTES, Engine, PreparedEncode
 from service.engine.types import (
+    AnswerShape,
     ArrayInput,
     AttentionSpec,
     EncodeRequest,
@@ -12,10 +13,12 @@ from service.engine.types import (
     TokenizedText,
     TokenizeRequest,
     TokenizeResult,
+    WireCost,
 )
 
 __all__ = [
     "OFFLOAD_BYTES",
+    "AnswerShape",
     "ArrayInput",
     "AttentionSpec",
     "EncodeRequest",
@@ -28,4 +31,5 @@ __all__ = [
     "TokenizeRequest",
     "TokenizeResult",
     "TokenizedText",
+    "WireCost",
 ]

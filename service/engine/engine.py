@@ -251,19 +251,20 @@ class Engine:
             )
             sequences.update(zip(order, embedded, strict=True))
         arrays = [sequences[i] for i in range(len(inputs))]
-        floats, attention_floats = limits.response_floats(
+        # Again on what was decoded: a protocol may not know a length before decoding.
+        limits.check_lengths([len(a) for a in arrays], info, self.settings, "inputs")
+        tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
+        shape = limits.answer_shape(
             [len(a) for a in arrays],
             cfg.d_model,
-            attention_maps=limits.attention_maps(spec, len(layers), len(heads))
+            attention=limits.attention_maps(spec, len(layers), len(heads))
             if request.return_attention
-            else 0,
+            else None,
             embeddings=request.return_embeddings,
             pooled_width=None if pooling == "none" else (request.dimensions or cfg.d_model),
+            tokens=tokens,
         )
-        size = limits.check_response_size(
-            floats, attention_floats, request.bytes_per_float, self.settings
-        )
-        tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
+        size = limits.check_response_size(shape, request.wire_cost, info.name, self.settings)
         return PreparedEncode(request, info, arrays, tokens, layers, heads, pooling, size)
 
     def _pooling(self, info: ModelInfo, request: EncodeRequest) -> Pooling:
@@ -420,10 +421,15 @@ class Engine:
         limits.check_lengths(list(lengths), info, self.settings, "texts")
         embeddings: list[np.ndarray | None] = [None] * len(encoded)
         if request.return_embeddings:
-            floats, _ = limits.response_floats(
-                lengths, info.config.d_model, attention_maps=0, embeddings=True, pooled_width=None
+            shape = limits.answer_shape(
+                lengths,
+                info.config.d_model,
+                attention=None,
+                embeddings=True,
+                pooled_width=None,
+                tokens=[tokens for tokens, _, _ in encoded],
             )
-            limits.check_response_size(floats, 0, request.bytes_per_float, self.settings)
+            limits.check_response_size(shape, request.wire_cost, info.name, self.settings)
             embeddings = list(
                 runtime.embed_tokens([ids for _, ids, _ in encoded], [t for _, _, t in encoded])
             )

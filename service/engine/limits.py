@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.engine.types import AttentionSpec
+from service.engine.types import AnswerShape, AttentionSpec, WireCost
 from service.errors import FieldPath, InvalidInput, PayloadTooLarge, SequenceTooLong
 from service.runtime import ModelInfo
 from service.settings import Settings
@@ -54,43 +54,58 @@ def check_array(array: np.ndarray, field: FieldPath, d_model: int) -> np.ndarray
     return array
 
 
-def response_floats(
+def attention_maps(spec: AttentionSpec, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """(layers, heads) of the maps one sequence's answer holds after selection and reduction."""
+    if spec.reduce == "rollout":
+        return 1, 1
+    return n_layers, (1 if spec.reduce in ("mean", "max") else n_heads)
+
+
+def answer_shape(
     lengths: list[int],
     d_model: int,
     *,
-    attention_maps: int,
+    attention: tuple[int, int] | None,
     embeddings: bool,
     pooled_width: int | None,
-) -> tuple[int, int]:
-    """(all floats, attention floats) an answer carries; ``attention_maps`` per sequence."""
-    attention = sum(attention_maps * n * n for n in lengths)
-    per_token = sum(lengths) * d_model if embeddings else 0
-    pooled = len(lengths) * pooled_width if pooled_width is not None else 0
-    return per_token + attention + pooled, attention
-
-
-def attention_maps(spec: AttentionSpec, n_layers: int, n_heads: int) -> int:
-    """How many [n, n] maps one sequence's answer holds for the selected layers and heads."""
-    if spec.reduce == "rollout":
-        return 1
-    return n_layers * (1 if spec.reduce in ("mean", "max") else n_heads)
+    tokens: list[list[str] | None] | None = None,
+) -> AnswerShape:
+    """Every array (and token list) the answer to sequences of ``lengths`` holds."""
+    arrays: list[tuple[int, ...]] = []
+    attention_floats = 0
+    for n in lengths:
+        if embeddings:
+            arrays.append((n, d_model))
+        if attention is not None:
+            arrays.append((*attention, n, n))
+            attention_floats += attention[0] * attention[1] * n * n
+        if pooled_width is not None:
+            arrays.append((pooled_width,))
+    listed = [t for t in tokens or [] if t is not None]
+    return AnswerShape(
+        arrays=arrays,
+        sequences=len(lengths),
+        token_strings=sum(len(t) for t in listed),
+        token_chars=sum(len(tok) for t in listed for tok in t),
+        attention_floats=attention_floats,
+    )
 
 
 def check_response_size(
-    floats: int, attention_floats: int, bytes_per_float: float, settings: Settings
+    shape: AnswerShape, cost: WireCost, model_name: str, settings: Settings
 ) -> float:
-    """The answer's estimated bytes; PayloadTooLarge (413) beyond ``max_response_bytes``."""
-    size = floats * bytes_per_float
+    """The answer's bytes (an upper bound); PayloadTooLarge (413) beyond ``max_response_bytes``."""
+    size = cost.bytes(shape, model_name)
     if size > settings.max_response_bytes:
         hint = (
             "select fewer attention.layers or attention.heads, use attention.reduce "
             "mean/max/rollout, "
-            if attention_floats
+            if shape.attention_floats
             else ""
         ) + "send fewer or shorter sequences, or use a more compact encoding (base64)"
         raise PayloadTooLarge(
-            f"the response would be about {size:,.0f} bytes ({size / MB:.2f} MB: {floats:,} "
-            f"floats, {attention_floats:,} of them attention); the limit is "
-            f"{settings.max_response_bytes:,} bytes: {hint}"
+            f"the response would be up to {size:,.0f} bytes ({size / MB:.2f} MB: "
+            f"{shape.floats:,} floats, {shape.attention_floats:,} of them attention); the "
+            f"limit is {settings.max_response_bytes:,} bytes: {hint}"
         )
     return size

@@ -6,6 +6,7 @@ A protocol's codec turns its wire format into an :class:`EncodeRequest` (or
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -42,6 +43,54 @@ InputItem = ArrayInput | str | TokenIds
 
 
 @dataclass(frozen=True)
+class AnswerShape:
+    """What an answer will hold, counted before anything runs."""
+
+    arrays: list[tuple[int, ...]]  # the shape of every array in it
+    sequences: int
+    token_strings: int = 0  # tokens listed by name (text items)
+    token_chars: int = 0  # their characters
+    attention_floats: int = 0
+
+    @property
+    def floats(self) -> int:
+        return sum(math.prod(shape) for shape in self.arrays)
+
+    @property
+    def rows(self) -> int:
+        """Innermost rows of the arrays (what nested JSON brackets)."""
+        return sum(math.prod(shape[:-1]) for shape in self.arrays)
+
+
+@dataclass(frozen=True)
+class WireCost:
+    """An upper bound of the bytes an answer costs on one protocol's wire.
+
+    Each protocol declares its own, so the engine can refuse an answer beyond
+    ``max_response_bytes`` before computing it without knowing any wire format.
+    """
+
+    per_float: float
+    per_row: float = 0.0  # nested JSON: brackets and separators (at most 3 per nesting level)
+    per_array: float = 0.0  # an array's wrapper: outer brackets, a base64 object, padding
+    per_sequence: float = 0.0  # one item's envelope: keys, index, nulls
+    per_token: float = 0.0  # a listed token's quotes and separator
+    per_char: float = 6.0  # a character of a token or model name (JSON escapes: \uXXXX)
+    fixed: float = 0.0  # the answer's envelope, once
+
+    def bytes(self, shape: AnswerShape, model_name: str) -> float:
+        return (
+            self.per_float * shape.floats
+            + self.per_row * shape.rows
+            + self.per_array * len(shape.arrays)
+            + self.per_sequence * shape.sequences
+            + self.per_token * shape.token_strings
+            + self.per_char * (shape.token_chars + len(model_name))
+            + self.fixed
+        )
+
+
+@dataclass(frozen=True)
 class AttentionSpec:
     """Which attention maps to return and how to reduce them (None: all layers/heads)."""
 
@@ -54,12 +103,12 @@ class AttentionSpec:
 class EncodeRequest:
     """One encode request in domain terms.
 
-    ``bytes_per_float`` is what one float costs in the protocol's answer, so the
-    engine can refuse an answer too large before computing it.
+    ``wire_cost`` is what the protocol's answer costs, so the engine can refuse
+    an answer too large before computing it.
     """
 
     inputs: Sequence[InputItem]  # read once its length has passed the limits
-    bytes_per_float: float
+    wire_cost: WireCost
     model: str | None = None
     return_attention: bool = False
     attention: AttentionSpec = field(default_factory=AttentionSpec)
@@ -95,7 +144,7 @@ class EncodeResult:
 @dataclass(frozen=True)
 class TokenizeRequest:
     texts: list[str]
-    bytes_per_float: float
+    wire_cost: WireCost
     model: str | None = None
     return_embeddings: bool = False
     truncate: bool = False

@@ -17,10 +17,13 @@ from pydantic import BaseModel, ValidationError
 from service.errors import InvalidInput, InvalidJSON
 
 FLOAT32_LE = np.dtype("<f4")
-# What one float costs in an answer, for the engine's up-front size check: orjson
-# writes a float32 in at most ~13 characters plus a separator; base64 is 4/3 x 4.
-JSON_FLOAT_BYTES = 14.0
-BASE64_FLOAT_BYTES = 16.0 / 3.0
+# Upper bounds of what arrays cost in an answer, for the engine's up-front size
+# check. orjson writes a float32 in at most 16 characters (-0.0000063184107; checked
+# over 5 M random bit patterns) plus a separator; nested JSON adds at most 3 bytes
+# ("[", "]", ",") per row at each of up to 4 levels; base64 is 4/3 x 4 bytes per float.
+JSON_ARRAYS = dict(per_float=17.0, per_row=12.0, per_array=3.0)
+# {"shape":[..],"dtype":"float32","data":"..."} with up to 4 dimensions, and padding.
+BASE64_ARRAYS = dict(per_float=16.0 / 3.0, per_array=96.0)
 
 Options = TypeVar("Options", bound=BaseModel)
 T = TypeVar("T")

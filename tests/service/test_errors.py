@@ -273,7 +273,12 @@ def test_limits_are_inclusive(limited_url: str) -> None:
         longest = b64_array(sequences((32,), seed=23)[0])
         r = client.post(
             "/v1/encode",
-            json={"inputs": [longest], "return_attention": True, "attention": {"reduce": "mean"}},
+            json={
+                "inputs": [longest],
+                "return_attention": True,
+                "attention": {"reduce": "mean"},
+                "encoding_format": "base64",  # as float, its bound (~57 kB) exceeds the limit
+            },
         )
         assert r.status_code == 200, r.text
         assert len(r.content) <= int(LIMITS["max_response_bytes"])

@@ -23,13 +23,25 @@ from service.engine import (
     InputItem,
     TokenizeRequest,
     TokenizeResult,
+    WireCost,
 )
 from service.errors import InvalidInput
 from service.protocols import wire
 from service.protocols.native.schemas import EncodeOptions
 from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
 
-BYTES_PER_FLOAT = {"float": wire.JSON_FLOAT_BYTES, "base64": wire.BASE64_FLOAT_BYTES}
+ARRAYS = {"float": wire.JSON_ARRAYS, "base64": wire.BASE64_ARRAYS}
+# Upper bounds of an answer's envelope: {"model":..,"data":[..],"usage":{..}} once, and per
+# item {"index":N,"tokens":[..],"embeddings":..,"attention":..,"pooled":..} (nulls included),
+# each listed token "..", (and, for /v1/tokenize, its id).
+ENCODE_COST = {
+    fmt: WireCost(**arrays, per_sequence=96.0, per_token=3.0, fixed=128.0)
+    for fmt, arrays in ARRAYS.items()
+}
+TOKENIZE_COST = {
+    fmt: WireCost(**arrays, per_sequence=96.0, per_token=3.0 + 12.0, fixed=128.0)
+    for fmt, arrays in ARRAYS.items()
+}
 
 
 def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
@@ -46,7 +58,7 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
     options = wire.parse_options(EncodeOptions, payload)
     request = EncodeRequest(
         inputs=wire.LazyItems(raw_inputs, _input_item),
-        bytes_per_float=BYTES_PER_FLOAT[options.encoding_format],
+        wire_cost=ENCODE_COST[options.encoding_format],
         model=options.model,
         return_attention=options.return_attention,
         attention=AttentionSpec(
@@ -174,7 +186,7 @@ def tokenize_request(body: bytes) -> tuple[TokenizeRequest, str]:
     texts = [options.text] if isinstance(options.text, str) else options.text
     request = TokenizeRequest(
         texts=texts,
-        bytes_per_float=BYTES_PER_FLOAT[options.encoding_format],
+        wire_cost=TOKENIZE_COST[options.encoding_format],
         model=options.model,
         return_embeddings=options.return_embeddings,
         truncate=options.truncate,

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.engine import EncodeRequest, EncodeResult, InputItem, TokenIds
+from service.engine import EncodeRequest, EncodeResult, InputItem, TokenIds, WireCost
 from service.errors import InvalidInput
 from service.protocols import wire
 from service.protocols.openai.schemas import EmbeddingsOptions
 
-BYTES_PER_FLOAT = {"float": wire.JSON_FLOAT_BYTES, "base64": wire.BASE64_FLOAT_BYTES}
+# Upper bounds of an answer: {"object":"list","data":[..],"model":..,"usage":{..}} once,
+# {"object":"embedding","index":N,"embedding":..} per item, the vector itself (a base64
+# string is quoted, no shape).
+COST = {
+    "float": WireCost(**wire.JSON_ARRAYS, per_sequence=64.0, fixed=128.0),
+    "base64": WireCost(per_float=16.0 / 3.0, per_array=8.0, per_sequence=64.0, fixed=128.0),
+}
 
 
 def embeddings_request(body: bytes, *, truncate: bool) -> tuple[EncodeRequest, str]:
@@ -25,7 +31,7 @@ def embeddings_request(body: bytes, *, truncate: bool) -> tuple[EncodeRequest, s
     options = wire.parse_options(EmbeddingsOptions, payload)
     request = EncodeRequest(
         inputs=_inputs(raw),
-        bytes_per_float=BYTES_PER_FLOAT[options.encoding_format],
+        wire_cost=COST[options.encoding_format],
         model=options.model,
         pooling="model",
         normalize=True,
