@@ -4,6 +4,7 @@
 - ``require_api_key``: with ATTNSERVE_API_KEY set, ``Authorization: Bearer <key>``.
 - ``read_body``: the body under a size limit (413) and a media type (415).
 - ``disconnected``: a coroutine factory for the engine's ``until=``.
+- ``encode``: one encode request over HTTP, given a protocol's codec.
 - ``protocol_route``: an APIRoute class that renders every ServiceError (and
   FastAPI's own validation errors) with one protocol's renderer, so errors of
   ``/v1/embeddings`` come out in OpenAI's shape and those of ``/v1/encode`` in ours.
@@ -21,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from service.engine import OFFLOAD_BYTES, Engine
+from service.engine import OFFLOAD_BYTES, EncodeRequest, EncodeResult, Engine
 from service.engine.engine import Disconnected
 from service.errors import (
     InvalidInput,
@@ -31,7 +32,7 @@ from service.errors import (
     UnsupportedMediaType,
 )
 
-T = TypeVar("T")
+W = TypeVar("W")  # what a codec keeps from parsing to writing
 ErrorRenderer = Callable[[ServiceError], Response]
 
 
@@ -90,9 +91,25 @@ def disconnected(request: Request) -> Disconnected:
     return wait
 
 
-async def off_loop_if_large(size: float, render: Callable[[], T]) -> T:
-    """Serialise a large answer on a worker thread, a small one inline (a hop costs ~0.3 ms)."""
-    return await asyncio.to_thread(render) if size > OFFLOAD_BYTES else render()
+async def encode(
+    request: Request,
+    engine: Engine,
+    parse: Callable[[bytes], tuple[EncodeRequest, W]],
+    write: Callable[[EncodeResult, W], bytes],
+) -> Response:
+    """One encode over HTTP, for any JSON protocol: admit, read, parse + run, write.
+
+    ``parse`` (the protocol's codec) runs with the engine's preparation off the event
+    loop; ``write`` too when the answer is large (a thread hop costs ~0.3 ms).
+    """
+    with engine.admit():
+        body = await read_body(request, engine.settings.max_body_bytes)
+        result, wire = await engine.encode(lambda: parse(body), until=disconnected(request))
+        if result.response_bytes > OFFLOAD_BYTES:
+            content = await asyncio.to_thread(write, result, wire)
+        else:
+            content = write(result, wire)
+    return Response(content, media_type="application/json")
 
 
 def validation_error(exc: RequestValidationError) -> InvalidInput:

@@ -13,11 +13,10 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.errors import NotReady
+from service.protocols import http
 from service.protocols.http import (
     EngineDep,
-    disconnected,
     json_request_body,
-    off_loop_if_large,
     protocol_route,
     read_body,
     require_api_key,
@@ -126,15 +125,7 @@ async def get_model(name: str, engine: EngineDep) -> ModelCard:
 )
 async def encode_sequences(request: Request, engine: EngineDep) -> Response:
     """Contextualized embeddings (and optionally attention weights) for token embeddings."""
-    with engine.admit():
-        body = await read_body(request, engine.settings.max_body_bytes)
-        result, fmt = await engine.encode(
-            lambda: codec.encode_request(body), until=disconnected(request)
-        )
-        content = await off_loop_if_large(
-            result.response_bytes, lambda: codec.encode_response(result, fmt)
-        )
-    return Response(content, media_type="application/json")
+    return await http.encode(request, engine, codec.encode_request, codec.encode_response)
 
 
 @encode.post(

@@ -8,15 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from service.protocols.http import (
-    EngineDep,
-    disconnected,
-    json_request_body,
-    off_loop_if_large,
-    protocol_route,
-    read_body,
-    require_api_key,
-)
+from service.protocols import http
+from service.protocols.http import EngineDep, json_request_body, protocol_route, require_api_key
 from service.protocols.openai import codec
 from service.protocols.openai.errors import render
 from service.protocols.openai.schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIError
@@ -51,16 +44,13 @@ routers = (router,)
 )
 async def create_embeddings(request: Request, engine: EngineDep) -> Response:
     """One L2-normalised vector per input (the model's own pooling), as OpenAI answers."""
-    with engine.admit():
-        body = await read_body(request, engine.settings.max_body_bytes)
-        truncate = engine.settings.openai_truncate
-        result, fmt = await engine.encode(
-            lambda: codec.embeddings_request(body, truncate=truncate), until=disconnected(request)
-        )
-        content = await off_loop_if_large(
-            result.response_bytes, lambda: codec.embeddings_response(result, fmt)
-        )
-    return Response(content, media_type="application/json")
+    truncate = engine.settings.openai_truncate
+    return await http.encode(
+        request,
+        engine,
+        lambda body: codec.embeddings_request(body, truncate=truncate),
+        codec.embeddings_response,
+    )
 
 
 def openapi_components() -> dict[str, Any]:

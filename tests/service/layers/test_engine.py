@@ -16,7 +16,6 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from model_export import graph_io
 from service.engine import (
     ArrayInput,
     AttentionSpec,
@@ -46,7 +45,6 @@ from tests.service.helpers import (
     MODEL_MAX_SEQ_LEN,
     N_HEADS,
     N_LAYERS,
-    new_session,
     ort_encode,
     sequences,
 )
@@ -92,16 +90,6 @@ class Unreadable(Sequence[InputItem]):
     def __getitem__(self, index: slice) -> Sequence[InputItem]: ...
     def __getitem__(self, index: int | slice) -> InputItem | Sequence[InputItem]:
         raise AssertionError("an item was read before the count was checked")
-
-
-@pytest.fixture(scope="module")
-def embeddings_session(tiny_model_dir: Path) -> ort.InferenceSession:
-    return new_session(str(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS))
-
-
-@pytest.fixture(scope="module")
-def attention_session(tiny_model_dir: Path) -> ort.InferenceSession:
-    return new_session(str(tiny_model_dir / graph_io.GRAPH_ATTENTION))
 
 
 # -- models -------------------------------------------------------------------------------
