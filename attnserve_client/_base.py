@@ -59,6 +59,8 @@ def encode_body(
     return_embeddings: bool | None,
     truncate: bool,
     wire_format: WireFormat,
+    return_hidden_states: bool = False,
+    hidden_layers: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /v1/encode``; arrays go as base64 unless asked otherwise."""
     sequences: list[Any] = []
@@ -83,6 +85,10 @@ def encode_body(
         if reduce is not None:
             attention["reduce"] = reduce
         body["attention"] = attention
+    if return_hidden_states:
+        body["return_hidden_states"] = True
+        if hidden_layers is not None:
+            body["hidden_states"] = {"layers": list(hidden_layers)}
     if pooling is not None:
         body["pooling"] = pooling
     if normalize:

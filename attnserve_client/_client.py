@@ -116,6 +116,8 @@ class Client(BaseClient):
         normalize: bool = False,
         return_embeddings: bool | None = None,
         truncate: bool = False,
+        return_hidden_states: bool = False,
+        hidden_layers: Sequence[int] | None = None,
         wire_format: WireFormat = "base64",
         timeout: float | None = None,
     ) -> EncodeResult:
@@ -133,6 +135,8 @@ class Client(BaseClient):
             return_embeddings=return_embeddings,
             truncate=truncate,
             wire_format=wire_format,
+            return_hidden_states=return_hidden_states,
+            hidden_layers=hidden_layers,
         )
         return parse_body(
             EncodeResult.from_json, self._request("POST", "/v1/encode", json=body, timeout=timeout)
@@ -278,6 +282,8 @@ class AsyncClient(BaseClient):
         normalize: bool = False,
         return_embeddings: bool | None = None,
         truncate: bool = False,
+        return_hidden_states: bool = False,
+        hidden_layers: Sequence[int] | None = None,
         wire_format: WireFormat = "base64",
         timeout: float | None = None,
     ) -> EncodeResult:
@@ -294,6 +300,8 @@ class AsyncClient(BaseClient):
             return_embeddings=return_embeddings,
             truncate=truncate,
             wire_format=wire_format,
+            return_hidden_states=return_hidden_states,
+            hidden_layers=hidden_layers,
         )
         return parse_body(
             EncodeResult.from_json,

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-ArrayField = Literal["embeddings", "attention", "pooled"]
+ArrayField = Literal["embeddings", "attention", "hidden_states", "pooled"]
 
 
 def decode_array(value: Any) -> np.ndarray:
@@ -48,7 +48,9 @@ class EncodeResult:
 
     ``embeddings[i]`` is [seq_len_i, d_model]; ``attention[i]`` is
     [layers, heads, seq_len_i, seq_len_i] (heads 1 after mean/max, both 1 after
-    rollout); ``pooled[i]`` is [d_model]. Fields not asked for are ``None``.
+    rollout); ``hidden_states[i]`` is [selected layers, seq_len_i, d_model] (index 0
+    the input embeddings, then each layer's output); ``pooled[i]`` is [d_model].
+    Fields not asked for are ``None``.
     ``tokens[i]`` holds the tokens of text inputs. Use :meth:`stack` for one
     [batch, ...] array when all sequences have the same length.
     """
@@ -59,6 +61,7 @@ class EncodeResult:
     pooled: list[np.ndarray] | None
     tokens: list[list[str] | None]
     usage: Usage
+    hidden_states: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return self.usage.sequences
@@ -87,6 +90,7 @@ class EncodeResult:
             model=body["model"],
             embeddings=column("embeddings"),
             attention=column("attention"),
+            hidden_states=column("hidden_states"),
             pooled=column("pooled"),
             tokens=[item.get("tokens") for item in items],
             usage=Usage.from_json(body["usage"]),
@@ -106,6 +110,7 @@ class EncodeResult:
             model=parts[0].model,
             embeddings=join("embeddings"),
             attention=join("attention"),
+            hidden_states=join("hidden_states"),
             pooled=join("pooled"),
             tokens=[t for p in parts for t in p.tokens],
             usage=Usage(sum(p.usage.sequences for p in parts), sum(p.usage.tokens for p in parts)),

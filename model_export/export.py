@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
-from model_export.manifest import Manifest, Pooling, TextFrontEnd, sha256_file
+from model_export.manifest import GraphFile, Manifest, Pooling, TextFrontEnd, sha256_file
 from model_export.model import Encoder, TokenEmbeddings
 from model_export.validate import (
     DEFAULT_ATOL,
@@ -58,15 +58,43 @@ class _EmbeddingsGraph(nn.Module):
         return hidden
 
 
-class _AttentionGraph(nn.Module):
+class _HiddenStatesGraph(nn.Module):
+    """Every layer's output besides the last: no attention weights are stacked."""
+
     def __init__(self, encoder: Encoder) -> None:
         super().__init__()
         self.encoder = encoder
 
     def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        hidden, attn = self.encoder(inputs_embeds, attention_mask, need_weights=True)
-        assert attn is not None
-        return hidden, attn
+        hidden, _, states = self.encoder.forward_all(
+            inputs_embeds, attention_mask, need_weights=False, need_hidden_states=True
+        )
+        assert states is not None
+        return hidden, states
+
+
+class _AttentionGraph(nn.Module):
+    """Everything: attention weights and hidden states (a request for both runs once)."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(
+        self, inputs_embeds: Tensor, attention_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        hidden, attn, states = self.encoder.forward_all(
+            inputs_embeds, attention_mask, need_weights=True, need_hidden_states=True
+        )
+        assert attn is not None and states is not None
+        return hidden, attn, states
+
+
+GRAPH_MODULES = {
+    graph_io.GRAPH_EMBEDDINGS: _EmbeddingsGraph,
+    graph_io.GRAPH_HIDDEN_STATES: _HiddenStatesGraph,
+    graph_io.GRAPH_ATTENTION: _AttentionGraph,
+}
 
 
 def _export_text_frontend(
@@ -192,12 +220,9 @@ def export_model(
     try:
         # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic.
         example = (torch.randn(2, 8, encoder.config.d_model), torch.ones(2, 8, dtype=torch.int64))
-        for graph, module in (
-            (graph_io.GRAPH_EMBEDDINGS, _EmbeddingsGraph(encoder)),
-            (graph_io.GRAPH_ATTENTION, _AttentionGraph(encoder)),
-        ):
+        for graph, module_class in GRAPH_MODULES.items():
             _export_graph(
-                module,
+                module_class(encoder),
                 example,
                 staging / graph,
                 opset,
@@ -216,7 +241,7 @@ def export_model(
             name=name or out_dir.name,
             architecture=encoder.config,
             opset=opset,
-            graphs=graph_sha,
+            graphs={f: GraphFile(graph_sha[f], outs) for f, outs in graph_io.GRAPH_OUTPUTS.items()},
             text=text,
             pooling=pooling,
             normalize=normalize,

@@ -13,6 +13,8 @@ INPUT_EMBEDS: Final = "inputs_embeds"  # float32 [batch, seq, d_model]
 INPUT_MASK: Final = "attention_mask"  # int64 [batch, seq], 1 = token, 0 = padding
 OUTPUT_HIDDEN: Final = "last_hidden_state"  # float32 [batch, seq, d_model]
 OUTPUT_ATTENTIONS: Final = "attentions"  # float32 [batch, layers, heads, seq, seq]
+# transformers' output_hidden_states: the input embeddings, then each layer's output.
+OUTPUT_HIDDEN_STATES: Final = "hidden_states"  # float32 [batch, layers + 1, seq, d_model]
 
 # The optional text front end (models imported from a checkpoint with a tokenizer).
 INPUT_IDS: Final = "input_ids"  # int64 [batch, seq]
@@ -26,15 +28,23 @@ INPUT_NAMES: Final = (INPUT_EMBEDS, INPUT_MASK)
 
 # File names inside a model directory.
 GRAPH_EMBEDDINGS: Final = "model.onnx"  # embeddings only: the fast path
-GRAPH_ATTENTION: Final = "model_attn.onnx"  # embeddings and attention weights
+GRAPH_ATTENTION: Final = "model_attn.onnx"  # embeddings, attention weights, hidden states
+GRAPH_HIDDEN_STATES: Final = "model_hidden.onnx"  # embeddings and hidden states, no attention
 CONFIG_FILE: Final = "config.json"
 GRAPH_TOKEN_EMBEDDINGS: Final = "embeddings.onnx"  # token ids -> inputs_embeds
 TOKENIZER_FILE: Final = "tokenizer.json"  # a `tokenizers` Tokenizer
 
+# The graphs an export writes, and their outputs. A graph is chosen per run by what
+# its requests ask for: the attention maps are the costly part (seq² memory), so a
+# request without them never runs a graph that stacks them.
 GRAPH_OUTPUTS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_EMBEDDINGS: (OUTPUT_HIDDEN,),
-    GRAPH_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_ATTENTIONS),
+    GRAPH_HIDDEN_STATES: (OUTPUT_HIDDEN, OUTPUT_HIDDEN_STATES),
+    GRAPH_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_ATTENTIONS, OUTPUT_HIDDEN_STATES),
 }
+# Graphs every model directory has; the first release wrote only these, without
+# hidden states (such models answer hidden-state requests with 422).
+REQUIRED_GRAPHS: Final = (GRAPH_EMBEDDINGS, GRAPH_ATTENTION)
 
 # Export defaults (torch-free, so the CLI answers --help without loading torch).
 DEFAULT_OPSET: Final = 18
@@ -47,6 +57,7 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     INPUT_MASK: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_HIDDEN: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_ATTENTIONS: {0: BATCH_AXIS, 3: SEQ_AXIS, 4: SEQ_AXIS},
+    OUTPUT_HIDDEN_STATES: {0: BATCH_AXIS, 2: SEQ_AXIS},
     INPUT_IDS: {0: BATCH_AXIS, 1: SEQ_AXIS},
     INPUT_TOKEN_TYPES: {0: BATCH_AXIS, 1: SEQ_AXIS},
 }
@@ -57,6 +68,7 @@ SHAPES: Final[dict[str, list[str]]] = {
     INPUT_MASK: [BATCH_AXIS, SEQ_AXIS],
     OUTPUT_HIDDEN: [BATCH_AXIS, SEQ_AXIS, "d_model"],
     OUTPUT_ATTENTIONS: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, SEQ_AXIS],
+    OUTPUT_HIDDEN_STATES: [BATCH_AXIS, "layers + 1", SEQ_AXIS, "d_model"],
     INPUT_IDS: [BATCH_AXIS, SEQ_AXIS],
     INPUT_TOKEN_TYPES: [BATCH_AXIS, SEQ_AXIS],
 }

@@ -6,9 +6,12 @@ from :mod:`model_export.graph_io`, the architecture from
 :class:`~model_export.config.EncoderConfig`; both are re-exported here so a
 reader needs nothing else from ``model_export``.
 
-Format versions: 1 (the first release: no pooling section) is still read, with
-the defaults of the time (no default pooling, no normalisation); 2 adds
-``pooling``, ``normalize`` and ``matryoshka_dimensions``.
+Format versions: 1 (the first release: no pooling section, no hidden states) is
+still read, with the defaults of the time (no default pooling, no
+normalisation); 2 adds ``pooling``, ``normalize``, ``matryoshka_dimensions``
+and per-layer hidden states (``model_hidden.onnx``, and a ``hidden_states``
+output of ``model_attn.onnx``). Each graph records its outputs, so a reader
+knows what a directory can answer whatever its version.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = [
     "POOLINGS",
     "ConfigError",
     "EncoderConfig",
+    "GraphFile",
     "Manifest",
     "ManifestError",
     "Pooling",
@@ -52,6 +56,14 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class GraphFile:
+    """One ONNX graph of the model directory: its digest and its outputs, in order."""
+
+    sha256: str
+    outputs: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,7 @@ class Manifest:
     name: str
     architecture: EncoderConfig
     opset: int
-    graphs: dict[str, str]  # graph file -> SHA-256
+    graphs: dict[str, GraphFile]
     text: TextFrontEnd | None = None
     pooling: Pooling | None = None
     normalize: bool = False
@@ -111,9 +123,13 @@ class Manifest:
                 f"format_version {self.format_version!r} is not supported (this version reads "
                 f"{', '.join(map(str, READABLE_VERSIONS))}): re-export the model"
             )
-        missing = sorted(set(graph_io.GRAPH_OUTPUTS) - set(self.graphs))
+        missing = sorted(set(graph_io.REQUIRED_GRAPHS) - set(self.graphs))
         if missing:
             raise ManifestError(f"graphs lacks {', '.join(missing)}")
+        for name, graph in self.graphs.items():
+            unknown = set(graph.outputs) - set(graph_io.GRAPH_OUTPUTS.get(name, ()))
+            if unknown or graph.outputs[:1] != (graph_io.OUTPUT_HIDDEN,):
+                raise ManifestError(f"graphs.{name} has unexpected outputs {list(graph.outputs)}")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ManifestError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         d_model = self.architecture.d_model
@@ -127,9 +143,19 @@ class Manifest:
     def has_tokenizer(self) -> bool:
         return self.text is not None and self.text.tokenizer is not None
 
+    @property
+    def has_hidden_states(self) -> bool:
+        """Per-layer hidden states (written since format_version 2): both graphs give them."""
+        hidden = self.graphs.get(graph_io.GRAPH_HIDDEN_STATES)
+        return (
+            hidden is not None
+            and graph_io.OUTPUT_HIDDEN_STATES in hidden.outputs
+            and graph_io.OUTPUT_HIDDEN_STATES in self.graphs[graph_io.GRAPH_ATTENTION].outputs
+        )
+
     def files(self) -> dict[str, str]:
         """Every file the model directory must hold -> its SHA-256."""
-        files = dict(self.graphs)
+        files = {name: graph.sha256 for name, graph in self.graphs.items()}
         if self.text is not None:
             files[self.text.embeddings_graph] = self.text.embeddings_sha256
             if self.text.tokenizer is not None and self.text.tokenizer_sha256 is not None:
@@ -148,10 +174,12 @@ class Manifest:
             },
             "graphs": {
                 f: {
-                    "outputs": {o: {"dtype": "float32", "shape": graph_io.SHAPES[o]} for o in outs},
-                    "sha256": self.graphs[f],
+                    "outputs": {
+                        o: {"dtype": "float32", "shape": graph_io.SHAPES[o]} for o in g.outputs
+                    },
+                    "sha256": g.sha256,
                 }
-                for f, outs in graph_io.GRAPH_OUTPUTS.items()
+                for f, g in self.graphs.items()
             },
             "text": None if self.text is None else asdict(self.text),
             "pooling": self.pooling,
@@ -175,7 +203,10 @@ class Manifest:
                 name=str(raw["name"]),
                 architecture=EncoderConfig.from_dict(raw["architecture"]),
                 opset=int(raw["opset"]),
-                graphs={f: str(g["sha256"]) for f, g in raw["graphs"].items()},
+                graphs={
+                    f: GraphFile(str(g["sha256"]), tuple(g["outputs"]))
+                    for f, g in raw["graphs"].items()
+                },
                 text=TextFrontEnd.from_dict(text) if text else None,
                 pooling=raw.get("pooling"),
                 normalize=bool(raw.get("normalize", False)),

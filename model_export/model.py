@@ -172,22 +172,46 @@ class Encoder(nn.Module):
     def forward(
         self, inputs_embeds: Tensor, attention_mask: Tensor, *, need_weights: bool = True
     ) -> tuple[Tensor, Tensor | None]:
+        hidden, attn, _ = self.forward_all(inputs_embeds, attention_mask, need_weights=need_weights)
+        return hidden, attn
+
+    def forward_all(
+        self,
+        inputs_embeds: Tensor,
+        attention_mask: Tensor,
+        *,
+        need_weights: bool = True,
+        need_hidden_states: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(hidden, attention weights, hidden states); the last two only when asked.
+
+        Hidden states are transformers' ``output_hidden_states``: the input embeddings,
+        then each layer's output, (B, L + 1, T, d_model); the last equals ``hidden``
+        (after the final norm, for pre-LN). All are exactly 0 at padded positions.
+        """
         cfg = self.config
         allowed = allowed_keys(attention_mask, causal=cfg.causal, window=cfg.window)
+        token = attention_mask.bool()  # (B, T)
         x = inputs_embeds
         per_layer: list[Tensor] = []
+        states: list[Tensor] = [x]
         for layer in self.layers:
             x, weights = layer(x, allowed)
             per_layer.append(weights)
+            states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        token = attention_mask.bool()  # (B, T)
+            states[-1] = x
         hidden = torch.where(token[:, :, None], x, torch.zeros_like(x))  # (B, T, d_model)
-        if not need_weights:
-            return hidden, None
-        attn = torch.stack(per_layer, dim=1)  # (B, L, h, T, T)
-        attn = torch.where(token[:, None, None, :, None], attn, torch.zeros_like(attn))
-        return hidden, attn
+        attn = None
+        if need_weights:
+            attn = torch.stack(per_layer, dim=1)  # (B, L, h, T, T)
+            attn = torch.where(token[:, None, None, :, None], attn, torch.zeros_like(attn))
+        hidden_states = None
+        if need_hidden_states:
+            stacked = torch.stack(states, dim=1)  # (B, L + 1, T, d_model)
+            hidden_states = torch.where(token[:, None, :, None], stacked, torch.zeros_like(stacked))
+        return hidden, attn, hidden_states
 
     def load_weights(self, path: str | Path) -> None:
         """Load a PyTorch state_dict (``.pt``/``.pth``/``.bin``) or a ``.safetensors`` file."""

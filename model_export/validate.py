@@ -104,18 +104,21 @@ def validate_model_dir(
     atol: float = DEFAULT_ATOL,
     cases: list[Case] | None = None,
 ) -> list[CheckResult]:
-    """Compare both graphs in ``model_dir`` with ``encoder``; raise on the first failure."""
+    """Compare every graph in ``model_dir`` with ``encoder``; raise on the first failure."""
     cases = cases if cases is not None else default_cases(encoder.config.max_seq_len)
     results: list[CheckResult] = []
     sessions = {name: new_session(model_dir / name) for name in graph_io.GRAPH_OUTPUTS}
     for i, case in enumerate(cases):
         embeds, mask = make_inputs(case.lengths, encoder.config.d_model, seed=i)
         with torch.no_grad():
-            hidden, attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
-        assert attn is not None
+            hidden, attn, states = encoder.forward_all(
+                torch.from_numpy(embeds), torch.from_numpy(mask), need_hidden_states=True
+            )
+        assert attn is not None and states is not None
         expected = {
             graph_io.OUTPUT_HIDDEN: hidden.numpy(),
             graph_io.OUTPUT_ATTENTIONS: attn.numpy(),
+            graph_io.OUTPUT_HIDDEN_STATES: states.numpy(),
         }
         for graph, session in sessions.items():
             names = list(graph_io.GRAPH_OUTPUTS[graph])

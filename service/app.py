@@ -26,13 +26,14 @@ from service.engine import Engine
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.protocols.http import validation_error
+from service.protocols.kserve_v2 import routes as kserve_v2
 from service.protocols.native import errors as native_errors
 from service.protocols.native import routes as native
 from service.protocols.openai import routes as openai
 from service.settings import Settings
 
 HTTP_ERROR_TYPES = {404: "not_found", 405: "method_not_allowed"}
-PROTOCOLS = (native, openai)
+PROTOCOLS = (native, openai, kserve_v2)
 
 
 def _lifespan(engine: Engine) -> Any:

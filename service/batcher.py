@@ -23,19 +23,28 @@ from functools import partial
 
 import numpy as np
 
+from model_export.manifest import graph_io
 from service.metrics import Metrics
 from service.runtime import ModelRuntime, pad
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SequenceResult = tuple[np.ndarray, np.ndarray | None]  # hidden [n, d], attention [L, H, n, n]
+# One sequence's outputs by name, trimmed to its n tokens: last_hidden_state [n, d],
+# attentions [L, H, n, n], hidden_states [L + 1, n, d] (the last two when its graph has them).
+SequenceResult = dict[str, np.ndarray]
+# The axes of each output that run over tokens (after the batch axis is dropped).
+TOKEN_AXES = {
+    graph_io.OUTPUT_HIDDEN: (0,),
+    graph_io.OUTPUT_ATTENTIONS: (2, 3),
+    graph_io.OUTPUT_HIDDEN_STATES: (1,),
+}
 
 
 @dataclass
 class _Job:
     sequences: list[np.ndarray]
-    with_attention: bool
+    graph: str
     future: asyncio.Future[list[SequenceResult]]
     results: list[SequenceResult | None] = field(default_factory=list)
 
@@ -55,6 +64,22 @@ def plan_runs(lengths: list[int], fits: Callable[[int, int], bool]) -> list[list
         else:
             runs.append([i])
     return runs
+
+
+def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
+    """A copy of ``value`` cut to its first ``n`` tokens along ``axes``."""
+    index = [slice(None)] * value.ndim
+    for axis in axes:
+        index[axis] = slice(0, n)
+    return value[tuple(index)].copy()
+
+
+# The inference metric's graph label (the values of the first release kept).
+GRAPH_LABELS = {
+    graph_io.GRAPH_EMBEDDINGS: "embeddings",
+    graph_io.GRAPH_HIDDEN_STATES: "hidden_states",
+    graph_io.GRAPH_ATTENTION: "attention",
+}
 
 
 class Batcher:
@@ -85,7 +110,7 @@ class Batcher:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     async def submit(
-        self, model: str, sequences: list[np.ndarray], *, with_attention: bool
+        self, model: str, sequences: list[np.ndarray], *, graph: str
     ) -> list[SequenceResult]:
         """Queue one request's sequences and wait for their per-sequence results.
 
@@ -93,7 +118,7 @@ class Batcher:
         yet started skip it.
         """
         loop = asyncio.get_running_loop()
-        job = _Job(sequences, with_attention, loop.create_future(), [None] * len(sequences))
+        job = _Job(sequences, graph, loop.create_future(), [None] * len(sequences))
         self._queues[model].append(job)
         self._wakeups[model].set()
         return await job.future
@@ -118,21 +143,21 @@ class Batcher:
                 await wakeup.wait()
                 continue
             jobs = self._take_batch(queue)
-            for with_attention in (False, True):
-                group = [j for j in jobs if j.with_attention == with_attention]
+            for graph in graph_io.GRAPH_OUTPUTS:
+                group = [j for j in jobs if j.graph == graph]
                 if group:
-                    await self._run_group(loop, runtime, group, with_attention)
+                    await self._run_group(loop, runtime, group, graph)
 
     async def _run_group(
         self,
         loop: asyncio.AbstractEventLoop,
         runtime: ModelRuntime,
         group: list[_Job],
-        with_attention: bool,
+        graph: str,
     ) -> None:
         slots = [(j, i) for j in group for i in range(len(j.sequences))]
         lengths = [len(job.sequences[i]) for job, i in slots]
-        graph = "attention" if with_attention else "embeddings"
+        with_attention = graph == graph_io.GRAPH_ATTENTION
         maps = runtime.info.config.n_layers * runtime.info.config.n_heads
         settings = self._settings
 
@@ -151,9 +176,8 @@ class Batcher:
             embeds, mask = pad([slots[k][0].sequences[slots[k][1]] for k in run])
             start = time.perf_counter()
             try:
-                hidden, attn = await loop.run_in_executor(
-                    self._executor,
-                    partial(runtime.run, embeds, mask, with_attention=with_attention),
+                outputs = await loop.run_in_executor(
+                    self._executor, partial(runtime.run, embeds, mask, graph)
                 )
             except Exception as exc:  # fail this run's requests only, not their neighbours'
                 log.exception("inference failed for model %s", runtime.info.name)
@@ -161,7 +185,7 @@ class Batcher:
                     if not slots[k][0].future.done():
                         slots[k][0].future.set_exception(exc)
                 continue
-            self._metrics.inference.labels(runtime.info.name, graph).observe(
+            self._metrics.inference.labels(runtime.info.name, GRAPH_LABELS[graph]).observe(
                 time.perf_counter() - start
             )
             self._metrics.batch_sequences.observe(len(run))
@@ -171,10 +195,9 @@ class Batcher:
                 n = lengths[k]
                 # Copies, so the run's full [B, L, H, T, T] tensor is freed now, not when
                 # the last response is serialised.
-                job.results[i] = (
-                    hidden[row, :n].copy(),
-                    None if attn is None else attn[row, :, :, :n, :n].copy(),
-                )
+                job.results[i] = {
+                    name: _trim(value[row], TOKEN_AXES[name], n) for name, value in outputs.items()
+                }
         for job in group:
             if not job.future.done():
                 job.future.set_result([r for r in job.results if r is not None])

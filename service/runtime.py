@@ -1,8 +1,9 @@
 """The backend: the only module that imports onnxruntime.
 
-A :class:`ModelRuntime` owns the two sessions of one model directory
-(``model.onnx`` for embeddings only, ``model_attn.onnx`` with attention) and
-runs padded batches. :func:`load_repository` loads every model of a model
+A :class:`ModelRuntime` owns the sessions of one model directory
+(``model.onnx`` for embeddings only, ``model_hidden.onnx`` with per-layer hidden
+states, ``model_attn.onnx`` with attention and hidden states) and runs padded
+batches. :func:`load_repository` loads every model of a model
 repository through its manifest, checking each file's SHA-256 first, and
 raises :class:`ModelLoadError` with a clear message on anything wrong.
 """
@@ -96,7 +97,7 @@ def pad(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ModelRuntime:
-    """Both onnxruntime sessions of one model; ``run`` is blocking (call it off the loop)."""
+    """The onnxruntime sessions of one model; ``run`` is blocking (call it off the loop)."""
 
     def __init__(self, info: ModelInfo, settings: Settings) -> None:
         self.info = info
@@ -105,14 +106,15 @@ class ModelRuntime:
         # memory goes back to the system afterwards instead of staying reserved for good.
         attention_options = _session_options(settings)
         attention_options.enable_cpu_mem_arena = False
+        # Each graph the manifest lists, checked to have the outputs it records.
         self._sessions = {
             graph: self._open(
                 attention_options if graph == graph_io.GRAPH_ATTENTION else options,
                 graph,
                 graph_io.INPUT_NAMES,
-                outputs,
+                entry.outputs,
             )
-            for graph, outputs in graph_io.GRAPH_OUTPUTS.items()
+            for graph, entry in info.manifest.graphs.items()
         }
         self._token_embeddings: ort.InferenceSession | None = None
         self._tokenizer: Tokenizer | None = None
@@ -187,15 +189,18 @@ class ModelRuntime:
             (embeds,) = self._token_embeddings.run(None, feeds)
         return [embeds[row, :n] for row, n in enumerate(mask.sum(axis=1))]
 
-    def run(
-        self, embeds: np.ndarray, mask: np.ndarray, *, with_attention: bool
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """embeds float32 [B, T, d], mask int64 [B, T] -> hidden [B, T, d], attn [B, L, H, T, T]."""
-        graph = graph_io.GRAPH_ATTENTION if with_attention else graph_io.GRAPH_EMBEDDINGS
+    def run(self, embeds: np.ndarray, mask: np.ndarray, graph: str) -> dict[str, np.ndarray]:
+        """embeds float32 [B, T, d], mask int64 [B, T] -> the graph's outputs by name.
+
+        ``last_hidden_state`` [B, T, d]; ``attentions`` [B, L, H, T, T] and
+        ``hidden_states`` [B, L + 1, T, d] where the graph has them.
+        """
+        session = self._sessions[graph]
         feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
         with _ORT_LOCK:
-            outputs = self._sessions[graph].run(None, feeds)
-        return outputs[0], (outputs[1] if with_attention else None)
+            outputs = session.run(None, feeds)
+        names = self.info.manifest.graphs[graph].outputs
+        return dict(zip(names, outputs, strict=True))
 
     def warmup(self) -> None:
         """One small ragged batch per graph: proves the sessions run before we say ready."""
@@ -206,11 +211,11 @@ class ModelRuntime:
                 for n in (min(8, self.info.max_seq_len), 1)
             ]
         )
-        for with_attention in (False, True):
-            hidden, attn = self.run(embeds, mask, with_attention=with_attention)
-            if not np.isfinite(hidden).all() or (attn is not None and not np.isfinite(attn).all()):
+        for graph in self._sessions:
+            outputs = self.run(embeds, mask, graph)
+            if not all(np.isfinite(value).all() for value in outputs.values()):
                 raise ModelLoadError(
-                    f"model {self.info.name!r}: warm-up produced non-finite output"
+                    f"model {self.info.name!r}: warm-up of {graph} produced non-finite output"
                 )
 
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from model_export.manifest import graph_io
 from service.batcher import Batcher, SequenceResult
 from service.engine import limits, postprocess
 from service.engine.types import (
@@ -69,8 +70,18 @@ class PreparedEncode:
     tokens: list[list[str] | None]  # the tokens of text items, None for the others
     layers: list[int]
     heads: list[int]
+    hidden_layers: list[int]
     pooling: Pooling
     response_bytes: float
+
+    @property
+    def graph(self) -> str:
+        """The lightest graph that has every output asked for."""
+        if self.request.return_attention:
+            return graph_io.GRAPH_ATTENTION
+        if self.request.return_hidden_states:
+            return graph_io.GRAPH_HIDDEN_STATES
+        return graph_io.GRAPH_EMBEDDINGS
 
 
 class Engine:
@@ -230,8 +241,21 @@ class Engine:
         limits.check_lengths(lengths, info, self.settings, "inputs")
         # Checked even without return_attention: a wrong index is wrong either way.
         spec = request.attention
-        layers = postprocess.resolve_indices(spec.layers, cfg.n_layers, "layers")
-        heads = postprocess.resolve_indices(spec.heads, cfg.n_heads, "heads")
+        layers = postprocess.resolve_indices(
+            spec.layers, cfg.n_layers, "layers", ("attention", "layers")
+        )
+        heads = postprocess.resolve_indices(
+            spec.heads, cfg.n_heads, "heads", ("attention", "heads")
+        )
+        hidden_layers = postprocess.resolve_indices(
+            request.hidden_layers, cfg.n_layers + 1, "hidden states", ("hidden_states", "layers")
+        )
+        if request.return_hidden_states and not info.manifest.has_hidden_states:
+            raise UnsupportedByModel(
+                f"model {info.name!r} was exported without per-layer hidden states: "
+                "re-export it with this version of model_export",
+                field=("return_hidden_states",),
+            )
         if spec.reduce == "rollout":
             layers = sorted(set(layers))  # rollout multiplies layers bottom-up, each once
         pooling = self._pooling(info, request)
@@ -254,18 +278,24 @@ class Engine:
         # Again on what was decoded: a protocol may not know a length before decoding.
         limits.check_lengths([len(a) for a in arrays], info, self.settings, "inputs")
         tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
+        answer_lengths = [len(a) for a in arrays]
+        if request.pad_to is not None:
+            answer_lengths = [max(request.pad_to, *answer_lengths)] * len(arrays)
         shape = limits.answer_shape(
-            [len(a) for a in arrays],
+            answer_lengths,
             cfg.d_model,
             attention=limits.attention_maps(spec, len(layers), len(heads))
             if request.return_attention
             else None,
             embeddings=request.return_embeddings,
             pooled_width=None if pooling == "none" else (request.dimensions or cfg.d_model),
+            hidden_states=len(hidden_layers) if request.return_hidden_states else 0,
             tokens=tokens,
         )
         size = limits.check_response_size(shape, request.wire_cost, info.name, self.settings)
-        return PreparedEncode(request, info, arrays, tokens, layers, heads, pooling, size)
+        return PreparedEncode(
+            request, info, arrays, tokens, layers, heads, hidden_layers, pooling, size
+        )
 
     def _pooling(self, info: ModelInfo, request: EncodeRequest) -> Pooling:
         """The pooling to apply; checks normalize and dimensions against it and the model."""
@@ -334,8 +364,8 @@ class Engine:
     ) -> EncodeResult:
         """Queue a prepared request, wait for its runs, and post-process the outputs."""
         batcher = self.require_ready()
-        request, name = prepared.request, prepared.model.name
-        work = batcher.submit(name, prepared.sequences, with_attention=request.return_attention)
+        name = prepared.model.name
+        work = batcher.submit(name, prepared.sequences, graph=prepared.graph)
         results = await self._unless_gone(work, until)
         self.metrics.tokens.labels(name).inc(sum(len(s) for s in prepared.sequences))
         if prepared.response_bytes > OFFLOAD_BYTES:
@@ -365,9 +395,9 @@ class Engine:
     def finish(self, prepared: PreparedEncode, results: list[SequenceResult]) -> EncodeResult:
         """Per-sequence model outputs -> the answer: attention selected/reduced, pooled."""
         request = prepared.request
-        outputs = []
-        for i, (hidden, attn) in enumerate(results):
-            if not np.isfinite(hidden).all() or (attn is not None and not np.isfinite(attn).all()):
+        answers = []
+        for i, outputs in enumerate(results):
+            if not all(np.isfinite(value).all() for value in outputs.values()):
                 # Finite inputs can still overflow inside the model (e.g. |x| ~ 1e20 in
                 # LayerNorm's variance); never answer with NaN.
                 raise InvalidInput(
@@ -375,26 +405,34 @@ class Engine:
                     f"(max |x| {float(np.abs(prepared.sequences[i]).max()):.3g})",
                     field=("inputs", i),
                 )
+            hidden = outputs[graph_io.OUTPUT_HIDDEN]
             attention = None
-            if attn is not None:
+            if request.return_attention:
                 attention = postprocess.select_attention(
-                    attn, prepared.layers, prepared.heads, request.attention.reduce
+                    outputs[graph_io.OUTPUT_ATTENTIONS],
+                    prepared.layers,
+                    prepared.heads,
+                    request.attention.reduce,
                 )
+            hidden_states = None
+            if request.return_hidden_states:
+                hidden_states = outputs[graph_io.OUTPUT_HIDDEN_STATES][prepared.hidden_layers]
             pooled = None
             if prepared.pooling != "none":
                 pooled = postprocess.pool(
                     hidden, prepared.pooling, request.normalize, request.dimensions
                 )
-            outputs.append(
+            answers.append(
                 SequenceOutput(
                     tokens=prepared.tokens[i],
                     length=len(hidden),
                     embeddings=hidden if request.return_embeddings else None,
                     attention=attention,
+                    hidden_states=hidden_states,
                     pooled=pooled,
                 )
             )
-        return EncodeResult(prepared.model.name, outputs, prepared.response_bytes)
+        return EncodeResult(prepared.model.name, answers, prepared.response_bytes)
 
     # -- tokenize ---------------------------------------------------------------------------
 

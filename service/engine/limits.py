@@ -68,6 +68,7 @@ def answer_shape(
     attention: tuple[int, int] | None,
     embeddings: bool,
     pooled_width: int | None,
+    hidden_states: int = 0,
     tokens: list[list[str] | None] | None = None,
 ) -> AnswerShape:
     """Every array (and token list) the answer to sequences of ``lengths`` holds."""
@@ -81,6 +82,8 @@ def answer_shape(
             attention_floats += attention[0] * attention[1] * n * n
         if pooled_width is not None:
             arrays.append((pooled_width,))
+        if hidden_states:
+            arrays.append((hidden_states, n, d_model))
     listed = [t for t in tokens or [] if t is not None]
     return AnswerShape(
         arrays=arrays,

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.errors import InvalidInput
+from service.errors import FieldPath, InvalidInput
 
 
-def resolve_indices(indices: list[int] | None, size: int, what: str) -> list[int]:
-    """Normalise (possibly negative) indices into [0, size); reject out-of-range ones."""
+def resolve_indices(indices: list[int] | None, size: int, what: str, where: FieldPath) -> list[int]:
+    """Normalise (possibly negative) indices into [0, size); reject out-of-range ones.
+
+    ``what`` names the things indexed (layers, heads), ``where`` the request's field.
+    """
     if indices is None:
         return list(range(size))
-    where = ("attention", what)
     if not indices:
         raise InvalidInput("must not be empty (omit it for all)", field=where)
     bad = [i for i in indices if not -size <= i < size]

@@ -112,11 +112,16 @@ class EncodeRequest:
     model: str | None = None
     return_attention: bool = False
     attention: AttentionSpec = field(default_factory=AttentionSpec)
+    return_hidden_states: bool = False
+    hidden_layers: list[int] | None = None  # of the L + 1 hidden states; None: all
     pooling: PoolingChoice = "none"
     normalize: bool = False
     dimensions: int | None = None  # Matryoshka truncation of the pooled vector
     return_embeddings: bool = True
     truncate: bool = False
+    # The answer is re-padded to max(pad_to, longest sequence) tokens (rectangular
+    # protocols); None: one array per sequence at its own length. Counted in its size.
+    pad_to: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,7 @@ class SequenceOutput:
     length: int
     embeddings: np.ndarray | None  # [n, d_model]
     attention: np.ndarray | None  # [L', H' or 1, n, n] or [1, 1, n, n]
+    hidden_states: np.ndarray | None  # [selected of the L + 1, n, d_model]
     pooled: np.ndarray | None  # [d_model] or [dimensions]
 
 

@@ -61,10 +61,11 @@ async def require_api_key(request: Request) -> None:
         )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The JSON body, refusing a wrong Content-Type (415) or more than ``limit`` bytes (413)."""
+async def read_body(request: Request, limit: int, *, json_only: bool = True) -> bytes:
+    """The body, refusing more than ``limit`` bytes (413) and, with ``json_only``, a
+    Content-Type other than application/json (415)."""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "application/json":
+    if json_only and media_type != "application/json":
         raise UnsupportedMediaType(
             f"Content-Type must be application/json, got {media_type or 'none'!r}"
         )
@@ -95,20 +96,25 @@ async def encode(
     request: Request,
     engine: Engine,
     parse: Callable[[bytes], tuple[EncodeRequest, W]],
-    write: Callable[[EncodeResult, W], bytes],
+    write: Callable[[EncodeResult, W], bytes | Response],
+    *,
+    json_only: bool = True,
 ) -> Response:
-    """One encode over HTTP, for any JSON protocol: admit, read, parse + run, write.
+    """One encode over HTTP, for any protocol: admit, read, parse + run, write.
 
     ``parse`` (the protocol's codec) runs with the engine's preparation off the event
-    loop; ``write`` too when the answer is large (a thread hop costs ~0.3 ms).
+    loop; ``write`` too when the answer is large (a thread hop costs ~0.3 ms). ``write``
+    returns JSON bytes, or a whole Response when the protocol frames its own answer.
     """
     with engine.admit():
-        body = await read_body(request, engine.settings.max_body_bytes)
+        body = await read_body(request, engine.settings.max_body_bytes, json_only=json_only)
         result, wire = await engine.encode(lambda: parse(body), until=disconnected(request))
         if result.response_bytes > OFFLOAD_BYTES:
             content = await asyncio.to_thread(write, result, wire)
         else:
             content = write(result, wire)
+    if isinstance(content, Response):
+        return content
     return Response(content, media_type="application/json")
 
 

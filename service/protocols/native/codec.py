@@ -32,10 +32,11 @@ from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
 
 ARRAYS = {"float": wire.JSON_ARRAYS, "base64": wire.BASE64_ARRAYS}
 # Upper bounds of an answer's envelope: {"model":..,"data":[..],"usage":{..}} once, and per
-# item {"index":N,"tokens":[..],"embeddings":..,"attention":..,"pooled":..} (nulls included),
+# item {"index":N,"tokens":[..],"embeddings":..,"attention":..,"hidden_states":..,"pooled":..}
+# (nulls included),
 # each listed token "..", (and, for /v1/tokenize, its id).
 ENCODE_COST = {
-    fmt: WireCost(**arrays, per_sequence=96.0, per_token=3.0, fixed=128.0)
+    fmt: WireCost(**arrays, per_sequence=128.0, per_token=3.0, fixed=128.0)
     for fmt, arrays in ARRAYS.items()
 }
 TOKENIZE_COST = {
@@ -64,6 +65,8 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         attention=AttentionSpec(
             options.attention.layers, options.attention.heads, options.attention.reduce
         ),
+        return_hidden_states=options.return_hidden_states,
+        hidden_layers=options.hidden_states.layers,
         pooling=options.pooling,
         normalize=options.normalize,
         return_embeddings=wants_embeddings(options),
@@ -171,6 +174,7 @@ def encode_response(result: EncodeResult, encoding_format: str) -> bytes:
                     "tokens": out.tokens,
                     "embeddings": arr(out.embeddings),
                     "attention": arr(out.attention),
+                    "hidden_states": arr(out.hidden_states),
                     "pooled": arr(out.pooled),
                 }
                 for i, out in enumerate(result.outputs)

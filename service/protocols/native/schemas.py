@@ -49,6 +49,17 @@ class AttentionOptions(BaseModel):
     )
 
 
+class HiddenStatesOptions(BaseModel):
+    """Which of the L + 1 hidden states to return (transformers' output_hidden_states)."""
+
+    model_config = ConfigDict(extra="forbid")
+    layers: list[int] | None = Field(
+        None,
+        description="Indices into [input embeddings, layer 1 output, ..., layer L output] "
+        "(negative counts from the end: -1 is the last layer); default all L + 1.",
+    )
+
+
 class EncodeOptions(BaseModel):
     """Every field of an encode request except the arrays."""
 
@@ -56,6 +67,12 @@ class EncodeOptions(BaseModel):
     model: str | None = Field(None, description="Model name; the server's default if omitted.")
     return_attention: bool = Field(False, description="Also return attention weights.")
     attention: AttentionOptions = Field(default_factory=AttentionOptions)
+    return_hidden_states: bool = Field(
+        False,
+        description="Also return per-layer hidden states [L'', n_i, d] (models exported "
+        "with them; others answer 422 unsupported_by_model).",
+    )
+    hidden_states: HiddenStatesOptions = Field(default_factory=HiddenStatesOptions)
     pooling: Pooling = Field(
         "none", description="Pool the real tokens of each sequence into one vector."
     )
@@ -116,6 +133,9 @@ class EncodeItem(BaseModel):
     )
     attention: list[list[list[list[float]]]] | Base64Array | None = Field(
         description="[L', H', seq_len_i, seq_len_i] attention weights, or null."
+    )
+    hidden_states: list[list[list[float]]] | Base64Array | None = Field(
+        None, description="[L'', seq_len_i, d_model] selected hidden states, or null."
     )
     pooled: list[float] | Base64Array | None = Field(description="[d_model], or null.")
 

@@ -1,0 +1,47 @@
+"""Padded batches <-> per-sequence arrays, for protocols whose tensors are rectangular.
+
+A ragged batch arrives as ``[batch, seq, ...]`` with an ``attention_mask`` of
+ones then zeros per row (right padding). The engine un-pads it into one array
+per sequence, so each batches with other requests by its own length, and
+re-pads the answer to the request's shape with zeros, as a direct run of the
+graph would give (the model's outputs are exactly 0 at padded positions).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.errors import InvalidInput
+
+
+def lengths_of(mask: np.ndarray) -> list[int]:
+    """Each row's real length; InvalidInput unless every row is ones then zeros, not empty."""
+    if mask.ndim != 2:
+        raise InvalidInput(f"must be [batch, seq], got shape {list(mask.shape)}", field=("mask",))
+    values = mask.astype(np.int64, copy=False)
+    if not np.isin(values, (0, 1)).all():
+        raise InvalidInput("must hold only 0 and 1", field=("mask",))
+    lengths = values.sum(axis=1)
+    positions = np.arange(mask.shape[1])[None, :]
+    right_padded = (values == (positions < lengths[:, None])).all(axis=1)
+    for row in np.flatnonzero(~right_padded | (lengths == 0)):
+        problem = "is all zeros" if lengths[row] == 0 else "is not ones then zeros"
+        raise InvalidInput(
+            f"{problem}: each row must mark its tokens first (right padding)",
+            field=("mask", int(row)),
+        )
+    return [int(n) for n in lengths]
+
+
+def repad(arrays: list[np.ndarray], length: int, token_axes: tuple[int, ...]) -> np.ndarray:
+    """Per-sequence arrays -> one [batch, ...] array, zero-padded to ``length`` on the
+    axes that run over tokens (counted without the batch axis)."""
+    first = arrays[0]
+    shape = [len(arrays), *first.shape]
+    for axis in token_axes:
+        shape[axis + 1] = length
+    out = np.zeros(shape, dtype=first.dtype)
+    for row, array in enumerate(arrays):
+        index: tuple[int | slice, ...] = (row, *(slice(0, n) for n in array.shape))
+        out[index] = array
+    return out

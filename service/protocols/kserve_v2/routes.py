@@ -1,0 +1,158 @@
+"""The Open Inference Protocol's routes under ``/v2``: server and model metadata, health,
+readiness, and ``infer`` (with and without ``/versions/{version}``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from service.engine import Engine
+from service.errors import ModelNotFound, NotReady
+from service.protocols import http
+from service.protocols.http import EngineDep, protocol_route, require_api_key
+from service.protocols.kserve_v2 import codec
+from service.protocols.kserve_v2.errors import render
+from service.protocols.kserve_v2.schemas import (
+    ErrorBody,
+    InferRequest,
+    InferResponse,
+    Live,
+    ModelMetadata,
+    ModelReady,
+    Ready,
+    ServerMetadata,
+    TensorMetadata,
+)
+from service.runtime import ModelInfo
+
+SERVER_NAME = "attnserve"
+SERVER_VERSION = "0.1.0"
+MODEL_VERSION = "1"  # a model directory is one version
+PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ["binary_tensor_data"]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (400, "Malformed request: framing, datatype, shape, unknown input or output, limits."),
+        (401, "Missing or wrong API key, when the server has one."),
+        (404, "Unknown model or version."),
+        (413, "Too many sequences or tokens, body or answer too large."),
+        (429, "Too many requests in progress; honour Retry-After."),
+        (503, "Models not loaded or warm-up not finished."),
+    )
+}
+
+KServeRoute = protocol_route(render)
+health = APIRouter(prefix="/v2", tags=["kserve-v2"], route_class=KServeRoute)
+models = APIRouter(
+    prefix="/v2",
+    tags=["kserve-v2"],
+    dependencies=[Depends(require_api_key)],
+    route_class=KServeRoute,
+)
+routers = (health, models)
+
+
+@health.get("", response_model=ServerMetadata)
+async def server_metadata() -> ServerMetadata:
+    """Server name, version and protocol extensions."""
+    return ServerMetadata(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
+
+
+@health.get("/health/live", response_model=Live, responses={503: ERRORS[503]})
+async def live(engine: EngineDep) -> Live:
+    if engine.failure is not None:
+        raise NotReady(engine.failure)
+    return Live(live=True)
+
+
+@health.get("/health/ready", response_model=Ready, responses={503: ERRORS[503]})
+async def ready(engine: EngineDep) -> Ready:
+    engine.require_ready()
+    return Ready(ready=True)
+
+
+def model_of(engine: Engine, name: str, version: str | None) -> ModelInfo:
+    info = engine.model(name)
+    if version is not None and version != MODEL_VERSION:
+        raise ModelNotFound(
+            f"model {name!r} has no version {version!r} (versions: {MODEL_VERSION})"
+        )
+    return info
+
+
+def _tensors(items: list[tuple[str, str, list[int]]]) -> list[TensorMetadata]:
+    return [
+        TensorMetadata.model_validate({"name": n, "datatype": d, "shape": s}) for n, d, s in items
+    ]
+
+
+@models.get("/models/{model}", response_model=ModelMetadata, responses=ERRORS)
+@models.get("/models/{model}/versions/{version}", response_model=ModelMetadata, responses=ERRORS)
+async def model_metadata(
+    model: str, engine: EngineDep, version: str | None = None
+) -> ModelMetadata:
+    """Inputs and outputs with datatypes and shapes (-1: dynamic)."""
+    info = model_of(engine, model, version)
+    return ModelMetadata(
+        name=info.name,
+        versions=[MODEL_VERSION],
+        platform=PLATFORM,
+        inputs=_tensors(codec.model_inputs(info)),
+        outputs=_tensors(codec.available_outputs(info)),
+    )
+
+
+@models.get("/models/{model}/ready", response_model=ModelReady, responses=ERRORS)
+@models.get("/models/{model}/versions/{version}/ready", response_model=ModelReady, responses=ERRORS)
+async def model_ready(model: str, engine: EngineDep, version: str | None = None) -> ModelReady:
+    info = model_of(engine, model, version)
+    engine.require_ready()
+    return ModelReady(name=info.name, ready=True)
+
+
+INFER_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}},
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+            },
+        },
+    }
+}
+
+
+@models.post(
+    "/models/{model}/infer",
+    response_model=None,
+    responses={200: {"model": InferResponse}, **ERRORS},
+    openapi_extra=INFER_DOC,
+)
+@models.post(
+    "/models/{model}/versions/{version}/infer",
+    response_model=None,
+    responses={200: {"model": InferResponse}, **ERRORS},
+    openapi_extra=INFER_DOC,
+)
+async def infer(
+    model: str, request: Request, engine: EngineDep, version: str | None = None
+) -> Response:
+    """Inference on JSON or binary tensors (the binary extension: see the codec)."""
+    info = model_of(engine, model, version)
+    header_length = request.headers.get(codec.HEADER_LENGTH)
+    return await http.encode(
+        request,
+        engine,
+        lambda body: codec.infer_request(body, header_length, info, version or MODEL_VERSION),
+        codec.infer_response,
+        json_only=False,
+    )
+
+
+def openapi_components() -> dict[str, Any]:
+    schema = InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {**schema.pop("$defs", {}), "InferRequest": schema}
