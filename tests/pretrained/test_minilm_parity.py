@@ -71,12 +71,15 @@ def test_onnx_export_matches_bert(reference: Reference, minilm_repository: Path)
             graph_io.INPUT_TOKEN_TYPES: np.zeros_like(reference.ids, dtype=np.int64),
         },
     )
-    hidden, attn = run[graph_io.GRAPH_ATTENTION].run(
+    hidden, attn, states = run[graph_io.GRAPH_ATTENTION].run(
         None,
         {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: reference.mask.astype(np.int64)},
     )
-    for i in range(len(SENTENCES)):
+    for i, n in enumerate(reference.lengths):
         assert_matches_reference(reference, i, hidden[i], attn[i])
+        np.testing.assert_allclose(
+            states[i, :, :n], reference.hidden_states[i, :, :n], rtol=0, atol=HIDDEN_ATOL
+        )
 
 
 def _decode(array: dict[str, Any]) -> np.ndarray:
@@ -160,3 +163,45 @@ def test_tokenize_obeys_the_request_limits(minilm_server_url: str) -> None:
     assert r.status_code == 200 and len(r.json()["data"][0]["ids"]) == 256
     r = httpx.post(url, json={"text": ["hi"] * 65})  # ATTNSERVE_MAX_SEQUENCES is 64
     assert r.status_code == 413, r.status_code
+
+
+def test_hidden_states_match_transformers(reference: Reference, minilm_server_url: str) -> None:
+    """transformers' output_hidden_states: embeddings output, then each layer (1e-4)."""
+    body = {"inputs": SENTENCES, "return_hidden_states": True, "encoding_format": "base64"}
+    r = httpx.post(f"{minilm_server_url}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    for i, item in enumerate(r.json()["data"]):
+        n = reference.lengths[i]
+        states = _decode(item["hidden_states"])
+        assert states.shape == (7, n, 384)
+        np.testing.assert_allclose(
+            states, reference.hidden_states[i, :, :n], rtol=0, atol=HIDDEN_ATOL
+        )
+
+
+def test_kserve_text_input_matches_transformers(
+    reference: Reference, minilm_server_url: str
+) -> None:
+    """Text as a BYTES tensor through tritonclient: pooled and padded outputs vs HF."""
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(minilm_server_url.removeprefix("http://"))
+    text = triton.InferInput("text", [len(SENTENCES)], "BYTES")
+    text.set_data_from_numpy(np.array([s.encode() for s in SENTENCES], dtype=object))
+    result = client.infer(
+        "minilm-l6",
+        [text],
+        outputs=[triton.InferRequestedOutput(n) for n in ("pooled", "last_hidden_state")]
+        + [triton.InferRequestedOutput("attention_mask")],
+        parameters={"pooling": "mean", "normalize": True},
+    )
+    client.close()
+    np.testing.assert_allclose(
+        result.as_numpy("pooled"), reference.sentence, rtol=0, atol=SENTENCE_ATOL
+    )
+    mask = result.as_numpy("attention_mask")
+    np.testing.assert_array_equal(mask, reference.mask)  # padded to the longest text
+    hidden = result.as_numpy("last_hidden_state")
+    for i, n in enumerate(reference.lengths):
+        np.testing.assert_allclose(hidden[i, :n], reference.hidden[i, :n], rtol=0, atol=HIDDEN_ATOL)
+        assert not hidden[i, n:].any()  # padding is exactly 0
