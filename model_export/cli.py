@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="sizes the model was trained to be shortened to (e.g. 768,512,256): lets "
         "/v1/embeddings honour 'dimensions'",
     )
+    p.add_argument(
+        "--triton-repo",
+        type=Path,
+        metavar="DIR",
+        help="also write the graphs as a Triton/KServe model repository (config.pbtxt + "
+        "1/model.onnx per graph) under DIR",
+    )
     exp = p.add_argument_group("export")
     exp.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (>= 17)")
     exp.add_argument("--exporter", choices=EXPORTERS, default="dynamo")
@@ -176,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
             **common,
         )
     print(results_table(result.checks))
+    if args.triton_repo is not None:
+        from model_export.triton import write_repository
+
+        models = write_repository(result.model_dir, args.triton_repo)
+        print(f"\nwrote Triton models {', '.join(models)} under {args.triton_repo}")
     print(f"\nwrote {result.model_dir} in {result.seconds:.1f}s:")
     for name, digest in result.files.items():
         size = (result.model_dir / name).stat().st_size
