@@ -9,6 +9,8 @@ sentence-transformers embedding (masked mean, L2-normalised) 1e-5.
 from __future__ import annotations
 
 import base64
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,33 @@ def test_kserve_text_input_matches_transformers(
     for i, n in enumerate(reference.lengths):
         np.testing.assert_allclose(hidden[i, :n], reference.hidden[i, :n], rtol=0, atol=HIDDEN_ATOL)
         assert not hidden[i, n:].any()  # padding is exactly 0
+
+
+@pytest.mark.parametrize(
+    ("blob", "says"),
+    [
+        (struct.pack("<I", 10) + b"abc", "runs past"),  # a length beyond the data
+        (struct.pack("<I", 2) + b"hi" + b"\x01\x00", "cut short"),  # half a length
+        (struct.pack("<I", 2) + b"\xff\xfe", "utf-8"),
+    ],
+    ids=["length-past-data", "length-cut-short", "not-utf8"],
+)
+def test_kserve_bytes_framing_mistakes(minilm_server_url: str, blob: bytes, says: str) -> None:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "text",
+                    "shape": [1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ]
+        }
+    ).encode()
+    r = httpx.post(
+        f"{minilm_server_url}/v2/models/minilm-l6/infer",
+        content=header + blob,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert r.status_code == 422 and says in r.json()["error"].lower(), r.text

@@ -1,5 +1,7 @@
 """The Open Inference Protocol (KServe v2) through tritonclient, sync and aio, and raw HTTP.
 
+Errors keep the engine's statuses (422 invalid content, 413 limits, 400 bad JSON).
+
 The session's tiny server; answers are compared with a direct onnxruntime run
 of the same graph on the same padded batch (tolerance 1e-5: the server runs
 the rows un-padded and batched by length, which changes float summation order
@@ -209,44 +211,44 @@ def _case(
 
 
 BAD: list[tuple[str, tuple[bytes, dict[str, str]], int, str]] = [
-    ("not-json", _case(None, b"{nope"), 400, "json"),
-    ("no-inputs", _case({"inputs": []}), 400, "inputs"),
+    ("not-json", _case(None, b"{nope"), 400, "json"),  # the rest: 422 invalid_input
+    ("no-inputs", _case({"inputs": []}), 422, "inputs"),
     ("unknown-input", _case({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
-                                         "data": [1.0]}]}), 400, "unknown input 'x'"),
-    ("wrong-datatype", _case({"inputs": [embeds_input(X, datatype="FP16")]}, XB), 400,
+                                         "data": [1.0]}]}), 422, "unknown input 'x'"),
+    ("wrong-datatype", _case({"inputs": [embeds_input(X, datatype="FP16")]}, XB), 422,
      "datatype"),
-    ("size-mismatch", _case({"inputs": [embeds_input(X, shape=[1, 3, D_MODEL])]}, XB), 400,
+    ("size-mismatch", _case({"inputs": [embeds_input(X, shape=[1, 3, D_MODEL])]}, XB), 422,
      "does not match shape"),
     ("data-count-mismatch", _case({"inputs": [embeds_input(X, binary=False, shape=[1, 3,
                                                                               D_MODEL])]}),
-     400, "values"),
+     422, "values"),
     ("header-beyond-body", _case({"inputs": [embeds_input(X)]}, XB, header_length="999999"),
-     400, "beyond the body"),
+     422, "beyond the body"),
     ("header-length-not-a-number", _case({"inputs": [embeds_input(X)]}, XB,
-                                          header_length="12a"), 400, "not a number"),
-    ("binary-beyond-body", _case({"inputs": [embeds_input(X)]}, XB[:-4]), 400,
+                                          header_length="12a"), 422, "not a number"),
+    ("binary-beyond-body", _case({"inputs": [embeds_input(X)]}, XB[:-4]), 422,
      "beyond the body"),
-    ("trailing-bytes", _case({"inputs": [embeds_input(X)]}, XB, b"\0\0\0\0"), 400, "trailing"),
+    ("trailing-bytes", _case({"inputs": [embeds_input(X)]}, XB, b"\0\0\0\0"), 422, "trailing"),
     ("unknown-output", _case({"inputs": [embeds_input(X)], "outputs": [{"name": "logits"}]}, XB),
-     400, "unknown output 'logits'"),
+     422, "unknown output 'logits'"),
     ("nan-binary", _case({"inputs": [embeds_input(X)]}, np.full_like(X, np.nan).tobytes()),
-     400, "nan"),
+     422, "nan"),
     ("beyond-float32-json", _case({"inputs": [embeds_input(X, binary=False, data=[1e39] * 64)]}),
-     400, "float32"),
-    ("rank-2-embeds", _case({"inputs": [embeds_input(X[0])]}, X[0].tobytes()), 400,
+     422, "float32"),
+    ("rank-2-embeds", _case({"inputs": [embeds_input(X[0])]}, X[0].tobytes()), 422,
      "[batch, seq, d_model]"),
     ("wrong-width", _case({"inputs": [embeds_input(np.ones((1, 2, 5), np.float32))]},
-                          np.ones((1, 2, 5), "<f4").tobytes()), 400, "width 5"),
+                          np.ones((1, 2, 5), "<f4").tobytes()), 422, "width 5"),
     ("left-padded-mask", _case({"inputs": [embeds_input(X), {
         "name": "attention_mask", "shape": [1, 2], "datatype": "INT64", "data": [0, 1]}]}, XB),
-     400, "ones then zeros"),
+     422, "ones then zeros"),
     ("mask-shape", _case({"inputs": [embeds_input(X), {
         "name": "attention_mask", "shape": [1, 3], "datatype": "INT64", "data": [1, 1, 1]}]},
-        XB), 400, "attention_mask"),
+        XB), 422, "attention_mask"),
     ("pooled-without-pooling", _case({"inputs": [embeds_input(X)],
-                                      "outputs": [{"name": "pooled"}]}, XB), 400, "pooling"),
+                                      "outputs": [{"name": "pooled"}]}, XB), 422, "pooling"),
     ("text-without-tokenizer", _case({"inputs": [{"name": "text", "shape": [1],
-                                                  "datatype": "BYTES", "data": ["hi"]}]}), 400,
+                                                  "datatype": "BYTES", "data": ["hi"]}]}), 422,
      "unknown input 'text'"),
     ("too-long", _case({"inputs": [embeds_input(np.ones((1, 129, D_MODEL), np.float32))]},
                        np.ones((1, 129, D_MODEL), "<f4").tobytes()), 413, "129 tokens"),
@@ -260,7 +262,9 @@ def test_framing_mistakes_are_4xx_then_a_good_request_works(
     content, headers = body
     r = client.post(INFER, content=content, headers=headers)
     assert r.status_code == status, r.text
-    assert set(r.json()) == {"error"} and says.lower() in r.json()["error"].lower(), r.json()
+    # tritonclient needs "error"; error_type keeps the SDK's exceptions the same.
+    assert set(r.json()) == {"error", "error_type"}, r.json()
+    assert says.lower() in r.json()["error"].lower(), r.json()
     good, good_headers = binary_body({"inputs": [embeds_input(X)]}, XB)
     ok = client.post(INFER, content=good, headers=good_headers)
     assert ok.status_code == 200, ok.text
@@ -270,7 +274,7 @@ def test_unknown_model_and_version_are_404(client: httpx.Client) -> None:
     body, headers = binary_body({"inputs": [embeds_input(X)]}, XB)
     for path in ("/v2/models/nope/infer", f"/v2/models/{MODEL}/versions/9/infer"):
         r = client.post(path, content=body, headers=headers)
-        assert r.status_code == 404 and set(r.json()) == {"error"}, r.text
+        assert r.status_code == 404 and r.json()["error_type"] == "model_not_found", r.text
 
 
 def test_content_type_is_never_consulted(client: httpx.Client) -> None:
@@ -283,8 +287,8 @@ def test_content_type_is_never_consulted(client: httpx.Client) -> None:
         assert r.json()["outputs"][0]["name"] == HIDDEN
 
 
-def test_bytes_tensor_framing_is_refused_when_cut_short(client: httpx.Client) -> None:
-    """BYTES elements are a 4-byte length then bytes; a length past the data is a 400."""
+def test_bytes_where_fp32_is_expected_is_refused(client: httpx.Client) -> None:
+    """The datatype is checked before any BYTES framing is read (MiniLM's tests read it)."""
     blob = struct.pack("<I", 10) + b"abc"
     body, headers = binary_body(
         {
@@ -300,7 +304,7 @@ def test_bytes_tensor_framing_is_refused_when_cut_short(client: httpx.Client) ->
         blob,
     )
     r = client.post(INFER, content=body, headers=headers)
-    assert r.status_code == 400 and "datatype" in r.json()["error"], r.text
+    assert r.status_code == 422 and "datatype" in r.json()["error"], r.text
 
 
 def test_answer_framing_of_mixed_outputs(client: httpx.Client) -> None:

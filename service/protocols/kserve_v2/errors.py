@@ -1,13 +1,15 @@
-"""Open Inference Protocol error bodies: ``{"error": "<message>"}`` (all tritonclient reads).
+"""Open Inference Protocol error bodies: ``{"error": "<message>", "error_type": "<kind>"}``.
 
-Invalid content is 400, as Triton answers it; other statuses are the engine's.
+tritonclient reads only ``error`` (and fails on a body without it); ``error_type``
+and the engine's own statuses (422 for invalid content, 413 for limits) are kept
+so that attnserve's SDK raises the same exceptions whichever transport it uses.
 """
 
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from service.errors import InvalidInput, ServiceError, field_name
+from service.errors import ServiceError, field_name
 
 # Domain names spelled as this protocol's tensors: a request's sequences are the rows
 # of its batch, its mask the attention_mask input.
@@ -15,8 +17,10 @@ RENAMES = {"inputs": "batch", "mask": "attention_mask"}
 
 
 def render(exc: ServiceError) -> JSONResponse:
-    status = 400 if isinstance(exc, InvalidInput) else exc.status_code
-    message = (
-        exc.message if exc.field is None else f"{field_name(exc.field, RENAMES)}: {exc.message}"
+    where = None if exc.field is None else field_name(exc.field, RENAMES)
+    message = exc.message if where is None else f"{where}: {exc.message}"
+    return JSONResponse(
+        {"error": message, "error_type": exc.error_type},
+        status_code=exc.status_code,
+        headers=exc.headers,
     )
-    return JSONResponse({"error": message}, status_code=status, headers=exc.headers)
