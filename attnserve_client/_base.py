@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 import numpy as np
 
+from attnserve_client import _binary
 from attnserve_client import _constants as C
 from attnserve_client._exceptions import (
     APIConnectionError,
@@ -23,12 +24,14 @@ from attnserve_client._exceptions import (
     APITimeoutError,
     status_error,
 )
-from attnserve_client._types import encode_array
+from attnserve_client._types import ModelCard, encode_array
 
 T = TypeVar("T")
 Reduce = Literal["none", "mean", "max", "rollout"]
 Pooling = Literal["none", "mean", "cls", "max"]
-WireFormat = Literal["base64", "float"]
+# How arrays travel: "binary" raw float32 (the Open Inference Protocol's binary tensors),
+# "base64" or "float" in JSON; None: binary when the server offers it, else base64.
+WireFormat = Literal["binary", "base64", "float"]
 SequenceInput = np.ndarray | str
 Inputs = np.ndarray | Sequence[SequenceInput]
 
@@ -58,7 +61,7 @@ def encode_body(
     normalize: bool,
     return_embeddings: bool | None,
     truncate: bool,
-    wire_format: WireFormat,
+    wire_format: Literal["base64", "float"],
     return_hidden_states: bool = False,
     hidden_layers: Sequence[int] | None = None,
 ) -> dict[str, Any]:
@@ -172,6 +175,33 @@ def checked_json(response: httpx.Response) -> Any:
         raise APIResponseError(f"the server's answer is not JSON: {response.text[:200]!r}") from exc
 
 
+def binary_plan(
+    inputs: Inputs, wire_format: WireFormat | None, options: dict[str, Any]
+) -> _binary.Plan | None:
+    """The binary form of an encode call when its wire format allows it; ValueError when
+    "binary" is asked for what only JSON can say."""
+    if wire_format not in (None, "binary"):
+        return None
+    plan = _binary.plan(split_inputs(inputs), options)
+    if plan is None and wire_format == "binary":
+        raise ValueError(
+            "wire_format='binary' carries array inputs with every attention map and hidden "
+            "state: use JSON for texts, layer/head selection, reduce or truncate"
+        )
+    return plan
+
+
+def offers_binary(server_metadata: Any) -> bool:
+    """Whether ``GET /v2`` lists the binary tensor extension."""
+    extensions = server_metadata.get("extensions") if isinstance(server_metadata, dict) else None
+    return isinstance(extensions, list) and "binary_tensor_data" in extensions
+
+
+def default_model(cards: Sequence[ModelCard]) -> str:
+    """The model the server uses when a request names none."""
+    return next((c.name for c in cards if c.default), cards[0].name)
+
+
 def parse_body(factory: Callable[[Any], T], body: Any) -> T:
     """Build a typed result; a body that does not fit the contract is an APIResponseError."""
     try:
@@ -206,6 +236,9 @@ class BaseClient:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         self.max_retries = max_retries
+        # Whether the server offers the binary transport: asked once (GET /v2), when needed.
+        self._offers_binary: bool | None = None
+        self._default_model: str | None = None
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "attnserve-client/0.1"}

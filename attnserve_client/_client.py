@@ -19,16 +19,19 @@ from attnserve_client._base import (
     Reduce,
     SequenceInput,
     WireFormat,
+    binary_plan,
     checked_json,
     chunks,
+    default_model,
     encode_body,
+    offers_binary,
     parse_body,
     retry_delay,
     should_retry,
     tokenize_body,
     translate_transport_error,
 )
-from attnserve_client._exceptions import APITimeoutError
+from attnserve_client._exceptions import APIStatusError, APITimeoutError
 from attnserve_client._types import EncodeResult, ModelCard, TokenizeResult
 
 
@@ -84,8 +87,13 @@ class Client(BaseClient):
     def _request(
         self, method: str, path: str, *, json: Any = None, timeout: float | None = None
     ) -> Any:
-        """Send with retries on connection errors, 408, 429 and 5xx; raise typed errors."""
-        kwargs: dict[str, Any] = {"json": json}
+        """Send with retries; the JSON answer, or a typed error."""
+        return checked_json(self._send(method, path, json=json, timeout=timeout))
+
+    def _send(
+        self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """Send with retries on connection errors, 408, 429 and 5xx; the last answer."""
         if timeout is not None:
             kwargs["timeout"] = timeout
         for attempt in range(self.max_retries + 1):
@@ -100,8 +108,24 @@ class Client(BaseClient):
             if should_retry(response) and not last:
                 time.sleep(retry_delay(attempt, response))
                 continue
-            return checked_json(response)
+            return response
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _binary_target(self, model: str | None, *, ask: bool) -> str | None:
+        """The model to send binary requests to; None when the server offers no binary
+        (``ask``: find out once; else assume it does)."""
+        if self._offers_binary is None and not ask:
+            self._offers_binary = True
+        if self._offers_binary is None:
+            try:
+                self._offers_binary = offers_binary(self._request("GET", "/v2"))
+            except APIStatusError:  # a server without the protocol
+                self._offers_binary = False
+        if not self._offers_binary:
+            return None
+        if model is None and self._default_model is None:
+            self._default_model = default_model(self.models())
+        return model or self._default_model
 
     def encode(
         self,
@@ -118,11 +142,23 @@ class Client(BaseClient):
         truncate: bool = False,
         return_hidden_states: bool = False,
         hidden_layers: Sequence[int] | None = None,
-        wire_format: WireFormat = "base64",
+        wire_format: WireFormat | None = None,
         timeout: float | None = None,
     ) -> EncodeResult:
         """Contextualized embeddings of ``inputs``: [batch, seq, d] array, or a list of
-        [seq_i, d] arrays (ragged) or texts (models with a tokenizer)."""
+        [seq_i, d] arrays (ragged) or texts (models with a tokenizer).
+
+        ``wire_format``: None sends arrays as raw float32 over the binary transport
+        when the server offers it and the request needs no texts, no selection or
+        reduction of attention or hidden states and no truncation, else as base64
+        JSON; "binary", "base64" and "float" choose."""
+        plan = binary_plan(inputs, wire_format, locals())
+        target = None if plan is None else self._binary_target(model, ask=wire_format is None)
+        if plan is not None and target is not None:
+            answer = self._send(
+                "POST", plan.path(target), content=plan.body, headers=plan.headers, timeout=timeout
+            )
+            return plan.result(answer)
         body = encode_body(
             inputs,
             model=model,
@@ -134,7 +170,7 @@ class Client(BaseClient):
             normalize=normalize,
             return_embeddings=return_embeddings,
             truncate=truncate,
-            wire_format=wire_format,
+            wire_format="float" if wire_format == "float" else "base64",
             return_hidden_states=return_hidden_states,
             hidden_layers=hidden_layers,
         )
@@ -250,8 +286,13 @@ class AsyncClient(BaseClient):
     async def _request(
         self, method: str, path: str, *, json: Any = None, timeout: float | None = None
     ) -> Any:
-        """Send with retries on connection errors, 408, 429 and 5xx; raise typed errors."""
-        kwargs: dict[str, Any] = {"json": json}
+        """Send with retries; the JSON answer, or a typed error."""
+        return checked_json(await self._send(method, path, json=json, timeout=timeout))
+
+    async def _send(
+        self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """Send with retries on connection errors, 408, 429 and 5xx; the last answer."""
         if timeout is not None:
             kwargs["timeout"] = timeout
         for attempt in range(self.max_retries + 1):
@@ -266,8 +307,23 @@ class AsyncClient(BaseClient):
             if should_retry(response) and not last:
                 await asyncio.sleep(retry_delay(attempt, response))
                 continue
-            return checked_json(response)
+            return response
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _binary_target(self, model: str | None, *, ask: bool) -> str | None:
+        """See :meth:`Client._binary_target`."""
+        if self._offers_binary is None and not ask:
+            self._offers_binary = True
+        if self._offers_binary is None:
+            try:
+                self._offers_binary = offers_binary(await self._request("GET", "/v2"))
+            except APIStatusError:
+                self._offers_binary = False
+        if not self._offers_binary:
+            return None
+        if model is None and self._default_model is None:
+            self._default_model = default_model(await self.models())
+        return model or self._default_model
 
     async def encode(
         self,
@@ -284,10 +340,17 @@ class AsyncClient(BaseClient):
         truncate: bool = False,
         return_hidden_states: bool = False,
         hidden_layers: Sequence[int] | None = None,
-        wire_format: WireFormat = "base64",
+        wire_format: WireFormat | None = None,
         timeout: float | None = None,
     ) -> EncodeResult:
         """See :meth:`Client.encode`."""
+        plan = binary_plan(inputs, wire_format, locals())
+        target = None if plan is None else await self._binary_target(model, ask=wire_format is None)
+        if plan is not None and target is not None:
+            answer = await self._send(
+                "POST", plan.path(target), content=plan.body, headers=plan.headers, timeout=timeout
+            )
+            return plan.result(answer)
         body = encode_body(
             inputs,
             model=model,
@@ -299,7 +362,7 @@ class AsyncClient(BaseClient):
             normalize=normalize,
             return_embeddings=return_embeddings,
             truncate=truncate,
-            wire_format=wire_format,
+            wire_format="float" if wire_format == "float" else "base64",
             return_hidden_states=return_hidden_states,
             hidden_layers=hidden_layers,
         )

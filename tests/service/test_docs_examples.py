@@ -97,7 +97,7 @@ def test_examples_cover_every_endpoint(client: httpx.Client) -> None:
     assert paths  # the API describes itself
     for path in paths:
         assert f"`{path}`" in TEXT or f" {path}`" in TEXT, f"{path} is not documented"
-        pattern = re.escape(path).replace(r"\{name\}", r"[\w-]+") + r"(?![\w/])"
+        pattern = re.sub(r"\\\{\w+\\\}", r"[\\w-]+", re.escape(path)) + r"(?![\w/])"
         assert any(re.search(r"\$ATTNSERVE_URL" + pattern, b) for b in BLOCKS), (
             f"no example for {path}"
         )

@@ -1,0 +1,131 @@
+"""SDK transports side by side: binary tensors (/v2 infer) against base64 JSON (/v1/encode).
+
+One server (``python -m service``) on 127.0.0.1; the SDK's ``Client`` in this
+process sends the same [8, 128] batch with ``wire_format="binary"`` and
+``"base64"``, interleaved round by round (the machine is shared and noisy), with
+and without attention. Reported: median wall ms per call, the ratio binary /
+base64 (below 1: binary is faster), and the bytes each moves. Loops are
+bounded by ``--calls`` per round.
+
+    .venv/bin/python bench/bench_transport.py --model-dir models/minilm-l6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from attnserve_client import Client
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_serving import _wait_ready, free_port  # noqa: E402
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """Counts the bytes of request and response bodies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = self.received = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        response.read()
+        self.sent += len(request.content)
+        self.received += len(response.content)
+        return response
+
+
+def measure(
+    url: str, batch: np.ndarray, attention: bool, rounds: int, calls: int
+) -> dict[str, Any]:
+    """Median ms per call and bytes per call of each wire format, interleaved."""
+    times: dict[str, list[float]] = {"binary": [], "base64": []}
+    sizes: dict[str, tuple[int, int]] = {}
+    for _ in range(rounds):
+        for fmt in times:
+            transport = CountingTransport()
+            with Client(url, transport=transport, timeout=120) as client:
+                client.encode(batch, wire_format=fmt, return_attention=attention)  # warm
+                transport.sent = transport.received = 0
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    client.encode(batch, wire_format=fmt, return_attention=attention)
+                    times[fmt].append((time.perf_counter() - start) * 1000)
+            sizes[fmt] = (transport.sent // calls, transport.received // calls)
+    median = {fmt: statistics.median(t) for fmt, t in times.items()}
+    return {
+        "attention": attention,
+        "binary_ms": median["binary"],
+        "base64_ms": median["base64"],
+        "ratio_binary_vs_base64": median["binary"] / median["base64"],
+        "binary_bytes": sizes["binary"],
+        "base64_bytes": sizes["base64"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=10, help="calls per round and format")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "transport.json")
+    args = parser.parse_args()
+    d_model = json.loads((args.model_dir / "config.json").read_text())["architecture"]["d_model"]
+    batch = np.random.default_rng(0).standard_normal((8, 128, d_model), dtype=np.float32)
+    port = free_port()
+    env = {
+        **os.environ,
+        "ATTNSERVE_MODEL_REPOSITORY": str(args.model_dir.parent),
+        "ATTNSERVE_DEFAULT_MODEL": args.model_dir.name,
+        "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_LOG_LEVEL": "warning",
+    }
+    results = []
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "service"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            _wait_ready(port, server)
+            url = f"http://127.0.0.1:{port}"
+            for attention in (False, True):
+                results.append(measure(url, batch, attention, args.rounds, args.calls))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(
+        "| [8,128] | binary ms | base64 JSON ms | binary / base64 "
+        "| bytes sent, received (binary) | (base64) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {'+ attention' if r['attention'] else 'embeddings'} | {r['binary_ms']:.1f} | "
+            f"{r['base64_ms']:.1f} | {r['ratio_binary_vs_base64']:.2f} | "
+            f"{r['binary_bytes'][0]:,}, {r['binary_bytes'][1]:,} | "
+            f"{r['base64_bytes'][0]:,}, {r['base64_bytes'][1]:,} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
