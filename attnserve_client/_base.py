@@ -191,10 +191,18 @@ def binary_plan(
     return plan
 
 
-def offers_binary(server_metadata: Any) -> bool:
-    """Whether ``GET /v2`` lists the binary tensor extension."""
-    extensions = server_metadata.get("extensions") if isinstance(server_metadata, dict) else None
-    return isinstance(extensions, list) and "binary_tensor_data" in extensions
+def binary_answer(response: httpx.Response) -> bool | None:
+    """What ``GET /v2`` says of the binary transport: True (offered), False (no such
+    protocol here: 404, or no extension), None (no answer now: ask again later)."""
+    if response.status_code == 404:
+        return False
+    if not response.is_success:
+        return None
+    try:
+        extensions = response.json().get("extensions")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(extensions, list) and _binary.EXTENSION in extensions
 
 
 def default_model(cards: Sequence[ModelCard]) -> str:

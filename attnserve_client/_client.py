@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,19 +20,19 @@ from attnserve_client._base import (
     Reduce,
     SequenceInput,
     WireFormat,
+    binary_answer,
     binary_plan,
     checked_json,
     chunks,
     default_model,
     encode_body,
-    offers_binary,
     parse_body,
     retry_delay,
     should_retry,
     tokenize_body,
     translate_transport_error,
 )
-from attnserve_client._exceptions import APIStatusError, APITimeoutError
+from attnserve_client._exceptions import APITimeoutError
 from attnserve_client._types import EncodeResult, ModelCard, TokenizeResult
 
 
@@ -117,10 +118,9 @@ class Client(BaseClient):
         if self._offers_binary is None and not ask:
             self._offers_binary = True
         if self._offers_binary is None:
-            try:
-                self._offers_binary = offers_binary(self._request("GET", "/v2"))
-            except APIStatusError:  # a server without the protocol
-                self._offers_binary = False
+            # One attempt: on any doubt this call goes as JSON and a later one asks again.
+            with contextlib.suppress(httpx.TransportError):
+                self._offers_binary = binary_answer(self._http.get("/v2"))
         if not self._offers_binary:
             return None
         if model is None and self._default_model is None:
@@ -315,10 +315,8 @@ class AsyncClient(BaseClient):
         if self._offers_binary is None and not ask:
             self._offers_binary = True
         if self._offers_binary is None:
-            try:
-                self._offers_binary = offers_binary(await self._request("GET", "/v2"))
-            except APIStatusError:
-                self._offers_binary = False
+            with contextlib.suppress(httpx.TransportError):
+                self._offers_binary = binary_answer(await self._http.get("/v2"))
         if not self._offers_binary:
             return None
         if model is None and self._default_model is None:

@@ -73,7 +73,7 @@ def answer_shape(
 ) -> AnswerShape:
     """Every array (and token list) the answer to sequences of ``lengths`` holds."""
     arrays: list[tuple[int, ...]] = []
-    attention_floats = 0
+    attention_floats = hidden_state_floats = 0
     for n in lengths:
         if embeddings:
             arrays.append((n, d_model))
@@ -84,6 +84,7 @@ def answer_shape(
             arrays.append((pooled_width,))
         if hidden_states:
             arrays.append((hidden_states, n, d_model))
+            hidden_state_floats += hidden_states * n * d_model
     listed = [t for t in tokens or [] if t is not None]
     return AnswerShape(
         arrays=arrays,
@@ -91,6 +92,7 @@ def answer_shape(
         token_strings=sum(len(t) for t in listed),
         token_chars=sum(len(tok) for t in listed for tok in t),
         attention_floats=attention_floats,
+        hidden_state_floats=hidden_state_floats,
     )
 
 
@@ -101,11 +103,15 @@ def check_response_size(
     size = cost.bytes(shape, model_name)
     if size > settings.max_response_bytes:
         hint = (
-            "select fewer attention.layers or attention.heads, use attention.reduce "
-            "mean/max/rollout, "
-            if shape.attention_floats
-            else ""
-        ) + "send fewer or shorter sequences, or use a more compact encoding (base64)"
+            (
+                "select fewer attention.layers or attention.heads, use attention.reduce "
+                "mean/max/rollout, "
+                if shape.attention_floats
+                else ""
+            )
+            + ("select fewer hidden_states.layers, " if shape.hidden_state_floats else "")
+            + "send fewer or shorter sequences, or use a more compact encoding (base64)"
+        )
         raise PayloadTooLarge(
             f"the response would be up to {size:,.0f} bytes ({size / MB:.2f} MB: "
             f"{shape.floats:,} floats, {shape.attention_floats:,} of them attention); the "

@@ -51,6 +51,7 @@ class AnswerShape:
     token_strings: int = 0  # tokens listed by name (text items)
     token_chars: int = 0  # their characters
     attention_floats: int = 0
+    hidden_state_floats: int = 0
 
     @property
     def floats(self) -> int:

@@ -32,6 +32,12 @@ def attention_session(tiny_model_dir: Path) -> ort.InferenceSession:
     return new_session(tiny_model_dir / graph_io.GRAPH_ATTENTION)
 
 
+@pytest.fixture(scope="session")
+def hidden_session(tiny_model_dir: Path) -> ort.InferenceSession:
+    """onnxruntime on tiny's ``model_hidden.onnx`` (hidden states, no attention)."""
+    return new_session(tiny_model_dir / graph_io.GRAPH_HIDDEN_STATES)
+
+
 @pytest.fixture(scope="module")
 def client(server_url: str) -> Iterator[Client]:
     """The SDK on the session's real server (tiny model)."""

@@ -45,11 +45,14 @@ def new_session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def ort_run(session: ort.InferenceSession, seq: np.ndarray) -> list[np.ndarray]:
-    """One [n, d] sequence alone (batch of one, no padding): [hidden (n, d), attn (L, H, n, n)]."""
+def ort_run(session: ort.InferenceSession, seq: np.ndarray) -> dict[str, np.ndarray]:
+    """One [n, d] sequence alone (batch of one, no padding): the graph's outputs by name,
+    batch axis dropped: last_hidden_state (n, d), attentions (L, H, n, n), hidden_states
+    (L + 1, n, d), those the graph has."""
     mask = np.ones((1, len(seq)), dtype=np.int64)  # (1, n)
-    outputs = session.run(None, {graph_io.INPUT_EMBEDS: seq[None], graph_io.INPUT_MASK: mask})
-    return [out[0] for out in outputs]
+    names = [o.name for o in session.get_outputs()]
+    outputs = session.run(names, {graph_io.INPUT_EMBEDS: seq[None], graph_io.INPUT_MASK: mask})
+    return {name: out[0] for name, out in zip(names, outputs, strict=True)}
 
 
 class CountingTransport(httpx.HTTPTransport):

@@ -139,6 +139,7 @@ RNG = np.random.default_rng(0)
 EMB = [RNG.standard_normal((n, 3), dtype=np.float32) for n in (2, 1, 3)]  # [n_i, d]
 ATT = [RNG.random((2, 1, n, n), dtype=np.float32) for n in (2, 1, 3)]  # [L', H', n, n]
 POOL = [RNG.standard_normal(3, dtype=np.float32) for _ in range(3)]  # [d]
+HID = [RNG.standard_normal((2, n, 3), dtype=np.float32) for n in (2, 1, 3)]  # [L'', n_i, d]
 
 
 def b64(array: np.ndarray, *, dtype: bool = True) -> Body:
@@ -163,7 +164,7 @@ def wire(kind: str, array: np.ndarray) -> Any:
 
 def encode_body(kinds: dict[str, str | None], *, tokens: str = "null") -> Body:
     """Three items; ``kinds[field]`` is float, base64, base64-no-dtype, or None for null."""
-    arrays = {"embeddings": EMB, "attention": ATT, "pooled": POOL}
+    arrays = {"embeddings": EMB, "attention": ATT, "hidden_states": HID, "pooled": POOL}
     items = []
     for i in range(3):
         item: Body = {"index": i}
@@ -180,8 +181,14 @@ def encode_body(kinds: dict[str, str | None], *, tokens: str = "null") -> Body:
 
 
 ENCODE_CASES: dict[str, tuple[dict[str, str | None], str]] = {
-    "float": ({"embeddings": "float", "attention": "float", "pooled": "float"}, "null"),
-    "base64": ({"embeddings": "base64", "attention": "base64", "pooled": "base64"}, "list"),
+    "float": (
+        {"embeddings": "float", "attention": "float", "hidden_states": "float", "pooled": "float"},
+        "null",
+    ),
+    "base64": (
+        {"embeddings": "base64", "attention": "base64", "hidden_states": "base64"},
+        "list",
+    ),
     "base64-no-dtype": (
         {"embeddings": "base64-no-dtype", "attention": "base64-no-dtype", "pooled": None},
         "absent",
@@ -189,6 +196,7 @@ ENCODE_CASES: dict[str, tuple[dict[str, str | None], str]] = {
     "embeddings-only": ({"embeddings": "float"}, "null"),
     "pooled-only": ({"pooled": "base64"}, "list"),
     "attention-only": ({"attention": "float"}, "absent"),
+    "hidden-states-only": ({"hidden_states": "base64-no-dtype"}, "absent"),
     "all-null": ({}, "null"),
 }
 
@@ -204,7 +212,12 @@ def test_encode_response_shapes(components: dict[str, Schema], case: str) -> Non
         assert result.tokens == [["[CLS]", "x"], ["[CLS]"], ["[CLS]", "x", "[SEP]"]]
     else:
         assert result.tokens == [None, None, None]
-    for name, want in (("embeddings", EMB), ("attention", ATT), ("pooled", POOL)):
+    for name, want in (
+        ("embeddings", EMB),
+        ("attention", ATT),
+        ("hidden_states", HID),
+        ("pooled", POOL),
+    ):
         got = getattr(result, name)
         if kinds.get(name) is None:
             assert got is None, name
@@ -273,6 +286,7 @@ def card_body(window: int | None, tokenizer: bool) -> Body:
         "tokenizer": tokenizer,
         "pooling": "mean" if tokenizer else None,
         "normalize": tokenizer,
+        "hidden_states": tokenizer,
         "matryoshka_dimensions": [384, 128] if tokenizer else [],
         "default": not tokenizer,
     }

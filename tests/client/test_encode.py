@@ -15,6 +15,7 @@ import pytest
 
 from attnserve_client import AsyncClient, Client, EncodeResult
 from attnserve_client._base import Pooling, Reduce
+from model_export import graph_io
 from tests.client.helpers import (
     ATOL_ORT,
     D_MODEL,
@@ -47,11 +48,14 @@ def assert_matches_onnxruntime(
         assert hidden.dtype == np.float32 and attn.dtype == np.float32
         assert hidden.shape == (n, D_MODEL)  # trimmed to this sequence's own length
         assert attn.shape == (N_LAYERS, N_HEADS, n, n)
-        (want_hidden,) = ort_run(embeddings_session, seq)
-        want_hidden_attn, want_attn = ort_run(attention_session, seq)
-        np.testing.assert_allclose(hidden, want_hidden, rtol=0, atol=ATOL_ORT)
-        np.testing.assert_allclose(hidden, want_hidden_attn, rtol=0, atol=ATOL_ORT)
-        np.testing.assert_allclose(attn, want_attn, rtol=0, atol=ATOL_ORT)
+        want = ort_run(embeddings_session, seq)
+        assert list(want) == [graph_io.OUTPUT_HIDDEN]
+        want_attn = ort_run(attention_session, seq)
+        np.testing.assert_allclose(hidden, want[graph_io.OUTPUT_HIDDEN], rtol=0, atol=ATOL_ORT)
+        np.testing.assert_allclose(hidden, want_attn[graph_io.OUTPUT_HIDDEN], rtol=0, atol=ATOL_ORT)
+        np.testing.assert_allclose(
+            attn, want_attn[graph_io.OUTPUT_ATTENTIONS], rtol=0, atol=ATOL_ORT
+        )
 
 
 def test_sync_encode_matches_onnxruntime(
@@ -88,7 +92,9 @@ def test_embeddings_only_by_default(
     assert result.embeddings is not None
     assert [e.shape for e in result.embeddings] == [(n, D_MODEL) for n in RAGGED]
     for seq, hidden in zip(seqs, result.embeddings, strict=True):
-        np.testing.assert_allclose(hidden, ort_run(embeddings_session, seq)[0], atol=ATOL_ORT)
+        np.testing.assert_allclose(
+            hidden, ort_run(embeddings_session, seq)[graph_io.OUTPUT_HIDDEN], atol=ATOL_ORT
+        )
 
 
 def test_batch_array_input_stacks(client: Client, embeddings_session: ort.InferenceSession) -> None:
@@ -97,7 +103,9 @@ def test_batch_array_input_stacks(client: Client, embeddings_session: ort.Infere
     stacked = result.stack()
     assert stacked.shape == (3, 6, D_MODEL)
     for row, hidden in zip(batch, stacked, strict=True):
-        np.testing.assert_allclose(hidden, ort_run(embeddings_session, row)[0], atol=ATOL_ORT)
+        np.testing.assert_allclose(
+            hidden, ort_run(embeddings_session, row)[graph_io.OUTPUT_HIDDEN], atol=ATOL_ORT
+        )
 
 
 def test_stack_refuses_ragged_and_absent_fields(client: Client) -> None:
@@ -116,7 +124,13 @@ def test_one_2d_array_is_refused_before_sending(client: Client) -> None:
 @pytest.mark.parametrize("return_attention", [False, True])
 def test_wire_formats_give_identical_arrays(server_url: str, return_attention: bool) -> None:
     seqs = sequences((7, 2), seed=7)
-    options = {"return_attention": return_attention, "pooling": "max", "return_embeddings": True}
+    # The per-layer arrays (attention, hidden states) are asked for together or not at all.
+    options = {
+        "return_attention": return_attention,
+        "return_hidden_states": return_attention,
+        "pooling": "max",
+        "return_embeddings": True,
+    }
     transport = RecordingTransport()
     with Client(server_url, transport=transport) as client:
         as_float = client.encode(seqs, wire_format="float", **options)
@@ -127,17 +141,62 @@ def test_wire_formats_give_identical_arrays(server_url: str, return_attention: b
         # ... and "base64" as Base64Array objects.
         assert isinstance(transport.request_json["inputs"][0], dict)
         assert isinstance(transport.response_json["data"][0]["embeddings"], dict)
-        client.encode(seqs)
-        assert transport.request_json["encoding_format"] == "base64"  # the SDK's default
-    for field in ("embeddings", "attention", "pooled"):
+    for field in ("embeddings", "attention", "hidden_states", "pooled"):
         got_float, got_base64 = getattr(as_float, field), getattr(as_base64, field)
-        if field == "attention" and not return_attention:
+        if field in ("attention", "hidden_states") and not return_attention:
             assert got_float is None and got_base64 is None
             continue
         assert got_float is not None and got_base64 is not None
         for a, b in zip(got_float, got_base64, strict=True):
             assert a.dtype == b.dtype == np.float32
             np.testing.assert_array_equal(a, b)  # atol 0: the same float32 values
+
+
+HIDDEN_SELECTIONS: list[tuple[list[int] | None, bool]] = [
+    (None, False),  # model_hidden.onnx, all L + 1 states
+    ([0, -1], False),
+    ([-1, 1, -1], True),  # model_attn.onnx: repeats and order kept
+]
+
+
+@pytest.mark.parametrize(("hidden_layers", "return_attention"), HIDDEN_SELECTIONS)
+def test_hidden_states_match_onnxruntime(
+    client: Client,
+    hidden_session: ort.InferenceSession,
+    attention_session: ort.InferenceSession,
+    hidden_layers: list[int] | None,
+    return_attention: bool,
+) -> None:
+    seqs = sequences((6, 1, 11), seed=12)
+    result = client.encode(
+        seqs,
+        return_hidden_states=True,
+        hidden_layers=hidden_layers,
+        return_attention=return_attention,
+    )
+    assert result.hidden_states is not None and result.embeddings is not None
+    assert (result.attention is not None) == return_attention
+    chosen = hidden_layers if hidden_layers is not None else list(range(N_LAYERS + 1))
+    session = attention_session if return_attention else hidden_session
+    for seq, states, hidden in zip(seqs, result.hidden_states, result.embeddings, strict=True):
+        assert states.dtype == np.float32
+        assert states.shape == (len(chosen), len(seq), D_MODEL)
+        want = ort_run(session, seq)[graph_io.OUTPUT_HIDDEN_STATES]  # (L + 1, n, d)
+        np.testing.assert_allclose(states, want[chosen], rtol=0, atol=ATOL_ORT)
+        if chosen[-1] in (-1, N_LAYERS):  # the last layer's output is the embeddings
+            np.testing.assert_allclose(states[-1], hidden, rtol=0, atol=ATOL_ORT)
+
+
+def test_hidden_states_are_absent_unless_asked(server_url: str) -> None:
+    transport = RecordingTransport()
+    with Client(server_url, transport=transport) as recording:
+        # JSON, so the recorded request is the /v1/encode body.
+        result = recording.encode(sequences((3,), seed=13), hidden_layers=[0], wire_format="base64")
+    assert result.hidden_states is None
+    # hidden_layers alone does not ask for them: neither field is sent.
+    assert "return_hidden_states" not in transport.request_json
+    assert "hidden_states" not in transport.request_json
+    assert transport.response_json["data"][0]["hidden_states"] is None
 
 
 def rollout(attn: np.ndarray) -> np.ndarray:
@@ -177,7 +236,7 @@ def test_attention_selection_shapes_and_values(
     assert result.attention is not None
     for seq, attn in zip(seqs, result.attention, strict=True):
         n = len(seq)
-        full = ort_run(attention_session, seq)[1]  # (L, H, n, n)
+        full = ort_run(attention_session, seq)[graph_io.OUTPUT_ATTENTIONS]  # (L, H, n, n)
         chosen = full[layers if layers is not None else slice(None)]
         chosen = chosen[:, heads if heads is not None else slice(None)]  # (L', H', n, n)
         if reduce in (None, "none"):
@@ -210,7 +269,7 @@ def test_pooling_with_normalize_gives_unit_vectors(
     for seq, vector in zip(seqs, result.pooled, strict=True):
         assert vector.shape == (D_MODEL,)
         np.testing.assert_allclose(np.linalg.norm(vector), 1.0, rtol=0, atol=ATOL_UNIT)
-        want = reduce(ort_run(embeddings_session, seq)[0], axis=0)
+        want = reduce(ort_run(embeddings_session, seq)[graph_io.OUTPUT_HIDDEN], axis=0)
         want = want / np.linalg.norm(want)
         np.testing.assert_allclose(vector, want, rtol=0, atol=ATOL_ORT)
     stacked = result.stack("pooled")

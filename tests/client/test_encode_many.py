@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from attnserve_client import AsyncClient, Client, EncodeResult, PayloadTooLargeError
+from model_export import graph_io
 from tests.client.helpers import ATOL_ORT, D_MODEL, CountingTransport, ort_run, sequences
 
 # Distinct lengths, so a sequence's length tells where it went.
@@ -63,7 +64,9 @@ def assert_in_order(
     assert result.embeddings is not None
     assert [len(e) for e in result.embeddings] == [len(s) for s in seqs]
     for seq, hidden in zip(seqs, result.embeddings, strict=True):
-        np.testing.assert_allclose(hidden, ort_run(session, seq)[0], rtol=0, atol=ATOL_ORT)
+        np.testing.assert_allclose(
+            hidden, ort_run(session, seq)[graph_io.OUTPUT_HIDDEN], rtol=0, atol=ATOL_ORT
+        )
 
 
 def test_sync_keeps_order_with_concurrency(
@@ -72,7 +75,8 @@ def test_sync_keeps_order_with_concurrency(
     seqs = sequences(LENGTHS, seed=1)
     transport = SlowFirstBatch(LENGTHS[0])
     with Client(server_url, transport=transport) as client:
-        result = client.encode_many(seqs, batch_size=2, concurrency=4)
+        # JSON: the transport reads each batch's body to hold the first one back.
+        result = client.encode_many(seqs, batch_size=2, concurrency=4, wire_format="base64")
     assert transport.sent == 5  # ceil(9 / 2)
     assert_in_order(result, seqs, embeddings_session)
 
@@ -85,7 +89,7 @@ def test_async_keeps_order_with_concurrency(
 
     async def run() -> EncodeResult:
         async with AsyncClient(server_url, transport=transport) as client:
-            return await client.encode_many(seqs, batch_size=2, concurrency=4)
+            return await client.encode_many(seqs, batch_size=2, concurrency=4, wire_format="base64")
 
     result = asyncio.run(run())
     assert transport.sent == 5

@@ -37,6 +37,7 @@ from attnserve_client import (
 )
 from tests.client.helpers import (
     D_MODEL,
+    MODEL,
     MODEL_MAX_SEQ_LEN,
     CountingTransport,
     RewritingTransport,
@@ -73,13 +74,15 @@ def test_unknown_model_is_not_found(client: Client) -> None:
     assert_server_error(info.value, 404, "model_not_found", "nope")
 
 
-def test_too_many_sequences_is_payload_too_large(two_sequence_url: str) -> None:
+@pytest.mark.parametrize("wire_format", ["base64", "binary"])
+def test_too_many_sequences_is_payload_too_large(two_sequence_url: str, wire_format: str) -> None:
+    """The same error class and error_type over either transport."""
     transport = CountingTransport()
     with (
         Client(two_sequence_url, transport=transport) as client,
         pytest.raises(PayloadTooLargeError) as info,
     ):
-        client.encode(sequences((2, 2, 2), seed=2))
+        client.encode(sequences((2, 2, 2), seed=2), model=MODEL, wire_format=wire_format)  # type: ignore[arg-type]
     assert isinstance(info.value, BadRequestError)
     assert_server_error(info.value, 413, "payload_too_large", "3 sequences", "2")
     assert transport.sent == 1  # the caller's to fix: never retried
@@ -97,7 +100,7 @@ def test_wrong_content_type_is_unsupported_media_type(server_url: str) -> None:
         Client(server_url, transport=transport) as client,
         pytest.raises(UnsupportedMediaTypeError) as info,
     ):
-        client.encode(sequences((3,), seed=4))
+        client.encode(sequences((3,), seed=4), wire_format="base64")  # JSON is what is rewritten
     assert isinstance(info.value, BadRequestError)
     assert_server_error(info.value, 415, "unsupported_media_type", "application/json")
     assert transport.sent == 1
@@ -106,19 +109,24 @@ def test_wrong_content_type_is_unsupported_media_type(server_url: str) -> None:
 def test_malformed_json_is_bad_request(server_url: str) -> None:
     transport = RewritingTransport(content=b'{"inputs": [[', content_type="application/json")
     with Client(server_url, transport=transport) as client, pytest.raises(BadRequestError) as info:
-        client.encode(sequences((3,), seed=5))
+        client.encode(sequences((3,), seed=5), wire_format="base64")
     assert type(info.value) is BadRequestError
     assert_server_error(info.value, 400, "invalid_json", "json")
     assert transport.sent == 1
 
 
-def test_wrong_width_is_unprocessable(server_url: str) -> None:
+@pytest.mark.parametrize("wire_format", ["base64", "binary"])
+def test_wrong_width_is_unprocessable(server_url: str, wire_format: str) -> None:
     transport = CountingTransport()
     with (
         Client(server_url, transport=transport) as client,
         pytest.raises(UnprocessableEntityError) as info,
     ):
-        client.encode([np.zeros((3, D_MODEL - 1), np.float32)])
+        client.encode(
+            [np.zeros((3, D_MODEL - 1), np.float32)],
+            model=MODEL,
+            wire_format=wire_format,  # type: ignore[arg-type]
+        )
     assert isinstance(info.value, BadRequestError)
     assert_server_error(info.value, 422, "invalid_input", "width", str(D_MODEL))
     assert transport.sent == 1
@@ -170,8 +178,9 @@ def test_not_ready_is_service_unavailable(not_ready_url: str) -> None:
     assert info.value.response.headers["retry-after"] == "1"
 
 
+@pytest.mark.parametrize("wire_format", ["base64", "binary"])
 def test_not_ready_is_retried_after_the_servers_retry_after(
-    not_ready_url: str, monkeypatch: pytest.MonkeyPatch
+    not_ready_url: str, monkeypatch: pytest.MonkeyPatch, wire_format: str
 ) -> None:
     """The real server's Retry-After (1 s) is what the client waits between attempts."""
     waits: list[float] = []
@@ -181,7 +190,7 @@ def test_not_ready_is_retried_after_the_servers_retry_after(
         Client(not_ready_url, max_retries=2, transport=transport) as client,
         pytest.raises(ServiceUnavailableError),
     ):
-        client.encode(sequences((3,), seed=8))
+        client.encode(sequences((3,), seed=8), model=MODEL, wire_format=wire_format)  # type: ignore[arg-type]
     assert transport.sent == 3
     assert waits == [1.0, 1.0]
 

@@ -135,12 +135,28 @@ def reference_forward(
     Returns ``hidden`` (B, T, d_model) and ``attentions`` (B, L, h, T, T) in
     float64; rows of padded query positions are NaN (not computed).
     """
+    hidden, attentions, _ = reference_forward_all(w, config, embeds, mask)
+    return hidden, attentions
+
+
+def reference_forward_all(
+    w: Weights, config: EncoderConfig, embeds: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``reference_forward``'s (hidden, attentions), and the hidden states.
+
+    ``states`` (B, L + 1, T, d_model): the input embeddings, then each layer's output;
+    for pre-LN the last is taken after the final LayerNorm, so it equals ``hidden``.
+    Rows of padded positions are NaN (not computed), as in the other two.
+    """
     batch, seq, d_model = embeds.shape
     eps = config.layer_norm_eps
     hidden = np.full((batch, seq, d_model), np.nan)
     attentions = np.full((batch, config.n_layers, config.n_heads, seq, seq), np.nan)
+    states = np.full((batch, config.n_layers + 1, seq, d_model), np.nan)
     for b in range(batch):
         x = {i: embeds[b, i].astype(np.float64) for i in range(seq) if mask[b, i] != 0}
+        for i, xi in x.items():
+            states[b, 0, i] = xi
         for layer in range(config.n_layers):
             p = f"layers.{layer}"
             if config.norm_placement == "pre":
@@ -159,11 +175,15 @@ def reference_forward(
                     for i, xi in x.items()
                 }
             attentions[b, layer] = attn_w
+            for i, xi in x.items():
+                states[b, layer + 1, i] = xi
         if config.norm_placement == "pre":
             x = {i: _layer_norm(w, "final_norm", xi, eps) for i, xi in x.items()}
+            for i, xi in x.items():
+                states[b, config.n_layers, i] = xi  # the last state after the final norm
         for i, xi in x.items():
             hidden[b, i] = xi
-    return hidden, attentions
+    return hidden, attentions, states
 
 
 def ragged_batch(

@@ -182,18 +182,21 @@ def test_cli_exports_and_prints_the_validation_table(runs: CliRuns) -> None:
     run = runs.result("export")
     assert run.returncode == 0, run.stderr
     out_dir = runs.root / "tiny-cli"
-    assert {graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION, graph_io.CONFIG_FILE} <= set(
-        model_files(out_dir)
-    )
+    assert {*graph_io.GRAPH_OUTPUTS, graph_io.CONFIG_FILE} <= set(model_files(out_dir))
+    assert len(graph_io.GRAPH_OUTPUTS) == 3  # model.onnx, model_hidden.onnx, model_attn.onnx
     assert not list(runs.root.glob(".tiny-cli.*"))  # no staging directory left
 
     lines = run.stdout.splitlines()
     assert lines[0].split() == ["graph", "case", "output", "shape", "max|diff|", "ok"]
-    rows = [line for line in lines if line.startswith(("model.onnx", "model_attn.onnx"))]
-    assert len(rows) == len(CASES) * 3  # (1 + 2) outputs per case
+    rows = [line for line in lines if line.startswith(tuple(graph_io.GRAPH_OUTPUTS))]
+    assert len(rows) == len(CASES) * 6  # (1 + 2 + 3) outputs per case
     assert all(row.endswith("  yes") for row in rows)
     for case in CASES:
-        assert sum(case in row for row in rows) == 3
+        assert sum(case in row for row in rows) == 6
+    for graph, outputs in graph_io.GRAPH_OUTPUTS.items():  # every output of every graph
+        for output in outputs:
+            checked = [r for r in rows if r.split()[0] == graph and f" {output} " in r]
+            assert len(checked) == len(CASES), (graph, output)
     assert f"wrote {out_dir} in " in run.stdout
 
     config = json.loads((out_dir / graph_io.CONFIG_FILE).read_text())

@@ -25,7 +25,7 @@ from tests.model_export.reference import ragged_batch
 
 PARITY_ATOL = 1e-4  # ONNX Runtime vs PyTorch, fp32 (observed ~1e-6)
 
-# Batches run through both graphs: one token, long sequences, ragged with padding.
+# Batches run through every graph: one token, long sequences, ragged with padding.
 SHAPE_CASES: list[tuple[int, ...]] = [(1,), (2,), (100,), (3, 1, 2), (17, 5, 9, 1), (100, 37, 1)]
 
 # Mask and architecture variants, exported with the fast TorchScript exporter.
@@ -54,15 +54,29 @@ def dims(value_info: onnx.ValueInfoProto) -> list[str | int]:
     ]
 
 
+# The axis of each output that runs over (query) tokens, after the batch axis.
+TOKEN_AXIS = {
+    graph_io.OUTPUT_HIDDEN: 1,  # (B, T, d)
+    graph_io.OUTPUT_ATTENTIONS: 3,  # (B, L, h, T, T): query rows
+    graph_io.OUTPUT_HIDDEN_STATES: 2,  # (B, L + 1, T, d)
+}
+
+
 def torch_outputs(encoder: Encoder, embeds: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     with torch.no_grad():
-        hidden, attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
-    assert attn is not None
-    return {graph_io.OUTPUT_HIDDEN: hidden.numpy(), graph_io.OUTPUT_ATTENTIONS: attn.numpy()}
+        hidden, attn, states = encoder.forward_all(
+            torch.from_numpy(embeds), torch.from_numpy(mask), need_hidden_states=True
+        )
+    assert attn is not None and states is not None
+    return {
+        graph_io.OUTPUT_HIDDEN: hidden.numpy(),
+        graph_io.OUTPUT_ATTENTIONS: attn.numpy(),
+        graph_io.OUTPUT_HIDDEN_STATES: states.numpy(),
+    }
 
 
 def assert_parity(encoder: Encoder, model_dir: Path, lengths: tuple[int, ...], seed: int) -> None:
-    """Both graphs equal PyTorch within PARITY_ATOL; padded positions exactly 0 in ONNX too."""
+    """Every graph equals PyTorch within PARITY_ATOL; padded positions exactly 0 in ONNX too."""
     embeds, mask = ragged_batch(lengths, encoder.config.d_model, seed=seed)
     want = torch_outputs(encoder, embeds, mask)
     padded = ~mask.astype(bool)
@@ -76,10 +90,9 @@ def assert_parity(encoder: Encoder, model_dir: Path, lengths: tuple[int, ...], s
             np.testing.assert_allclose(
                 value, want[name], rtol=0, atol=PARITY_ATOL, err_msg=f"{graph} {name}"
             )
-            if name == graph_io.OUTPUT_HIDDEN:
-                assert (value[padded] == 0.0).all(), graph
-            else:
-                assert (value.transpose(0, 3, 1, 2, 4)[padded] == 0.0).all(), graph
+            # (B, T, ...) with the token axis second, indexed by the (B, T) padding mask.
+            by_token = np.moveaxis(value, TOKEN_AXIS[name], 1)
+            assert (by_token[padded] == 0.0).all(), (graph, name)
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -90,9 +103,14 @@ def read_config(model_dir: Path) -> dict[str, Any]:
 # --- the session fixture: tiny, exported with the default (dynamo) exporter ---------------
 
 
-def test_directory_holds_exactly_the_two_graphs_and_config(tiny_model_dir: Path) -> None:
+def test_directory_holds_exactly_the_three_graphs_and_config(tiny_model_dir: Path) -> None:
     assert sorted(p.name for p in tiny_model_dir.iterdir()) == sorted(
-        [graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION, graph_io.CONFIG_FILE]
+        [
+            graph_io.GRAPH_EMBEDDINGS,
+            graph_io.GRAPH_HIDDEN_STATES,
+            graph_io.GRAPH_ATTENTION,
+            graph_io.CONFIG_FILE,
+        ]
     )
     # No staging directory (`.tiny.*`) left next to it.
     assert not list(tiny_model_dir.parent.glob(f".{tiny_model_dir.name}.*"))
@@ -163,17 +181,23 @@ def test_graph_opset_and_names(tiny_model_dir: Path, graph: str) -> None:
     default_domain = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
     assert default_domain == [read_config(tiny_model_dir)["opset"]]
     assert [i.name for i in model.graph.input] == list(graph_io.INPUT_NAMES)
-    # model.onnx has only last_hidden_state; model_attn.onnx both, in that order.
+    # model.onnx has only last_hidden_state; model_hidden.onnx adds hidden_states;
+    # model_attn.onnx has all three, attentions before hidden_states.
     assert [o.name for o in model.graph.output] == list(graph_io.GRAPH_OUTPUTS[graph])
-    assert [o.name for o in model.graph.output] == (
-        [graph_io.OUTPUT_HIDDEN]
-        if graph == graph_io.GRAPH_EMBEDDINGS
-        else [graph_io.OUTPUT_HIDDEN, graph_io.OUTPUT_ATTENTIONS]
-    )
+    assert [o.name for o in model.graph.output] == {
+        graph_io.GRAPH_EMBEDDINGS: [graph_io.OUTPUT_HIDDEN],
+        graph_io.GRAPH_HIDDEN_STATES: [graph_io.OUTPUT_HIDDEN, graph_io.OUTPUT_HIDDEN_STATES],
+        graph_io.GRAPH_ATTENTION: [
+            graph_io.OUTPUT_HIDDEN,
+            graph_io.OUTPUT_ATTENTIONS,
+            graph_io.OUTPUT_HIDDEN_STATES,
+        ],
+    }[graph]
 
 
 def assert_declared_axes(model_dir: Path, config: EncoderConfig, *, attentions: bool) -> None:
-    """Inputs and last_hidden_state: symbolic batch and seq; attentions if ``attentions``."""
+    """Inputs, last_hidden_state and hidden_states: symbolic batch and seq; attentions if
+    ``attentions``."""
     batch, seq = graph_io.BATCH_AXIS, graph_io.SEQ_AXIS
     for graph in graph_io.GRAPH_OUTPUTS:
         model = onnx.load(str(model_dir / graph))
@@ -184,6 +208,13 @@ def assert_declared_axes(model_dir: Path, config: EncoderConfig, *, attentions: 
         assert dims(inputs[graph_io.INPUT_EMBEDS]) == [batch, seq, config.d_model]
         assert dims(inputs[graph_io.INPUT_MASK]) == [batch, seq]
         assert dims(outputs[graph_io.OUTPUT_HIDDEN]) == [batch, seq, config.d_model]
+        if graph_io.OUTPUT_HIDDEN_STATES in graph_io.GRAPH_OUTPUTS[graph]:
+            assert dims(outputs[graph_io.OUTPUT_HIDDEN_STATES]) == [
+                batch,
+                config.n_layers + 1,
+                seq,
+                config.d_model,
+            ]
         if attentions and graph_io.OUTPUT_ATTENTIONS in outputs:
             assert dims(outputs[graph_io.OUTPUT_ATTENTIONS]) == [
                 batch,
@@ -207,15 +238,29 @@ def test_onnx_matches_pytorch_at_many_shapes(
     assert_parity(tiny_encoder, tiny_model_dir, lengths, seed=len(lengths) * 1000 + lengths[0])
 
 
-def test_validate_model_dir_checks_both_graphs_on_every_case(
+def test_validate_model_dir_checks_all_three_graphs_on_every_case(
     tiny_model_dir: Path, tiny_encoder: Encoder
 ) -> None:
     results = validate_model_dir(tiny_encoder, tiny_model_dir)
-    assert len(results) == 5 * 3  # five default cases x (1 + 2) outputs
+    assert len(results) == 5 * 6  # five default cases x (1 + 2 + 3) outputs
     assert all(r.passed and r.max_abs_diff <= DEFAULT_ATOL for r in results)
     shapes = {(r.output, tuple(r.shape)) for r in results}
     assert (graph_io.OUTPUT_HIDDEN, (1, 1, 32)) in shapes  # batch 1, seq 1
     assert (graph_io.OUTPUT_ATTENTIONS, (4, 2, 4, 16, 16)) in shapes  # ragged with padding
+    # Every (graph, output) pair on every case, hidden_states of both graphs that have them.
+    cases = {r.case for r in results}
+    assert len(cases) == 5
+    assert {(r.graph, r.output, r.case) for r in results} == {
+        (g, o, c) for g, outs in graph_io.GRAPH_OUTPUTS.items() for o in outs for c in cases
+    }
+    for graph in (graph_io.GRAPH_HIDDEN_STATES, graph_io.GRAPH_ATTENTION):
+        states = {
+            tuple(r.shape)
+            for r in results
+            if r.graph == graph and r.output == graph_io.OUTPUT_HIDDEN_STATES
+        }
+        assert (1, 3, 1, 32) in states, graph  # batch 1, layers + 1, seq 1, d_model
+        assert (4, 3, 16, 32) in states, graph  # ragged with padding
 
 
 def test_validation_error_names_output_shape_and_diff(
@@ -241,15 +286,57 @@ def test_validation_error_names_output_shape_and_diff(
     assert "atol 0.0001" in message
 
 
-def test_validation_error_from_the_attention_graph(
-    tmp_path: Path, tiny_model_dir: Path, tiny_encoder: Encoder, tiny_config: EncoderConfig
+@pytest.mark.parametrize(
+    ("right", "wrong"),
+    [
+        ((graph_io.GRAPH_EMBEDDINGS,), graph_io.GRAPH_HIDDEN_STATES),
+        ((graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_HIDDEN_STATES), graph_io.GRAPH_ATTENTION),
+    ],
+)
+def test_validation_error_from_the_hidden_states_or_attention_graph(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    tiny_encoder: Encoder,
+    tiny_config: EncoderConfig,
+    right: tuple[str, ...],
+    wrong: str,
 ) -> None:
-    # A directory whose model.onnx is right but whose model_attn.onnx holds other weights.
+    # A directory whose ``right`` graphs are tiny's but whose ``wrong`` one (checked next)
+    # holds other weights.
     mixed = tmp_path / "mixed"
     export_model(Encoder(tiny_config, seed=TINY_SEED + 1), mixed, exporter="torchscript")
-    shutil.copy(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS, mixed / graph_io.GRAPH_EMBEDDINGS)
-    with pytest.raises(ValidationError, match=r"^model_attn\.onnx: output 'last_hidden_state'"):
+    for graph in right:
+        shutil.copy(tiny_model_dir / graph, mixed / graph)
+    pattern = "^" + wrong.replace(".", r"\.") + ": output 'last_hidden_state'"
+    with pytest.raises(ValidationError, match=pattern):
         validate_model_dir(tiny_encoder, mixed)
+
+
+def assert_hidden_states_graphs(model_dir: Path, config: EncoderConfig, seed: int) -> None:
+    """Both graphs with hidden states: (B, L + 1, T, d); the first the input, the last
+    last_hidden_state, both exactly (the graph copies them: atol 0); the two graphs agree
+    exactly too (the same computation, attention weights aside)."""
+    embeds, mask = ragged_batch((9, 3, 1), config.d_model, seed=seed)
+    real = mask.astype(bool)
+    feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+    states = {}
+    for graph in (graph_io.GRAPH_HIDDEN_STATES, graph_io.GRAPH_ATTENTION):
+        hidden, value = session(model_dir / graph).run(
+            [graph_io.OUTPUT_HIDDEN, graph_io.OUTPUT_HIDDEN_STATES], feeds
+        )
+        assert value.shape == (3, config.n_layers + 1, 9, config.d_model), graph
+        np.testing.assert_array_equal(value[:, 0][real], embeds[real], err_msg=graph)
+        np.testing.assert_array_equal(value[:, -1], hidden, err_msg=graph)
+        states[graph] = value
+    np.testing.assert_array_equal(
+        states[graph_io.GRAPH_HIDDEN_STATES], states[graph_io.GRAPH_ATTENTION]
+    )
+
+
+def test_hidden_states_graphs_give_input_then_each_layer(
+    tiny_model_dir: Path, tiny_config: EncoderConfig
+) -> None:
+    assert_hidden_states_graphs(tiny_model_dir, tiny_config, seed=5)
 
 
 # --- failed exports leave nothing behind ---------------------------------------------------
@@ -273,7 +360,7 @@ def test_failed_export_keeps_the_previous_model_and_success_replaces_it(
     first = export_model(Encoder(tiny_config, seed=1), out_dir, exporter="torchscript")
     assert first.model_dir == out_dir
     before = {p.name: sha256(p) for p in out_dir.iterdir()}
-    # ExportResult.files: the SHA-256 of what is on disk (at least both graphs).
+    # ExportResult.files: the SHA-256 of what is on disk (at least the three graphs).
     assert set(graph_io.GRAPH_OUTPUTS) <= set(first.files)
     assert all(before[name] == digest for name, digest in first.files.items())
 
@@ -286,7 +373,12 @@ def test_failed_export_keeps_the_previous_model_and_success_replaces_it(
     (out_dir / "stale.txt").write_text("left over from an older export")
     result = export_model(second, out_dir, exporter="torchscript")
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(
-        [graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION, graph_io.CONFIG_FILE]
+        [
+            graph_io.GRAPH_EMBEDDINGS,
+            graph_io.GRAPH_HIDDEN_STATES,
+            graph_io.GRAPH_ATTENTION,
+            graph_io.CONFIG_FILE,
+        ]
     )
     for graph in graph_io.GRAPH_OUTPUTS:  # new weights, new graphs, recorded and returned
         assert result.files[graph] != first.files[graph]
@@ -335,6 +427,13 @@ def test_variant_masks_are_exact_in_onnx(variant: tuple[Encoder, Path]) -> None:
     assert (attn[0][..., ~forbidden] > 0.0).all()  # the full-length row: allowed means > 0
     assert read_config(model_dir)["architecture"] == config.to_dict()
     assert read_config(model_dir)["exporter"]["exporter"] == "torchscript"
+
+
+def test_variant_hidden_states_graphs_give_input_then_each_layer(
+    variant: tuple[Encoder, Path],
+) -> None:
+    encoder, model_dir = variant
+    assert_hidden_states_graphs(model_dir, encoder.config, seed=6)
 
 
 def test_variant_inputs_and_embeddings_have_dynamic_axes(variant: tuple[Encoder, Path]) -> None:

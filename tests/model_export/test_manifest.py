@@ -12,9 +12,43 @@ import pytest
 
 from model_export import graph_io
 from model_export.config import preset
-from model_export.manifest import FORMAT_VERSION, Manifest, ManifestError, TextFrontEnd
+from model_export.manifest import (
+    FORMAT_VERSION,
+    GraphFile,
+    Manifest,
+    ManifestError,
+    TextFrontEnd,
+)
 
-GRAPHS = {name: "0" * 64 for name in graph_io.GRAPH_OUTPUTS}
+GRAPHS = {name: GraphFile("0" * 64, outputs) for name, outputs in graph_io.GRAPH_OUTPUTS.items()}
+# What the first release wrote: no model_hidden.onnx, model_attn.onnx without hidden_states.
+FIRST_RELEASE_GRAPHS = {
+    graph_io.GRAPH_EMBEDDINGS: GraphFile("0" * 64, (graph_io.OUTPUT_HIDDEN,)),
+    graph_io.GRAPH_ATTENTION: GraphFile(
+        "0" * 64, (graph_io.OUTPUT_HIDDEN, graph_io.OUTPUT_ATTENTIONS)
+    ),
+}
+
+
+def raw_graphs(graphs: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """The config.json form of ``graphs`` (file -> its outputs), with dummy digests."""
+    return {
+        name: {
+            "outputs": {o: {"dtype": "float32", "shape": graph_io.SHAPES[o]} for o in outputs},
+            "sha256": "0" * 64,
+        }
+        for name, outputs in graphs.items()
+    }
+
+
+def without(graph: str) -> dict[str, tuple[str, ...]]:
+    """Every graph of this version but ``graph``, with its outputs."""
+    return {name: outs for name, outs in graph_io.GRAPH_OUTPUTS.items() if name != graph}
+
+
+def graphs_with(graph: str, outputs: tuple[str, ...]) -> dict[str, Any]:
+    """A config.json change: every graph of this version, ``graph`` with ``outputs``."""
+    return {"graphs": raw_graphs({**graph_io.GRAPH_OUTPUTS, graph: outputs})}
 
 
 def manifest(**changes: Any) -> Manifest:
@@ -35,8 +69,15 @@ def test_round_trip_keeps_every_field_and_the_record() -> None:
     read = Manifest.from_dict(raw)
     assert read == written and read.record == written.record
     assert raw["format_version"] == FORMAT_VERSION
-    assert read.files() == {**GRAPHS, "embeddings.onnx": "1" * 64, "tokenizer.json": "2" * 64}
+    assert read.graphs == GRAPHS  # digests and outputs, in order
+    assert [g.outputs for g in read.graphs.values()] == list(graph_io.GRAPH_OUTPUTS.values())
+    assert read.files() == {
+        **{name: g.sha256 for name, g in GRAPHS.items()},
+        "embeddings.onnx": "1" * 64,
+        "tokenizer.json": "2" * 64,
+    }
     assert read.has_tokenizer
+    assert read.has_hidden_states
 
 
 def test_the_first_release_format_is_still_read(tiny_model_dir: Path) -> None:
@@ -47,6 +88,31 @@ def test_the_first_release_format_is_still_read(tiny_model_dir: Path) -> None:
     raw["format_version"] = 1
     read = Manifest.from_dict(raw)
     assert (read.pooling, read.normalize, read.matryoshka_dimensions) == (None, False, ())
+    # Nor per-layer hidden states: two graphs, the attention graph without them.
+    raw["graphs"].pop(graph_io.GRAPH_HIDDEN_STATES)
+    raw["graphs"][graph_io.GRAPH_ATTENTION]["outputs"].pop(graph_io.OUTPUT_HIDDEN_STATES)
+    read = Manifest.from_dict(raw)
+    assert list(read.graphs) == [graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION]
+    assert read.graphs[graph_io.GRAPH_ATTENTION].outputs == (
+        graph_io.OUTPUT_HIDDEN,
+        graph_io.OUTPUT_ATTENTIONS,
+    )
+    assert not read.has_hidden_states
+    assert set(read.files()) == {graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION}
+
+
+def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
+    assert manifest().has_hidden_states
+    assert not manifest(graphs=FIRST_RELEASE_GRAPHS).has_hidden_states
+    # model_hidden.onnx alone is not enough: a request with attention runs model_attn.onnx.
+    with_hidden = {
+        **FIRST_RELEASE_GRAPHS,
+        graph_io.GRAPH_HIDDEN_STATES: GRAPHS[graph_io.GRAPH_HIDDEN_STATES],
+    }
+    assert not manifest(graphs=with_hidden).has_hidden_states
+    # Nor the attention graph's hidden_states without model_hidden.onnx.
+    without_hidden = {k: GRAPHS[k] for k in without(graph_io.GRAPH_HIDDEN_STATES)}
+    assert not manifest(graphs=without_hidden).has_hidden_states
 
 
 @pytest.mark.parametrize(
@@ -58,6 +124,23 @@ def test_the_first_release_format_is_still_read(tiny_model_dir: Path) -> None:
         ({"matryoshka_dimensions": [33]}, "1..32"),
         ({"matryoshka_dimensions": "32"}, "must be a list"),
         ({"graphs": {}}, "graphs lacks"),
+        ({"graphs": raw_graphs(without(graph_io.GRAPH_ATTENTION))}, "graphs lacks model_attn.onnx"),
+        (  # an output the file does not have
+            graphs_with("model.onnx", ("last_hidden_state", "hidden_states")),
+            "graphs.model.onnx has unexpected outputs",
+        ),
+        (  # last_hidden_state must come first
+            graphs_with("model_hidden.onnx", ("hidden_states", "last_hidden_state")),
+            "graphs.model_hidden.onnx has unexpected outputs",
+        ),
+        (  # no outputs at all
+            graphs_with("model_attn.onnx", ()),
+            "graphs.model_attn.onnx has unexpected outputs []",
+        ),
+        (  # a graph file this version does not know
+            graphs_with("other.onnx", ("last_hidden_state",)),
+            "graphs.other.onnx has unexpected outputs",
+        ),
         ({"architecture": {"d_model": 30, "n_heads": 4}}, "divisible"),
         ({"text": {"embeddings_graph": "e.onnx"}}, "text:"),
         ({"opset": "eighteen"}, "eighteen"),

@@ -13,7 +13,12 @@ from torch import Tensor, nn
 
 from model_export.config import EncoderConfig, preset
 from model_export.model import Encoder
-from tests.model_export.reference import ragged_batch, reference_forward, weights_of
+from tests.model_export.reference import (
+    ragged_batch,
+    reference_forward,
+    reference_forward_all,
+    weights_of,
+)
 
 # Tolerances (float32 model against the float64 reference / against itself).
 REFERENCE_ATOL = 1e-5  # observed ~1e-6 on these sizes
@@ -43,6 +48,21 @@ def run(encoder: Encoder, embeds: np.ndarray, mask: np.ndarray) -> tuple[np.ndar
         hidden, attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
     assert attn is not None
     return hidden.numpy(), attn.numpy()
+
+
+def run_all(
+    encoder: Encoder, embeds: np.ndarray, mask: np.ndarray, *, need_weights: bool = True
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """``forward_all`` with hidden states: (hidden, attn or None, states (B, L + 1, T, d))."""
+    with torch.no_grad():
+        hidden, attn, states = encoder.forward_all(
+            torch.from_numpy(embeds),
+            torch.from_numpy(mask),
+            need_weights=need_weights,
+            need_hidden_states=True,
+        )
+    assert states is not None
+    return hidden.numpy(), None if attn is None else attn.numpy(), states.numpy()
 
 
 def randomized(encoder: Encoder, seed: int) -> Encoder:
@@ -222,6 +242,95 @@ def test_sequence_alone_equals_padded_in_batch(variant: str) -> None:
     np.testing.assert_allclose(batch_hidden[0, :5], alone_hidden[0], rtol=0, atol=PADDING_ATOL)
     np.testing.assert_allclose(
         batch_attn[0, :, :, :5, :5], alone_attn[0], rtol=0, atol=PADDING_ATOL
+    )
+
+
+# -- hidden states (forward_all) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", list(CONFIGS))
+def test_hidden_states_shape_first_last_and_padding(variant: str) -> None:
+    config = config_of(variant)
+    encoder = randomized(Encoder(config, seed=0), seed=10)
+    embeds, mask = ragged_batch(RAGGED, config.d_model, seed=10)
+    real = mask.astype(bool)  # (B, T)
+    embeds[~real] = 7.0  # garbage at padded positions: it must not come back
+    hidden, attn, states = run_all(encoder, embeds, mask)
+    assert states.shape == (len(RAGGED), config.n_layers + 1, 7, config.d_model)
+    assert states.dtype == np.float32
+    by_token = states.transpose(0, 2, 1, 3)  # (B, T, L + 1, d)
+    # The first state is the input embeddings, bit for bit (a copy), at real tokens.
+    np.testing.assert_array_equal(states[:, 0][real], embeds[real])
+    # The last is the encoder's output (after the final norm, for pre-LN), bit for bit.
+    np.testing.assert_array_equal(states[:, -1], hidden)
+    # Exactly 0 at padded positions, in every state; not at real tokens.
+    assert (by_token[~real] == 0.0).all()
+    assert (np.abs(by_token[real]).max(axis=-1) > 0.0).all()
+    # Each layer changes every real token (a stack of copies would pass the above).
+    steps = np.abs(np.diff(by_token[real], axis=1)).max(axis=-1)  # (tokens, L)
+    assert (steps > 1e-3).all()
+    # The other outputs are those of forward, and do not depend on what else is asked for.
+    with torch.no_grad():
+        plain, plain_attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+        _, _, no_states = encoder.forward_all(torch.from_numpy(embeds), torch.from_numpy(mask))
+    assert no_states is None  # need_hidden_states defaults to False
+    assert plain_attn is not None and attn is not None
+    np.testing.assert_array_equal(hidden, plain.numpy())
+    np.testing.assert_array_equal(attn, plain_attn.numpy())
+    fast_hidden, no_attn, fast_states = run_all(encoder, embeds, mask, need_weights=False)
+    assert no_attn is None
+    np.testing.assert_array_equal(fast_hidden, hidden)
+    np.testing.assert_array_equal(fast_states, states)
+
+
+@pytest.mark.parametrize("variant", list(CONFIGS))
+def test_hidden_states_match_numpy_reference(variant: str) -> None:
+    """Every layer's output at real tokens, within REFERENCE_ATOL of the float64 reference."""
+    config = config_of(variant)
+    encoder = randomized(Encoder(config, seed=0), seed=11)
+    embeds, mask = ragged_batch(RAGGED, config.d_model, seed=11)
+    _, _, states = run_all(encoder, embeds, mask)
+    ref_hidden, _, ref_states = reference_forward_all(weights_of(encoder), config, embeds, mask)
+    real = mask.astype(bool)
+    # Real tokens only (the reference leaves padded rows NaN); as (token, L + 1, d).
+    np.testing.assert_allclose(
+        states.transpose(0, 2, 1, 3)[real],
+        ref_states.transpose(0, 2, 1, 3)[real],
+        rtol=0,
+        atol=REFERENCE_ATOL,
+    )
+    # The reference's own invariants: first the input, last its output (exactly: float64).
+    np.testing.assert_array_equal(ref_states[:, 0][real], embeds[real].astype(np.float64))
+    np.testing.assert_array_equal(ref_states[:, -1][real], ref_hidden[real])
+
+
+def test_pre_ln_last_hidden_state_is_after_the_final_norm() -> None:
+    """Pre-LN blocks end without a norm: the last state is final_norm(last block's output)."""
+    config = config_of("pre-LN")
+    encoder = randomized(Encoder(config, seed=0), seed=12)
+    assert encoder.final_norm is not None
+    embeds, mask = ragged_batch(RAGGED, config.d_model, seed=12)
+    captured: list[Tensor] = []
+    handle = encoder.layers[-1].register_forward_hook(
+        lambda _module, _inputs, output: captured.append(output[0])
+    )
+    try:
+        hidden, _, states = run_all(encoder, embeds, mask)
+    finally:
+        handle.remove()
+    (block_out,) = captured  # (B, T, d), before the final norm
+    with torch.no_grad():
+        normed = encoder.final_norm(block_out).numpy()
+    real = mask.astype(bool)
+    np.testing.assert_array_equal(states[:, -1][real], normed[real])  # the same op: exact
+    np.testing.assert_array_equal(states[:, -1], hidden)
+    # And not the block's raw output: the final norm visibly changes it.
+    assert np.abs(states[:, -1][real] - block_out.numpy()[real]).max() > 1e-1
+    # The states before the last are the blocks' raw outputs (no final norm on them).
+    ref_hidden, _, ref_states = reference_forward_all(weights_of(encoder), config, embeds, mask)
+    np.testing.assert_allclose(states[:, -1][real], ref_hidden[real], rtol=0, atol=REFERENCE_ATOL)
+    np.testing.assert_allclose(
+        states[:, -2][real], ref_states[:, -2][real], rtol=0, atol=REFERENCE_ATOL
     )
 
 

@@ -30,3 +30,9 @@ def embeddings_session(tiny_model_dir: Path) -> ort.InferenceSession:
 def attention_session(tiny_model_dir: Path) -> ort.InferenceSession:
     """onnxruntime on ``model_attn.onnx``, run by the tests directly."""
     return new_session(str(tiny_model_dir / graph_io.GRAPH_ATTENTION))
+
+
+@pytest.fixture(scope="session")
+def hidden_session(tiny_model_dir: Path) -> ort.InferenceSession:
+    """onnxruntime on ``model_hidden.onnx`` (hidden states, no attention), run directly."""
+    return new_session(str(tiny_model_dir / graph_io.GRAPH_HIDDEN_STATES))

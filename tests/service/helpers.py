@@ -64,20 +64,43 @@ def new_session(path: str) -> ort.InferenceSession:
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def ort_encode(
+# The axes of each output that run over tokens, in one sequence's slice (batch axis dropped).
+TOKEN_AXES = {
+    graph_io.OUTPUT_HIDDEN: (0,),  # [n, d]
+    graph_io.OUTPUT_ATTENTIONS: (2, 3),  # [L, H, n, n]
+    graph_io.OUTPUT_HIDDEN_STATES: (1,),  # [L + 1, n, d]
+}
+
+
+def ort_outputs(
     session: ort.InferenceSession, seqs: list[np.ndarray]
-) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    """Run ``seqs`` as one zero-padded batch; return each one's trimmed (hidden, attention)."""
+) -> list[dict[str, np.ndarray]]:
+    """Run ``seqs`` as one zero-padded batch; each one's outputs by name, trimmed to it."""
     longest = max(len(s) for s in seqs)
     embeds = np.zeros((len(seqs), longest, D_MODEL), dtype=np.float32)  # (B, T, d)
     mask = np.zeros((len(seqs), longest), dtype=np.int64)  # (B, T)
     for row, seq in enumerate(seqs):
         embeds[row, : len(seq)] = seq
         mask[row, : len(seq)] = 1
-    outputs = session.run(None, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask})
-    hidden = outputs[0]  # (B, T, d)
-    attn = outputs[1] if len(outputs) > 1 else None  # (B, L, H, T, T)
+    names = [o.name for o in session.get_outputs()]
+    outputs = session.run(names, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask})
+    trimmed = []
+    for row, seq in enumerate(seqs):
+        by_name = {}
+        for name, value in zip(names, outputs, strict=True):
+            index: list[slice | int] = [row] + [slice(None)] * (value.ndim - 1)
+            for axis in TOKEN_AXES[name]:
+                index[axis + 1] = slice(0, len(seq))
+            by_name[name] = value[tuple(index)]
+        trimmed.append(by_name)
+    return trimmed
+
+
+def ort_encode(
+    session: ort.InferenceSession, seqs: list[np.ndarray]
+) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Run ``seqs`` as one zero-padded batch; return each one's trimmed (hidden, attention)."""
     return [
-        (hidden[i, :n], None if attn is None else attn[i, :, :, :n, :n])
-        for i, n in enumerate(len(s) for s in seqs)
+        (out[graph_io.OUTPUT_HIDDEN], out.get(graph_io.OUTPUT_ATTENTIONS))
+        for out in ort_outputs(session, seqs)
     ]

@@ -47,9 +47,10 @@ def test_model_list_and_card(client: httpx.Client, tiny_model_dir: Path) -> None
     assert card["max_seq_len"] == MODEL_MAX_SEQ_LEN
     assert card["default"] is True
     assert card["tokenizer"] is False
+    assert card["hidden_states"] is True  # exported with per-layer hidden states
     assert card["causal"] is False and card["window"] is None
     graphs = sorted(p.name for p in tiny_model_dir.glob("*.onnx"))
-    assert graphs == ["model.onnx", "model_attn.onnx"]
+    assert graphs == ["model.onnx", "model_attn.onnx", "model_hidden.onnx"]
     assert card["sha256"] == {name: _file_sha256(tiny_model_dir / name) for name in graphs}
 
     single = client.get(f"/v1/models/{MODEL}")

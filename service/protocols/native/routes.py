@@ -97,6 +97,7 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         tokenizer=info.has_tokenizer,
         pooling=manifest.pooling,
         normalize=manifest.normalize,
+        hidden_states=manifest.has_hidden_states,
         matryoshka_dimensions=list(manifest.matryoshka_dimensions),
         default=default,
     )

@@ -174,6 +174,9 @@ class ModelCard(BaseModel):
     normalize: bool = Field(
         description="Whether the model's sentence embeddings are L2-normalised."
     )
+    hidden_states: bool = Field(
+        description="Answers return_hidden_states (exported with per-layer hidden states)."
+    )
     matryoshka_dimensions: list[int] = Field(
         description="Sizes the model's embeddings may be shortened to (OpenAI 'dimensions')."
     )

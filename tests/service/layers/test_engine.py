@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from model_export import graph_io
 from service.engine import (
     ArrayInput,
     AttentionSpec,
@@ -46,6 +47,7 @@ from tests.service.helpers import (
     N_HEADS,
     N_LAYERS,
     ort_encode,
+    ort_outputs,
     sequences,
 )
 from tests.service.layers.conftest import layer_settings, loaded_engine, with_started_engine
@@ -164,6 +166,13 @@ def test_declared_total_beyond_max_tokens_is_refused_undecoded(strict_engine: En
         ({"attention": AttentionSpec(heads=[-N_HEADS - 1])}, ("attention", "heads")),
         ({"normalize": True}, ("normalize",)),
         ({"pooling": "mean", "dimensions": 8}, ("dimensions",)),
+        # Hidden states: L + 1 of them (the input embeddings, then each layer's output).
+        ({"hidden_layers": [N_LAYERS + 1]}, ("hidden_states", "layers")),
+        (
+            {"return_hidden_states": True, "hidden_layers": [-N_LAYERS - 2]},
+            ("hidden_states", "layers"),
+        ),
+        ({"return_hidden_states": True, "hidden_layers": []}, ("hidden_states", "layers")),
     ],
 )
 def test_bad_options_are_refused_undecoded(
@@ -197,6 +206,57 @@ def test_response_size_is_refused_before_running(
     with pytest.raises(PayloadTooLarge) as info:
         engine.prepare(request_of(arrays([seq]), return_attention=True))
     assert "attention" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("options", "graph"),
+    [
+        ({}, graph_io.GRAPH_EMBEDDINGS),
+        ({"pooling": "mean", "return_embeddings": False}, graph_io.GRAPH_EMBEDDINGS),
+        ({"return_hidden_states": True}, graph_io.GRAPH_HIDDEN_STATES),
+        ({"hidden_layers": [0]}, graph_io.GRAPH_EMBEDDINGS),  # not asked for: not run
+        ({"return_attention": True}, graph_io.GRAPH_ATTENTION),
+        ({"return_attention": True, "return_hidden_states": True}, graph_io.GRAPH_ATTENTION),
+    ],
+)
+def test_each_request_runs_the_lightest_graph_with_its_outputs(
+    engine: Engine, options: dict[str, Any], graph: str
+) -> None:
+    prepared = engine.prepare(request_of(arrays(sequences((3,), seed=0)), **options))
+    assert prepared.graph == graph
+    assert set(prepared.model.manifest.graphs[graph].outputs) >= (
+        {graph_io.OUTPUT_HIDDEN}
+        | ({graph_io.OUTPUT_HIDDEN_STATES} if options.get("return_hidden_states") else set())
+        | ({graph_io.OUTPUT_ATTENTIONS} if options.get("return_attention") else set())
+    )
+
+
+def test_hidden_layers_index_the_layers_plus_one_states(engine: Engine) -> None:
+    seqs = arrays(sequences((3,), seed=0))
+    every = engine.prepare(request_of(seqs, return_hidden_states=True))
+    assert every.hidden_layers == list(range(N_LAYERS + 1))
+    chosen = engine.prepare(
+        request_of(seqs, return_hidden_states=True, hidden_layers=[0, -1, 1, -(N_LAYERS + 1)])
+    )
+    assert chosen.hidden_layers == [0, N_LAYERS, 1, 0]  # order and repeats kept
+
+
+def test_hidden_states_count_in_the_response_size(
+    model_repository: Path, runtimes: dict[str, ModelRuntime]
+) -> None:
+    (seq,) = sequences((MODEL_MAX_SEQ_LEN,), seed=1)
+    without = loaded_engine(layer_settings(model_repository), runtimes).prepare(
+        request_of(arrays([seq]))
+    )
+    # A budget the embeddings fit in but not the embeddings and L + 1 hidden states.
+    budget = int(2 * without.response_bytes)
+    engine = loaded_engine(layer_settings(model_repository, max_response_bytes=budget), runtimes)
+    assert engine.prepare(request_of(arrays([seq]))).response_bytes == without.response_bytes
+    with pytest.raises(PayloadTooLarge):
+        engine.prepare(request_of(arrays([seq]), return_hidden_states=True))
+    one = engine.prepare(request_of(arrays([seq]), return_hidden_states=True, hidden_layers=[-1]))
+    # One state more than the embeddings alone: about twice their floats, within the budget.
+    assert without.response_bytes < one.response_bytes <= budget
 
 
 # -- what tiny cannot do ------------------------------------------------------------------
@@ -299,13 +359,75 @@ def test_concurrent_requests_with_attention_and_pooling_match_onnxruntime(
                 np.testing.assert_allclose(out.pooled, hidden.max(axis=0), rtol=0, atol=ATOL_ORT)
 
 
-def test_finish_refuses_non_finite_outputs(engine: Engine) -> None:
+def test_concurrent_requests_with_hidden_states_match_onnxruntime(
+    settings: Settings,
+    hidden_session: ort.InferenceSession,
+    attention_session: ort.InferenceSession,
+) -> None:
+    """Requests for each graph queued together: the batcher runs one group per graph and
+    trims every output of every sequence to that sequence's own length."""
+    groups = [sequences(RAGGED, seed=51), sequences((5, 30), seed=52), sequences((2, 7), seed=53)]
+    requests = [
+        request_of(arrays(groups[0]), return_hidden_states=True),
+        request_of(
+            arrays(groups[1]),
+            return_hidden_states=True,
+            hidden_layers=[-1, 0],
+            return_attention=True,
+            return_embeddings=False,
+        ),
+        request_of(arrays(groups[2])),
+    ]
+
+    async def body(engine: Engine) -> list[EncodeResult]:
+        prepared = [engine.prepare(r) for r in requests]
+        return list(await asyncio.gather(*(engine.run(p) for p in prepared)))
+
+    results = with_started_engine(settings, body)
+    # request 0: model_hidden.onnx, every state
+    for out, want in zip(results[0].outputs, ort_outputs(hidden_session, groups[0]), strict=True):
+        n = out.length
+        assert out.attention is None
+        assert out.hidden_states is not None
+        assert out.hidden_states.shape == (N_LAYERS + 1, n, D_MODEL)
+        np.testing.assert_allclose(
+            out.hidden_states, want[graph_io.OUTPUT_HIDDEN_STATES], rtol=0, atol=ATOL_ORT
+        )
+        assert out.embeddings is not None
+        np.testing.assert_allclose(out.embeddings, out.hidden_states[-1], rtol=0, atol=ATOL_ORT)
+    # request 1: model_attn.onnx, the last state then the input embeddings
+    for seq, out, want in zip(
+        groups[1], results[1].outputs, ort_outputs(attention_session, groups[1]), strict=True
+    ):
+        n = len(seq)
+        assert out.embeddings is None and out.attention is not None
+        assert out.hidden_states is not None and out.hidden_states.shape == (2, n, D_MODEL)
+        states = want[graph_io.OUTPUT_HIDDEN_STATES]
+        np.testing.assert_allclose(out.hidden_states[0], states[-1], rtol=0, atol=ATOL_ORT)
+        np.testing.assert_allclose(out.hidden_states[1], seq, rtol=0, atol=ATOL_ORT)
+        np.testing.assert_allclose(
+            out.attention, want[graph_io.OUTPUT_ATTENTIONS], rtol=0, atol=ATOL_ORT
+        )
+    # request 2: model.onnx, no hidden states
+    assert all(out.hidden_states is None for out in results[2].outputs)
+
+
+@pytest.mark.parametrize("output", [graph_io.OUTPUT_HIDDEN, graph_io.OUTPUT_HIDDEN_STATES])
+def test_finish_refuses_non_finite_outputs(engine: Engine, output: str) -> None:
     seqs = sequences((3, 2), seed=4)
-    prepared = engine.prepare(request_of(arrays(seqs)))
-    hidden = [s.copy() for s in seqs]
-    hidden[1][0, 0] = np.nan
+    prepared = engine.prepare(request_of(arrays(seqs), return_hidden_states=True))
+    # What model_hidden.onnx gives per sequence: last_hidden_state [n, d], hidden_states
+    # [L + 1, n, d]; one value of one sequence's ``output`` is NaN.
+    results = [
+        {
+            graph_io.OUTPUT_HIDDEN: s.copy(),
+            graph_io.OUTPUT_HIDDEN_STATES: np.stack([s] * (N_LAYERS + 1)),
+        }
+        for s in seqs
+    ]
+    results[1][output][0, 0] = np.nan
     with pytest.raises(InvalidInput) as info:
-        engine.finish(prepared, [(h, None) for h in hidden])
+        engine.finish(prepared, results)
     assert info.value.field == ("inputs", 1)
 
 

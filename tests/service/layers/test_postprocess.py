@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from model_export import graph_io
 from service.engine import postprocess
 from service.errors import InvalidInput
 from service.runtime import ModelRuntime
@@ -32,9 +33,11 @@ def real_attention(runtime: ModelRuntime, n: int, seed: int) -> np.ndarray:
     (seq,) = sequences((n,), seed)
     embeds = (SHARP * seq)[None]  # (1, n, d)
     mask = np.ones((1, n), dtype=np.int64)  # (1, n)
-    hidden, attn = runtime.run(embeds, mask, with_attention=True)
-    assert hidden.shape == (1, n, D_MODEL)
-    assert attn is not None and attn.shape == (1, N_LAYERS, N_HEADS, n, n)
+    outputs = runtime.run(embeds, mask, graph_io.GRAPH_ATTENTION)
+    assert list(outputs) == list(graph_io.GRAPH_OUTPUTS[graph_io.GRAPH_ATTENTION])
+    assert outputs[graph_io.OUTPUT_HIDDEN].shape == (1, n, D_MODEL)
+    attn = outputs[graph_io.OUTPUT_ATTENTIONS]
+    assert attn.shape == (1, N_LAYERS, N_HEADS, n, n)
     return attn[0]
 
 
@@ -211,15 +214,25 @@ def test_normalizing_a_zero_vector_gives_zeros_not_nan() -> None:
     ],
 )
 def test_resolve_indices(indices: list[int] | None, expected: list[int]) -> None:
-    assert postprocess.resolve_indices(indices, 4, "heads") == expected
+    assert postprocess.resolve_indices(indices, 4, "heads", ("attention", "heads")) == expected
 
 
 @pytest.mark.parametrize("indices", [[2], [-3], [0, 5], [], [1, -9, 7]])
-@pytest.mark.parametrize("what", ["layers", "heads"])
-def test_resolve_indices_rejects_with_the_field(indices: list[int], what: str) -> None:
+@pytest.mark.parametrize(
+    ("what", "where"),
+    [
+        ("layers", ("attention", "layers")),
+        ("heads", ("attention", "heads")),
+        ("hidden states", ("hidden_states", "layers")),
+    ],
+)
+def test_resolve_indices_rejects_with_the_field(
+    indices: list[int], what: str, where: tuple[str, ...]
+) -> None:
     with pytest.raises(InvalidInput) as info:
-        postprocess.resolve_indices(indices, 2, what)
-    assert info.value.field == ("attention", what)
+        postprocess.resolve_indices(indices, 2, what, where)
+    assert info.value.field == where
     if indices:
         bad = [i for i in indices if not -2 <= i < 2]
         assert str(bad) in info.value.message and "-2..1" in info.value.message
+        assert f"the model has 2 {what}" in info.value.message
