@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -152,6 +154,28 @@ def run_scenario(
         baseline = pool.apply(
             in_process_baseline, (str(model_dir), x, batch, scenario.attention, 20)
         )
+    with (
+        running_server(model_dir, MAX_BATCH_TOKENS=str(scenario.batch_tokens)) as port,
+        ctx.Pool(1) as pool,
+    ):
+        pool.apply(load_process, (port, payload, 20, 1))  # warm the server up
+        stats = pool.apply(load_process, (port, payload, requests, scenario.concurrency))
+    tokens_per_s = stats["requests"] * scenario.seq_len / stats["wall_s"]
+    return {
+        **asdict(scenario),
+        **stats,
+        "tokens_per_s": tokens_per_s,
+        "baseline_tokens_per_s": baseline,
+        "ratio_vs_in_process": tokens_per_s / baseline,
+    }
+
+
+@contextmanager
+def running_server(model_dir: Path, **settings: str) -> Iterator[int]:
+    """``python -m service`` on 127.0.0.1 serving ``model_dir``; yields its port once ready.
+
+    ``settings`` are ATTNSERVE_* values without the prefix.
+    """
     port = free_port()
     env = {
         **os.environ,
@@ -159,7 +183,7 @@ def run_scenario(
         "ATTNSERVE_DEFAULT_MODEL": model_dir.name,
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_LOG_LEVEL": "warning",
-        "ATTNSERVE_MAX_BATCH_TOKENS": str(scenario.batch_tokens),
+        **{f"ATTNSERVE_{k}": v for k, v in settings.items()},
     }
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(
@@ -171,20 +195,10 @@ def run_scenario(
         )
         try:
             _wait_ready(port, server)
-            with ctx.Pool(1) as pool:
-                pool.apply(load_process, (port, payload, 20, 1))  # warm the server up
-                stats = pool.apply(load_process, (port, payload, requests, scenario.concurrency))
+            yield port
         finally:
             server.terminate()
             server.wait(timeout=30)
-    tokens_per_s = stats["requests"] * scenario.seq_len / stats["wall_s"]
-    return {
-        **asdict(scenario),
-        **stats,
-        "tokens_per_s": tokens_per_s,
-        "baseline_tokens_per_s": baseline,
-        "ratio_vs_in_process": tokens_per_s / baseline,
-    }
 
 
 def _wait_ready(port: int, server: subprocess.Popen[bytes], timeout: float = 120) -> None:

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +27,7 @@ from attnserve_client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_serving import _wait_ready, free_port  # noqa: E402
+from bench_serving import running_server  # noqa: E402
 
 
 class CountingTransport(httpx.HTTPTransport):
@@ -85,31 +82,11 @@ def main() -> int:
     args = parser.parse_args()
     d_model = json.loads((args.model_dir / "config.json").read_text())["architecture"]["d_model"]
     batch = np.random.default_rng(0).standard_normal((8, 128, d_model), dtype=np.float32)
-    port = free_port()
-    env = {
-        **os.environ,
-        "ATTNSERVE_MODEL_REPOSITORY": str(args.model_dir.parent),
-        "ATTNSERVE_DEFAULT_MODEL": args.model_dir.name,
-        "ATTNSERVE_PORT": str(port),
-        "ATTNSERVE_LOG_LEVEL": "warning",
-    }
-    results = []
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            _wait_ready(port, server)
-            url = f"http://127.0.0.1:{port}"
-            for attention in (False, True):
-                results.append(measure(url, batch, attention, args.rounds, args.calls))
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    with running_server(args.model_dir) as port:
+        url = f"http://127.0.0.1:{port}"
+        results = [
+            measure(url, batch, attention, args.rounds, args.calls) for attention in (False, True)
+        ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(
