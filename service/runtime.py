@@ -47,10 +47,6 @@ class ModelInfo:
     def has_tokenizer(self) -> bool:
         return self.manifest.has_tokenizer
 
-    @property
-    def has_text_front_end(self) -> bool:
-        return self.manifest.text is not None
-
 
 def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
     """Read the manifest and check every file's SHA-256 against it."""
