@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
-import uvicorn
+from pydantic import ValidationError
 
+from service import logs
 from service.app import create_app
+from service.server import build_server, warn_if_exposed
 from service.settings import Settings
 
 
 def main() -> int:
-    settings = Settings()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"attnserve: invalid settings (ATTNSERVE_*):\n{exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level, settings.log_format)
+    warn_if_exposed(settings)
+    app = create_app(settings)
+    server = build_server(settings, app, app.state.engine)
     server.run()
     # uvicorn returns normally when startup fails (e.g. a corrupt model): report it as failure.
     return 0 if server.started else 1

@@ -10,7 +10,6 @@ in the native shape.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,11 +19,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.engine import Engine
 from service.errors import ServiceError
 from service.metrics import Metrics
+from service.protocols.context import RequestContextMiddleware
 from service.protocols.http import validation_error
 from service.protocols.kserve_v2 import routes as kserve_v2
 from service.protocols.native import errors as native_errors
@@ -48,35 +47,6 @@ def _lifespan(engine: Engine) -> Any:
     return lifespan
 
 
-class MetricsMiddleware:
-    """Counts requests and latency per route template (pure ASGI: no per-request task)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-        start = time.perf_counter()
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            # The router records the matched route in the scope: label by its template
-            # (/v1/models/{name}), so labels stay few whatever paths clients send.
-            route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.latency.labels(route).observe(time.perf_counter() - start)
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = Engine(settings, Metrics())
@@ -85,6 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Contextualized embeddings and attention weights from self-attention encoders.",
         lifespan=_lifespan(engine),
+        # No redirects: /v1/encode/ is a 404, not a Location built from the client's Host.
+        redirect_slashes=False,
     )
     app.state.engine = engine
     for protocol in PROTOCOLS:
@@ -128,5 +100,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
-    app.add_middleware(MetricsMiddleware, metrics=engine.metrics)
+    app.add_middleware(RequestContextMiddleware, metrics=engine.metrics)
     return app

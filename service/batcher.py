@@ -7,6 +7,12 @@ length and cuts them into runs of at most ``max_batch_tokens`` padded tokens,
 so short and long sequences are not padded to each other. Runs execute one at
 a time on a single inference thread: on a small CPU, concurrent onnxruntime
 runs only fight over the same cores. Admission happens above, in the engine.
+
+A job whose deadline has passed, or whose caller went away, is dropped when
+its batch is taken, before any inference. Each run's tokens per second feed
+an estimate of how long the backlog takes to drain, which the engine turns
+into Retry-After. A worker that fails unexpectedly fails the requests it
+holds and is restarted, so no caller ever waits on a dead worker.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +31,7 @@ from functools import partial
 import numpy as np
 
 from model_export.manifest import graph_io
+from service.errors import DeadlineExceeded
 from service.metrics import Metrics
 from service.runtime import ModelRuntime, pad
 from service.settings import Settings
@@ -41,11 +49,29 @@ TOKEN_AXES = {
 }
 
 
+# Weight of the newest run in the tokens-per-second estimate.
+RATE_SMOOTHING = 0.2
+# Retry-After bounds, in seconds.
+RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
+
+
+@dataclass
+class RunTiming:
+    """Where one request's time went, filled in by the batcher (seconds)."""
+
+    queue: float = 0.0  # from submission to its first run
+    compute: float = 0.0  # the runs that held its sequences (shared with their batch)
+
+
 @dataclass
 class _Job:
     sequences: list[np.ndarray]
     graph: str
     future: asyncio.Future[list[SequenceResult]]
+    deadline: float | None  # time.monotonic() after which it must not run
+    timing: RunTiming
+    submitted: float = field(default_factory=time.monotonic)
+    started: bool = False
     results: list[SequenceResult | None] = field(default_factory=list)
 
     @property
@@ -74,6 +100,22 @@ def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
     return value[tuple(index)].copy()
 
 
+def _run_and_split(
+    runtime: ModelRuntime, sequences: list[np.ndarray], graph: str
+) -> list[SequenceResult]:
+    """Pad, run and cut the outputs back per sequence, all on the inference thread.
+
+    Copies, so the run's full [B, L, H, T, T] tensor is freed now, not when the last
+    response is serialised; and none of this copying blocks the event loop.
+    """
+    embeds, mask = pad(sequences)
+    outputs = runtime.run(embeds, mask, graph)
+    return [
+        {name: _trim(value[row], TOKEN_AXES[name], len(seq)) for name, value in outputs.items()}
+        for row, seq in enumerate(sequences)
+    ]
+
+
 # The inference metric's graph label (the values of the first release kept).
 GRAPH_LABELS = {
     graph_io.GRAPH_EMBEDDINGS: "embeddings",
@@ -92,14 +134,18 @@ class Batcher:
         self._settings = settings
         self._metrics = metrics
         self._queues: dict[str, deque[_Job]] = {name: deque() for name in runtimes}
+        self._in_hand: dict[str, list[_Job]] = {name: [] for name in runtimes}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._queued = 0  # jobs waiting for their first run
+        self._backlog_tokens = 0  # tokens of jobs not yet finished
+        self._tokens_per_second: float | None = None
 
     async def start(self) -> None:
         for name in self._runtimes:
             self._wakeups[name] = asyncio.Event()
-            self._workers.append(asyncio.create_task(self._work(name), name=f"batcher-{name}"))
+            self._workers.append(asyncio.create_task(self._supervise(name), name=f"batcher-{name}"))
 
     async def stop(self) -> None:
         for task in self._workers:
@@ -109,28 +155,89 @@ class Batcher:
                 await task
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    def backlog_seconds(self) -> float:
+        """How long the work not yet finished takes at the measured rate (0 if unknown)."""
+        if not self._tokens_per_second:
+            return 0.0
+        return self._backlog_tokens / self._tokens_per_second
+
+    def retry_after(self) -> str:
+        """Retry-After for a refused request: the backlog's drain time, whole seconds."""
+        seconds = math.ceil(self.backlog_seconds())
+        return str(min(max(seconds, RETRY_AFTER_MIN), RETRY_AFTER_MAX))
+
     async def submit(
-        self, model: str, sequences: list[np.ndarray], *, graph: str
+        self,
+        model: str,
+        sequences: list[np.ndarray],
+        *,
+        graph: str,
+        deadline: float | None = None,
+        timing: RunTiming | None = None,
     ) -> list[SequenceResult]:
         """Queue one request's sequences and wait for their per-sequence results.
 
         Cancelling the caller (a client that went away) cancels the job: runs not
-        yet started skip it.
+        yet started skip it. A job still queued at ``deadline`` (``time.monotonic``)
+        fails with DeadlineExceeded without running.
         """
+        if graph not in graph_io.GRAPH_OUTPUTS:
+            raise ValueError(f"unknown graph {graph!r}")  # it would never be run
         loop = asyncio.get_running_loop()
-        job = _Job(sequences, graph, loop.create_future(), [None] * len(sequences))
+        job = _Job(
+            sequences,
+            graph,
+            loop.create_future(),
+            deadline,
+            timing or RunTiming(),
+            results=[None] * len(sequences),
+        )
         self._queues[model].append(job)
+        self._queued += 1
+        self._backlog_tokens += job.tokens
+        self._metrics.queue_depth.set(self._queued)
         self._wakeups[model].set()
-        return await job.future
+        try:
+            return await job.future
+        finally:
+            if not job.started:
+                self._queued -= 1
+                self._metrics.queue_depth.set(self._queued)
+            self._backlog_tokens -= job.tokens
 
     def _take_batch(self, queue: deque[_Job]) -> list[_Job]:
-        """The oldest job plus whatever else is queued, up to the token budget."""
+        """The oldest job plus whatever else is queued, up to the token budget; jobs whose
+        caller went away or whose deadline passed are dropped here, before any run."""
         jobs = [queue.popleft()]
         tokens = jobs[0].tokens
         while queue and tokens + queue[0].tokens <= self._settings.max_batch_tokens:
             jobs.append(queue.popleft())
             tokens += jobs[-1].tokens
-        return [j for j in jobs if not j.future.done()]  # skip clients that went away
+        now = time.monotonic()
+        for job in jobs:
+            if not job.future.done() and job.deadline is not None and job.deadline <= now:
+                self._metrics.refusals.labels("deadline").inc()
+                job.future.set_exception(
+                    DeadlineExceeded(
+                        f"the request's deadline passed after {now - job.submitted:.3f} s in "
+                        "the queue, before it ran"
+                    )
+                )
+        return [j for j in jobs if not j.future.done()]
+
+    async def _supervise(self, model: str) -> None:
+        """Run the model's worker; if it fails unexpectedly, fail the jobs it held and
+        restart it, so no request waits forever on a dead worker."""
+        while True:
+            try:
+                await self._work(model)
+            except Exception as exc:  # CancelledError (stop) is not an Exception
+                log.exception("batcher worker for model %s failed; restarting it", model)
+                self._metrics.worker_restarts.labels(model).inc()
+                for job in self._in_hand[model]:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                self._in_hand[model] = []
 
     async def _work(self, model: str) -> None:
         queue = self._queues[model]
@@ -142,11 +249,12 @@ class Batcher:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
-            jobs = self._take_batch(queue)
+            jobs = self._in_hand[model] = self._take_batch(queue)
             for graph in graph_io.GRAPH_OUTPUTS:
                 group = [j for j in jobs if j.graph == graph]
                 if group:
                     await self._run_group(loop, runtime, group, graph)
+            self._in_hand[model] = []
 
     async def _run_group(
         self,
@@ -171,33 +279,64 @@ class Batcher:
             )
 
         for run in plan_runs(lengths, fits):
-            if all(slots[k][0].future.done() for k in run):
+            jobs = list({id(slots[k][0]): slots[k][0] for k in run}.values())
+            if all(job.future.done() for job in jobs):
                 continue  # every client of this run went away
-            embeds, mask = pad([slots[k][0].sequences[slots[k][1]] for k in run])
-            start = time.perf_counter()
+            start = time.monotonic()
+            self._started(jobs, start)
             try:
-                outputs = await loop.run_in_executor(
-                    self._executor, partial(runtime.run, embeds, mask, graph)
+                results = await loop.run_in_executor(
+                    self._executor,
+                    partial(
+                        _run_and_split,
+                        runtime,
+                        [slots[k][0].sequences[slots[k][1]] for k in run],
+                        graph,
+                    ),
                 )
             except Exception as exc:  # fail this run's requests only, not their neighbours'
                 log.exception("inference failed for model %s", runtime.info.name)
-                for k in run:
-                    if not slots[k][0].future.done():
-                        slots[k][0].future.set_exception(exc)
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
                 continue
-            self._metrics.inference.labels(runtime.info.name, GRAPH_LABELS[graph]).observe(
-                time.perf_counter() - start
-            )
-            self._metrics.batch_sequences.observe(len(run))
-            self._metrics.batch_fill.observe(float(mask.sum()) / mask.size)
-            for row, k in enumerate(run):
+            elapsed = time.monotonic() - start
+            self._measured(runtime.info.name, graph, run, lengths, elapsed, jobs)
+            for k, result in zip(run, results, strict=True):
                 job, i = slots[k]
-                n = lengths[k]
-                # Copies, so the run's full [B, L, H, T, T] tensor is freed now, not when
-                # the last response is serialised.
-                job.results[i] = {
-                    name: _trim(value[row], TOKEN_AXES[name], n) for name, value in outputs.items()
-                }
+                job.results[i] = result
         for job in group:
             if not job.future.done():
                 job.future.set_result([r for r in job.results if r is not None])
+
+    def _started(self, jobs: list[_Job], now: float) -> None:
+        for job in jobs:
+            if not job.started:
+                job.started = True
+                job.timing.queue = now - job.submitted
+                self._queued -= 1
+                self._metrics.queue_time.observe(job.timing.queue)
+        self._metrics.queue_depth.set(self._queued)
+
+    def _measured(
+        self,
+        model: str,
+        graph: str,
+        run: list[int],
+        lengths: list[int],
+        elapsed: float,
+        jobs: list[_Job],
+    ) -> None:
+        """Record one run: metrics, each job's compute time, the drain-rate estimate."""
+        tokens = sum(lengths[k] for k in run)
+        longest = max(lengths[k] for k in run)
+        self._metrics.inference.labels(model, GRAPH_LABELS[graph]).observe(elapsed)
+        self._metrics.batch_sequences.observe(len(run))
+        self._metrics.batch_fill.observe(tokens / (len(run) * longest))
+        for job in jobs:
+            job.timing.compute += elapsed
+        rate = tokens / max(elapsed, 1e-6)
+        previous = self._tokens_per_second
+        self._tokens_per_second = (
+            rate if previous is None else previous + RATE_SMOOTHING * (rate - previous)
+        )

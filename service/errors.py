@@ -9,8 +9,10 @@ its own field names::
 
     ServiceError (500 internal_error)
     ├── InvalidJSON (400 invalid_json)
+    ├── InvalidHeader (400 invalid_header)
     ├── Unauthorized (401 unauthorized)
     ├── ModelNotFound (404 model_not_found)
+    ├── BodyTimeout (408 request_timeout)
     ├── PayloadTooLarge (413 payload_too_large)
     │   └── SequenceTooLong (413 payload_too_large: one sequence beyond the model's length)
     ├── UnsupportedMediaType (415 unsupported_media_type)
@@ -18,7 +20,12 @@ its own field names::
     │   └── UnsupportedByModel (422 unsupported_by_model)
     ├── Overloaded (429 overloaded)
     ├── ClientClosedRequest (499 client_closed_request: logged, never seen by anyone)
-    └── NotReady (503 not_ready)
+    ├── NotReady (503 not_ready)
+    │   └── ShuttingDown (503 shutting_down)
+    └── DeadlineExceeded (504 deadline_exceeded)
+
+Messages are cut to ``MAX_MESSAGE_CHARS``: they may quote what a client sent,
+and an error must never cost as much as the request.
 """
 
 from __future__ import annotations
@@ -26,6 +33,15 @@ from __future__ import annotations
 from typing import ClassVar
 
 FieldPath = tuple[str | int, ...]
+MAX_MESSAGE_CHARS = 1000
+# A quoted client value (a model name, a media type) is cut to this many characters.
+MAX_QUOTED_CHARS = 64
+
+
+def quoted(value: object) -> str:
+    """``repr(value)``, cut to ``MAX_QUOTED_CHARS``: for echoing what a client sent."""
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTED_CHARS else text[: MAX_QUOTED_CHARS - 4] + "...'"
 
 
 class ServiceError(Exception):
@@ -41,6 +57,8 @@ class ServiceError(Exception):
         field: FieldPath | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 3] + "..."
         super().__init__(message)
         self.message = message
         self.field = field
@@ -64,6 +82,11 @@ class InvalidJSON(ServiceError):
     error_type = "invalid_json"
 
 
+class InvalidHeader(ServiceError):
+    status_code = 400
+    error_type = "invalid_header"
+
+
 class Unauthorized(ServiceError):
     status_code = 401
     error_type = "unauthorized"
@@ -72,6 +95,13 @@ class Unauthorized(ServiceError):
 class ModelNotFound(ServiceError):
     status_code = 404
     error_type = "model_not_found"
+
+
+class BodyTimeout(ServiceError):
+    """The body did not arrive within ATTNSERVE_BODY_TIMEOUT."""
+
+    status_code = 408
+    error_type = "request_timeout"
 
 
 class PayloadTooLarge(ServiceError):
@@ -114,6 +144,19 @@ class ClientClosedRequest(ServiceError):
 class NotReady(ServiceError):
     status_code = 503
     error_type = "not_ready"
+
+
+class ShuttingDown(NotReady):
+    """SIGTERM received: the node drains, new work goes elsewhere."""
+
+    error_type = "shutting_down"
+
+
+class DeadlineExceeded(ServiceError):
+    """The request's deadline passed before its answer; queued work was dropped."""
+
+    status_code = 504
+    error_type = "deadline_exceeded"
 
 
 class ModelLoadError(RuntimeError):

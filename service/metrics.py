@@ -27,7 +27,38 @@ class Metrics:
             "attnserve_tokens", "Tokens encoded, by model.", ["model"], registry=self.registry
         )
         self.queue_depth = Gauge(
-            "attnserve_queued_requests", "Requests waiting for inference.", registry=self.registry
+            "attnserve_queued_requests",
+            "Requests waiting for their first inference run.",
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "attnserve_in_flight_requests",
+            "Requests admitted (body read) and not yet answered.",
+            registry=self.registry,
+        )
+        self.in_flight_bytes = Gauge(
+            "attnserve_in_flight_bytes",
+            "Memory held by requests in progress, as admission counts it.",
+            registry=self.registry,
+        )
+        self.queue_time = Histogram(
+            "attnserve_queue_seconds",
+            "Time from queueing to a request's first inference run.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "attnserve_refusals",
+            "Work refused to protect the node, by reason: queue_full, memory, shutting_down, "
+            "not_ready, deadline, body_timeout, connections, bad_http, headers_too_large.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.worker_restarts = Counter(
+            "attnserve_batcher_restarts",
+            "Batcher workers restarted after an unexpected error.",
+            ["model"],
+            registry=self.registry,
         )
         self.batch_sequences = Histogram(
             "attnserve_batch_sequences",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -34,10 +34,21 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_key_is_no_key(cls, value: SecretStr | None) -> SecretStr | None:
         # ATTNSERVE_API_KEY="" must not mean "any Bearer token passes".
-        return value if value is not None and value.get_secret_value() else None
+        if value is None or not value.get_secret_value():
+            return None
+        key = value.get_secret_value()
+        # A header carries a token as visible ASCII: any other key could never match.
+        if not key.isascii() or not key.isprintable() or " " in key:
+            raise ValueError("must be printable ASCII without spaces (it travels in a header)")
+        return value
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log level of the service and uvicorn."
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: one readable line per record; json: one JSON object per line "
+        "(time, level, logger, message, request_id) for log collectors.",
     )
 
     max_seq_len: int = Field(
@@ -75,11 +86,77 @@ class Settings(BaseSettings):
         "the attention graph: bounds its memory, which grows with the square of the length.",
     )
     max_queued_requests: int = Field(
-        256, ge=1, description="Requests in progress before new ones get 429."
+        256,
+        ge=1,
+        description="Requests past their body read and not yet answered, at most; beyond "
+        "it new ones get 429 (a body still arriving holds no slot).",
     )
+    max_inflight_bytes: int = Field(
+        2048 * MiB,
+        ge=16 * MiB,
+        description="Memory budget of all requests in progress: bodies as they arrive (x4 "
+        "for parsing) plus each admitted request's working memory (decoded inputs, model "
+        "outputs, answer). Beyond it new requests get 429; one request needing more than "
+        "all of it gets 413.",
+    )
+    body_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a request may take to send its whole body; slower ones get 408.",
+    )
+    request_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Deadline of a request, from its arrival, unless its X-Request-Timeout "
+        "header asks for less; one still queued at its deadline is dropped and gets 504.",
+    )
+    drain_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="After SIGTERM: seconds to keep listening (readiness 503, new work 503) "
+        "while load balancers stop routing here; accepted requests are answered meanwhile.",
+    )
+    shutdown_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="After SIGTERM: seconds until the process has exited (status 0), drain "
+        "included, whatever clients do; requests still unanswered then are cut.",
+    )
+    max_connections: int = Field(
+        4096,
+        ge=16,
+        description="Open client connections, at most (also kept below the file-descriptor "
+        "limit, which the server raises to its hard limit at start); beyond it new "
+        "connections are closed at once and a warning logged.",
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection may take to send a request's headers (also how "
+        "long a new connection may stay silent); then it is closed.",
+    )
+    keep_alive_timeout: float = Field(
+        5.0, gt=0, description="Seconds an idle keep-alive connection stays open."
+    )
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Request line plus headers, at most; beyond it 431 and the connection "
+        "is closed.",
+    )
+    max_headers: int = Field(100, ge=8, description="Header lines per request, at most (431).")
     warmup: bool = Field(True, description="Run a warm-up inference per graph before ready.")
     openai_truncate: bool = Field(
         False,
         description="POST /v1/embeddings: cut texts longer than the model's max_seq_len instead "
         "of refusing them with 400 (OpenAI's API refuses them).",
     )
+
+    @model_validator(mode="after")
+    def _drain_within_shutdown(self) -> Settings:
+        if self.drain_seconds >= self.shutdown_timeout:
+            raise ValueError(
+                f"drain_seconds ({self.drain_seconds}) must be shorter than shutdown_timeout "
+                f"({self.shutdown_timeout}): the drain is part of the shutdown"
+            )
+        return self

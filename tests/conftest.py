@@ -10,7 +10,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -60,15 +62,29 @@ class ServerFailed(RuntimeError):
         self.log = log
 
 
+@dataclass
+class ServerProcess:
+    """A running ``python -m service``: its URL, process and combined stdout/stderr log."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_file: IO[str]
+
+    def log(self) -> str:
+        self.log_file.seek(0)
+        return self.log_file.read()
+
+
 @contextmanager
-def running_server(
+def server_process(
     repository: Path, *, ready_timeout: float = 60.0, wait_for: str = "ready", **settings: str
-) -> Iterator[str]:
-    """Run ``python -m service`` on 127.0.0.1:<free port>; yield its base URL.
+) -> Iterator[ServerProcess]:
+    """Run ``python -m service`` on 127.0.0.1:<free port> until ready; stop it after.
 
     ``settings`` are ATTNSERVE_* values without the prefix, e.g. ``max_sequences="2"``.
     ``wait_for`` is "ready" (``/health/ready`` answers 200) or "up" (the server
-    answers HTTP at all: for a server meant never to become ready).
+    answers HTTP at all: for a server meant never to become ready). The drain on
+    SIGTERM is 0 s unless asked for, so stopping a test server costs no time.
     """
     port = free_port()
     env = {
@@ -78,6 +94,7 @@ def running_server(
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_LOG_LEVEL": "warning",
         "ATTNSERVE_INTRA_OP_THREADS": "1",
+        "ATTNSERVE_DRAIN_SECONDS": "0",
         **{f"ATTNSERVE_{k.upper()}": v for k, v in settings.items()},
     }
     url = f"http://127.0.0.1:{port}"
@@ -100,14 +117,26 @@ def running_server(
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"server at {url} not {wait_for} after {ready_timeout}s")
                 time.sleep(0.05)
-            yield url
+            yield ServerProcess(url, proc, log)
         finally:
-            proc.terminate()
+            if proc.poll() is None:
+                proc.terminate()
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=40)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def running_server(
+    repository: Path, *, ready_timeout: float = 60.0, wait_for: str = "ready", **settings: str
+) -> Iterator[str]:
+    """``server_process``, yielding only its base URL."""
+    with server_process(
+        repository, ready_timeout=ready_timeout, wait_for=wait_for, **settings
+    ) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

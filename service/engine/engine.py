@@ -14,15 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.batcher import Batcher, SequenceResult
+from service.batcher import Batcher, RunTiming, SequenceResult
 from service.engine import limits, postprocess
+from service.engine.admission import Admission, Ticket
 from service.engine.types import (
     ArrayInput,
     EncodeRequest,
@@ -36,12 +38,14 @@ from service.engine.types import (
 )
 from service.errors import (
     ClientClosedRequest,
+    DeadlineExceeded,
     InvalidInput,
     ModelLoadError,
     ModelNotFound,
     NotReady,
-    Overloaded,
+    ShuttingDown,
     UnsupportedByModel,
+    quoted,
 )
 from service.metrics import Metrics
 from service.runtime import ModelInfo, ModelRuntime, load_repository
@@ -73,6 +77,7 @@ class PreparedEncode:
     hidden_layers: list[int]
     pooling: Pooling
     response_bytes: float
+    work_bytes: int  # memory it holds from here to its answer (limits.work_bytes)
 
     @property
     def graph(self) -> str:
@@ -96,7 +101,12 @@ class Engine:
         self.failure: str | None = None  # set when the process can never serve (fails liveness)
         self._batcher: Batcher | None = None
         self._warm_up: asyncio.Task[None] | None = None
-        self._in_progress = 0
+        self.shutting_down = False
+        self.closing = False  # the drain is over: no body may still arrive
+        self._body_reads: set[asyncio.Timeout] = set()
+        self.admission = Admission(
+            settings.max_queued_requests, settings.max_inflight_bytes, metrics, self.retry_after
+        )
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -137,9 +147,55 @@ class Engine:
         log.info("ready: %s (default %s)", ", ".join(self.runtimes), self.default_model)
 
     def require_ready(self) -> Batcher:
+        if self.shutting_down:
+            raise ShuttingDown(
+                "the server is shutting down: send this request to another replica",
+                headers={"Retry-After": self.retry_after()},
+            )
         if not self.ready or self._batcher is None:
             raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
         return self._batcher
+
+    def check_ready(self) -> None:
+        """Readiness: ready, not shutting down, and able to take one more request now."""
+        self.require_ready()
+        busy = self.admission.saturated()
+        if busy is not None:
+            raise NotReady(
+                f"saturated: {busy}", headers={"Retry-After": self.admission.retry_after()}
+            )
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: readiness and new work answer 503 from now on; accepted work goes on."""
+        self.shutting_down = True
+        log.info(
+            "shutting down: refusing new work, answering %d requests in progress",
+            self.admission.requests,
+        )
+
+    @contextlib.asynccontextmanager
+    async def body_read(self) -> AsyncIterator[None]:
+        """Bound a body read by ATTNSERVE_BODY_TIMEOUT (TimeoutError), or by the end of the
+        drain, so a slow upload never holds the shutdown past its timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (0.0 if self.closing else self.settings.body_timeout)
+        async with asyncio.timeout_at(deadline) as timeout:
+            self._body_reads.add(timeout)
+            try:
+                yield
+            finally:
+                self._body_reads.discard(timeout)
+
+    def end_body_reads(self) -> None:
+        """The drain is over: bodies still arriving end now (their requests get 503)."""
+        self.closing = True
+        now = asyncio.get_running_loop().time()
+        for timeout in self._body_reads:
+            timeout.reschedule(now)
+
+    def retry_after(self) -> str:
+        """Seconds for a refused client to wait: the measured drain time of the backlog."""
+        return self._batcher.retry_after() if self._batcher is not None else "1"
 
     # -- models -----------------------------------------------------------------------------
 
@@ -159,51 +215,56 @@ class Engine:
             return self.runtimes[key]
         except KeyError:
             raise ModelNotFound(
-                f"{key!r} is not served here (available: {', '.join(sorted(self.runtimes))})",
+                f"{quoted(key)} is not served here (available: {', '.join(sorted(self.runtimes))})",
                 field=("model",),
             ) from None
 
     # -- admission --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        """Taken before a request's body is read, so a flood costs nothing beyond a 429;
-        held until its answer is built. Refuses with 503 until the models are ready."""
+    def ticket(self) -> Ticket:
+        """A request's share of the node's budget, taken at arrival (503 if not ready or
+        shutting down); see ``admission.py`` for what it holds when."""
         self.require_ready()
-        limit = self.settings.max_queued_requests
-        if self._in_progress >= limit:
-            raise Overloaded(
-                f"the server is at capacity ({self._in_progress} requests in progress, limit "
-                f"{limit}); retry shortly",
-                headers={"Retry-After": "1"},
-            )
-        self._in_progress += 1
-        self.metrics.queue_depth.set(self._in_progress)
-        try:
-            yield
-        finally:
-            self._in_progress -= 1
-            self.metrics.queue_depth.set(self._in_progress)
+        return self.admission.ticket()
+
+    def deadline(self, arrival: float, asked: float | None) -> float:
+        """The ``time.monotonic()`` by which a request arriving at ``arrival`` must be
+        answered: ATTNSERVE_REQUEST_TIMEOUT, or less if the client asks for less."""
+        timeout = self.settings.request_timeout
+        return arrival + (timeout if asked is None else min(asked, timeout))
 
     # -- encode -----------------------------------------------------------------------------
 
     async def encode(
-        self, parse: Callable[[], tuple[EncodeRequest, W]], *, until: Disconnected | None = None
+        self,
+        parse: Callable[[], tuple[EncodeRequest, W]],
+        ticket: Ticket,
+        *,
+        deadline: float | None = None,
+        until: Disconnected | None = None,
+        timing: RunTiming | None = None,
     ) -> tuple[EncodeResult, W]:
-        """Parse (the protocol's decoding) and prepare off the event loop, in one hop; run.
+        """Admit, parse (the protocol's decoding) and prepare off the event loop in one
+        hop, hold the working memory, run.
 
-        ``parse`` returns the request and whatever the protocol needs later to write
-        the answer (e.g. its encoding format), handed back beside the result. ``until``
-        makes a coroutine that returns when the caller has gone away: the request's
-        queued work is then dropped and ClientClosedRequest raised.
+        ``ticket`` holds the body already; here the request takes its slot and then its
+        working memory. ``parse`` returns the request and whatever the protocol needs
+        later to write the answer (e.g. its encoding format), handed back beside the
+        result. Past ``deadline`` (``time.monotonic``) the request fails with
+        DeadlineExceeded (504), its queued work dropped; ``until`` makes a coroutine
+        that returns when the caller has gone away: the queued work is then dropped
+        and ClientClosedRequest raised. ``timing`` receives queue and compute times.
         """
+        ticket.take_slot()
 
         def prepare() -> tuple[PreparedEncode, W]:
             request, wire = parse()
             return self.prepare(request), wire
 
         prepared, wire = await asyncio.to_thread(prepare)
-        return await self.run(prepared, until=until), wire
+        ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
+        result = await self.run(prepared, deadline=deadline, until=until, timing=timing)
+        return result, wire
 
     def prepare(self, request: EncodeRequest) -> PreparedEncode:
         """Check everything and decode/embed the inputs; raise a ServiceError on mistakes."""
@@ -293,8 +354,16 @@ class Engine:
             tokens=tokens,
         )
         size = limits.check_response_size(shape, request.wire_cost, info.name, self.settings)
+        work = limits.work_bytes(
+            [len(a) for a in arrays],
+            cfg,
+            request.return_attention,
+            request.return_hidden_states,
+            shape,
+            size,
+        )
         return PreparedEncode(
-            request, info, arrays, tokens, layers, heads, hidden_layers, pooling, size
+            request, info, arrays, tokens, layers, heads, hidden_layers, pooling, size, work
         )
 
     def _pooling(self, info: ModelInfo, request: EncodeRequest) -> Pooling:
@@ -360,36 +429,66 @@ class Engine:
                 )
 
     async def run(
-        self, prepared: PreparedEncode, *, until: Disconnected | None = None
+        self,
+        prepared: PreparedEncode,
+        *,
+        deadline: float | None = None,
+        until: Disconnected | None = None,
+        timing: RunTiming | None = None,
     ) -> EncodeResult:
         """Queue a prepared request, wait for its runs, and post-process the outputs."""
-        batcher = self.require_ready()
+        batcher = self._batcher
+        if batcher is None:  # stopped under it
+            raise NotReady("the engine is not running", headers={"Retry-After": "1"})
         name = prepared.model.name
-        work = batcher.submit(name, prepared.sequences, graph=prepared.graph)
-        results = await self._unless_gone(work, until)
+        if deadline is not None and time.monotonic() >= deadline:
+            self.metrics.refusals.labels("deadline").inc()
+            raise DeadlineExceeded(
+                "the request's deadline passed before it could be queued",
+                headers={"Retry-After": self.retry_after()},
+            )
+        work = batcher.submit(
+            name, prepared.sequences, graph=prepared.graph, deadline=deadline, timing=timing
+        )
+        try:
+            results = await self._unless_gone(work, until, deadline)
+        except DeadlineExceeded as exc:
+            exc.headers = {"Retry-After": self.retry_after()}
+            raise
         self.metrics.tokens.labels(name).inc(sum(len(s) for s in prepared.sequences))
         if prepared.response_bytes > OFFLOAD_BYTES:
             return await asyncio.to_thread(self.finish, prepared, results)
         return self.finish(prepared, results)
 
     @staticmethod
-    async def _unless_gone(work: Coroutine[Any, Any, T], until: Disconnected | None) -> T:
-        """Await ``work`` unless the caller goes away first; then cancel it (queued runs skip it).
+    async def _unless_gone(
+        work: Coroutine[Any, Any, T], until: Disconnected | None, deadline: float | None
+    ) -> T:
+        """Await ``work`` unless the caller goes away or the deadline passes first; then
+        cancel it (queued runs skip it).
 
         uvicorn does not cancel a handler whose client disconnected, so without this a
         burst of abandoned requests would still be computed in full.
         """
-        if until is None:
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if until is None and timeout is None:
             return await work
         task = asyncio.ensure_future(work)
-        watcher = asyncio.ensure_future(until())
+        watcher = asyncio.ensure_future(until()) if until is not None else None
         try:
-            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            waiting = {task} if watcher is None else {task, watcher}
+            await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 return task.result()
-            raise ClientClosedRequest("the client closed the connection before the answer")
+            if watcher is not None and watcher.done():
+                raise ClientClosedRequest("the client closed the connection before the answer")
+            raise DeadlineExceeded(
+                "the request's deadline passed before its answer was ready (its queued "
+                "work was dropped)"
+            )
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             task.cancel()  # no-op when done; drops the queued job otherwise
 
     def finish(self, prepared: PreparedEncode, results: list[SequenceResult]) -> EncodeResult:
@@ -437,10 +536,11 @@ class Engine:
     # -- tokenize ---------------------------------------------------------------------------
 
     async def tokenize(
-        self, parse: Callable[[], tuple[TokenizeRequest, W]]
+        self, parse: Callable[[], tuple[TokenizeRequest, W]], ticket: Ticket
     ) -> tuple[TokenizeResult, W]:
         """Parse and tokenize (and embed, if asked) off the event loop, like ``encode``."""
         self.require_ready()
+        ticket.take_slot()
 
         def tokenize() -> tuple[TokenizeResult, W]:
             request, wire = parse()

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from model_export.manifest import EncoderConfig
 from service.engine.types import AnswerShape, AttentionSpec, WireCost
 from service.errors import FieldPath, InvalidInput, PayloadTooLarge, SequenceTooLong
 from service.runtime import ModelInfo
 from service.settings import Settings
 
 MB = 1e6
+FLOAT32 = 4
 
 
 def check_sequence_count(n_sequences: int, settings: Settings) -> None:
@@ -118,3 +120,31 @@ def check_response_size(
             f"limit is {settings.max_response_bytes:,} bytes: {hint}"
         )
     return size
+
+
+def work_bytes(
+    lengths: list[int],
+    cfg: EncoderConfig,
+    attention: bool,
+    hidden_states: bool,
+    shape: AnswerShape,
+    response_bytes: float,
+) -> int:
+    """The memory an admitted request holds at its peak, beyond its body.
+
+    Its decoded inputs [n, d]; the model's outputs kept per sequence until the
+    answer is built: the last hidden state, with attention every map [L, H, n, n]
+    (that graph returns the hidden states too), with hidden states all L + 1
+    [n, d]; the answer's arrays; and its encoded bytes. Selection and reduction
+    work layer by layer (``postprocess``), so their scratch space is one layer's
+    maps, within the outputs' count. Repeated indices are refused, so nothing a
+    request names can multiply any of this.
+    """
+    tokens = sum(lengths)
+    floats = 2 * tokens * cfg.d_model  # inputs and last_hidden_state
+    if attention:
+        floats += cfg.n_layers * cfg.n_heads * sum(n * n for n in lengths)
+    if attention or hidden_states:
+        floats += (cfg.n_layers + 1) * tokens * cfg.d_model
+    floats += shape.floats
+    return FLOAT32 * floats + int(response_bytes)

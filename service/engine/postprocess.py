@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from service.errors import FieldPath, InvalidInput
 
+# Offending indices named in an error, at most (the list itself may be huge).
+SHOWN_INDICES = 10
+
 
 def resolve_indices(indices: list[int] | None, size: int, what: str, where: FieldPath) -> list[int]:
-    """Normalise (possibly negative) indices into [0, size); reject out-of-range ones.
+    """Normalise (possibly negative) indices into [0, size); reject out-of-range and
+    repeated ones.
 
-    ``what`` names the things indexed (layers, heads), ``where`` the request's field.
+    Repeats are refused, not deduplicated: each one would multiply the work and the
+    answer, and ``[0, 0]`` asking for two copies of one map is a mistake worth naming.
+    So a resolved list is never longer than ``size``. ``what`` names the things
+    indexed (layers, heads), ``where`` the request's field.
     """
     if indices is None:
         return list(range(size))
@@ -19,24 +28,43 @@ def resolve_indices(indices: list[int] | None, size: int, what: str, where: Fiel
     bad = [i for i in indices if not -size <= i < size]
     if bad:
         raise InvalidInput(
-            f"{bad} out of range: the model has {size} {what} (valid: {-size}..{size - 1})",
+            f"{_shown(bad)} out of range: the model has {size} {what} (valid: {-size}..{size - 1})",
             field=where,
         )
-    return [i % size for i in indices]
+    resolved = [i % size for i in indices]
+    if len(set(resolved)) != len(resolved):
+        counts = Counter(resolved)
+        repeated = sorted(i for i, count in counts.items() if count > 1)
+        raise InvalidInput(
+            f"{what} {_shown(repeated)} repeated (negative indices count from the end): "
+            "name each at most once",
+            field=where,
+        )
+    return resolved
 
 
-def rollout(attn: np.ndarray) -> np.ndarray:
+def _shown(values: list[int]) -> str:
+    head = ", ".join(map(str, values[:SHOWN_INDICES]))
+    return f"[{head}{', ...' if len(values) > SHOWN_INDICES else ''}]"
+
+
+def rollout(
+    attn: np.ndarray, layers: list[int] | None = None, heads: list[int] | None = None
+) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema, 2020) of [L, H, n, n] -> [1, 1, n, n].
 
-    Heads are averaged, each layer mixed with the identity for the residual path
-    (0.5 A + 0.5 I, rows renormalised) and the layers multiplied in order:
-    R = Â_L ... Â_1.
+    The chosen heads (default all) of the chosen layers (default all, bottom-up) are
+    averaged, each layer mixed with the identity
+    for the residual path (0.5 A + 0.5 I, rows renormalised) and the layers
+    multiplied in order: R = Â_L ... Â_1. One layer at a time, so the float64 work
+    is a few [n, n] matrices whatever the depth.
     """
     n = attn.shape[-1]
     eye = np.eye(n, dtype=np.float64)
     result = eye
-    for layer in attn.astype(np.float64).mean(axis=1):  # (n, n) per layer
-        mixed = 0.5 * layer + 0.5 * eye
+    for index in range(len(attn)) if layers is None else layers:
+        chosen = attn[index] if heads is None else attn[index, heads]  # (H', n, n)
+        mixed = 0.5 * chosen.mean(axis=0, dtype=np.float64) + 0.5 * eye
         mixed /= mixed.sum(axis=-1, keepdims=True)
         result = mixed @ result
     return result.astype(np.float32)[None, None]
@@ -45,15 +73,21 @@ def rollout(attn: np.ndarray) -> np.ndarray:
 def select_attention(
     attn: np.ndarray, layers: list[int], heads: list[int], reduce: str
 ) -> np.ndarray:
-    """[L, H, n, n] -> the selected layers/heads, reduced as asked."""
-    chosen: np.ndarray = attn[np.ix_(layers, heads)]  # (L', H', n, n), one copy
-    if reduce == "mean":
-        return np.asarray(chosen.mean(axis=1, keepdims=True))
-    if reduce == "max":
-        return np.asarray(chosen.max(axis=1, keepdims=True))
+    """[L, H, n, n] -> the selected layers/heads, reduced as asked.
+
+    Reductions go layer by layer, so nothing bigger than the answer plus one layer's
+    selected heads ([H', n, n]) is ever allocated (see ``limits.work_bytes``).
+    """
+    if reduce == "none":
+        return np.asarray(attn[np.ix_(layers, heads)])  # (L', H', n, n): the answer itself
     if reduce == "rollout":
-        return rollout(chosen)
-    return chosen
+        return rollout(attn, layers, heads)
+    n = attn.shape[-1]
+    out = np.empty((len(layers), 1, n, n), dtype=np.float32)
+    for row, layer in enumerate(layers):
+        chosen = attn[layer, heads]  # (H', n, n)
+        out[row, 0] = chosen.mean(axis=0) if reduce == "mean" else chosen.max(axis=0)
+    return out
 
 
 def pool(

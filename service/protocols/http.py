@@ -2,7 +2,9 @@
 
 - ``EngineDep``: the engine, as a FastAPI dependency alias.
 - ``require_api_key``: with ATTNSERVE_API_KEY set, ``Authorization: Bearer <key>``.
-- ``read_body``: the body under a size limit (413) and a media type (415).
+- ``read_body``: the body under a size limit (413), a media type and identity
+  encoding (415) and a time limit (408), held against the request's ticket.
+- ``asked_timeout``: the ``X-Request-Timeout`` header (seconds), for any protocol.
 - ``disconnected``: a coroutine factory for the engine's ``until=``.
 - ``encode``: one encode request over HTTP, given a protocol's codec.
 - ``protocol_route``: an APIRoute class that renders every ServiceError (and
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, TypeVar
@@ -21,16 +24,27 @@ from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 
 from service.engine import OFFLOAD_BYTES, EncodeRequest, EncodeResult, Engine
+from service.engine.admission import PARSE_EXPANSION, Ticket
 from service.engine.engine import Disconnected
 from service.errors import (
+    BodyTimeout,
+    ClientClosedRequest,
+    InvalidHeader,
     InvalidInput,
     PayloadTooLarge,
     ServiceError,
+    ShuttingDown,
     Unauthorized,
     UnsupportedMediaType,
+    quoted,
 )
+from service.protocols.context import context_of
+
+# X-Request-Timeout, at most (the server's ATTNSERVE_REQUEST_TIMEOUT caps it anyway).
+MAX_ASKED_TIMEOUT = 86400.0
 
 W = TypeVar("W")  # what a codec keeps from parsing to writing
 ErrorRenderer = Callable[[ServiceError], Response]
@@ -61,25 +75,74 @@ async def require_api_key(request: Request) -> None:
         )
 
 
-async def read_body(request: Request, limit: int, *, json_only: bool = True) -> bytes:
-    """The body, refusing more than ``limit`` bytes (413) and, with ``json_only``, a
-    Content-Type other than application/json (415)."""
+async def read_body(
+    request: Request, engine: Engine, ticket: Ticket, *, json_only: bool = True
+) -> bytes:
+    """The body, holding its bytes on ``ticket`` as they arrive.
+
+    Refuses more than ATTNSERVE_MAX_BODY_BYTES (413), with ``json_only`` a
+    Content-Type other than application/json (415), any Content-Encoding but
+    identity (415), and a body not complete within ATTNSERVE_BODY_TIMEOUT (408). A
+    client that leaves mid-body is ClientClosedRequest (499), not an error of ours.
+    """
+    settings = engine.settings
+    limit = settings.max_body_bytes
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if json_only and media_type != "application/json":
         raise UnsupportedMediaType(
-            f"Content-Type must be application/json, got {media_type or 'none'!r}"
+            f"Content-Type must be application/json, got {quoted(media_type or 'none')}"
+        )
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"Content-Encoding {quoted(encoding)} is not supported: send the body uncompressed"
         )
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body of {int(declared):,} bytes exceeds {limit:,}")
+    if declared.isdigit():
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {int(declared):,} bytes exceeds {limit:,}")
+        ticket.hold(int(declared) * PARSE_EXPANSION, "this request's body")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit:,} bytes")
-        chunks.append(chunk)
+    try:
+        async with engine.body_read():
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds {limit:,} bytes")
+                ticket.hold(size * PARSE_EXPANSION, "this request's body")
+                chunks.append(chunk)
+    except TimeoutError:
+        if engine.closing:
+            raise ShuttingDown(
+                "the server is shutting down and the body was still arriving: send the "
+                "request to another replica",
+                headers={"Connection": "close", "Retry-After": "1"},
+            ) from None
+        engine.metrics.refusals.labels("body_timeout").inc()
+        raise BodyTimeout(
+            f"the body did not arrive within {settings.body_timeout:g} s ({size:,} bytes received)",
+            headers={"Connection": "close"},
+        ) from None
+    except ClientDisconnect:
+        raise ClientClosedRequest("the client closed the connection while sending") from None
     return b"".join(chunks)
+
+
+def asked_timeout(request: Request) -> float | None:
+    """``X-Request-Timeout``: seconds the client will wait (400 unless a positive number)."""
+    raw = request.headers.get("x-request-timeout")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_ASKED_TIMEOUT:
+        raise InvalidHeader(
+            f"X-Request-Timeout must be seconds in (0, {MAX_ASKED_TIMEOUT:g}], got {quoted(raw)}"
+        )
+    return value
 
 
 def disconnected(request: Request) -> Disconnected:
@@ -100,15 +163,24 @@ async def encode(
     *,
     json_only: bool = True,
 ) -> Response:
-    """One encode over HTTP, for any protocol: admit, read, parse + run, write.
+    """One encode over HTTP, for any protocol: ticket, read, parse + run, write.
 
     ``parse`` (the protocol's codec) runs with the engine's preparation off the event
     loop; ``write`` too when the answer is large (a thread hop costs ~0.3 ms). ``write``
     returns JSON bytes, or a whole Response when the protocol frames its own answer.
+    The deadline counts from the request's arrival.
     """
-    with engine.admit():
-        body = await read_body(request, engine.settings.max_body_bytes, json_only=json_only)
-        result, wire = await engine.encode(lambda: parse(body), until=disconnected(request))
+    context = context_of(request)
+    deadline = engine.deadline(context.arrival, asked_timeout(request))
+    with engine.ticket() as ticket:
+        body = await read_body(request, engine, ticket, json_only=json_only)
+        result, wire = await engine.encode(
+            lambda: parse(body),
+            ticket,
+            deadline=deadline,
+            until=disconnected(request),
+            timing=context.timing,
+        )
         if result.response_bytes > OFFLOAD_BYTES:
             content = await asyncio.to_thread(write, result, wire)
         else:
@@ -136,6 +208,9 @@ def protocol_route(render: ErrorRenderer) -> type[APIRoute]:
             async def handle(request: Request) -> Response:
                 try:
                     return await handler(request)
+                except ClientClosedRequest:
+                    # Nobody will read an answer; the middleware counts it as 499.
+                    return Response(status_code=ClientClosedRequest.status_code)
                 except ServiceError as exc:
                     return render(exc)
                 except RequestValidationError as exc:

@@ -32,6 +32,8 @@ MODEL = "minilm-l6"
 NATIVE_ATOL = 1e-6
 REFERENCE_ATOL = 1e-4
 MATRYOSHKA = (384, 256, 128)
+# The matryoshka server's memory budget for requests in progress (the least allowed).
+BUDGET = 16 * 1024 * 1024
 
 
 def native_vectors(url: str, texts: list[str], *, normalize: bool = True) -> np.ndarray:
@@ -74,7 +76,7 @@ def matryoshka_url(
     shutil.copytree(minilm_repository / MODEL, repo / MODEL)
     manifest = Manifest.read(repo / MODEL)
     dataclasses.replace(manifest, matryoshka_dimensions=MATRYOSHKA).write(repo / MODEL)
-    with running_server(repo, openai_truncate="true", max_queued_requests="1") as url:
+    with running_server(repo, openai_truncate="true", max_inflight_bytes=str(BUDGET)) as url:
         yield url
 
 
@@ -235,13 +237,13 @@ def test_truncation_when_configured(matryoshka_url: str) -> None:
 
 
 def test_overload_raises_rate_limit_error_with_retry_after(matryoshka_url: str) -> None:
-    """The server admits one request at a time here; one held open makes the next a 429."""
+    """A body announced at a quarter of the memory budget holds all of it (x4 for parsing)
+    while it arrives, so the next request is a 429."""
     parts = urlsplit(matryoshka_url)
     with socket.create_connection((parts.hostname, parts.port)) as held:
-        # Headers and half a body: admitted, then waiting for the rest of its body.
         held.sendall(
             b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100\r\n\r\n{"
+            + f"Content-Length: {BUDGET // 4}\r\n\r\n{{".encode()
         )
         with openai.OpenAI(base_url=f"{matryoshka_url}/v1", api_key="x", max_retries=0) as c:
             for _ in range(50):  # until the held request has been admitted
@@ -252,4 +254,4 @@ def test_overload_raises_rate_limit_error_with_retry_after(matryoshka_url: str) 
                     assert exc.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
                     break
             else:
-                pytest.fail("no 429 while the only admission slot was held")
+                pytest.fail("no 429 while the whole memory budget was held")

@@ -204,8 +204,8 @@ CASES = [
         json={"inputs": [SEQ30], "return_attention": True},
         says=("response", "layers", "heads", "reduce")),
     Bad("response-too-large-b64", 413, "payload_too_large", server="limited",
-        json={"inputs": [SEQ30], "return_attention": True, "encoding_format": "base64",
-              "attention": {"layers": [0, 1, 0]}},
+        json={"inputs": [SEQ30], "return_attention": True, "return_hidden_states": True,
+              "encoding_format": "base64"},
         says=("response", "layers", "heads", "reduce")),
 ]  # fmt: skip
 

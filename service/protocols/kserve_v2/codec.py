@@ -35,7 +35,7 @@ from service.engine import (
     WireCost,
 )
 from service.engine.padding import lengths_of, repad
-from service.errors import InvalidInput
+from service.errors import InvalidInput, quoted
 from service.protocols import wire
 from service.runtime import ModelInfo
 
@@ -96,7 +96,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     if header_length is None:
         return wire.parse_json_object(body), memoryview(b"")
     if not header_length.strip().isdigit():
-        raise InvalidInput(f"Inference-Header-Content-Length {header_length!r} is not a number")
+        raise InvalidInput(
+            f"Inference-Header-Content-Length {quoted(header_length)} is not a number"
+        )
     size = int(header_length)
     if size > len(body):
         raise InvalidInput(
@@ -120,7 +122,7 @@ def infer_request(
     for spec in raw_inputs:
         name, tensor, offset = _input_tensor(_dict(spec, "inputs[]"), binary, offset, allowed)
         if name in tensors:
-            raise InvalidInput(f"input {name!r} is given twice")
+            raise InvalidInput(f"input {quoted(name)} is given twice")
         tensors[name] = tensor
     if offset != len(binary):
         raise InvalidInput(
@@ -130,7 +132,7 @@ def infer_request(
     outputs = _requested_outputs(header.get("outputs"), params, info)
     pooling = params.get("pooling", "none")
     if pooling != "none" and pooling not in POOLINGS:
-        raise InvalidInput(f"parameters.pooling must be one of {POOLINGS}, got {pooling!r}")
+        raise InvalidInput(f"parameters.pooling must be one of {POOLINGS}, got {quoted(pooling)}")
     if OUTPUT_POOLED in outputs and pooling == "none":
         raise InvalidInput("output 'pooled' needs parameters.pooling (mean, cls or max)")
     if INPUT_TEXT in tensors:
@@ -199,7 +201,7 @@ def _shape(spec: dict[str, Any], name: str) -> list[int]:
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers")
+        raise InvalidInput(f"input {quoted(name)}: 'shape' must be a list of non-negative integers")
     return shape
 
 
@@ -209,23 +211,25 @@ def _input_tensor(
     """One input -> (name, its tensor, the binary offset after it)."""
     name = spec.get("name")
     if not isinstance(name, str) or name not in allowed:
-        raise InvalidInput(f"unknown input {name!r}: this model takes {sorted(allowed)}")
+        raise InvalidInput(f"unknown input {quoted(name)}: this model takes {sorted(allowed)}")
     datatype = spec.get("datatype")
     wanted = MASK_TYPES if name == graph_io.INPUT_MASK else (allowed[name],)
     if not isinstance(datatype, str) or datatype not in wanted:
         raise InvalidInput(
-            f"input {name!r} must have datatype {' or '.join(wanted)}, got {datatype!r}"
+            f"input {quoted(name)} must have datatype {' or '.join(wanted)}, got {quoted(datatype)}"
         )
     shape = _shape(spec, name)
     count = math.prod(shape)
-    params = _dict(spec.get("parameters"), f"input {name!r} parameters")
+    params = _dict(spec.get("parameters"), f"input {quoted(name)} parameters")
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
+            raise InvalidInput(
+                f"input {quoted(name)}: binary_data_size must be a non-negative integer"
+            )
         if offset + size > len(binary):
             raise InvalidInput(
-                f"input {name!r}: binary_data_size {size:,} goes beyond the body "
+                f"input {quoted(name)}: binary_data_size {size:,} goes beyond the body "
                 f"({len(binary) - offset:,} bytes remain after the header)"
             )
         raw = binary[offset : offset + size]
@@ -234,18 +238,18 @@ def _input_tensor(
         dtype = np.dtype(NUMERIC[datatype])
         if size != count * dtype.itemsize:
             raise InvalidInput(
-                f"input {name!r}: binary_data_size {size:,} does not match shape {shape} of "
+                f"input {quoted(name)}: binary_data_size {size:,} does not match shape {shape} of "
                 f"{datatype} ({count * dtype.itemsize:,} bytes)"
             )
         return name, np.frombuffer(raw, dtype=dtype).reshape(shape), offset + size
     if "data" not in spec:
-        raise InvalidInput(f"input {name!r} has neither 'data' nor binary_data_size")
+        raise InvalidInput(f"input {quoted(name)} has neither 'data' nor binary_data_size")
     data = spec["data"]
     if datatype == "BYTES":
         flat = _flatten(data)
         if len(flat) != count or not all(isinstance(x, str) for x in flat):
             raise InvalidInput(
-                f"input {name!r}: 'data' must hold {count} strings for shape {shape}"
+                f"input {quoted(name)}: 'data' must hold {count} strings for shape {shape}"
             )
         return name, [x.encode() for x in flat], offset
     try:
@@ -255,7 +259,7 @@ def _input_tensor(
     kinds = "b" if datatype == "BOOL" else "iu" if datatype.startswith("INT") else "fiu"
     if array.dtype.kind not in kinds or array.size != count:
         raise InvalidInput(
-            f"input {name!r}: 'data' must be {count} {datatype} values (flat or nested, "
+            f"input {quoted(name)}: 'data' must be {count} {datatype} values (flat or nested, "
             f"row-major) for shape {shape}"
         )
     with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused as such
@@ -273,16 +277,16 @@ def _bytes_elements(raw: memoryview, count: int, name: str) -> list[bytes]:
     elements, offset = [], 0
     while offset < len(raw):
         if offset + 4 > len(raw):
-            raise InvalidInput(f"input {name!r}: a BYTES element's length is cut short")
+            raise InvalidInput(f"input {quoted(name)}: a BYTES element's length is cut short")
         (size,) = struct.unpack_from("<I", raw, offset)
         offset += 4
         if offset + size > len(raw):
-            raise InvalidInput(f"input {name!r}: a BYTES element runs past binary_data_size")
+            raise InvalidInput(f"input {quoted(name)}: a BYTES element runs past binary_data_size")
         elements.append(bytes(raw[offset : offset + size]))
         offset += size
     if len(elements) != count:
         raise InvalidInput(
-            f"input {name!r}: {len(elements)} BYTES elements for {count} in its shape"
+            f"input {quoted(name)}: {len(elements)} BYTES elements for {count} in its shape"
         )
     return elements
 
@@ -309,12 +313,12 @@ def _requested_outputs(raw: Any, params: dict[str, Any], info: ModelInfo) -> dic
         spec = _dict(spec, "outputs[]")
         name = spec.get("name")
         if name not in known:
-            raise InvalidInput(f"unknown output {name!r}: this model answers {known}")
+            raise InvalidInput(f"unknown output {quoted(name)}: this model answers {known}")
         if name in outputs:
-            raise InvalidInput(f"output {name!r} is asked for twice")
-        out_params = _dict(spec.get("parameters"), f"output {name!r} parameters")
+            raise InvalidInput(f"output {quoted(name)} is asked for twice")
+        out_params = _dict(spec.get("parameters"), f"output {quoted(name)} parameters")
         outputs[name] = _bool(
-            out_params.get("binary_data", binary_all), f"output {name!r} binary_data"
+            out_params.get("binary_data", binary_all), f"output {quoted(name)} binary_data"
         )
     return outputs
 

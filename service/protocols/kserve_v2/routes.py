@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from service.engine import Engine
-from service.errors import ModelNotFound, NotReady
+from service.errors import ModelNotFound, NotReady, quoted
 from service.protocols import http
 from service.protocols.http import EngineDep, protocol_route, require_api_key
 from service.protocols.kserve_v2 import codec
@@ -61,16 +61,20 @@ async def server_metadata() -> ServerMetadata:
     return ServerMetadata(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
 
 
-@health.get("/health/live", response_model=Live, responses={503: ERRORS[503]})
+@health.api_route(
+    "/health/live", methods=["GET", "HEAD"], response_model=Live, responses={503: ERRORS[503]}
+)
 async def live(engine: EngineDep) -> Live:
     if engine.failure is not None:
         raise NotReady(engine.failure)
     return Live(live=True)
 
 
-@health.get("/health/ready", response_model=Ready, responses={503: ERRORS[503]})
+@health.api_route(
+    "/health/ready", methods=["GET", "HEAD"], response_model=Ready, responses={503: ERRORS[503]}
+)
 async def ready(engine: EngineDep) -> Ready:
-    engine.require_ready()
+    engine.check_ready()
     return Ready(ready=True)
 
 
@@ -78,7 +82,7 @@ def model_of(engine: Engine, name: str, version: str | None) -> ModelInfo:
     info = engine.model(name)
     if version is not None and version != MODEL_VERSION:
         raise ModelNotFound(
-            f"model {name!r} has no version {version!r} (versions: {MODEL_VERSION})"
+            f"model {quoted(name)} has no version {quoted(version)} (versions: {MODEL_VERSION})"
         )
     return info
 

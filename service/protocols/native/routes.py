@@ -61,7 +61,12 @@ metrics = APIRouter(tags=["metrics"], route_class=NativeRoute)
 routers = (health, models, encode, metrics)
 
 
-@health.get("/health/live", response_model=Health, responses={503: ERROR_RESPONSES[503]})
+@health.api_route(
+    "/health/live",
+    methods=["GET", "HEAD"],
+    response_model=Health,
+    responses={503: ERROR_RESPONSES[503]},
+)
 async def live(engine: EngineDep) -> Health:
     """The process is up and able to serve (503 once its warm-up has failed for good)."""
     if engine.failure is not None:
@@ -69,10 +74,16 @@ async def live(engine: EngineDep) -> Health:
     return Health(status="alive")
 
 
-@health.get("/health/ready", response_model=Health, responses={503: ERROR_RESPONSES[503]})
+@health.api_route(
+    "/health/ready",
+    methods=["GET", "HEAD"],
+    response_model=Health,
+    responses={503: ERROR_RESPONSES[503]},
+)
 async def ready(engine: EngineDep) -> Health:
-    """Models are loaded and a warm-up inference passed."""
-    engine.require_ready()
+    """Models are loaded, a warm-up inference passed, the server is not shutting down and
+    can take one more request now (503 while saturated, so balancers route elsewhere)."""
+    engine.check_ready()
     return Health(status="ready")
 
 
@@ -137,14 +148,14 @@ async def encode_sequences(request: Request, engine: EngineDep) -> Response:
 )
 async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
-    with engine.admit():
-        body = await read_body(request, engine.settings.max_body_bytes)
-        result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body))
+    with engine.ticket() as ticket:
+        body = await read_body(request, engine, ticket)
+        result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body), ticket)
         content = codec.tokenize_response(result, fmt)
     return Response(content, media_type="application/json")
 
 
-@metrics.get("/metrics", response_class=Response)
+@metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)
 async def prometheus_metrics(engine: EngineDep) -> Response:
     """Prometheus text exposition."""
     return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)

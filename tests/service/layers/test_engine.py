@@ -236,9 +236,9 @@ def test_hidden_layers_index_the_layers_plus_one_states(engine: Engine) -> None:
     every = engine.prepare(request_of(seqs, return_hidden_states=True))
     assert every.hidden_layers == list(range(N_LAYERS + 1))
     chosen = engine.prepare(
-        request_of(seqs, return_hidden_states=True, hidden_layers=[0, -1, 1, -(N_LAYERS + 1)])
+        request_of(seqs, return_hidden_states=True, hidden_layers=[-1, 1, -(N_LAYERS + 1)])
     )
-    assert chosen.hidden_layers == [0, N_LAYERS, 1, 0]  # order and repeats kept
+    assert chosen.hidden_layers == [N_LAYERS, 1, 0]  # order kept
 
 
 def test_hidden_states_count_in_the_response_size(
@@ -304,7 +304,8 @@ def test_embeddings_match_a_direct_onnxruntime_run(
 
     async def body(engine: Engine) -> tuple[EncodeResult, str]:
         # The protocols' path: parse (here: a ready request) and prepare off the loop, run.
-        return await engine.encode(lambda: (request_of(arrays(seqs)), "float"))
+        with engine.ticket() as ticket:
+            return await engine.encode(lambda: (request_of(arrays(seqs)), "float"), ticket)
 
     result, wire_format = with_started_engine(settings, body)
     assert wire_format == "float" and result.model == MODEL

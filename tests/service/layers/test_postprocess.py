@@ -209,12 +209,30 @@ def test_normalizing_a_zero_vector_gives_zeros_not_nan() -> None:
         (None, [0, 1, 2, 3]),
         ([0], [0]),
         ([-1], [3]),
-        ([-4, 3, -2, 0], [0, 3, 2, 0]),
-        ([2, 2], [2, 2]),
+        ([-4, 3, -2, 1], [0, 3, 2, 1]),
     ],
 )
 def test_resolve_indices(indices: list[int] | None, expected: list[int]) -> None:
     assert postprocess.resolve_indices(indices, 4, "heads", ("attention", "heads")) == expected
+
+
+@pytest.mark.parametrize(
+    ("indices", "repeated"),
+    [([2, 2], "[2]"), ([0, -4], "[0]"), ([1, 0, -3, 3, -1], "[1, 3]"), ([0] * 200_000, "[0]")],
+)
+def test_resolve_indices_refuses_repeats(indices: list[int], repeated: str) -> None:
+    """A repeat would multiply work and answer: refused, naming the repeated indices once."""
+    with pytest.raises(InvalidInput) as info:
+        postprocess.resolve_indices(indices, 4, "heads", ("attention", "heads"))
+    assert info.value.field == ("attention", "heads")
+    assert f"heads {repeated} repeated" in info.value.message
+
+
+def test_out_of_range_errors_stay_short() -> None:
+    """200,000 bad indices are named by their first ten, not echoed whole."""
+    with pytest.raises(InvalidInput) as info:
+        postprocess.resolve_indices(list(range(5, 200_005)), 4, "heads", ("attention", "heads"))
+    assert info.value.message.startswith("[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, ...] out of range")
 
 
 @pytest.mark.parametrize("indices", [[2], [-3], [0, 5], [], [1, -9, 7]])

@@ -1,0 +1,123 @@
+"""Admission: what the node has promised, counted in requests and in bytes.
+
+Each request holds a :class:`Ticket` from arrival to answer. While its body
+arrives the ticket holds the bytes received so far (times ``PARSE_EXPANSION``,
+what parsing them can cost) but no request slot, so a body that trickles costs
+its few bytes, never a place in line. Once the body is read the request takes a
+slot (``max_queued_requests``), and once prepared, its working memory
+(``limits.work_bytes``). Whatever the mix of clients, the bytes all requests in
+progress may hold stay under ``max_inflight_bytes``: beyond it new work gets
+429 with a Retry-After; one request that alone needs more gets 413.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+
+from service.errors import Overloaded, PayloadTooLarge
+from service.metrics import Metrics
+
+# What holding a body of N bytes may cost once parsed: JSON numbers become Python
+# floats in lists (~3x), then numpy arrays; base64 is decoded (0.75x) beside its text.
+PARSE_EXPANSION = 4
+MB = 1e6
+
+
+class Admission:
+    """The node's budget of request slots and bytes, shared by every protocol."""
+
+    def __init__(
+        self,
+        max_requests: int,
+        max_bytes: int,
+        metrics: Metrics,
+        retry_after: Callable[[], str],
+    ) -> None:
+        self.max_requests, self.max_bytes = max_requests, max_bytes
+        self.metrics = metrics
+        self.retry_after = retry_after
+        self.requests = 0  # requests holding a slot
+        self.bytes = 0  # bytes held by every ticket
+
+    def ticket(self) -> Ticket:
+        return Ticket(self)
+
+    def saturated(self) -> str | None:
+        """Why the node cannot take one more request now, if it cannot."""
+        if self.requests >= self.max_requests:
+            return f"all {self.max_requests} request slots are taken"
+        if self.bytes >= self.max_bytes:
+            return f"the memory budget ({self.max_bytes / MB:,.0f} MB) is spent"
+        return None
+
+    def refuse(self, reason: str, message: str) -> Overloaded:
+        self.metrics.refusals.labels(reason).inc()
+        return Overloaded(message, headers={"Retry-After": self.retry_after()})
+
+    def _update(self, requests: int, nbytes: int) -> None:
+        self.requests += requests
+        self.bytes += nbytes
+        self.metrics.in_flight.set(self.requests)
+        self.metrics.in_flight_bytes.set(self.bytes)
+
+
+class Ticket:
+    """One request's share of the budget; a context manager that gives it back."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self.bytes = 0
+        self.slot = False
+
+    def take_slot(self) -> None:
+        """Count the request as in progress (429 when every slot is taken)."""
+        adm = self._admission
+        if self.slot:
+            return
+        if adm.requests >= adm.max_requests:
+            raise adm.refuse(
+                "queue_full",
+                f"the server is at capacity ({adm.requests} requests in progress, limit "
+                f"{adm.max_requests}); retry after the Retry-After delay",
+            )
+        self.slot = True
+        adm._update(1, 0)
+
+    def hold(self, nbytes: int, what: str) -> None:
+        """Hold ``nbytes`` in all (a ticket only grows): 429 if the budget lacks them now,
+        413 if they exceed all of it."""
+        adm = self._admission
+        extra = nbytes - self.bytes
+        if extra <= 0:
+            return
+        if nbytes > adm.max_bytes:
+            raise PayloadTooLarge(
+                f"{what} needs about {nbytes / MB:,.0f} MB of server memory; the budget of "
+                f"all requests in progress is {adm.max_bytes / MB:,.0f} MB: send fewer or "
+                "shorter sequences, or ask for less (attention selection or reduction)"
+            )
+        if adm.bytes + extra > adm.max_bytes:
+            raise adm.refuse(
+                "memory",
+                f"the server's memory budget is spent ({adm.bytes / MB:,.0f} of "
+                f"{adm.max_bytes / MB:,.0f} MB held by requests in progress); retry after "
+                "the Retry-After delay",
+            )
+        self.bytes = nbytes
+        adm._update(0, extra)
+
+    def release(self) -> None:
+        self._admission._update(-int(self.slot), -self.bytes)
+        self.bytes, self.slot = 0, False
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
