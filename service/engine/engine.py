@@ -274,7 +274,11 @@ class Engine:
             raise InvalidInput("is empty: send at least one sequence", field=("inputs",))
         limits.check_sequence_count(len(request.inputs), self.settings)  # before reading them
         inputs = list(request.inputs)
-        texts = {i: item for i, item in enumerate(inputs) if isinstance(item, str)}
+        texts = {
+            i: limits.bound_text(item, info, request.truncate, ("inputs", i))
+            for i, item in enumerate(inputs)
+            if isinstance(item, str)
+        }
         tokenized = (
             dict(
                 zip(
@@ -554,7 +558,11 @@ class Engine:
         if not request.texts:
             raise InvalidInput("is empty: send at least one string", field=("texts",))
         limits.check_sequence_count(len(request.texts), self.settings)
-        encoded = self._tokenize(runtime, request.texts, request.truncate)
+        texts = [
+            limits.bound_text(text, info, request.truncate, ("texts", i))
+            for i, text in enumerate(request.texts)
+        ]
+        encoded = self._tokenize(runtime, texts, request.truncate)
         lengths = [len(tokens) for tokens, _, _ in encoded]
         limits.check_lengths(list(lengths), info, self.settings, "texts")
         embeddings: list[np.ndarray | None] = [None] * len(encoded)

@@ -17,6 +17,9 @@ from service.settings import Settings
 
 MB = 1e6
 FLOAT32 = 4
+# Characters one token may stand for, at most, as far as the length check cares: English
+# averages ~4.5 per WordPiece token, a 100-character word becomes one [UNK].
+CHARS_PER_TOKEN = 64
 
 
 def check_sequence_count(n_sequences: int, settings: Settings) -> None:
@@ -39,6 +42,24 @@ def check_lengths(
     total = sum(n for n in lengths if n is not None)
     if total > settings.max_tokens:
         raise PayloadTooLarge(f"{total} tokens in one request; the limit is {settings.max_tokens}")
+
+
+def bound_text(text: str, model: ModelInfo, truncate: bool, field: FieldPath) -> str:
+    """A text cut (``truncate``) or refused (413) beyond ``CHARS_PER_TOKEN`` characters per
+    token of the model's length, before any tokenizing: a 32 MB text then costs a
+    comparison, not seconds and gigabytes. A cut text still yields the model's full
+    length unless its prefix averages more than ``CHARS_PER_TOKEN`` per token."""
+    limit = model.max_seq_len * CHARS_PER_TOKEN
+    if len(text) <= limit:
+        return text
+    if truncate:
+        return text[:limit]
+    raise SequenceTooLong(
+        f"{len(text):,} characters: more than model {model.name!r} accepts ({model.max_seq_len} "
+        f"tokens; texts over {limit:,} characters are refused before tokenizing): shorten "
+        "it or ask for truncation",
+        field=field,
+    )
 
 
 def check_array(array: np.ndarray, field: FieldPath, d_model: int) -> np.ndarray:

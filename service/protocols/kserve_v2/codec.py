@@ -252,10 +252,14 @@ def _input_tensor(
                 f"input {quoted(name)}: 'data' must hold {count} strings for shape {shape}"
             )
         return name, [x.encode() for x in flat], offset
-    try:
-        array = np.asarray(data)
-    except (ValueError, TypeError):
-        array = np.asarray([object()])
+    if datatype == "BOOL":
+        try:
+            array = np.asarray(data)
+        except (ValueError, TypeError):
+            array = np.asarray([object()])
+    else:
+        parsed = wire.numbers(data)
+        array = np.asarray([object()]) if parsed is None else parsed
     kinds = "b" if datatype == "BOOL" else "iu" if datatype.startswith("INT") else "fiu"
     if array.dtype.kind not in kinds or array.size != count:
         raise InvalidInput(

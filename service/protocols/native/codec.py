@@ -104,11 +104,8 @@ def _decode_array(item: Any, index: int) -> np.ndarray:
     if isinstance(item, dict):
         return _decode_base64_array(item, where)
     if isinstance(item, list):
-        try:
-            parsed = np.asarray(item)  # no dtype: strings and booleans must not pass as numbers
-        except (ValueError, TypeError):
-            parsed = None
-        if parsed is None or parsed.dtype.kind not in "fiu":
+        parsed = wire.numbers(item)
+        if parsed is None:
             raise InvalidInput(
                 "must be a rectangular [seq_len, d_model] array of numbers", field=where
             )
