@@ -1,0 +1,152 @@
+"""Request ids, timing headers, JSON logs, strict inputs, short errors and start-up checks."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from service.server import warn_if_exposed
+from service.settings import Settings
+from tests.conftest import ServerFailed, running_server, server_process
+from tests.service.helpers import D_MODEL, TIMEOUT, sequences
+
+# An error about a 1 MB value stays this short (its message is cut at 1,000 characters).
+MAX_ERROR_BODY = 2_000
+
+
+def _seq(n: int = 3) -> list[list[float]]:
+    rows: list[list[float]] = sequences((n,), seed=5)[0].tolist()
+    return rows
+
+
+def test_every_response_carries_request_id_and_timings(client: httpx.Client) -> None:
+    r = client.post("/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-id": "job-42"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "job-42"
+    queue, compute = float(r.headers["x-queue-time"]), float(r.headers["x-compute-time"])
+    assert queue >= 0 and compute > 0  # it ran: onnxruntime time is never zero
+    for response in (client.get("/health/live"), client.get("/nowhere"), client.get("/metrics")):
+        generated = response.headers["x-request-id"]
+        assert len(generated) == 32 and int(generated, 16) >= 0  # a fresh uuid4 hex
+        assert float(response.headers["x-compute-time"]) == 0.0  # no inference
+    # An id that is too long or not visible ASCII is replaced, never echoed.
+    r = client.get("/health/live", headers={"x-request-id": "x" * 200})
+    assert r.headers["x-request-id"] != "x" * 200
+
+
+def test_strict_booleans_numbers_and_indices(client: httpx.Client) -> None:
+    """JSON true is not 1.0, "yes" is not a boolean, "0" and true are not indices."""
+    row = [0.5] * D_MODEL
+    cases = [
+        {"inputs": [[[True, *row[1:]]]]},
+        {"inputs": [_seq()], "return_attention": "yes"},
+        {"inputs": [_seq()], "return_attention": 1},
+        {"inputs": [_seq()], "return_attention": True, "attention": {"heads": ["0"]}},
+        {"inputs": [_seq()], "return_attention": True, "attention": {"layers": [True]}},
+        {"inputs": [_seq()], "return_attention": True, "attention": {"heads": [0.0]}},
+    ]
+    for body in cases:
+        r = client.post("/v1/encode", json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["error_type"] == "invalid_input"
+    assert client.post("/v1/encode", json={"inputs": [[row]]}).status_code == 200
+
+
+def test_repeated_attention_indices_are_refused_not_multiplied(client: httpx.Client) -> None:
+    """200,000 repeats of head 0 once asked numpy for 293 GiB (a 500); now a short 422."""
+    body = {
+        "inputs": [_seq(8)],
+        "return_attention": True,
+        "attention": {"heads": [0] * 200_000, "reduce": "mean"},
+    }
+    r = client.post("/v1/encode", json=body)
+    assert r.status_code == 422, r.text
+    assert "heads [0] repeated" in r.json()["error"]
+    assert len(r.content) < MAX_ERROR_BODY
+
+
+def test_errors_do_not_echo_huge_values(client: httpx.Client) -> None:
+    r = client.post("/v1/encode", json={"inputs": [_seq()], "model": "m" * 1_000_000})
+    assert r.status_code == 404 and r.json()["error_type"] == "model_not_found"
+    assert len(r.content) < MAX_ERROR_BODY
+    r = client.post("/v1/encode", content=b"{}", headers={"content-type": "text/" + "x" * 5000})
+    assert r.status_code == 415 and len(r.content) < MAX_ERROR_BODY
+
+
+def test_bad_request_timeout_header_is_400(client: httpx.Client) -> None:
+    for value in ("soon", "-1", "0", "nan", "inf", "1e9"):
+        r = client.post(
+            "/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-timeout": value}
+        )
+        assert r.status_code == 400, (value, r.text)
+        assert r.json()["error_type"] == "invalid_header"
+
+
+def test_deadline_already_passed_is_504_with_retry_after(client: httpx.Client) -> None:
+    r = client.post(
+        "/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-timeout": "0.000001"}
+    )
+    assert r.status_code == 504 and r.json()["error_type"] == "deadline_exceeded"
+    assert int(r.headers["retry-after"]) >= 1
+    ok = client.post("/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-timeout": "30"})
+    assert ok.status_code == 200
+
+
+def test_json_logs_carry_the_request_id(model_repository: Path) -> None:
+    with server_process(model_repository, log_format="json", log_level="info") as server:
+        with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+            r = c.post("/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-id": "trace-7"})
+            assert r.status_code == 200
+        server.proc.terminate()
+        assert server.proc.wait(timeout=30) == 0
+        lines = [line for line in server.log().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert all({"time", "level", "logger", "message", "request_id"} <= set(r) for r in records)
+    access = [
+        r for r in records if r["logger"] == "uvicorn.access" and "/v1/encode" in r["message"]
+    ]
+    assert access and access[0]["request_id"] == "trace-7"
+
+
+def test_a_non_ascii_api_key_refuses_to_start(model_repository: Path) -> None:
+    """Such a key could never match a header, so every request would be a 401."""
+    with (
+        pytest.raises(ServerFailed) as failed,
+        running_server(model_repository, ready_timeout=30.0, api_key="clé-secrète"),
+    ):
+        pytest.fail("the server started")  # pragma: no cover
+    assert failed.value.returncode != 0
+    assert "printable ASCII" in failed.value.log
+
+
+def test_drain_must_be_shorter_than_the_shutdown_timeout() -> None:
+    with pytest.raises(ValueError, match="drain_seconds"):
+        Settings(drain_seconds=30, shutdown_timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("host", "key", "warned"),
+    [("0.0.0.0", None, True), ("10.1.2.3", None, True), ("127.0.0.1", None, False),
+     ("localhost", None, False), ("::1", None, False), ("0.0.0.0", "k3y", False)],
+)  # fmt: skip
+def test_warns_when_exposed_without_a_key(
+    caplog: pytest.LogCaptureFixture, host: str, key: str | None, warned: bool
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="service.server"):
+        warn_if_exposed(Settings(host=host, api_key=key))  # type: ignore[arg-type]
+    assert ("no API key" in caplog.text) == warned
+
+
+def test_booleans_in_kserve_fp32_data_are_refused(client: httpx.Client) -> None:
+    data = np.zeros((1, 2, D_MODEL), np.float32).tolist()
+    data[0][0][0] = True
+    body = {"inputs": [{"name": "inputs_embeds", "datatype": "FP32", "shape": [1, 2, D_MODEL],
+                        "data": data}]}  # fmt: skip
+    r = client.post("/v2/models/tiny/infer", json=body)
+    assert r.status_code == 422 and "FP32 values" in r.json()["error"], r.text
+    data[0][0][0] = 1.0
+    assert client.post("/v2/models/tiny/infer", json=body).status_code == 200
