@@ -69,6 +69,10 @@ def test_compose_file_is_valid_and_serves_on_loopback() -> None:
     (port,) = service["ports"]
     assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "8000", 8000)
     assert service["healthcheck"]["test"][0] == "CMD"
+    # Docker SIGKILLs after stop_grace_period: it must outlast the server's own shutdown.
+    grace = int(service["stop_grace_period"].rstrip("s"))
+    assert grace > float(service["environment"]["ATTNSERVE_SHUTDOWN_TIMEOUT"])
+    assert float(service["environment"]["ATTNSERVE_DRAIN_SECONDS"]) < grace
 
 
 def test_export_stage_pins_the_same_torch_as_pyproject() -> None:
