@@ -250,6 +250,9 @@ class BaseClient:
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "attnserve-client/0.1"}
+        if self.timeout.read is not None:
+            # The server drops work still queued when this client has stopped waiting.
+            headers["X-Request-Timeout"] = f"{self.timeout.read:g}"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers

@@ -13,7 +13,8 @@
         ├── AuthenticationError       401 (missing or wrong API key)
         ├── NotFoundError             404 (e.g. unknown model)
         ├── OverloadedError           429 (retried first, honouring Retry-After)
-        ├── ServiceUnavailableError   503 (e.g. not ready; retried first)
+        ├── ServiceUnavailableError   503 (e.g. not ready, shutting down; retried first)
+        ├── DeadlineExceededError     504 (X-Request-Timeout passed while queued; retried first)
         └── InternalServerError       other 5xx (retried first)
 
 Status errors carry the server's ``error`` message and ``error_type``.
@@ -85,6 +86,10 @@ class ServiceUnavailableError(APIStatusError):
     pass
 
 
+class DeadlineExceededError(APIStatusError):
+    pass
+
+
 class InternalServerError(APIStatusError):
     pass
 
@@ -98,6 +103,7 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
     422: UnprocessableEntityError,
     429: OverloadedError,
     503: ServiceUnavailableError,
+    504: DeadlineExceededError,
 }
 
 

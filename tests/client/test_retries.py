@@ -32,6 +32,7 @@ from attnserve_client import (
     AsyncClient,
     BadRequestError,
     Client,
+    DeadlineExceededError,
     InternalServerError,
     ModelCard,
     NotFoundError,
@@ -128,6 +129,7 @@ RETRIED = [
     (503, "not_ready", ServiceUnavailableError),
     (500, "internal_error", InternalServerError),
     (502, "bad_gateway", InternalServerError),
+    (504, "deadline_exceeded", DeadlineExceededError),
     (408, "request_timeout", APIStatusError),
 ]
 NOT_RETRIED = [
@@ -301,3 +303,13 @@ def test_jitter_spreads_clients(script: Callable[..., Script]) -> None:
 def test_negative_max_retries_is_refused() -> None:
     with pytest.raises(ValueError, match="max_retries"):
         Client(BASE, max_retries=-1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_read_timeout_travels_as_the_request_deadline(
+    script: Callable[..., Script], mode: str
+) -> None:
+    """The server drops work still queued once this client has stopped waiting."""
+    s = script(ok())
+    call_models(s, mode, timeout=httpx.Timeout(10.0, read=2.5))
+    assert s.requests[0].headers["x-request-timeout"] == "2.5"
