@@ -248,11 +248,17 @@ class BaseClient:
         self._offers_binary: bool | None = None
         self._default_model: str | None = None
 
+    def _deadline(self, kwargs: dict[str, Any], timeout: float | None) -> None:
+        """Set a request's timeout and send it as X-Request-Timeout: the server then drops
+        work still queued once this client has stopped waiting."""
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        wait = timeout if timeout is not None else self.timeout.read
+        if wait is not None:
+            kwargs["headers"] = {**kwargs.get("headers", {}), "X-Request-Timeout": f"{wait:g}"}
+
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "attnserve-client/0.1"}
-        if self.timeout.read is not None:
-            # The server drops work still queued when this client has stopped waiting.
-            headers["X-Request-Timeout"] = f"{self.timeout.read:g}"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers

@@ -95,8 +95,7 @@ class Client(BaseClient):
         self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any
     ) -> httpx.Response:
         """Send with retries on connection errors, 408, 429 and 5xx; the last answer."""
-        if timeout is not None:
-            kwargs["timeout"] = timeout
+        self._deadline(kwargs, timeout)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
@@ -293,8 +292,7 @@ class AsyncClient(BaseClient):
         self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any
     ) -> httpx.Response:
         """Send with retries on connection errors, 408, 429 and 5xx; the last answer."""
-        if timeout is not None:
-            kwargs["timeout"] = timeout
+        self._deadline(kwargs, timeout)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
