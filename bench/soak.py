@@ -83,6 +83,8 @@ from bench_serving import running_server  # noqa: E402
 ATOL = 1e-4
 MB = 1e6
 MiB = 1024 * 1024
+KEEP_ALIVE_TIMEOUT = 5.0  # the server's default ATTNSERVE_KEEP_ALIVE_TIMEOUT
+SECOND_ANSWER_WAIT = 0.2  # after a raw request's answer, seconds to watch for another
 
 VALID, ATTENTION, INVALID, OVERSIZED, SLOW, ABANDONED = (
     "valid",
@@ -119,6 +121,7 @@ FAILURES = (
     "bad request accepted",
     "valid request refused",
     "unexpected status",
+    "answered twice",
     "server",
     "rss",
 )
@@ -640,7 +643,14 @@ class Soak:
         cfg = self.config
         start = time.monotonic()
         self.deadline = start + cfg.seconds
-        limits = httpx.Limits(max_connections=cfg.clients, max_keepalive_connections=cfg.clients)
+        # The server closes a connection idle for HEADER_TIMEOUT (= body_timeout here); a
+        # client reusing one just then loses its request (ECONNRESET): the keep-alive race
+        # of HTTP/1.1, not the server's fault. Expiring idle connections first avoids it.
+        limits = httpx.Limits(
+            max_connections=cfg.clients,
+            max_keepalive_connections=cfg.clients,
+            keepalive_expiry=min(cfg.body_timeout, KEEP_ALIVE_TIMEOUT) / 2,
+        )
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{self.port}",
             timeout=cfg.request_timeout,
@@ -678,7 +688,8 @@ class Soak:
             if planned.cls == ABANDONED:
                 await self.abandon(planned, rng)
             elif planned.variant == "body-too-large":
-                await self.raw(planned, [(planned.raw(), 64 * 1024, 0.0)])
+                # As most clients do (no Expect: 100-continue): the whole body, then read.
+                await self.raw(planned, [(planned.raw(), 64 * 1024, 0.0)], write_all=True)
             else:
                 await self.http(client, planned)
 
@@ -713,11 +724,11 @@ class Soak:
         latency = time.perf_counter() - started
         await self.judge(planned, Answer(r.status_code, dict(r.headers), r.content), latency)
 
-    async def raw(self, planned: Planned, parts: list[Part]) -> None:
+    async def raw(self, planned: Planned, parts: list[Part], *, write_all: bool = False) -> None:
         """Send ``planned`` over a raw socket as ``parts`` (bytes, chunk size, seconds between
         chunks), reading the answer meanwhile: the server may answer (408, 413) or close
-        before the last byte, and then the rest is not sent."""
-        cfg = self.config
+        before the last byte, and then the rest is not sent unless ``write_all``. One
+        request must get one answer: a second one is a failure."""
         assert b"".join(data for data, _, _ in parts) == planned.raw()
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -725,12 +736,27 @@ class Soak:
             self.note(planned, "connect failed")
             self.fail("lost", planned, f"cannot connect: {exc!r}")
             return
+        try:
+            await self._exchange(planned, parts, reader, writer, write_all)
+        finally:
+            writer.close()
+            with suppress(OSError):
+                await writer.wait_closed()
+
+    async def _exchange(
+        self,
+        planned: Planned,
+        parts: list[Part],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        write_all: bool,
+    ) -> None:
         answer = asyncio.create_task(read_answer(reader))
         written = 0
         try:
             for data, chunk, pause in parts:
                 for offset in range(0, len(data), chunk):
-                    if answer.done():
+                    if answer.done() and not write_all:
                         break
                     writer.write(data[offset : offset + chunk])
                     await writer.drain()
@@ -740,16 +766,15 @@ class Soak:
         except OSError:
             pass  # the server stopped reading: its answer (if any) is read below
         sent_all = written == sum(len(data) for data, _, _ in parts)
+        timeout = self.config.request_timeout
         try:
-            got = await asyncio.wait_for(answer, timeout=cfg.request_timeout)
+            got = await asyncio.wait_for(answer, timeout=timeout)
         except TimeoutError:
             self.note(planned, "no answer")
             if sent_all:
-                self.fail("lost", planned, f"no answer {cfg.request_timeout:g} s after the body")
+                self.fail("lost", planned, f"no answer {timeout:g} s after the whole request")
             else:
-                self.report.notes.append(
-                    f"{planned.cls}/{planned.variant} {planned.rid}: no answer, body unsent"
-                )
+                self.report.notes.append(f"{planned.label} {planned.rid}: no answer, unsent")
             return
         except (OSError, asyncio.IncompleteReadError):
             # Closed without (a whole) answer: the refusal of a slow or oversized body. (A
@@ -763,10 +788,13 @@ class Soak:
             self.note(planned, "malformed")
             self.fail("unexpected status", planned, f"malformed HTTP response: {exc!r}")
             return
-        finally:
-            writer.close()
-            with suppress(OSError):
-                await writer.wait_closed()
+        # Anything more on this connection answers no request of ours.
+        extra = b""
+        with suppress(TimeoutError, OSError):
+            extra = await asyncio.wait_for(reader.read(256), timeout=SECOND_ANSWER_WAIT)
+        if extra:
+            line = extra.split(b"\r\n", 1)[0].decode("latin-1")
+            self.fail("answered twice", planned, f"{got.status}, then {line!r}")
         await self.judge(planned, got, None)
 
     async def abandon(self, planned: Planned, rng: random.Random) -> None:

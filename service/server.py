@@ -93,17 +93,21 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
                 return
             super().connection_made(transport)
             self._await_headers()
+            self._start_header_timer()  # a new connection must not stay silent
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_header_timer()
             super().connection_lost(exc)
 
         def _await_headers(self) -> None:
-            """A new request may begin: its line and headers must come in time and size."""
+            """A new request may begin: its line and headers must come in time and size
+            (the timer starts at its first byte; until then the keep-alive timer rules)."""
             self._header_bytes = 0
             self._header_lines = 0
             self._in_headers = True
             self._stop_header_timer()
+
+        def _start_header_timer(self) -> None:
             self._header_timer = self.loop.call_later(
                 settings.header_timeout, self._headers_too_slow
             )
@@ -131,6 +135,8 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
             if self._refused:
                 return
             if self._in_headers:
+                if self._header_timer is None:
+                    self._start_header_timer()
                 self._header_bytes += len(data)
             super().data_received(data)
             if (
@@ -164,10 +170,27 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self.cycle.more_body:
+                # Answered before its body arrived (an early 413/415): the rest is still
+                # this request's body, read and dropped, and it must end in time too.
+                self._stop_header_timer()
+                self._header_timer = self.loop.call_later(
+                    settings.header_timeout, self._leftover_too_slow
+                )
+            else:
                 self._await_headers()
-                # The keep-alive timer closes an idle connection first; ours catches a
-                # next request that trickles in.
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self.cycle.response_complete and not self.transport.is_closing():
+                self._await_headers()  # the leftover body of an early answer has ended
+
+        def _leftover_too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
             metrics.refusals.labels("bad_http").inc()

@@ -136,7 +136,11 @@ class Settings(BaseSettings):
         "long a new connection may stay silent); then it is closed.",
     )
     keep_alive_timeout: float = Field(
-        5.0, gt=0, description="Seconds an idle keep-alive connection stays open."
+        30.0,
+        gt=0,
+        description="Seconds an idle keep-alive connection stays open; keep it above the "
+        "idle timeout of clients and load balancers, so they close first (a request sent "
+        "just as the server closes is lost to the client).",
     )
     max_header_bytes: int = Field(
         64 * 1024,

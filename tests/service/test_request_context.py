@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from pathlib import Path
 
 import httpx
@@ -150,3 +151,39 @@ def test_booleans_in_kserve_fp32_data_are_refused(client: httpx.Client) -> None:
     assert r.status_code == 422 and "FP32 values" in r.json()["error"], r.text
     data[0][0][0] = 1.0
     assert client.post("/v2/models/tiny/infer", json=body).status_code == 200
+
+
+def test_an_early_answer_is_the_only_answer(server_url: str) -> None:
+    """A 413 sent from the headers alone; the rest of that body is still body, dropped,
+    never read as the next request's headers (it once drew a second, 431, answer)."""
+    host, port = server_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 40000000\r\n\r\n"
+        )
+        first = _read_response(sock)
+        assert first.startswith(b"HTTP/1.1 413 "), first[:100]
+        sock.sendall(b" " * 200_000)  # beyond the 64 KiB header limit
+        sock.settimeout(1.0)
+        with pytest.raises(TimeoutError):  # nothing more comes: no second answer
+            extra = sock.recv(65536)
+            pytest.fail(f"a second answer: {extra[:100]!r}")
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole response with a Content-Length body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(
+        next(
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body

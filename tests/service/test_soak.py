@@ -51,6 +51,7 @@ def test_soak_30s_mixed_clients(tiny_model_dir: Path) -> None:
     assert report.count("lost") == 0, text
     assert report.count("unexpected 5xx") == 0, text
     assert report.count("shed without Retry-After") == 0, text
+    assert report.count("answered twice") == 0, text  # one request, one answer
     # Every class was sent and met the answer it should have.
     assert all(report.sent(cls) > 0 for cls in CLASSES), text
     seen = report.outcomes
