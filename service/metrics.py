@@ -49,8 +49,9 @@ class Metrics:
         )
         self.refusals = Counter(
             "attnserve_refusals",
-            "Work refused to protect the node, by reason: queue_full, memory, shutting_down, "
-            "not_ready, deadline, body_timeout, connections, bad_http, headers_too_large.",
+            "Work refused to protect the node, by reason: queue_full, memory, "
+            "deadline, body_timeout, header_timeout, headers_too_large, bad_http, connections, "
+            "send_timeout.",
             ["reason"],
             registry=self.registry,
         )

@@ -5,7 +5,8 @@
   ``max_headers`` (431), a connection must send its headers within
   ``header_timeout`` (a silent or trickling one is closed), at most
   ``max_connections`` open (kept below the descriptor limit; beyond it new
-  ones are closed at once, with a warning), and malformed HTTP counted.
+  ones are closed at once, with a warning), a client that stops reading its
+  answer is dropped after ``send_timeout``, and malformed HTTP counted.
 - :class:`DrainingServer`: on SIGTERM (or SIGINT) readiness and new work answer
   503 at once while the listener stays open ``drain_seconds`` (load balancers
   and Kubernetes endpoints catch up), then uvicorn's graceful shutdown answers
@@ -77,6 +78,7 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._header_timer: asyncio.TimerHandle | None = None
+            self._stall_timer: asyncio.TimerHandle | None = None
             self._refused = len(self.server_state.connections) >= max_connections
             if self._refused:
                 self.transport = transport
@@ -97,7 +99,30 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_header_timer()
+            self._stop_stall_timer()
             super().connection_lost(exc)
+
+        def pause_writing(self) -> None:
+            """The client is not reading as fast as we answer: it has send_timeout to
+            make room again, or the connection is dropped (and the answer freed)."""
+            super().pause_writing()
+            self._stop_stall_timer()
+            self._stall_timer = self.loop.call_later(settings.send_timeout, self._send_stalled)
+
+        def resume_writing(self) -> None:
+            self._stop_stall_timer()
+            super().resume_writing()
+
+        def _stop_stall_timer(self) -> None:
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
+
+        def _send_stalled(self) -> None:
+            self._stall_timer = None
+            metrics.refusals.labels("send_timeout").inc()
+            log.info("dropping a connection that read nothing for %g s", settings.send_timeout)
+            self.transport.abort()
 
         def _await_headers(self) -> None:
             """A new request may begin: its line and headers must come in time and size

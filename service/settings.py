@@ -135,6 +135,12 @@ class Settings(BaseSettings):
         description="Seconds a connection may take to send a request's headers (also how "
         "long a new connection may stay silent); then it is closed.",
     )
+    send_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a client may leave an answer unread (the socket's send buffer "
+        "full, no progress); then the connection is dropped and the answer's memory freed.",
+    )
     keep_alive_timeout: float = Field(
         30.0,
         gt=0,

@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from service.engine import OFFLOAD_BYTES, EncodeRequest, EncodeResult, Engine
 from service.engine.admission import PARSE_EXPANSION, Ticket
@@ -78,7 +79,8 @@ async def require_api_key(request: Request) -> None:
 async def read_body(
     request: Request, engine: Engine, ticket: Ticket, *, json_only: bool = True
 ) -> bytes:
-    """The body, holding its bytes on ``ticket`` as they arrive.
+    """The body, holding its bytes on ``ticket`` as they arrive (not as announced: a
+    Content-Length costs the client nothing to send, the bytes themselves do).
 
     Refuses more than ATTNSERVE_MAX_BODY_BYTES (413), with ``json_only`` a
     Content-Type other than application/json (415), any Content-Encoding but
@@ -98,10 +100,8 @@ async def read_body(
             f"Content-Encoding {quoted(encoding)} is not supported: send the body uncompressed"
         )
     declared = request.headers.get("content-length", "")
-    if declared.isdigit():
-        if int(declared) > limit:
-            raise PayloadTooLarge(f"request body of {int(declared):,} bytes exceeds {limit:,}")
-        ticket.hold(int(declared) * PARSE_EXPANSION, "this request's body")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {int(declared):,} bytes exceeds {limit:,}")
     chunks: list[bytes] = []
     size = 0
     try:
@@ -172,7 +172,8 @@ async def encode(
     """
     context = context_of(request)
     deadline = engine.deadline(context.arrival, asked_timeout(request))
-    with engine.ticket() as ticket:
+    ticket = engine.ticket()
+    try:
         body = await read_body(request, engine, ticket, json_only=json_only)
         result, wire = await engine.encode(
             lambda: parse(body),
@@ -185,9 +186,50 @@ async def encode(
             content = await asyncio.to_thread(write, result, wire)
         else:
             content = write(result, wire)
-    if isinstance(content, Response):
-        return content
-    return Response(content, media_type="application/json")
+    except BaseException:
+        ticket.release()
+        raise
+    if not isinstance(content, Response):
+        content = Response(content, media_type="application/json")
+    return SentThenReleased(content, ticket.release)
+
+
+class SentThenReleased(Response):
+    """An answer that keeps its request's ticket until the client has taken it.
+
+    The body goes out in chunks, and uvicorn waits for the socket to drain before
+    each one, so an answer a client does not read stays counted in the memory budget
+    (and a stalled reader is cut by the server's send timeout) instead of piling up
+    unseen in transport buffers.
+    """
+
+    CHUNK = 256 * 1024
+
+    def __init__(self, response: Response, release: Callable[[], None]) -> None:
+        self.status_code = response.status_code
+        self.body = response.body
+        self.raw_headers = response.raw_headers
+        self.background = response.background
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            view = memoryview(self.body)
+            for start in range(0, len(view), self.CHUNK):
+                chunk = bytes(view[start : start + self.CHUNK])
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self._release()
+        if self.background is not None:
+            await self.background()
 
 
 def validation_error(exc: RequestValidationError) -> InvalidInput:

@@ -237,13 +237,14 @@ def test_truncation_when_configured(matryoshka_url: str) -> None:
 
 
 def test_overload_raises_rate_limit_error_with_retry_after(matryoshka_url: str) -> None:
-    """A body announced at a quarter of the memory budget holds all of it (x4 for parsing)
-    while it arrives, so the next request is a 429."""
+    """A quarter of the memory budget sent of a longer body holds all of it (x4 for
+    parsing) while the rest is awaited, so the next request is a 429."""
     parts = urlsplit(matryoshka_url)
     with socket.create_connection((parts.hostname, parts.port)) as held:
         held.sendall(
             b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {BUDGET // 4}\r\n\r\n{{".encode()
+            + f"Content-Length: {BUDGET // 4 + 1}\r\n\r\n".encode()
+            + b" " * (BUDGET // 4)
         )
         with openai.OpenAI(base_url=f"{matryoshka_url}/v1", api_key="x", max_retries=0) as c:
             for _ in range(50):  # until the held request has been admitted

@@ -16,6 +16,7 @@ from service.errors import NotReady
 from service.protocols import http
 from service.protocols.http import (
     EngineDep,
+    SentThenReleased,
     json_request_body,
     protocol_route,
     read_body,
@@ -148,11 +149,15 @@ async def encode_sequences(request: Request, engine: EngineDep) -> Response:
 )
 async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
-    with engine.ticket() as ticket:
+    ticket = engine.ticket()
+    try:
         body = await read_body(request, engine, ticket)
         result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body), ticket)
         content = codec.tokenize_response(result, fmt)
-    return Response(content, media_type="application/json")
+    except BaseException:
+        ticket.release()
+        raise
+    return SentThenReleased(Response(content, media_type="application/json"), ticket.release)
 
 
 @metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)

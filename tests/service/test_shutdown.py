@@ -1,0 +1,256 @@
+"""SIGTERM drains (issue 10), through a real server on 127.0.0.1.
+
+On SIGTERM readiness and new work answer 503 ``shutting_down`` with
+Retry-After while the listener stays open ATTNSERVE_DRAIN_SECONDS; every
+request accepted before the signal is answered; then the process exits 0
+within ATTNSERVE_SHUTDOWN_TIMEOUT, whatever slow, idle or silent clients do. A
+second signal skips the rest of the drain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import ServerProcess, server_process
+from tests.service.helpers import (
+    D_MODEL,
+    MODEL_MAX_SEQ_LEN,
+    N_HEADS,
+    N_LAYERS,
+    as_array,
+    b64_array,
+    ort_encode,
+    sequences,
+)
+
+DRAIN_SECONDS = 2.0
+SHUTDOWN_TIMEOUT = 6.0
+EXIT_MARGIN = 2.0  # seconds allowed past shutdown_timeout for the process to be reaped
+ATOL = 1e-5  # same graph, different batch composition and padding: float32 noise only
+GOOD = {"inputs": [[[0.25] * D_MODEL] * 3]}
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def post_head(path: str, length: int) -> bytes:
+    """The request line and headers of a JSON POST announcing ``length`` body bytes."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def in_flight_bytes(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "attnserve_in_flight_bytes":
+                return float(sample.value)
+    return 0.0
+
+
+def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``check`` until it holds or ``timeout`` passes; whether it held."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
+def ready_status(url: str) -> int | None:
+    """GET /health/ready on a new connection; None if the connection was refused."""
+    try:
+        return httpx.get(f"{url}/health/ready", timeout=5).status_code
+    except httpx.TransportError:
+        return None
+
+
+def assert_shutting_down(r: httpx.Response) -> None:
+    assert r.status_code == 503, r.text
+    assert r.json()["error_type"] == "shutting_down", r.text
+    assert float(r.headers["retry-after"]) > 0
+
+
+def exit_status(server: ServerProcess, timeout: float) -> int:
+    """The server's exit status, waiting at most ``timeout`` seconds (AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while server.proc.poll() is None:
+        assert time.monotonic() < deadline, f"still running after {timeout} s:\n{server.log()}"
+        time.sleep(0.05)
+    return server.proc.returncode
+
+
+# -- in-flight requests are answered --------------------------------------------------------
+
+IN_FLIGHT = 6
+SEQS_PER_REQUEST = 8
+
+
+def test_sigterm_answers_in_flight_requests_and_drains(
+    model_repository: Path, attention_session: ort.InferenceSession
+) -> None:
+    # Attention on the longest sequences the tiny model takes: ~6 MB answers.
+    lengths = (MODEL_MAX_SEQ_LEN,) * SEQS_PER_REQUEST
+    inputs = [sequences(lengths, seed=500 + k) for k in range(IN_FLIGHT)]
+    bodies = [
+        json.dumps(
+            {
+                "inputs": [b64_array(s) for s in seqs],
+                "return_attention": True,
+                "encoding_format": "base64",
+            }
+        ).encode()
+        for seqs in inputs
+    ]
+    with (
+        server_process(
+            model_repository,
+            drain_seconds=str(DRAIN_SECONDS),
+            shutdown_timeout=str(SHUTDOWN_TIMEOUT),
+            log_level="info",
+        ) as server,
+        contextlib.ExitStack() as stack,
+    ):
+        url = server.url
+        socks = [
+            stack.enter_context(socket.create_connection(address(url), timeout=10)) for _ in bodies
+        ]
+        # Each request is sent but for its last byte, so each is accepted (past admission,
+        # holding its announced bytes) when the signal comes, and still in progress.
+        for sock, body in zip(socks, bodies, strict=True):
+            sock.sendall(post_head("/v1/encode", len(body)) + body[:-1])
+        held = sum(4 * len(b) for b in bodies)
+        wait_for(lambda: in_flight_bytes(url) == held, 5.0)  # all of them are being read
+
+        server.proc.send_signal(signal.SIGTERM)
+        for sock, body in zip(socks, bodies, strict=True):
+            sock.sendall(body[-1:])
+
+        # Draining: the listener is open, readiness and new work answer 503.
+        assert wait_for(lambda: ready_status(url) != 200, DRAIN_SECONDS)
+        assert ready_status(url) == 503, "the listener closed at once"
+        assert_shutting_down(httpx.get(f"{url}/health/ready", timeout=5))
+        assert_shutting_down(httpx.post(f"{url}/v1/encode", json=GOOD, timeout=5))
+
+        for k, (sock, seqs) in enumerate(zip(socks, inputs, strict=True)):
+            answer = http.client.HTTPResponse(sock, method="POST")
+            answer.begin()
+            raw = answer.read()
+            assert answer.status == 200, (k, raw[:300])
+            data = json.loads(raw)["data"]
+            assert len(data) == len(seqs)
+            expected = ort_encode(attention_session, seqs)
+            for item, seq, (hidden, attention) in zip(data, seqs, expected, strict=True):
+                n = len(seq)
+                emb, attn = as_array(item["embeddings"]), as_array(item["attention"])
+                assert emb.shape == (n, D_MODEL)
+                assert attn.shape == (N_LAYERS, N_HEADS, n, n)
+                np.testing.assert_allclose(emb, hidden, rtol=0, atol=ATOL)
+                assert attention is not None
+                np.testing.assert_allclose(attn, attention, rtol=0, atol=ATOL)
+
+        assert exit_status(server, SHUTDOWN_TIMEOUT + EXIT_MARGIN) == 0, server.log()
+        assert "shutdown timeout reached" not in server.log()  # a graceful exit
+
+
+# -- slow, idle and silent clients cannot hold the exit -------------------------------------
+
+
+def trickle(sock: socket.socket, stop: threading.Event) -> None:
+    """Send one body byte every 0.3 s (at most 60) until ``stop`` or the server closes."""
+    for _ in range(60):
+        if stop.wait(0.3):
+            return
+        try:
+            sock.sendall(b" ")
+        except OSError:
+            return
+
+
+def test_sigterm_exits_despite_slow_idle_and_silent_clients(model_repository: Path) -> None:
+    with (
+        server_process(
+            model_repository,
+            drain_seconds=str(DRAIN_SECONDS),
+            shutdown_timeout=str(SHUTDOWN_TIMEOUT),
+            # Defaults spelled out: each alone would outlast the shutdown timeout.
+            body_timeout="30",
+            header_timeout="10",
+            keep_alive_timeout="5",
+        ) as server,
+        contextlib.ExitStack() as stack,
+    ):
+        url = server.url
+
+        def connect() -> socket.socket:
+            return stack.enter_context(socket.create_connection(address(url), timeout=10))
+
+        slow = connect()
+        slow.sendall(post_head("/v1/encode", 1000) + b"{")
+        stop = threading.Event()
+        stack.callback(stop.set)
+        sender = threading.Thread(target=trickle, args=(slow, stop))
+        sender.start()
+        stack.callback(sender.join, 5.0)
+        wait_for(lambda: in_flight_bytes(url) == 4000, 5.0)  # its body is being read
+
+        idle = connect()  # keep-alive, between requests
+        idle.sendall(b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        live = http.client.HTTPResponse(idle)
+        live.begin()
+        live.read()
+        assert live.status == 200 and not live.will_close
+        for _ in range(5):
+            connect()  # silent: connected, sent nothing
+
+        server.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        # The slow client is told (503) or cut off, not left hanging.
+        slow.settimeout(SHUTDOWN_TIMEOUT + EXIT_MARGIN)
+        try:
+            data = slow.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        except TimeoutError:
+            raise AssertionError(f"the slow client is still waiting:\n{server.log()}") from None
+        assert data == b"" or data.startswith(b"HTTP/1.1 503 "), data
+        left = SHUTDOWN_TIMEOUT + EXIT_MARGIN - (time.monotonic() - signalled)
+        assert exit_status(server, left) == 0, server.log()
+
+
+# -- a second signal ------------------------------------------------------------------------
+
+
+def test_second_sigterm_skips_the_drain(model_repository: Path) -> None:
+    with server_process(model_repository, drain_seconds="20", shutdown_timeout="30") as server:
+        url = server.url
+        server.proc.send_signal(signal.SIGTERM)
+
+        assert wait_for(lambda: ready_status(url) != 200, 5.0)
+        assert ready_status(url) == 503, "the listener closed at once"
+        assert_shutting_down(httpx.get(f"{url}/health/ready", timeout=5))
+        server.proc.send_signal(signal.SIGTERM)
+        # Well before the 20 s drain would have ended.
+        assert exit_status(server, 5.0) == 0, server.log()
