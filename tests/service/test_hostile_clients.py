@@ -31,10 +31,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ServerProcess, server_process
 from tests.service.helpers import D_MODEL, MODEL_MAX_SEQ_LEN, b64_array, sequences
+from tests.service.raw_http import address, metric, post_head, wait_for
 
 MiB = 1024 * 1024
 BODY_TIMEOUT = 2.0
@@ -60,11 +60,6 @@ def server(model_repository: Path) -> Iterator[ServerProcess]:
 # -- raw sockets ----------------------------------------------------------------------------
 
 
-def address(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").split(":")
-    return host, int(port)
-
-
 @contextlib.contextmanager
 def sockets(url: str, count: int) -> Iterator[list[socket.socket]]:
     """``count`` connections to the server, closed on exit."""
@@ -74,13 +69,6 @@ def sockets(url: str, count: int) -> Iterator[list[socket.socket]]:
             sock = stack.enter_context(socket.create_connection(address(url), timeout=10))
             socks.append(sock)
         yield socks
-
-
-def post_head(path: str, length: int, **headers: str) -> bytes:
-    """The request line and headers of a JSON POST announcing ``length`` body bytes."""
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
-    lines += [f"Content-Length: {length}", *(f"{k}: {v}" for k, v in headers.items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
 def reset_on_close(sock: socket.socket) -> None:
@@ -128,30 +116,8 @@ def read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]
 # -- metrics and waiting --------------------------------------------------------------------
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """The sum of the samples ``name`` on /metrics that carry ``labels`` (0 if none)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
-
-
 def refusals(url: str, reason: str) -> float:
     return metric(url, "attnserve_refusals_total", reason=reason)
-
-
-def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``check`` until it holds or ``timeout`` passes; whether it held."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if check():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
 
 
 def ready_status(url: str) -> int:

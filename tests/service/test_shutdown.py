@@ -16,13 +16,11 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 import onnxruntime as ort
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ServerProcess, server_process
 from tests.service.helpers import (
@@ -35,6 +33,7 @@ from tests.service.helpers import (
     ort_encode,
     sequences,
 )
+from tests.service.raw_http import address, metric, post_head, wait_for
 
 DRAIN_SECONDS = 2.0
 SHUTDOWN_TIMEOUT = 6.0
@@ -44,39 +43,6 @@ GOOD = {"inputs": [[[0.25] * D_MODEL] * 3]}
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def address(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").split(":")
-    return host, int(port)
-
-
-def post_head(path: str, length: int) -> bytes:
-    """The request line and headers of a JSON POST announcing ``length`` body bytes."""
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {length}\r\n\r\n"
-    ).encode()
-
-
-def in_flight_bytes(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "attnserve_in_flight_bytes":
-                return float(sample.value)
-    return 0.0
-
-
-def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``check`` until it holds or ``timeout`` passes; whether it held."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if check():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
 
 
 def ready_status(url: str) -> int | None:
@@ -142,7 +108,9 @@ def test_sigterm_answers_in_flight_requests_and_drains(
         for sock, body in zip(socks, bodies, strict=True):
             sock.sendall(post_head("/v1/encode", len(body)) + body[:-1])
         held = sum(4 * len(b) for b in bodies)
-        wait_for(lambda: in_flight_bytes(url) == held, 5.0)  # all of them are being read
+        wait_for(
+            lambda: metric(url, "attnserve_in_flight_bytes") == held, 5.0
+        )  # all of them are being read
 
         server.proc.send_signal(signal.SIGTERM)
         for sock, body in zip(socks, bodies, strict=True):
@@ -214,7 +182,9 @@ def test_sigterm_exits_despite_slow_idle_and_silent_clients(model_repository: Pa
         sender = threading.Thread(target=trickle, args=(slow, stop))
         sender.start()
         stack.callback(sender.join, 5.0)
-        wait_for(lambda: in_flight_bytes(url) == 4000, 5.0)  # its body is being read
+        wait_for(
+            lambda: metric(url, "attnserve_in_flight_bytes") == 4000, 5.0
+        )  # its body is being read
 
         idle = connect()  # keep-alive, between requests
         idle.sendall(b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
