@@ -192,9 +192,10 @@ class Batcher:
             timing or RunTiming(),
             results=[None] * len(sequences),
         )
+        tokens = job.tokens  # before queueing: a malformed job must leave nothing behind
         self._queues[model].append(job)
         self._queued += 1
-        self._backlog_tokens += job.tokens
+        self._backlog_tokens += tokens
         self._metrics.queue_depth.set(self._queued)
         self._wakeups[model].set()
         try:
@@ -203,7 +204,7 @@ class Batcher:
             if not job.started:
                 self._queued -= 1
                 self._metrics.queue_depth.set(self._queued)
-            self._backlog_tokens -= job.tokens
+            self._backlog_tokens -= tokens
 
     def _take_batch(self, queue: deque[_Job]) -> list[_Job]:
         """The oldest job plus whatever else is queued, up to the token budget; jobs whose

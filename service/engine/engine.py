@@ -464,9 +464,8 @@ class Engine:
             return await asyncio.to_thread(self.finish, prepared, results)
         return self.finish(prepared, results)
 
-    @staticmethod
     async def _unless_gone(
-        work: Coroutine[Any, Any, T], until: Disconnected | None, deadline: float | None
+        self, work: Coroutine[Any, Any, T], until: Disconnected | None, deadline: float | None
     ) -> T:
         """Await ``work`` unless the caller goes away or the deadline passes first; then
         cancel it (queued runs skip it).
@@ -486,6 +485,7 @@ class Engine:
                 return task.result()
             if watcher is not None and watcher.done():
                 raise ClientClosedRequest("the client closed the connection before the answer")
+            self.metrics.refusals.labels("deadline").inc()  # the batcher counts its own drops
             raise DeadlineExceeded(
                 "the request's deadline passed before its answer was ready (its queued "
                 "work was dropped)"

@@ -1,0 +1,207 @@
+"""Deadlines (``X-Request-Timeout``) on a real all-MiniLM-L6-v2 server on 127.0.0.1.
+
+A small request queued behind long attention requests is dropped at its deadline
+(504 ``deadline_exceeded`` with a computed Retry-After) while every long one is
+answered; alone, the same request is answered. Every protocol honours the header
+and refuses a malformed one with its own 400.
+
+The small request sends token embeddings, not text: a text is embedded by the model
+while being prepared, which waits for the running inference (one onnxruntime run at a
+time), so its deadline would pass before it was ever queued, a different path.
+
+No speed is asserted. The long requests only have to outlast a 0.2 s deadline: the
+small one is sent once a run of them has started and more are queued, and each run
+of theirs (two requests of 8 x 256 tokens with attention) takes about 2 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+MODEL = "minilm-l6"
+LONG_REQUESTS = 6
+TEXTS_PER_REQUEST = 8
+D_MODEL = 384
+SHORT = "A short sentence about deadlines."
+# Four token embeddings [4, d_model]: prepared without the model (see the docstring).
+SMALL = {"inputs": [[[0.01 * ((i * 7 + j) % 11) for j in range(D_MODEL)] for i in range(4)]]}
+TIMEOUT = httpx.Timeout(120.0)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """One sample of the server's /metrics (0 when absent: a labelled child never touched)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def deadline_refusals(url: str) -> float:
+    return metric(url, "attnserve_refusals_total", reason="deadline")
+
+
+def wait_for(check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not so after {timeout} s"
+        time.sleep(0.02)
+
+
+def long_body(k: int) -> dict[str, Any]:
+    """Eight distinct texts cut to the model's 256 tokens, with the attention graph run
+    (only the last layer's mean map is returned, so the answers stay ~3 MB)."""
+    texts = [
+        f"Request {k}, text {j}: " + "the committee reviewed every clause of the long report " * 60
+        for j in range(TEXTS_PER_REQUEST)
+    ]
+    return {
+        "inputs": texts,
+        "truncate": True,
+        "return_attention": True,
+        "attention": {"layers": [-1], "reduce": "mean"},
+        "return_embeddings": False,
+        "encoding_format": "base64",
+    }
+
+
+def assert_retry_after(response: httpx.Response) -> None:
+    value = response.headers.get("retry-after", "")
+    assert value.isdigit() and int(value) >= 1, response.headers
+
+
+@dataclass
+class Behind:
+    long: list[httpx.Response]
+    small: httpx.Response
+    refusals: float  # attnserve_refusals_total{reason="deadline"} added meanwhile
+
+
+@pytest.fixture(scope="module")
+def behind_long_requests(minilm_server_url: str) -> Behind:
+    url = minilm_server_url
+    refusals = deadline_refusals(url)
+    runs = metric(url, "attnserve_queue_seconds_count")  # requests that have started a run
+    with ThreadPoolExecutor(LONG_REQUESTS) as pool:
+        long = [
+            pool.submit(httpx.post, f"{url}/v1/encode", json=long_body(k), timeout=TIMEOUT)
+            for k in range(LONG_REQUESTS)
+        ]
+        # A run of long requests is under way and more of them wait behind it.
+        wait_for(
+            lambda: (
+                metric(url, "attnserve_queue_seconds_count") > runs
+                and metric(url, "attnserve_queued_requests") >= 2
+            ),
+            timeout=60,
+        )
+        small = httpx.post(
+            f"{url}/v1/encode", json=SMALL, headers={"X-Request-Timeout": "0.2"}, timeout=TIMEOUT
+        )
+        answers = [future.result() for future in long]
+    return Behind(answers, small, deadline_refusals(url) - refusals)
+
+
+def test_a_small_request_behind_long_ones_gets_504_at_its_deadline(
+    behind_long_requests: Behind,
+) -> None:
+    small = behind_long_requests.small
+    assert small.status_code == 504, small.text
+    assert small.json()["error_type"] == "deadline_exceeded"
+    assert_retry_after(small)
+    for answer in behind_long_requests.long:
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["data"]) == TEXTS_PER_REQUEST
+
+
+def test_the_dropped_request_counts_as_a_deadline_refusal(behind_long_requests: Behind) -> None:
+    assert behind_long_requests.refusals == 1
+
+
+@pytest.mark.parametrize("body", [SMALL, {"inputs": [SHORT]}], ids=["embeddings", "text"])
+def test_the_same_request_alone_is_answered(minilm_server_url: str, body: dict[str, Any]) -> None:
+    r = httpx.post(
+        f"{minilm_server_url}/v1/encode",
+        json=body,
+        headers={"X-Request-Timeout": "0.2"},
+        timeout=TIMEOUT,
+    )
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == 1
+
+
+# -- every protocol -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Protocol:
+    path: str
+    body: dict[str, Any]
+    error_type: Callable[[dict[str, Any]], str]  # the machine type, read from its error body
+
+
+PROTOCOLS = {
+    "native": Protocol("/v1/encode", {"inputs": [SHORT]}, lambda body: body["error_type"]),
+    "openai": Protocol(
+        "/v1/embeddings", {"model": MODEL, "input": [SHORT]}, lambda body: body["error"]["code"]
+    ),
+    "kserve-v2": Protocol(
+        f"/v2/models/{MODEL}/infer",
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [SHORT]}]},
+        lambda body: body["error_type"],
+    ),
+}
+
+
+def post(url: str, protocol: Protocol, timeout: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}{protocol.path}",
+        json=protocol.body,
+        headers={"X-Request-Timeout": timeout},
+        timeout=TIMEOUT,
+    )
+
+
+@pytest.mark.parametrize("name", list(PROTOCOLS))
+def test_every_protocol_answers_504_past_the_deadline(minilm_server_url: str, name: str) -> None:
+    """A microsecond has passed before the request can be queued: 504, never run."""
+    protocol = PROTOCOLS[name]
+    refusals = deadline_refusals(minilm_server_url)
+    r = post(minilm_server_url, protocol, "0.000001")
+    assert r.status_code == 504, r.text
+    assert protocol.error_type(r.json()) == "deadline_exceeded"
+    if name == "openai":
+        assert r.json()["error"]["type"] == "server_error"
+    assert_retry_after(r)
+    assert deadline_refusals(minilm_server_url) == refusals + 1
+
+
+@pytest.mark.parametrize("name", list(PROTOCOLS))
+@pytest.mark.parametrize("value", ["soon", "-1", "0", "nan", "inf", "86401", ""])
+def test_every_protocol_refuses_a_malformed_header(
+    minilm_server_url: str, name: str, value: str
+) -> None:
+    protocol = PROTOCOLS[name]
+    r = post(minilm_server_url, protocol, value)
+    assert r.status_code == 400, r.text
+    assert protocol.error_type(r.json()) == "invalid_header"
+    assert "X-Request-Timeout" in r.text
+
+
+@pytest.mark.parametrize("name", list(PROTOCOLS))
+@pytest.mark.parametrize("value", ["86400", "1e3", "30"])
+def test_every_protocol_accepts_a_well_formed_header(
+    minilm_server_url: str, name: str, value: str
+) -> None:
+    """Up to a day is accepted (the server's ATTNSERVE_REQUEST_TIMEOUT caps it anyway)."""
+    r = post(minilm_server_url, PROTOCOLS[name], value)
+    assert r.status_code == 200, r.text
