@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (>= 17)")
     exp.add_argument("--exporter", choices=EXPORTERS, default="dynamo")
     exp.add_argument(
+        "--no-optimize",
+        dest="optimize",
+        action="store_false",
+        help="skip onnxruntime's transformer fusions (SkipLayerNormalization, BiasGelu); "
+        "the graphs are validated against PyTorch either way",
+    )
+    exp.add_argument(
         "--atol",
         type=float,
         default=DEFAULT_ATOL,
@@ -142,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     common = dict(
         opset=args.opset,
         exporter=args.exporter,
+        optimize=args.optimize,
         atol=args.atol,
         name=args.name,
         matryoshka_dimensions=args.matryoshka_dimensions,

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from model_export import graph_io
 from model_export.manifest import GraphFile, Manifest, Pooling, TextFrontEnd, sha256_file
 from model_export.model import Encoder, TokenEmbeddings
+from model_export.optimize import optimize_graph
 from model_export.validate import (
     DEFAULT_ATOL,
     CheckResult,
@@ -192,6 +193,7 @@ def export_model(
     *,
     opset: int = graph_io.DEFAULT_OPSET,
     exporter: Exporter = "dynamo",
+    optimize: bool = True,
     atol: float = DEFAULT_ATOL,
     embeddings: TokenEmbeddings | None = None,
     tokenizer_file: Path | None = None,
@@ -210,7 +212,9 @@ def export_model(
     patterns. With ``embeddings`` (and a ``tokenizer_file``) the directory also
     gets the text front end: ``embeddings.onnx`` and ``tokenizer.json``.
     ``pooling``/``normalize``/``matryoshka_dimensions`` go into the manifest as
-    the model's sentence-embedding recipe.
+    the model's sentence-embedding recipe. ``optimize`` fuses each encoder graph
+    with onnxruntime's transformer optimizer (``optimize.py``) before validation;
+    the fusions applied are recorded in the manifest.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -230,6 +234,11 @@ def export_model(
                 list(graph_io.INPUT_NAMES),
                 list(graph_io.GRAPH_OUTPUTS[graph]),
             )
+        fused = (
+            {graph: optimize_graph(staging / graph, encoder.config) for graph in GRAPH_MODULES}
+            if optimize
+            else {}
+        )
         checks = validate_model_dir(encoder, staging, atol=atol)
         graph_sha = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
         text = None
@@ -254,6 +263,8 @@ def export_model(
                     "max_abs_diff": max(c.max_abs_diff for c in checks),
                     "checks": results_json(checks),
                 },
+                # onnxruntime contrib operators fused in at export, per graph (by count).
+                "optimizations": fused,
                 "exporter": {
                     "exporter": exporter,
                     "torch": torch.__version__,

@@ -1,0 +1,58 @@
+"""Export-time fusions: onnxruntime's transformer optimizer, recorded and validated."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from model_export import graph_io
+from model_export.config import EncoderConfig
+from model_export.export import export_model
+from model_export.model import Encoder
+from model_export.validate import make_inputs
+from tests.conftest import TINY_SEED
+
+# What the tiny preset (2 post-LN layers, GELU) fuses into, per graph: the residual add +
+# LayerNorm twice per layer, the bias add + Erf-based GELU once per layer.
+EXPECTED = {"BiasGelu": 2, "SkipLayerNormalization": 4}
+# Fused and plain graphs of the same weights: float32 reordering only.
+ATOL = 1e-5
+
+
+def op_counts(path: Path) -> Counter[str]:
+    return Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+@pytest.mark.parametrize("graph", list(graph_io.GRAPH_OUTPUTS))
+def test_exported_graphs_are_fused_and_say_so(tiny_model_dir: Path, graph: str) -> None:
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["optimizations"][graph] == EXPECTED
+    ops = op_counts(tiny_model_dir / graph)
+    assert {op: ops[op] for op in EXPECTED} == EXPECTED
+    assert ops["Erf"] == 0  # every GELU chain was fused
+
+
+def test_no_optimize_keeps_the_plain_graphs_and_the_same_answers(
+    tmp_path: Path, tiny_config: EncoderConfig, tiny_model_dir: Path
+) -> None:
+    plain = tmp_path / "plain"
+    export_model(
+        Encoder(tiny_config, seed=TINY_SEED), plain, exporter="torchscript", optimize=False
+    )
+    assert json.loads((plain / "config.json").read_text())["optimizations"] == {}
+    assert op_counts(plain / graph_io.GRAPH_EMBEDDINGS)["Erf"] == tiny_config.n_layers
+    embeds, mask = make_inputs((7, 3, 5), tiny_config.d_model, seed=3)
+    feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+    for graph in graph_io.GRAPH_OUTPUTS:
+        fused = ort.InferenceSession(
+            str(tiny_model_dir / graph), providers=["CPUExecutionProvider"]
+        )
+        unfused = ort.InferenceSession(str(plain / graph), providers=["CPUExecutionProvider"])
+        for got, want in zip(fused.run(None, feeds), unfused.run(None, feeds), strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
