@@ -97,6 +97,7 @@ class ModelRuntime:
 
     def __init__(self, info: ModelInfo, settings: Settings) -> None:
         self.info = info
+        self._providers = settings.provider_list
         options = _session_options(settings)
         # The attention graph's buffers grow with seq²: without the arena, a long request's
         # memory goes back to the system afterwards instead of staying reserved for good.
@@ -139,7 +140,7 @@ class ModelRuntime:
         path = self.info.path / graph
         name = self.info.name
         try:
-            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(str(path), options, providers=self._providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise ModelLoadError(f"model {name!r}: cannot load {path}: {exc}") from exc
         got_inputs = tuple(i.name for i in session.get_inputs())
@@ -215,11 +216,24 @@ class ModelRuntime:
                 )
 
 
+def check_providers(providers: list[str]) -> None:
+    """Every execution provider asked for must be in this onnxruntime build."""
+    available = ort.get_available_providers()
+    missing = [p for p in providers if p not in available]
+    if not providers or missing:
+        raise ModelLoadError(
+            f"ATTNSERVE_PROVIDERS asks for {missing or 'no provider'}, which this onnxruntime "
+            f"({ort.__version__}) does not have; available: {', '.join(available)} (GPU "
+            "providers need the onnxruntime-gpu package in place of onnxruntime)"
+        )
+
+
 def load_repository(settings: Settings) -> dict[str, ModelRuntime]:
     """Load every model directory under the repository; refuse an empty or broken one."""
     repo = settings.model_repository
     if not repo.is_dir():
         raise ModelLoadError(f"model repository {repo} does not exist or is not a directory")
+    check_providers(settings.provider_list)
     model_dirs = sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not model_dirs:
         raise ModelLoadError(f"model repository {repo} holds no model directories")

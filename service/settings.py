@@ -67,6 +67,17 @@ class Settings(BaseSettings):
         0, ge=0, description="onnxruntime intra-op threads per session (0: one per core)."
     )
     inter_op_threads: int = Field(1, ge=1, description="onnxruntime inter-op threads.")
+    providers: str = Field(
+        "CPUExecutionProvider",
+        description="onnxruntime execution providers, comma-separated in order of preference "
+        "(e.g. 'CUDAExecutionProvider,CPUExecutionProvider' with onnxruntime-gpu installed); "
+        "the server refuses to start when one is not available in this onnxruntime.",
+    )
+
+    @property
+    def provider_list(self) -> list[str]:
+        return [p.strip() for p in self.providers.split(",") if p.strip()]
+
     allow_spinning: bool = Field(
         False,
         description="Let onnxruntime threads spin while idle: a little more peak throughput "

@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import ServerFailed, running_server
@@ -87,3 +88,33 @@ def test_refuses_to_start(
         pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode != 0
     assert says in failed.value.log, failed.value.log
+
+
+@pytest.mark.parametrize(
+    ("providers", "says"),
+    [
+        ("CUDAExecutionProvider", "asks for ['CUDAExecutionProvider']"),
+        (
+            "TensorrtExecutionProvider,CPUExecutionProvider",
+            "asks for ['TensorrtExecutionProvider']",
+        ),
+        (" , ", "asks for no provider"),
+    ],
+    ids=["cuda", "tensorrt-first", "empty"],
+)
+def test_refuses_a_missing_execution_provider(
+    model_repository: Path, providers: str, says: str
+) -> None:
+    """This CPU build of onnxruntime has no GPU providers: a clear refusal, not a fallback."""
+    with (
+        pytest.raises(ServerFailed) as failed,
+        running_server(model_repository, ready_timeout=30.0, providers=providers),
+    ):
+        pytest.fail("the server became ready")  # pragma: no cover
+    assert failed.value.returncode != 0
+    assert says in failed.value.log and "onnxruntime-gpu" in failed.value.log, failed.value.log
+
+
+def test_serves_with_the_cpu_provider_named(model_repository: Path) -> None:
+    with running_server(model_repository, providers="CPUExecutionProvider") as url:
+        assert httpx.get(f"{url}/health/ready", timeout=10).status_code == 200
