@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (>= 17)")
     exp.add_argument("--exporter", choices=EXPORTERS, default="dynamo")
     exp.add_argument(
+        "--quantize",
+        choices=["int8"],
+        help="also write a dynamically quantised copy beside --out (<out>-int8, served as "
+        "<name>-int8), its agreement with fp32 recorded in its config.json",
+    )
+    exp.add_argument(
         "--no-optimize",
         dest="optimize",
         action="store_false",
@@ -191,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
             **common,
         )
     print(results_table(result.checks))
+    if args.quantize == "int8":
+        from model_export.quantize import quantize_model_dir
+
+        int8_dir = result.model_dir.with_name(result.model_dir.name + "-int8")
+        agreement = quantize_model_dir(result.model_dir, int8_dir)
+        print(f"\nwrote {int8_dir} (int8); agreement with fp32: {agreement}")
     if args.triton_repo is not None:
         from model_export.triton import write_repository
 

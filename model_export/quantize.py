@@ -1,0 +1,168 @@
+"""int8: a dynamically quantised copy of an exported model, served under its own name.
+
+onnxruntime's ``quantize_dynamic`` stores every MatMul weight as int8 (per output
+channel) and quantises activations on the fly, so no calibration data is needed.
+int8 cannot meet the fp32 export's ``atol``, so instead of a strict check the
+copy's agreement with its fp32 source is measured on a fixed set and recorded
+in its manifest (``quantization``), and the copy is refused below
+``MIN_COSINE``. The token-embedding graph (a lookup) and the tokenizer are
+copied unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from model_export import graph_io
+from model_export.manifest import GraphFile, Manifest, sha256_file
+from model_export.validate import make_inputs
+
+# Sentence embeddings (mean-pooled last hidden state) of the int8 copy must point where
+# the fp32 ones do, at least this closely, or the copy is not written.
+MIN_COSINE = 0.98
+# The fixed agreement set: lengths of the sequences, one batch per seed.
+AGREEMENT_LENGTHS = (4, 9, 16, 31, 64)
+AGREEMENT_SEEDS = (0, 1, 2, 3)
+# For models with a tokenizer, real text too: what the model is served on.
+SENTENCES = (
+    "A man is playing a guitar.",
+    "The new movie is awesome and everyone should see it.",
+    "Stock markets fell sharply after the announcement.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar.",
+    "Can you recommend a good restaurant near the station?",
+    "The committee postponed its decision until next week.",
+    "Neural networks learn representations from data.",
+    "She walked her dog along the river every morning.",
+)
+
+
+class QuantizationError(ValueError):
+    """The int8 copy disagrees with its fp32 source beyond ``MIN_COSINE``."""
+
+
+def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[str, Any]:
+    """Write ``dst``: ``src`` with int8 encoder graphs; return the recorded agreement."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    manifest = Manifest.read(src)
+    manifest.verify(src)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        for graph in manifest.graphs:
+            quantize_dynamic(
+                src / graph,
+                staging / graph,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                # Shape inference does not know the fused contrib operators' outputs.
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
+        for extra in set(manifest.files()) - set(manifest.graphs):
+            shutil.copy2(src / extra, staging / extra)
+        agreement = measure_agreement(src, staging, manifest)
+        judged = agreement.get("text", agreement["random"])  # what the model is served on
+        if judged["cosine_min"] < MIN_COSINE:
+            raise QuantizationError(
+                f"int8 sentence embeddings reach cosine {judged['cosine_min']:.4f} with "
+                f"fp32, below {MIN_COSINE}: this model does not quantise well"
+            )
+        quantized = dataclasses.replace(
+            manifest,
+            name=name or f"{manifest.name}-int8",
+            graphs={
+                graph: GraphFile(sha256_file(staging / graph), entry.outputs)
+                for graph, entry in manifest.graphs.items()
+            },
+            record={
+                **manifest.record,
+                "quantization": {
+                    "type": "int8 dynamic (onnxruntime quantize_dynamic, per-channel weights)",
+                    "source": manifest.name,
+                    "agreement": agreement,
+                },
+            },
+        )
+        quantized.write(staging)
+        staging.chmod(0o755)
+        if dst.exists():
+            shutil.rmtree(dst)
+        staging.rename(dst)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return agreement
+
+
+Batch = tuple[np.ndarray, np.ndarray]
+
+
+def _inputs(model_dir: Path, manifest: Manifest) -> dict[str, list[Batch]]:
+    """The agreement sets: seeded random embeddings ("random"), and for models with a
+    tokenizer the sentences ("text")."""
+    d = manifest.architecture.d_model
+    lengths = tuple(n for n in AGREEMENT_LENGTHS if n <= manifest.architecture.max_seq_len)
+    sets = {"random": [make_inputs(lengths, d, seed) for seed in AGREEMENT_SEEDS]}
+    text = manifest.text
+    if text is not None and text.tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(model_dir / text.tokenizer))
+        tokenizer.enable_padding()
+        encoded = tokenizer.encode_batch(list(SENTENCES))
+        ids = np.array([e.ids for e in encoded], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
+        embed = _session(model_dir / text.embeddings_graph)
+        feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: np.zeros_like(ids)}
+        sets["text"] = [(embed.run(None, feeds)[0], mask)]
+    return sets
+
+
+def measure_agreement(fp32_dir: Path, int8_dir: Path, manifest: Manifest) -> dict[str, Any]:
+    """Per agreement set: cosine of mean-pooled sentence embeddings (min, mean) and the
+    largest absolute difference of attention weights, int8 against fp32."""
+    graph = graph_io.GRAPH_ATTENTION
+    fp32, int8 = _session(fp32_dir / graph), _session(int8_dir / graph)
+    names = list(manifest.graphs[graph].outputs)
+    return {
+        name: _agreement(fp32, int8, names, batches)
+        for name, batches in _inputs(fp32_dir, manifest).items()
+    }
+
+
+def _agreement(
+    fp32: ort.InferenceSession, int8: ort.InferenceSession, names: list[str], batches: list[Batch]
+) -> dict[str, Any]:
+    cosines: list[float] = []
+    attention_diff = 0.0
+    for embeds, mask in batches:
+        feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+        want = dict(zip(names, fp32.run(names, feeds), strict=True))
+        got = dict(zip(names, int8.run(names, feeds), strict=True))
+        weights = mask[..., None].astype(np.float32)
+        for row in range(len(embeds)):
+            a = (want[graph_io.OUTPUT_HIDDEN][row] * weights[row]).sum(0) / weights[row].sum()
+            b = (got[graph_io.OUTPUT_HIDDEN][row] * weights[row]).sum(0) / weights[row].sum()
+            cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+        attention_diff = max(
+            attention_diff,
+            float(np.abs(want[graph_io.OUTPUT_ATTENTIONS] - got[graph_io.OUTPUT_ATTENTIONS]).max()),
+        )
+    return {
+        "sequences": len(cosines),
+        "cosine_min": round(min(cosines), 6),
+        "cosine_mean": round(float(np.mean(cosines)), 6),
+        "attention_max_abs_diff": round(attention_diff, 6),
+    }
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -1,0 +1,74 @@
+"""int8 copies: quantised graphs, recorded agreement, served under their own name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+
+from model_export import graph_io
+from model_export.cli import main
+from model_export.manifest import Manifest
+from model_export.quantize import MIN_COSINE, quantize_model_dir
+from tests.conftest import running_server
+from tests.service.helpers import sequences
+
+
+@pytest.fixture(scope="module")
+def int8_repository(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A repository serving ``tiny`` and its int8 copy ``tiny-int8``."""
+    repo = tmp_path_factory.mktemp("int8-models")
+    shutil.copytree(tiny_model_dir, repo / "tiny")
+    quantize_model_dir(repo / "tiny", repo / "tiny-int8")
+    return repo
+
+
+def test_the_copy_is_int8_and_records_its_agreement(int8_repository: Path) -> None:
+    manifest = Manifest.read(int8_repository / "tiny-int8")
+    manifest.verify(int8_repository / "tiny-int8")  # its own digests
+    assert manifest.name == "tiny-int8"
+    quantization = manifest.record["quantization"]
+    assert quantization["source"] == "tiny"
+    random_set = quantization["agreement"]["random"]
+    assert random_set["sequences"] > 0 and random_set["cosine_min"] >= MIN_COSINE
+    assert 0 <= random_set["attention_max_abs_diff"] < 1
+    for graph in graph_io.GRAPH_OUTPUTS:
+        ops = Counter(
+            n.op_type for n in onnx.load(str(int8_repository / "tiny-int8" / graph)).graph.node
+        )
+        assert ops["MatMulInteger"] > 0 and ops["DynamicQuantizeLinear"] > 0
+
+
+def test_the_server_serves_both_and_they_agree(int8_repository: Path) -> None:
+    """Mean-pooled vectors of the same inputs from fp32 and int8 point the same way."""
+    inputs = [s.tolist() for s in sequences((5, 12, 3), seed=11)]
+    with running_server(int8_repository, default_model="tiny") as url:
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert sorted(m["name"] for m in models) == ["tiny", "tiny-int8"]
+        pooled = {}
+        for model in ("tiny", "tiny-int8"):
+            r = httpx.post(
+                f"{url}/v1/encode",
+                json={"model": model, "inputs": inputs, "pooling": "mean", "normalize": True},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            pooled[model] = np.array([item["pooled"] for item in r.json()["data"]])
+    cosines = (pooled["tiny"] * pooled["tiny-int8"]).sum(axis=1)  # unit vectors
+    assert cosines.min() >= MIN_COSINE, cosines
+
+
+def test_cli_writes_the_int8_copy_beside(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    code = main(
+        ["--preset", "tiny", "--out", str(out), "--exporter", "torchscript", "--quantize", "int8"]
+    )
+    assert code == 0
+    config = json.loads((tmp_path / "m-int8" / "config.json").read_text())
+    assert config["name"] == "m-int8" and config["quantization"]["source"] == "m"
