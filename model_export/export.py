@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import platform
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -31,7 +30,14 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
-from model_export.manifest import GraphFile, Manifest, Pooling, TextFrontEnd, sha256_file
+from model_export.manifest import (
+    GraphFile,
+    Manifest,
+    Pooling,
+    TextFrontEnd,
+    sha256_file,
+    staged_model_dir,
+)
 from model_export.model import Encoder, TokenEmbeddings
 from model_export.optimize import optimize_graph
 from model_export.validate import (
@@ -219,9 +225,7 @@ def export_model(
     out_dir = Path(out_dir)
     start = time.perf_counter()
     encoder.eval()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_model_dir(out_dir) as staging:
         # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic.
         example = (torch.randn(2, 8, encoder.config.d_model), torch.ones(2, 8, dtype=torch.int64))
         for graph, module_class in GRAPH_MODULES.items():
@@ -276,13 +280,6 @@ def export_model(
         )
         manifest.write(staging)
         files = {p.name: graph_sha.get(p.name) or sha256_file(p) for p in sorted(staging.iterdir())}
-        staging.chmod(0o755)  # mkdtemp makes it private; a model directory is not secret
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     seconds = time.perf_counter() - start
     log.info("exported %s in %.1fs", out_dir, seconds)
     return ExportResult(out_dir, files, checks, seconds)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import onnx
 import onnxruntime as ort
 
 from model_export import graph_io
-from model_export.manifest import GraphFile, Manifest, sha256_file
+from model_export.manifest import GraphFile, Manifest, sha256_file, staged_model_dir
 from model_export.validate import make_inputs
 
 # Sentence embeddings (mean-pooled last hidden state) of the int8 copy must point where
@@ -54,9 +53,7 @@ def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[st
 
     manifest = Manifest.read(src)
     manifest.verify(src)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
+    with staged_model_dir(dst) as staging:
         for graph in manifest.graphs:
             quantize_dynamic(
                 src / graph,
@@ -92,13 +89,6 @@ def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[st
             },
         )
         quantized.write(staging)
-        staging.chmod(0o755)
-        if dst.exists():
-            shutil.rmtree(dst)
-        staging.rename(dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return agreement
 
 
