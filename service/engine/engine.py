@@ -161,9 +161,7 @@ class Engine:
         self.require_ready()
         busy = self.admission.saturated()
         if busy is not None:
-            raise NotReady(
-                f"saturated: {busy}", headers={"Retry-After": self.admission.retry_after()}
-            )
+            raise NotReady(f"saturated: {busy}", headers={"Retry-After": self.retry_after()})
 
     def begin_shutdown(self) -> None:
         """SIGTERM: readiness and new work answer 503 from now on; accepted work goes on."""

@@ -7,6 +7,7 @@
 - ``asked_timeout``: the ``X-Request-Timeout`` header (seconds), for any protocol.
 - ``disconnected``: a coroutine factory for the engine's ``until=``.
 - ``encode``: one encode request over HTTP, given a protocol's codec.
+- ``ticketed``: a handler's answer under an admission ticket kept until it is sent.
 - ``protocol_route``: an APIRoute class that renders every ServiceError (and
   FastAPI's own validation errors) with one protocol's renderer, so errors of
   ``/v1/embeddings`` come out in OpenAI's shape and those of ``/v1/encode`` in ours.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -172,8 +173,8 @@ async def encode(
     """
     context = context_of(request)
     deadline = engine.deadline(context.arrival, asked_timeout(request))
-    ticket = engine.ticket()
-    try:
+
+    async def answer(ticket: Ticket) -> Response:
         body = await read_body(request, engine, ticket, json_only=json_only)
         result, wire = await engine.encode(
             lambda: parse(body),
@@ -186,12 +187,23 @@ async def encode(
             content = await asyncio.to_thread(write, result, wire)
         else:
             content = write(result, wire)
+        if isinstance(content, Response):
+            return content
+        return Response(content, media_type="application/json")
+
+    return await ticketed(engine, answer)
+
+
+async def ticketed(engine: Engine, answer: Callable[[Ticket], Awaitable[Response]]) -> Response:
+    """``answer`` under a new ticket, which is given back once the response has been sent
+    (or at once, if ``answer`` fails)."""
+    ticket = engine.ticket()
+    try:
+        response = await answer(ticket)
     except BaseException:
         ticket.release()
         raise
-    if not isinstance(content, Response):
-        content = Response(content, media_type="application/json")
-    return SentThenReleased(content, ticket.release)
+    return SentThenReleased(response, ticket.release)
 
 
 class SentThenReleased(Response):

@@ -12,15 +12,16 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.engine.admission import Ticket
 from service.errors import NotReady
 from service.protocols import http
 from service.protocols.http import (
     EngineDep,
-    SentThenReleased,
     json_request_body,
     protocol_route,
     read_body,
     require_api_key,
+    ticketed,
 )
 from service.protocols.native import codec
 from service.protocols.native.errors import render
@@ -149,15 +150,13 @@ async def encode_sequences(request: Request, engine: EngineDep) -> Response:
 )
 async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
-    ticket = engine.ticket()
-    try:
+
+    async def answer(ticket: Ticket) -> Response:
         body = await read_body(request, engine, ticket)
         result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body), ticket)
-        content = codec.tokenize_response(result, fmt)
-    except BaseException:
-        ticket.release()
-        raise
-    return SentThenReleased(Response(content, media_type="application/json"), ticket.release)
+        return Response(codec.tokenize_response(result, fmt), media_type="application/json")
+
+    return await ticketed(engine, answer)
 
 
 @metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)
