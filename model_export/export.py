@@ -239,7 +239,15 @@ def export_model(
                 list(graph_io.GRAPH_OUTPUTS[graph]),
             )
         fused = (
-            {graph: optimize_graph(staging / graph, encoder.config) for graph in GRAPH_MODULES}
+            {
+                graph: optimize_graph(
+                    staging / graph,
+                    encoder.config,
+                    # A fused kernel keeps its attention weights to itself.
+                    fuse_attention=graph_io.OUTPUT_ATTENTIONS not in graph_io.GRAPH_OUTPUTS[graph],
+                )
+                for graph in GRAPH_MODULES
+            }
             if optimize
             else {}
         )

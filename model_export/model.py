@@ -6,11 +6,14 @@ Per layer (post-LN, as in BERT)::
     x = LayerNorm(x + W_o concat(A_1..A_h))
     x = LayerNorm(x + W_2 act(W_1 x))
 
-M is 0 where a query may see a key and -inf elsewhere. The allowed set is the
+M is 0 where a query may see a key and -10000 elsewhere. The allowed set is the
 intersection of key padding, the optional causal mask and the optional local
-window of radius r. The diagonal is always allowed, so no row is ever fully
-masked and softmax never produces NaN, padded query rows included; those rows
-(and padded embeddings) are then set to exactly 0.
+window of radius r. exp(-10000) is exactly 0 in float32, so forbidden keys get
+exactly zero weight, and a finite M means no row can turn into NaN, padded
+query rows included; those rows (and padded embeddings) are then set to
+exactly 0. Without a causal mask or window, M is written as BERT writes it,
+``(1 - mask) · -10000``, which onnxruntime's optimizer recognises and fuses into
+one ``Attention`` kernel per layer.
 """
 
 from __future__ import annotations
@@ -41,6 +44,20 @@ def allowed_keys(
     diagonal = offset == 0
     # Diagonal always allowed: a padded query keeps one finite score, so no NaN.
     return (key_ok & structural[None, None]) | diagonal[None, None]  # (B, 1, T, T)
+
+
+# The additive score of a forbidden key: BERT's value, the one onnxruntime's fused
+# attention assumes. Scores differ by far less, so its softmax weight is exactly 0.
+MASKED_SCORE = -10000.0
+
+
+def mask_bias(attention_mask: Tensor, *, causal: bool = False, window: int | None = None) -> Tensor:
+    """Additive M, broadcastable to the scores: (B, 1, 1, T), or (B, 1, T, T) with structure."""
+    if not causal and window is None:
+        keys = attention_mask[:, None, None, :].to(torch.float32)  # (B, 1, 1, T)
+        return (1.0 - keys) * MASKED_SCORE
+    allowed = allowed_keys(attention_mask, causal=causal, window=window)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, MASKED_SCORE)  # (B, 1, T, T)
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -77,13 +94,13 @@ class MultiHeadSelfAttention(nn.Module):
         hidden = torch.tanh(wq[:, :, :, None, :] + wk[:, :, None, :, :])  # (B, h, T, T, d_k)
         return torch.einsum("bhije,he->bhij", hidden, self.add_v)  # (B, h, T, T)
 
-    def forward(self, x: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
-        """x (B, T, d), allowed (B, 1, T, T) -> output (B, T, d), weights (B, h, T, T)."""
+    def forward(self, x: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+        """x (B, T, d), additive mask ``bias`` -> output (B, T, d), weights (B, h, T, T)."""
         b, t, d = x.shape
         q = self._split_heads(self.q_proj(x))  # (B, h, T, d_k)
         k = self._split_heads(self.k_proj(x))  # (B, h, T, d_k)
         v = self._split_heads(self.v_proj(x))  # (B, h, T, d_k)
-        scores = self.scores(q, k).masked_fill(~allowed, float("-inf"))  # (B, h, T, T)
+        scores = self.scores(q, k) + bias  # (B, h, T, T)
         weights = torch.softmax(scores, dim=-1)  # (B, h, T, T); masked keys exactly 0
         context = self.dropout(weights) @ v  # (B, h, T, d_k)
         context = context.transpose(1, 2).reshape(b, t, d)  # (B, T, d_model)
@@ -124,13 +141,13 @@ class EncoderBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
         if self.pre_norm:
-            attn_out, weights = self.attn(self.attn_norm(x), allowed)
+            attn_out, weights = self.attn(self.attn_norm(x), bias)
             x = x + self.dropout(attn_out)
             x = x + self.ffn(self.ffn_norm(x))
         else:
-            attn_out, weights = self.attn(x, allowed)
+            attn_out, weights = self.attn(x, bias)
             x = self.attn_norm(x + self.dropout(attn_out))
             x = self.ffn_norm(x + self.ffn(x))
         return x, weights
@@ -190,13 +207,13 @@ class Encoder(nn.Module):
         (after the final norm, for pre-LN). All are exactly 0 at padded positions.
         """
         cfg = self.config
-        allowed = allowed_keys(attention_mask, causal=cfg.causal, window=cfg.window)
+        bias = mask_bias(attention_mask, causal=cfg.causal, window=cfg.window)
         token = attention_mask.bool()  # (B, T)
         x = inputs_embeds
         per_layer: list[Tensor] = []
         states: list[Tensor] = [x]
         for layer in self.layers:
-            x, weights = layer(x, allowed)
+            x, weights = layer(x, bias)
             per_layer.append(weights)
             states.append(x)
         if self.final_norm is not None:

@@ -4,7 +4,9 @@ The exported graphs spell LayerNorm after a residual add and the Erf-based GELU
 after a bias add as chains of small ops; onnxruntime's own session-time
 optimisation leaves them so. Its transformer optimizer (BERT model type) fuses
 them into its CPU contrib kernels ``SkipLayerNormalization`` and ``BiasGelu``,
-and the result is saved, so no server re-derives it at start. The export then
+and, in graphs that do not output attention weights and use BERT's additive
+mask (no causal mask, no window), each layer's attention into one ``Attention``
+kernel. The result is saved, so no server re-derives it at start. The export then
 validates the fused graphs against PyTorch exactly as it did the plain ones:
 a fusion that changed a number beyond ``atol`` fails the export.
 """
@@ -15,6 +17,10 @@ import logging
 import warnings
 from pathlib import Path
 
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
 from model_export.config import EncoderConfig
 
 log = logging.getLogger(__name__)
@@ -23,17 +29,54 @@ log = logging.getLogger(__name__)
 FUSIONS = ("SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "Attention")
 
 
-def optimize_graph(path: Path, config: EncoderConfig) -> dict[str, int]:
+def spell_mask_as_bert(model: onnx.ModelProto) -> None:
+    """Split ``Unsqueeze(attention_mask, [1, 2])`` into two single-axis Unsqueezes.
+
+    The exporter folds BERT's ``mask[:, None, None, :]`` into one Unsqueeze; the
+    attention fusion only recognises the mask through two. Same values either way.
+    """
+    graph = model.graph
+    constants = {
+        node.output[0]: numpy_helper.to_array(node.attribute[0].t)
+        for node in graph.node
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"
+    }
+    constants.update({init.name: numpy_helper.to_array(init) for init in graph.initializer})
+    for node in list(graph.node):
+        if node.op_type != "Unsqueeze" or node.input[0] != "attention_mask":
+            continue
+        axes = constants.get(node.input[1])
+        if axes is None or axes.tolist() != [1, 2]:
+            continue
+        axis = f"{node.name}_axis1"
+        middle = f"{node.name}_half"
+        graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), axis))
+        first = helper.make_node("Unsqueeze", ["attention_mask", axis], [middle], f"{node.name}_a")
+        second = helper.make_node("Unsqueeze", [middle, axis], list(node.output), f"{node.name}_b")
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(position, second)
+        graph.node.insert(position, first)
+
+
+def optimize_graph(path: Path, config: EncoderConfig, *, fuse_attention: bool) -> dict[str, int]:
     """Fuse ``path`` in place; the fused operators that now stand in it, by count."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
+    options = FusionOptions("bert")
+    options.enable_attention = fuse_attention
+
+    proto = onnx.load(str(path))
+    spell_mask_as_bert(proto)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the optimizer warns about its own internals
         model = optimize_model(
-            str(path),
+            proto,
             model_type="bert",
             num_heads=config.n_heads,
             hidden_size=config.d_model,
+            optimization_options=options,
             opt_level=0,  # fusions only: onnxruntime still optimises at session start
         )
     fused = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,9 +19,16 @@ from model_export.model import Encoder
 from model_export.validate import make_inputs
 from tests.conftest import TINY_SEED
 
-# What the tiny preset (2 post-LN layers, GELU) fuses into, per graph: the residual add +
-# LayerNorm twice per layer, the bias add + Erf-based GELU once per layer.
-EXPECTED = {"BiasGelu": 2, "SkipLayerNormalization": 4}
+# What the tiny preset (2 post-LN layers, GELU, no causal mask or window) fuses into, per
+# graph: the residual add + LayerNorm twice per layer, the bias add + Erf-based GELU once
+# per layer, and each layer's attention into one kernel, except in the graph that must
+# output the attention weights.
+LAYER_FUSIONS = {"BiasGelu": 2, "SkipLayerNormalization": 4}
+EXPECTED = {
+    graph_io.GRAPH_EMBEDDINGS: {"Attention": 2, **LAYER_FUSIONS},
+    graph_io.GRAPH_HIDDEN_STATES: {"Attention": 2, **LAYER_FUSIONS},
+    graph_io.GRAPH_ATTENTION: LAYER_FUSIONS,
+}
 # Fused and plain graphs of the same weights: float32 reordering only.
 ATOL = 1e-5
 
@@ -32,10 +40,12 @@ def op_counts(path: Path) -> Counter[str]:
 @pytest.mark.parametrize("graph", list(graph_io.GRAPH_OUTPUTS))
 def test_exported_graphs_are_fused_and_say_so(tiny_model_dir: Path, graph: str) -> None:
     config = json.loads((tiny_model_dir / "config.json").read_text())
-    assert config["optimizations"][graph] == EXPECTED
+    assert config["optimizations"][graph] == EXPECTED[graph]
     ops = op_counts(tiny_model_dir / graph)
-    assert {op: ops[op] for op in EXPECTED} == EXPECTED
+    assert {op: ops[op] for op in EXPECTED[graph]} == EXPECTED[graph]
     assert ops["Erf"] == 0  # every GELU chain was fused
+    if "Attention" in EXPECTED[graph]:
+        assert ops["Softmax"] == 0  # no attention left unfused
 
 
 def test_no_optimize_keeps_the_plain_graphs_and_the_same_answers(
@@ -56,3 +66,17 @@ def test_no_optimize_keeps_the_plain_graphs_and_the_same_answers(
         unfused = ort.InferenceSession(str(plain / graph), providers=["CPUExecutionProvider"])
         for got, want in zip(fused.run(None, feeds), unfused.run(None, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+
+
+def test_a_causal_window_mask_keeps_attention_unfused_and_validated(
+    tmp_path: Path, tiny_config: EncoderConfig
+) -> None:
+    # The fused kernel knows only key padding: a causal or windowed model must keep
+    # its own masked softmax, and its export is still validated against PyTorch.
+    config = dataclasses.replace(tiny_config, causal=True, window=1)
+    out = tmp_path / "local"
+    export_model(Encoder(config, seed=TINY_SEED), out)
+    recorded = json.loads((out / "config.json").read_text())["optimizations"]
+    for graph in graph_io.GRAPH_OUTPUTS:
+        assert recorded[graph] == LAYER_FUSIONS
+        assert op_counts(out / graph)["Softmax"] == config.n_layers
