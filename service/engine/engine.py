@@ -58,6 +58,10 @@ W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 # Answers estimated larger than this are finished on a worker thread, so a big
 # answer never stalls the event loop; small ones are cheaper inline.
 OFFLOAD_BYTES = 256 * 1024
+# A body of up to a quarter of this (the ticket holds 4× a body's bytes) is parsed
+# on the event loop, and prepared there too when it holds only arrays: that takes
+# well under the ~0.3 ms a round trip to a worker thread costs.
+INLINE_HELD_BYTES = 64 * 1024 * 4
 # Out-of-vocabulary token ids named in an error, at most.
 SHOWN_IDS = 10
 
@@ -259,7 +263,14 @@ class Engine:
             request, wire = parse()
             return self.prepare(request), wire
 
-        prepared, wire = await asyncio.to_thread(prepare)
+        if ticket.bytes > INLINE_HELD_BYTES:
+            prepared, wire = await asyncio.to_thread(prepare)
+        else:
+            request, wire = parse()
+            if all(isinstance(item, ArrayInput) for item in request.inputs):
+                prepared = self.prepare(request)
+            else:  # text and token ids are embedded by onnxruntime: never on the loop
+                prepared = await asyncio.to_thread(self.prepare, request)
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
         result = await self.run(prepared, deadline=deadline, until=until, timing=timing)
         return result, wire
@@ -449,11 +460,14 @@ class Engine:
                 "the request's deadline passed before it could be queued",
                 headers={"Retry-After": self.retry_after()},
             )
+        # A watcher task pays only when there is work to skip: queued runs ahead of this
+        # request, or a request of several runs. Otherwise it runs at once anyway.
+        watch = batcher.busy() or sum(map(len, prepared.sequences)) > batcher.run_tokens
         work = batcher.submit(
             name, prepared.sequences, graph=prepared.graph, deadline=deadline, timing=timing
         )
         try:
-            results = await self._unless_gone(work, until, deadline)
+            results = await self._unless_gone(work, until if watch else None, deadline)
         except DeadlineExceeded as exc:
             exc.headers = {"Retry-After": self.retry_after()}
             raise
@@ -472,8 +486,15 @@ class Engine:
         burst of abandoned requests would still be computed in full.
         """
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if until is None and timeout is None:
-            return await work
+        if until is None:  # no second task: a timer on this one
+            try:
+                async with asyncio.timeout(timeout):
+                    return await work
+            except TimeoutError:
+                self.metrics.refusals.labels("deadline").inc()
+                raise DeadlineExceeded(
+                    "the request's deadline passed before its answer was ready"
+                ) from None
         task = asyncio.ensure_future(work)
         watcher = asyncio.ensure_future(until()) if until is not None else None
         try:

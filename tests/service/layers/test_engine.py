@@ -439,6 +439,8 @@ def test_until_returning_first_raises_client_closed_and_the_engine_serves_on(
     settings: Settings, embeddings_session: ort.InferenceSession
 ) -> None:
     seqs = sequences((6, 3), seed=41)
+    # 9 tokens over runs of at most 8: a request of several runs is always watched.
+    settings = settings.model_copy(update={"max_batch_tokens": 8})
 
     async def gone() -> None:
         return None
@@ -455,3 +457,20 @@ def test_until_returning_first_raises_client_closed_and_the_engine_serves_on(
     for out, (hidden, _) in zip(result.outputs, ort_encode(embeddings_session, seqs), strict=True):
         assert out.embeddings is not None
         np.testing.assert_allclose(out.embeddings, hidden, rtol=0, atol=ATOL_ORT)
+
+
+def test_a_small_request_on_an_idle_engine_runs_without_a_watcher(settings: Settings) -> None:
+    # Nothing queued ahead and one run: it would run at once anyway, so no watcher task
+    # is started (a task and a wake-up per request) and ``until`` is never awaited.
+    seqs = sequences((6, 3), seed=42)
+    awaited = []
+
+    async def gone() -> None:
+        awaited.append(True)
+
+    async def body(engine: Engine) -> EncodeResult:
+        return await engine.run(engine.prepare(request_of(arrays(seqs))), until=gone)
+
+    result = with_started_engine(settings, body)
+    assert len(result.outputs) == 2
+    assert awaited == []
