@@ -76,10 +76,12 @@ def request_body(x: np.ndarray, scenario: Scenario) -> bytes:
     return json.dumps(body).encode()
 
 
-async def _one_connection(port: int, payload: bytes, count: int, latencies: list[float]) -> None:
+async def _one_connection(
+    port: int, payload: bytes, count: int, latencies: list[float], path: str = "/v1/encode"
+) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = (
-        f"POST /v1/encode HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(payload)}\r\n\r\n"
     ).encode()
     for _ in range(count):
@@ -98,15 +100,17 @@ async def _one_connection(port: int, payload: bytes, count: int, latencies: list
     writer.close()
 
 
-def load_process(port: int, payload: bytes, requests: int, concurrency: int) -> dict[str, float]:
-    """Runs in its own process: ``requests`` requests over ``concurrency`` connections."""
+def load_process(
+    port: int, payload: bytes, requests: int, concurrency: int, path: str = "/v1/encode"
+) -> dict[str, float]:
+    """Runs in its own process: ``requests`` POSTs to ``path`` over ``concurrency`` connections."""
     latencies: list[float] = []
     per_conn = max(1, requests // concurrency)
 
     async def main() -> float:
         start = time.perf_counter()
         await asyncio.gather(
-            *(_one_connection(port, payload, per_conn, latencies) for _ in range(concurrency))
+            *(_one_connection(port, payload, per_conn, latencies, path) for _ in range(concurrency))
         )
         return time.perf_counter() - start
 

@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     def provider_list(self) -> list[str]:
         return [p.strip() for p in self.providers.split(",") if p.strip()]
 
+    max_concurrent_codecs: int = Field(
+        1,
+        ge=1,
+        description="Requests decoded, tokenized or serialised off the event loop at once. "
+        "More lets codec work take the cores onnxruntime runs on.",
+    )
+
     allow_spinning: bool = Field(
         False,
         description="Let onnxruntime threads spin while idle: a little more peak throughput "

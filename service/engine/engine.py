@@ -108,6 +108,7 @@ class Engine:
         self.shutting_down = False
         self.closing = False  # the drain is over: no body may still arrive
         self._body_reads: set[asyncio.Timeout] = set()
+        self._codec_slots = asyncio.Semaphore(settings.max_concurrent_codecs)
         self.admission = Admission(
             settings.max_queued_requests, settings.max_inflight_bytes, metrics, self.retry_after
         )
@@ -264,16 +265,25 @@ class Engine:
             return self.prepare(request), wire
 
         if ticket.bytes > INLINE_HELD_BYTES:
-            prepared, wire = await asyncio.to_thread(prepare)
+            prepared, wire = await self.off_loop(prepare)
         else:
             request, wire = parse()
             if all(isinstance(item, ArrayInput) for item in request.inputs):
                 prepared = self.prepare(request)
             else:  # text and token ids are embedded by onnxruntime: never on the loop
-                prepared = await asyncio.to_thread(self.prepare, request)
+                prepared = await self.off_loop(self.prepare, request)
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
         result = await self.run(prepared, deadline=deadline, until=until, timing=timing)
         return result, wire
+
+    async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` on a worker thread, at most ATTNSERVE_MAX_CONCURRENT_CODECS at once.
+
+        Decoding, tokenizing and serialising hold the GIL or a core; left unbounded, a
+        burst of them starves the inference thread of the cores it runs on.
+        """
+        async with self._codec_slots:
+            return await asyncio.to_thread(work, *args)
 
     def prepare(self, request: EncodeRequest) -> PreparedEncode:
         """Check everything and decode/embed the inputs; raise a ServiceError on mistakes."""
@@ -473,7 +483,7 @@ class Engine:
             raise
         self.metrics.tokens.labels(name).inc(sum(len(s) for s in prepared.sequences))
         if prepared.response_bytes > OFFLOAD_BYTES:
-            return await asyncio.to_thread(self.finish, prepared, results)
+            return await self.off_loop(self.finish, prepared, results)
         return self.finish(prepared, results)
 
     async def _unless_gone(
@@ -569,7 +579,7 @@ class Engine:
             request, wire = parse()
             return self.tokenize_now(request), wire
 
-        return await asyncio.to_thread(tokenize)
+        return await self.off_loop(tokenize)
 
     def tokenize_now(self, request: TokenizeRequest) -> TokenizeResult:
         runtime = self._runtime(request.model)

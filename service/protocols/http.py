@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
@@ -184,7 +183,7 @@ async def encode(
             timing=context.timing,
         )
         if result.response_bytes > OFFLOAD_BYTES:
-            content = await asyncio.to_thread(write, result, wire)
+            content = await engine.off_loop(write, result, wire)
         else:
             content = write(result, wire)
         if isinstance(content, Response):
