@@ -155,11 +155,6 @@ class Batcher:
                 await task
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    @property
-    def run_tokens(self) -> int:
-        """Padded tokens one run holds at most."""
-        return self._settings.max_batch_tokens
-
     def busy(self) -> bool:
         """Is anything queued or running, so new work would wait for it?"""
         return self._queued > 0 or any(self._in_hand.values())

@@ -62,6 +62,9 @@ OFFLOAD_BYTES = 256 * 1024
 # on the event loop, and prepared there too when it holds only arrays: that takes
 # well under the ~0.3 ms a round trip to a worker thread costs.
 INLINE_HELD_BYTES = 64 * 1024 * 4
+# Up to this many tokens, an embeddings request on an idle server is not watched for
+# its client's disconnect (see Engine.run).
+UNWATCHED_TOKENS = 256
 # Out-of-vocabulary token ids named in an error, at most.
 SHOWN_IDS = 10
 
@@ -470,9 +473,15 @@ class Engine:
                 "the request's deadline passed before it could be queued",
                 headers={"Retry-After": self.retry_after()},
             )
-        # A watcher task pays only when there is work to skip: queued runs ahead of this
-        # request, or a request of several runs. Otherwise it runs at once anyway.
-        watch = batcher.busy() or sum(map(len, prepared.sequences)) > batcher.run_tokens
+        # A watcher task (a task and a wake-up per request) pays only when there is
+        # work to skip: runs queued ahead of this request, or a request big enough to
+        # matter. A small embeddings request on an idle server runs at once, for a few
+        # ms; computing it for a client that has left costs less than watching it.
+        watch = (
+            batcher.busy()
+            or prepared.graph != graph_io.GRAPH_EMBEDDINGS
+            or sum(map(len, prepared.sequences)) > UNWATCHED_TOKENS
+        )
         work = batcher.submit(
             name, prepared.sequences, graph=prepared.graph, deadline=deadline, timing=timing
         )

@@ -438,9 +438,8 @@ def test_finish_refuses_non_finite_outputs(engine: Engine, output: str) -> None:
 def test_until_returning_first_raises_client_closed_and_the_engine_serves_on(
     settings: Settings, embeddings_session: ort.InferenceSession
 ) -> None:
-    seqs = sequences((6, 3), seed=41)
-    # 9 tokens over runs of at most 8: a request of several runs is always watched.
-    settings = settings.model_copy(update={"max_batch_tokens": 8})
+    # Over UNWATCHED_TOKENS: a request big enough to matter is always watched.
+    seqs = sequences((120, 100, 90), seed=41)
 
     async def gone() -> None:
         return None
