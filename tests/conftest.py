@@ -86,7 +86,7 @@ def server_process(
     answers HTTP at all: for a server meant never to become ready). The drain on
     SIGTERM is 0 s unless asked for, so stopping a test server costs no time.
     """
-    port = free_port()
+    port = int(settings.pop("port", None) or free_port())  # a port asked for: a restart
     env = {
         **os.environ,
         "ATTNSERVE_MODEL_REPOSITORY": str(repository),

@@ -65,9 +65,19 @@ def test_compose_file_is_valid_and_serves_on_loopback() -> None:
         text=True,
     )
     assert result.returncode == 0, result.stderr
-    service = json.loads(result.stdout)["services"]["attnserve"]
-    (port,) = service["ports"]
-    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "8000", 8000)
+    services = json.loads(result.stdout)["services"]
+    service = services["attnserve"]
+    # Replicas are reached through the balancer only, which publishes on loopback.
+    assert "ports" not in service
+    assert service["deploy"]["replicas"] == 2
+    (port,) = services["balancer"]["ports"]
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "8000", 8080)
+    assert "listen 8080;" in (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    assert "server attnserve:8000" in (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    assert services["attnserve"]["environment"]["ATTNSERVE_HOST"] == "0.0.0.0"
+    assert services["balancer"]["depends_on"]["attnserve"]["condition"] == "service_healthy"
+    prometheus = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    assert "names: [attnserve]" in prometheus and "port: 8000" in prometheus
     assert service["healthcheck"]["test"][0] == "CMD"
     # Docker SIGKILLs after stop_grace_period: it must outlast the server's own shutdown.
     grace = int(service["stop_grace_period"].rstrip("s"))
@@ -128,3 +138,13 @@ def test_commands_are_exec_form() -> None:
     """Exec form: the server is PID 1 and gets SIGTERM for a graceful shutdown."""
     assert instruction("CMD").startswith("[")
     assert 'CMD ["' in instruction("HEALTHCHECK")
+
+
+def test_compose_config_is_quiet() -> None:
+    # `docker-compose config -q`: no output, exit 0 (the binary; its wrapper always exits 0).
+    result = subprocess.run(
+        [str(COMPOSE), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
