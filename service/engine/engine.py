@@ -514,14 +514,18 @@ class Engine:
                 raise DeadlineExceeded(
                     "the request's deadline passed before its answer was ready"
                 ) from None
+        watcher = asyncio.ensure_future(until())
+        await asyncio.sleep(0)  # a client already gone is seen before its work is queued
+        if watcher.done():
+            work.close()
+            raise ClientClosedRequest("the client closed the connection before its run")
         task = asyncio.ensure_future(work)
-        watcher = asyncio.ensure_future(until()) if until is not None else None
         try:
-            waiting = {task} if watcher is None else {task, watcher}
+            waiting = {task, watcher}
             await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 return task.result()
-            if watcher is not None and watcher.done():
+            if watcher.done():
                 raise ClientClosedRequest("the client closed the connection before the answer")
             self.metrics.refusals.labels("deadline").inc()  # the batcher counts its own drops
             raise DeadlineExceeded(
@@ -529,8 +533,7 @@ class Engine:
                 "work was dropped)"
             )
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            watcher.cancel()
             task.cancel()  # no-op when done; drops the queued job otherwise
 
     def finish(self, prepared: PreparedEncode, results: list[SequenceResult]) -> EncodeResult:
