@@ -20,6 +20,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api_docs import add_api_docs
 from service.engine import Engine
 from service.errors import ServiceError
 from service.metrics import Metrics
@@ -57,7 +58,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=_lifespan(engine),
         # No redirects: /v1/encode/ is a 404, not a Location built from the client's Host.
         redirect_slashes=False,
+        docs_url=None,  # add_api_docs: the same pages with their assets served from here
+        redoc_url=None,
     )
+    add_api_docs(app)
     app.state.engine = engine
     for protocol in PROTOCOLS:
         for router in protocol.routers:
