@@ -505,15 +505,21 @@ class Engine:
         burst of abandoned requests would still be computed in full.
         """
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if until is None:  # no second task: a timer on this one
-            try:
-                async with asyncio.timeout(timeout):
+        try:
+            async with asyncio.timeout(timeout):  # a timer on this task, no second task
+                if until is None:
                     return await work
-            except TimeoutError:
-                self.metrics.refusals.labels("deadline").inc()
-                raise DeadlineExceeded(
-                    "the request's deadline passed before its answer was ready"
-                ) from None
+                return await self._first_of(work, until)
+        except TimeoutError:
+            self.metrics.refusals.labels("deadline").inc()  # the batcher counts its own drops
+            raise DeadlineExceeded(
+                "the request's deadline passed before its answer was ready (its queued "
+                "work was dropped)"
+            ) from None
+
+    @staticmethod
+    async def _first_of(work: Coroutine[Any, Any, T], until: Disconnected) -> T:
+        """``work``'s result, or ClientClosedRequest once ``until`` returns (work cancelled)."""
         watcher = asyncio.ensure_future(until())
         await asyncio.sleep(0)  # a client already gone is seen before its work is queued
         if watcher.done():
@@ -521,17 +527,10 @@ class Engine:
             raise ClientClosedRequest("the client closed the connection before its run")
         task = asyncio.ensure_future(work)
         try:
-            waiting = {task, watcher}
-            await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 return task.result()
-            if watcher.done():
-                raise ClientClosedRequest("the client closed the connection before the answer")
-            self.metrics.refusals.labels("deadline").inc()  # the batcher counts its own drops
-            raise DeadlineExceeded(
-                "the request's deadline passed before its answer was ready (its queued "
-                "work was dropped)"
-            )
+            raise ClientClosedRequest("the client closed the connection before the answer")
         finally:
             watcher.cancel()
             task.cancel()  # no-op when done; drops the queued job otherwise
