@@ -28,7 +28,7 @@ from model_export.config import (
     ConfigError,
     preset,
 )
-from model_export.graph_io import DEFAULT_ATOL, DEFAULT_OPSET, EXPORTERS
+from model_export.graph_io import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_RTOL, EXPORTERS
 
 # CLI flag -> EncoderConfig field, for the individual overrides.
 _CONFIG_FLAGS = (
@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--atol",
         type=float,
         default=DEFAULT_ATOL,
-        help="max abs difference allowed between ONNX Runtime and PyTorch",
+        help="max abs difference allowed between ONNX Runtime and PyTorch, plus "
+        f"{DEFAULT_RTOL:g} of each value (numpy.allclose)",
     )
     return p
 

@@ -42,6 +42,7 @@ from model_export.model import Encoder, TokenEmbeddings
 from model_export.optimize import optimize_graph
 from model_export.validate import (
     DEFAULT_ATOL,
+    DEFAULT_RTOL,
     CheckResult,
     results_json,
     validate_model_dir,
@@ -272,6 +273,7 @@ def export_model(
                 "weights_source": source,
                 "validation": {
                     "atol": atol,
+                    "rtol": DEFAULT_RTOL,
                     "max_abs_diff": max(c.max_abs_diff for c in checks),
                     "checks": results_json(checks),
                 },

@@ -21,6 +21,7 @@ from model_export.model import Encoder, TokenEmbeddings
 log = logging.getLogger(__name__)
 
 DEFAULT_ATOL = graph_io.DEFAULT_ATOL
+DEFAULT_RTOL = graph_io.DEFAULT_RTOL
 
 
 class ValidationError(AssertionError):
@@ -31,7 +32,7 @@ class ValidationError(AssertionError):
     ) -> None:
         super().__init__(
             f"{graph}: output {output!r} at shape {list(shape)} differs from PyTorch by "
-            f"{max_abs_diff:.3g} > atol {atol:g}"
+            f"{max_abs_diff:.3g}, beyond atol {atol:g} + rtol {DEFAULT_RTOL:g} x |PyTorch|"
         )
         self.graph, self.output, self.shape = graph, output, shape
         self.max_abs_diff, self.atol = max_abs_diff, atol
@@ -47,10 +48,11 @@ class CheckResult:
     shape: list[int]
     max_abs_diff: float
     atol: float
+    excess: float  # largest |onnx - torch| - rtol * |torch|: passes when <= atol
 
     @property
     def passed(self) -> bool:
-        return self.max_abs_diff <= self.atol
+        return self.excess <= self.atol
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,18 @@ def max_abs_diff(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got - want))) if got.size else 0.0
 
 
+def tolerance_excess(got: np.ndarray, want: np.ndarray, rtol: float = DEFAULT_RTOL) -> float:
+    """Largest |got - want| - rtol * |want| (numpy.allclose passes when it is <= atol).
+
+    inf when shapes differ or ``got`` holds NaN/Inf.
+    """
+    if got.shape != want.shape or not np.isfinite(got).all():
+        return float("inf")
+    if not got.size:
+        return 0.0
+    return float(np.max(np.abs(got - want) - rtol * np.abs(want)))
+
+
 def new_session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -124,8 +138,9 @@ def validate_model_dir(
             names = list(graph_io.GRAPH_OUTPUTS[graph])
             got = session.run(names, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask})
             for name, value in zip(names, got, strict=True):
-                diff = max_abs_diff(value, expected[name])
-                result = CheckResult(graph, case.name, name, list(value.shape), diff, atol)
+                want = expected[name]
+                diff, excess = max_abs_diff(value, want), tolerance_excess(value, want)
+                result = CheckResult(graph, case.name, name, list(value.shape), diff, atol, excess)
                 results.append(result)
                 if not result.passed:
                     raise ValidationError(graph, name, tuple(value.shape), diff, atol)
@@ -155,8 +170,10 @@ def validate_token_embeddings(
         with torch.no_grad():
             want = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids)).numpy()
         (got,) = session.run(None, {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids})
-        diff = max_abs_diff(got, want)
-        result = CheckResult(path.name, case, graph_io.INPUT_EMBEDS, list(got.shape), diff, atol)
+        diff, excess = max_abs_diff(got, want), tolerance_excess(got, want)
+        result = CheckResult(
+            path.name, case, graph_io.INPUT_EMBEDS, list(got.shape), diff, atol, excess
+        )
         results.append(result)
         if not result.passed:
             raise ValidationError(path.name, graph_io.INPUT_EMBEDS, got.shape, diff, atol)
