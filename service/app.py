@@ -31,6 +31,7 @@ from service.protocols.native import errors as native_errors
 from service.protocols.native import routes as native
 from service.protocols.openai import routes as openai
 from service.settings import Settings
+from service.viewer import add_viewer
 
 HTTP_ERROR_TYPES = {404: "not_found", 405: "method_not_allowed"}
 PROTOCOLS = (native, openai, kserve_v2)
@@ -62,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     add_api_docs(app)
+    add_viewer(app)
     app.state.engine = engine
     for protocol in PROTOCOLS:
         for router in protocol.routers:

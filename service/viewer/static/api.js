@@ -1,0 +1,80 @@
+// The page's only contact with the server: the public API, as any client uses it.
+// URLs are relative to /viewer, so a path prefix in front of the server still works.
+
+const KEY_STORAGE = "attnserve.apiKey";
+
+export class ApiError extends Error {
+  constructor(status, message, type) {
+    super(`${status}${type ? ` ${type}` : ""}: ${message}`);
+    this.status = status;
+  }
+}
+
+/** The API key, kept for this tab only (sessionStorage) and sent as a Bearer token. */
+export function apiKey() {
+  return sessionStorage.getItem(KEY_STORAGE) ?? "";
+}
+
+export function setApiKey(key) {
+  if (key) sessionStorage.setItem(KEY_STORAGE, key);
+  else sessionStorage.removeItem(KEY_STORAGE);
+}
+
+async function call(path, body) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const key = apiKey();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const response = await fetch(path, {
+    method: body === undefined ? "GET" : "POST",
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const payload = await response.json().catch(() => null);
+  if (!response.ok) {
+    throw new ApiError(response.status, payload?.error ?? response.statusText, payload?.error_type);
+  }
+  return payload;
+}
+
+export async function listModels() {
+  return (await call("v1/models")).data;
+}
+
+/** One sequence's attention maps, as asked: [layers', heads', n, n] and the tokens (or null). */
+export async function encodeAttention(model, input, attention, truncate) {
+  const body = {
+    model,
+    inputs: [typeof input === "string" ? input : toBase64Array(input)],
+    return_embeddings: false,
+    return_attention: true,
+    attention,
+    encoding_format: "base64",
+    truncate,
+  };
+  const item = (await call("v1/encode", body)).data[0];
+  return { tokens: item.tokens, shape: item.attention.shape, values: fromBase64(item.attention.data) };
+}
+
+// Base64Array: standard base64 of little-endian float32. DataView keeps it right on any host.
+function fromBase64(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  const view = new DataView(bytes.buffer);
+  const values = new Float32Array(bytes.length / 4);
+  for (let i = 0; i < values.length; i++) values[i] = view.getFloat32(i * 4, true);
+  return values;
+}
+
+function toBase64Array({ shape, values }) {
+  const bytes = new Uint8Array(values.length * 4);
+  const view = new DataView(bytes.buffer);
+  values.forEach((v, i) => view.setFloat32(i * 4, v, true));
+  let binary = "";
+  const CHUNK = 0x8000; // String.fromCharCode takes its arguments on the stack
+  for (let i = 0; i < bytes.length; i += CHUNK) {
+    binary += String.fromCharCode(...bytes.subarray(i, i + CHUNK));
+  }
+  return { shape, data: btoa(binary), dtype: "float32" };
+}

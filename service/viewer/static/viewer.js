@@ -1,0 +1,425 @@
+// The viewer's state, its URL, its controls and the drawing of the current view.
+//
+// One-way flow: controls and the URL set `state`; show() asks the server for exactly the
+// maps the view needs (cached per input), then draw() renders them.
+
+import { apiKey, encodeAttention, listModels, setApiKey } from "./api.js";
+import { colourOf, drawMap, drawScale, drawThumbnail, maxOf, viewImage } from "./heatmap.js";
+import { parseNpy } from "./npy.js";
+
+const VIEWS = ["head", "grid", "mean", "rollout"];
+const MAP_PIXELS = 640; // a map wider than this scrolls, its labels kept in view
+const MIN_CELL = 12; // the smallest cell whose token label stays readable
+const MAX_CELL = 28;
+const THUMBNAIL = 160; // grid thumbnails: whole cells up to this size, averaged beyond
+const CACHE_SIZE = 16;
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  models: [],
+  model: null, // the chosen model's card from /v1/models
+  layer: 0,
+  head: 0,
+  view: "head",
+  npy: null, // {name, shape, values} when token embeddings were uploaded
+  selected: null, // the clicked token, highlighted in the single-map views
+  shown: null, // what draw() renders: {labels, maps, captions, n, vmax, title}
+};
+const cache = new Map(); // request -> promise of encodeAttention's answer
+let asked = 0; // the latest show(): an older answer arriving late is dropped
+
+// ---------- what to ask for ----------
+
+function inputOf() {
+  return state.npy ?? $("text").value;
+}
+
+function inputKey() {
+  return state.npy ? `npy:${state.npy.id}` : `text:${$("text").value}`;
+}
+
+/** The attention selection of a view: only the maps it draws. */
+function selectionFor(view, layer, head) {
+  if (view === "grid") return { layers: [layer], reduce: "none" };
+  if (view === "head") return { layers: [layer], heads: [head], reduce: "none" };
+  if (view === "mean") return { layers: [layer], reduce: "mean" };
+  return { layers: [...Array(layer + 1).keys()], reduce: "rollout" }; // first layer up to this one
+}
+
+function fetchSelection(selection) {
+  const truncate = $("truncate").checked;
+  const key = JSON.stringify([state.model.id, inputKey(), selection, truncate]);
+  if (!cache.has(key)) {
+    const answer = encodeAttention(state.model.id, inputOf(), selection, truncate);
+    answer.catch(() => cache.delete(key)); // errors are not kept: the next try asks again
+    cache.set(key, answer);
+    if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value);
+  }
+  return cache.get(key);
+}
+
+/** The maps of the current view, as [n * n] arrays, with their labels and captions. */
+async function fetchView() {
+  const { view, layer, head } = state;
+  const gridKey = JSON.stringify([state.model.id, inputKey(), selectionFor("grid", layer, 0), $("truncate").checked]);
+  // One head of a layer whose heads are all here already costs no request.
+  const fromGrid = view === "head" && cache.has(gridKey);
+  const answer = await fetchSelection(selectionFor(fromGrid ? "grid" : view, layer, head));
+  const [, heads, n] = answer.shape;
+  const maps = [...Array(heads).keys()].map((h) => answer.values.subarray(h * n * n, (h + 1) * n * n));
+  const labels = answer.tokens ?? [...Array(n).keys()].map((i) => `#${i}`);
+  const shown = fromGrid ? [maps[head]] : maps;
+  const captions = view === "grid" ? maps.map((_, h) => `head ${h}`) : [];
+  return { labels, maps: shown, captions, n, vmax: maxOf(shown), title: titleOf(n) };
+}
+
+function titleOf(n) {
+  const { model, view, layer, head } = state;
+  const what = {
+    head: `layer ${layer}, head ${head}`,
+    grid: `layer ${layer}, all ${model.heads} heads`,
+    mean: `layer ${layer}, mean of ${model.heads} heads`,
+    rollout: `rollout through layers 0-${layer}`,
+  }[view];
+  const source = state.npy ? state.npy.name : "text";
+  const cut = !state.npy && n === model.max_seq_len && $("truncate").checked ? " (the model's limit: longer text is cut)" : "";
+  return `${model.id} · ${source} · ${n} tokens${cut} · ${what}`;
+}
+
+// ---------- showing it ----------
+
+async function show() {
+  if (!state.model) return;
+  writeUrl();
+  if (!state.npy && !state.model.tokenizer) {
+    return status(`${state.model.id} takes token embeddings only: choose a .npy file`, "error");
+  }
+  if (!state.npy && !$("text").value.trim()) return status("type a text first", "error");
+  const mine = ++asked;
+  status("asking the server…", "busy");
+  try {
+    const shown = await fetchView();
+    if (mine !== asked) return;
+    if (state.shown?.labels.join("\u0000") !== shown.labels.join("\u0000")) state.selected = null;
+    state.shown = shown;
+    draw();
+    status(shown.title, "ready");
+  } catch (error) {
+    if (mine === asked) status(error.message, "error");
+  }
+}
+
+function status(text, kind) {
+  $("status").textContent = text;
+  $("status").dataset.state = kind;
+  $("stage").dataset.state = kind;
+  $("download").disabled = kind !== "ready";
+}
+
+function draw() {
+  const stage = $("stage");
+  stage.replaceChildren();
+  stage.dataset.view = state.view;
+  if (state.view === "grid") drawGrid(stage);
+  else drawSingle(stage);
+  readout(null);
+}
+
+function cellSize(n) {
+  return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(MAP_PIXELS / n)));
+}
+
+function drawSingle(stage) {
+  const { labels, maps, n, vmax } = state.shown;
+  const cell = cellSize(n);
+  const scroller = element("div", "scroller");
+  const map = element("div", "map");
+  map.style.setProperty("--cell", `${cell}px`);
+  map.style.setProperty("--n", n);
+  const keys = element("div", "keys");
+  const queries = element("div", "queries");
+  labels.forEach((token, i) => {
+    keys.append(tokenLabel(token, i, "key"));
+    queries.append(tokenLabel(token, i, "query"));
+  });
+  const canvas = element("canvas");
+  canvas.id = "heatmap";
+  canvas.dataset.n = n;
+  canvas.dataset.cell = cell;
+  drawMap(canvas, maps[0], n, cell, vmax, state.selected);
+  canvas.addEventListener("mousemove", (event) => hoverCell(event, canvas, cell));
+  canvas.addEventListener("mouseleave", () => readout(null));
+  canvas.addEventListener("click", (event) => select(cellAt(event, canvas, cell)[0]));
+  map.append(element("div", "corner", "query ↓  key →"), keys, queries, canvas);
+  scroller.append(map);
+  stage.append(scroller, legend(Math.min(n * cell, 320), vmax));
+  markSelected();
+}
+
+function drawGrid(stage) {
+  const { maps, captions, n, vmax } = state.shown;
+  const size = n >= THUMBNAIL ? THUMBNAIL : n * Math.floor(THUMBNAIL / n);
+  const grid = element("div", "grid");
+  maps.forEach((map, h) => {
+    const figure = element("figure", h === state.head ? "thumb chosen" : "thumb");
+    const canvas = element("canvas");
+    canvas.dataset.head = h;
+    canvas.title = `layer ${state.layer}, head ${h}: click to enlarge`;
+    drawThumbnail(canvas, map, n, size, vmax);
+    figure.append(canvas, element("figcaption", "", captions[h]));
+    figure.addEventListener("click", () => {
+      state.head = h;
+      state.view = "head";
+      syncControls();
+      show();
+    });
+    grid.append(figure);
+  });
+  stage.append(grid, legend(size, vmax));
+}
+
+function legend(height, vmax) {
+  const box = element("div", "legend");
+  const bar = element("canvas");
+  drawScale(bar, height);
+  box.append(element("span", "top", vmax.toFixed(3)), bar, element("span", "bottom", "0"));
+  box.title = "attention weight (colour scale from 0 to the largest weight shown)";
+  return box;
+}
+
+function tokenLabel(token, index, axis) {
+  const label = element("span", "tok", token);
+  label.dataset.index = index;
+  label.title = `#${index} ${token} (${axis}): click to highlight`;
+  label.addEventListener("click", () => select(index));
+  return label;
+}
+
+function element(tag, className = "", text = "") {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text) node.textContent = text;
+  return node;
+}
+
+// ---------- hovering and selecting ----------
+
+function cellAt(event, canvas, cell) {
+  const box = canvas.getBoundingClientRect();
+  const n = Number(canvas.dataset.n);
+  const clamp = (v) => Math.max(0, Math.min(n - 1, Math.floor(v / cell)));
+  return [clamp(event.clientY - box.top), clamp(event.clientX - box.left)];
+}
+
+function hoverCell(event, canvas, cell) {
+  const [i, j] = cellAt(event, canvas, cell);
+  readout({ i, j });
+  const tip = $("tooltip");
+  tip.hidden = false;
+  tip.textContent = $("readout").textContent;
+  tip.style.left = `${event.pageX + 14}px`;
+  tip.style.top = `${event.pageY + 14}px`;
+}
+
+/** The readout line: a hovered cell, else the selected token, else a hint. */
+function readout(cell) {
+  const out = $("readout");
+  const { labels, maps, n } = state.shown ?? {};
+  delete out.dataset.query;
+  delete out.dataset.key;
+  delete out.dataset.weight;
+  if (!cell) $("tooltip").hidden = true;
+  if (!state.shown || state.view === "grid") {
+    out.textContent = state.shown ? "click a head to enlarge it" : "";
+    return;
+  }
+  const map = maps[0];
+  if (cell) {
+    const weight = map[cell.i * n + cell.j];
+    Object.assign(out.dataset, { query: cell.i, key: cell.j, weight });
+    out.textContent = `query “${labels[cell.i]}” (#${cell.i}) → key “${labels[cell.j]}” (#${cell.j}): ${weight.toFixed(4)}`;
+    out.style.setProperty("--swatch", colourOf(weight, state.shown.vmax));
+  } else if (state.selected !== null) {
+    const t = state.selected;
+    const row = [...Array(n).keys()].map((j) => map[t * n + j]);
+    const column = [...Array(n).keys()].map((i) => map[i * n + t]);
+    const top = (values) => values.indexOf(Math.max(...values));
+    const [to, from] = [top(row), top(column)];
+    out.textContent =
+      `“${labels[t]}” (#${t}) attends most to “${labels[to]}” (${row[to].toFixed(3)}); ` +
+      `attended most by “${labels[from]}” (${column[from].toFixed(3)})`;
+  } else {
+    out.textContent = "hover a cell to read its weight; click a token to highlight its row and column";
+  }
+}
+
+function select(index) {
+  state.selected = state.selected === index ? null : index;
+  const canvas = $("heatmap");
+  const { maps, n, vmax } = state.shown;
+  drawMap(canvas, maps[0], n, Number(canvas.dataset.cell), vmax, state.selected);
+  markSelected();
+  readout(null);
+}
+
+function markSelected() {
+  for (const label of document.querySelectorAll(".tok")) {
+    label.classList.toggle("selected", Number(label.dataset.index) === state.selected);
+  }
+  $("stage").dataset.selected = state.selected ?? "";
+}
+
+// ---------- the URL: ?text=&model=&layer=&head=&view= ----------
+
+function readUrl() {
+  const params = new URLSearchParams(location.search);
+  const named = state.models.find((m) => m.id === params.get("model"));
+  setModel(named ?? state.models.find((m) => m.default) ?? state.models[0]);
+  if (params.has("text")) $("text").value = params.get("text");
+  state.layer = indexIn(params.get("layer"), state.model.layers);
+  state.head = indexIn(params.get("head"), state.model.heads);
+  state.view = VIEWS.includes(params.get("view")) ? params.get("view") : "head";
+}
+
+/** A layer or head index from the URL: negative counts from the end; anything else is 0. */
+function indexIn(text, count) {
+  const value = Number.parseInt(text ?? "0", 10);
+  if (Number.isNaN(value) || value >= count || value < -count) return 0;
+  return value < 0 ? count + value : value;
+}
+
+function writeUrl() {
+  const params = new URLSearchParams();
+  if (!state.npy) params.set("text", $("text").value); // an uploaded file cannot be linked
+  params.set("model", state.model.id);
+  params.set("layer", state.layer);
+  params.set("head", state.head);
+  params.set("view", state.view);
+  history.replaceState(null, "", `?${params}`);
+}
+
+// ---------- controls ----------
+
+function setModel(card) {
+  state.model = card;
+  const options = (count, name) =>
+    [...Array(count).keys()].map((i) => new Option(`${name} ${i}`, i));
+  $("layer").replaceChildren(...options(card.layers, "layer"));
+  $("head").replaceChildren(...options(card.heads, "head"));
+  state.layer = Math.min(state.layer, card.layers - 1);
+  state.head = Math.min(state.head, card.heads - 1);
+  $("text").disabled = !card.tokenizer;
+  $("text").title = card.tokenizer ? "" : `${card.id} has no tokenizer: upload token embeddings`;
+}
+
+function syncControls() {
+  $("model").value = state.model.id;
+  $("layer").value = state.layer;
+  $("head").value = state.head;
+  $("head").disabled = state.view !== "head";
+  for (const radio of document.querySelectorAll("input[name=view]")) radio.checked = radio.value === state.view;
+  $("clear-npy").hidden = !state.npy;
+}
+
+async function chooseFile(file) {
+  try {
+    const { shape, values } = parseNpy(await file.arrayBuffer());
+    if (shape[1] !== state.model.d_model) {
+      throw new Error(`width ${shape[1]} does not match ${state.model.id}'s d_model ${state.model.d_model}`);
+    }
+    state.npy = { id: `${file.name}:${file.size}:${file.lastModified}`, name: file.name, shape, values };
+    syncControls();
+    show();
+  } catch (error) {
+    $("npy").value = "";
+    status(`${file.name}: ${error.message}`, "error");
+  }
+}
+
+function download() {
+  const { labels, maps, captions, n, vmax, title } = state.shown;
+  const single = state.view !== "grid";
+  const image = viewImage({
+    title,
+    labels,
+    maps,
+    captions,
+    vmax,
+    selected: single ? state.selected : null,
+    cell: cellSize(n),
+    thumbnail: n >= THUMBNAIL ? THUMBNAIL : n * Math.floor(THUMBNAIL / n),
+  });
+  const name = `attention-${state.model.id}-${state.view}-layer${state.layer}` +
+    `${state.view === "head" ? `-head${state.head}` : ""}.png`;
+  image.toBlob((blob) => {
+    const link = element("a");
+    link.href = URL.createObjectURL(blob);
+    link.download = name;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+  }, "image/png");
+}
+
+function wire() {
+  $("controls").addEventListener("submit", (event) => {
+    event.preventDefault();
+    show();
+  });
+  $("model").addEventListener("change", () => {
+    setModel(state.models.find((m) => m.id === $("model").value));
+    state.npy = null;
+    $("npy").value = "";
+    syncControls();
+    show();
+  });
+  $("layer").addEventListener("change", () => {
+    state.layer = Number($("layer").value);
+    show();
+  });
+  $("head").addEventListener("change", () => {
+    state.head = Number($("head").value);
+    show();
+  });
+  for (const radio of document.querySelectorAll("input[name=view]")) {
+    radio.addEventListener("change", () => {
+      state.view = radio.value;
+      syncControls();
+      show();
+    });
+  }
+  $("truncate").addEventListener("change", show);
+  $("npy").addEventListener("change", () => $("npy").files[0] && chooseFile($("npy").files[0]));
+  $("clear-npy").addEventListener("click", () => {
+    state.npy = null;
+    $("npy").value = "";
+    syncControls();
+    show();
+  });
+  $("download").addEventListener("click", download);
+  $("api-key").value = apiKey();
+  $("api-key").addEventListener("change", () => {
+    setApiKey($("api-key").value.trim());
+    cache.clear();
+    if (state.models.length) show();
+    else start();
+  });
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && state.selected !== null) select(state.selected);
+  });
+}
+
+async function start() {
+  try {
+    state.models = await listModels();
+  } catch (error) {
+    const hint = error.status === 401 ? " (enter the server's API key above)" : "";
+    return status(`could not list the models: ${error.message}${hint}`, "error");
+  }
+  $("model").replaceChildren(...state.models.map((m) => new Option(m.id, m.id)));
+  readUrl();
+  syncControls();
+  show();
+}
+
+wire();
+start();
