@@ -22,6 +22,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("ATTNSERVE_TEST_ARTIFACTS", REPO / "test-artifacts"))
+PUBLIC_NAME = "attnserve.test"
 # The flags the machine's notes give: no background traffic to Google's hosts, no GPU.
 CHROMIUM_FLAGS = (
     "--headless",
@@ -32,6 +33,8 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--no-first-run",
     "--window-size=1280,1000",
+    # A name that is not localhost: pages (Swagger UI) behave as on a real deployment.
+    f"--host-resolver-rules=MAP {PUBLIC_NAME} 127.0.0.1",
 )
 NETWORK_SCHEMES = ("http", "https", "ws", "wss", "ftp")
 WAIT = 30.0  # seconds for a view to render: a cold server's first attention run included
@@ -71,7 +74,8 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     # An explicit driver path: selenium never looks for (or downloads) one.
     driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     driver.downloads = downloads  # type: ignore[attr-defined]
-    driver.requested = []  # type: ignore[attr-defined]
+    driver.sent = {}  # type: ignore[attr-defined]
+    driver.blocked = set()  # type: ignore[attr-defined]
     try:
         yield driver
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
@@ -81,23 +85,31 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
 
 
 def requested_urls(driver: webdriver.Chrome) -> list[str]:
-    """Every URL the page asked for since the browser started (kept across calls)."""
+    """Every URL the page sent a request for since the browser started (kept across calls).
+
+    A request the browser refused before sending it (``Network.loadingFailed`` with a
+    ``blockedReason``, e.g. "csp" for the page's Content-Security-Policy) never left and
+    is not listed.
+    """
+    log: dict[str, tuple[str, str | None]] = driver.sent  # type: ignore[attr-defined]
     for entry in driver.get_log("performance"):
         message = json.loads(entry["message"])["message"]
+        params = message.get("params", {})
         if message["method"] == "Network.requestWillBeSent":
-            request = message["params"]["request"]
-            driver.requested.append((request["url"], request.get("postData")))  # type: ignore[attr-defined]
-    return [url for url, _ in driver.requested]  # type: ignore[attr-defined]
+            request = params["request"]
+            # A redirect reuses the id: keep every hop under its own key.
+            log[f"{params['requestId']}#{len(log)}"] = (request["url"], request.get("postData"))
+        elif message["method"] == "Network.loadingFailed" and params.get("blockedReason"):
+            driver.blocked.add(params["requestId"])  # type: ignore[attr-defined]
+    blocked = driver.blocked  # type: ignore[attr-defined]
+    return [url for key, (url, _) in log.items() if key.split("#")[0] not in blocked]
 
 
 def posted_bodies(driver: webdriver.Chrome, path: str) -> list[dict]:
     """The JSON bodies the page POSTed to ``path``, in order."""
     requested_urls(driver)
-    return [
-        json.loads(body)
-        for url, body in driver.requested  # type: ignore[attr-defined]
-        if body and urlsplit(url).path == path
-    ]
+    sent = driver.sent.values()  # type: ignore[attr-defined]
+    return [json.loads(body) for url, body in sent if body and urlsplit(url).path == path]
 
 
 def assert_only_local_requests(driver: webdriver.Chrome, base_url: str) -> None:
@@ -113,6 +125,11 @@ def assert_only_local_requests(driver: webdriver.Chrome, base_url: str) -> None:
         and (urlsplit(url).scheme, urlsplit(url).netloc) != (origin.scheme, origin.netloc)
     ]
     assert not foreign, f"requests to another host: {foreign}"
+
+
+def public_url(base_url: str) -> str:
+    """``base_url`` under PUBLIC_NAME (same server; the browser resolves it to 127.0.0.1)."""
+    return base_url.replace("127.0.0.1", PUBLIC_NAME)
 
 
 def wait_until(driver: webdriver.Chrome, script: str, timeout: float = WAIT) -> object:

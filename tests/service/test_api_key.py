@@ -57,3 +57,11 @@ def test_an_empty_key_means_no_key() -> None:
     """ATTNSERVE_API_KEY="" must not turn on auth that any Bearer token passes."""
     assert Settings(api_key="").api_key is None  # type: ignore[arg-type]
     assert Settings(api_key=KEY).api_key is not None  # type: ignore[arg-type]
+
+
+def test_viewer_page_needs_no_key_but_its_api_calls_do(guarded_url: str) -> None:
+    # A browser cannot send a header when it opens a page: the page is public and asks
+    # for the key, which it then sends on every API call (tests/browser).
+    assert httpx.get(f"{guarded_url}/viewer").status_code == 200
+    assert httpx.get(f"{guarded_url}/viewer/static/viewer.js").status_code == 200
+    assert httpx.get(f"{guarded_url}/v1/models").status_code == 401
