@@ -214,10 +214,14 @@ def test_client_gone_mid_upload_is_499_not_500(server: ServerProcess) -> None:
 
 
 # Answers of about 11.5 MB (16 sequences of 128 tokens with attention, base64), each
-# needing ~30 MB of the budget while computed: 8 of them, unread, hold ~92 MB of answers.
-UNREAD_ANSWERS = 8
+# holding ~31 MB of the budget: two unread ones fill 64 MiB, a third is refused.
+UNREAD_ANSWERS = 3
 UNREAD_BUDGET = 64 * MiB
-SEND_TIMEOUT = 2.0  # seconds an unread answer may stall before its connection is dropped
+# Seconds an unread answer may stall before its connection is dropped. The unread
+# answers must still be held when the last request comes: with 2 s and 8 answers, a
+# slower machine took longer than that to send them, the first readers were dropped in
+# the meantime, and the request that should have been refused was a 200.
+SEND_TIMEOUT = 6.0
 
 
 def rss_mb(pid: int) -> float:
