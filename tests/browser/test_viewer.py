@@ -18,6 +18,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
 
 from tests.browser.conftest import (
@@ -166,6 +167,29 @@ def test_grid_click_to_enlarge_then_mean_and_rollout_keep_the_url_in_step(
     assert_only_local_requests(browser, minilm)
 
 
+def test_keyboard_reads_cells_and_selects_a_token(browser: webdriver.Chrome, minilm: str) -> None:
+    open_view(browser, minilm, text=TEXT, model="minilm-l6", layer="-1", head="-1", view="head")
+    assert url_params(browser) | {"text": TEXT} == {  # negative indices count from the end
+        "text": TEXT,
+        "model": "minilm-l6",
+        "layer": "5",
+        "head": "11",
+        "view": "head",
+    }
+    canvas = browser.find_element(By.ID, "heatmap")
+    # The first arrow lands on (0, 0); then two right and one down.
+    canvas.send_keys(Keys.ARROW_DOWN, Keys.ARROW_RIGHT, Keys.ARROW_RIGHT, Keys.ARROW_DOWN)
+    wait_until(browser, "document.getElementById('readout').dataset.query === '1'")
+    readout = browser.find_element(By.ID, "readout")
+    assert (readout.get_attribute("data-query"), readout.get_attribute("data-key")) == ("1", "2")
+    want = api_attention(minilm, [TEXT], {"layers": [5], "heads": [11]}, "minilm-l6")[0, 0]
+    assert (
+        abs(float(readout.get_attribute("data-weight") or "nan") - want[1, 2]) <= WEIGHT_TOLERANCE
+    )
+    canvas.send_keys(Keys.ENTER)
+    wait_until(browser, "document.getElementById('stage').dataset.selected === '1'")
+
+
 def test_long_text_is_cut_to_the_model_limit_and_scrolls_with_labels(
     browser: webdriver.Chrome, minilm: str
 ) -> None:
@@ -238,3 +262,34 @@ def test_api_key_and_npy_upload_for_a_model_without_tokenizer(
     assert body["inputs"][0]["shape"] == [5, d_model["d_model"]]
     screenshot(browser, "viewer-npy")
     assert_only_local_requests(browser, keyed_tiny)
+
+
+def test_npy_files_are_read_in_any_byte_order_and_bad_ones_explained(
+    browser: webdriver.Chrome, server_url: str, tmp_path: Path
+) -> None:
+    browser.get(f"{server_url}/viewer?model=tiny&layer=0&head=1&view=head")
+    wait_until(browser, "document.getElementById('model').options.length > 0")
+    d_model = httpx.get(f"{server_url}/v1/models/tiny").json()["d_model"]
+    upload = browser.find_element(By.ID, "npy")
+
+    cube = tmp_path / "batch.npy"
+    np.save(cube, np.zeros((2, 3, d_model), dtype=np.float32))
+    upload.send_keys(str(cube))
+    wait_until(browser, "document.getElementById('status').textContent.includes('batch.npy')")
+    assert "expected [n, d_model]" in browser.find_element(By.ID, "status").text
+    narrow = tmp_path / "narrow.npy"
+    np.save(narrow, np.zeros((3, d_model + 1), dtype=np.float32))
+    upload.send_keys(str(narrow))
+    wait_until(browser, "document.getElementById('status').textContent.includes('narrow.npy')")
+    assert f"does not match tiny's d_model {d_model}" in browser.find_element(By.ID, "status").text
+
+    sequence = np.random.default_rng(3).standard_normal((4, d_model)).astype(">f4")
+    big_endian = tmp_path / "big.npy"
+    np.save(big_endian, sequence)
+    upload.send_keys(str(big_endian))
+    wait_until(browser, RENDERED)
+    canvas = browser.find_element(By.ID, "heatmap")
+    inputs = [sequence.astype("<f4").tolist()]
+    want = api_attention(server_url, inputs, {"layers": [0], "heads": [1]}, "tiny")[0, 0]
+    assert abs(float(hover_cell(browser, canvas, 3, 0)["weight"]) - want[3, 0]) <= WEIGHT_TOLERANCE
+    assert_only_local_requests(browser, server_url)

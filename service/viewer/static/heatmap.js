@@ -53,8 +53,11 @@ function matrixImage(map, n, vmax, selected) {
   return canvas;
 }
 
-/** A map [n, n] at ``cell`` pixels per cell, the selected token's row and column outlined. */
-export function drawMap(canvas, map, n, cell, vmax, selected = null) {
+/**
+ * A map [n, n] at ``cell`` pixels per cell, the selected token's row and column outlined,
+ * and the keyboard's cell ({i, j}) framed.
+ */
+export function drawMap(canvas, map, n, cell, vmax, selected = null, cursor = null) {
   canvas.width = canvas.height = n * cell;
   const ctx = canvas.getContext("2d");
   ctx.imageSmoothingEnabled = false;
@@ -64,6 +67,11 @@ export function drawMap(canvas, map, n, cell, vmax, selected = null) {
     ctx.lineWidth = 2;
     ctx.strokeRect(1, selected * cell + 1, n * cell - 2, cell - 2); // what it attends to
     ctx.strokeRect(selected * cell + 1, 1, cell - 2, n * cell - 2); // what attends to it
+  }
+  if (cursor !== null) {
+    ctx.strokeStyle = "#fff";
+    ctx.lineWidth = 2;
+    ctx.strokeRect(cursor.j * cell + 1, cursor.i * cell + 1, cell - 2, cell - 2);
   }
 }
 

@@ -23,6 +23,7 @@ const state = {
   view: "head",
   npy: null, // {name, shape, values} when token embeddings were uploaded
   selected: null, // the clicked token, highlighted in the single-map views
+  cursor: null, // the cell the keyboard is on: {i, j}
   shown: null, // what draw() renders: {labels, maps, captions, n, vmax, title}
 };
 const cache = new Map(); // request -> promise of encodeAttention's answer
@@ -117,6 +118,7 @@ function status(text, kind) {
 }
 
 function draw() {
+  state.cursor = null;
   const stage = $("stage");
   stage.replaceChildren();
   stage.dataset.view = state.view;
@@ -148,8 +150,20 @@ function drawSingle(stage) {
   canvas.dataset.cell = cell;
   drawMap(canvas, maps[0], n, cell, vmax, state.selected);
   canvas.addEventListener("mousemove", (event) => hoverCell(event, canvas, cell));
-  canvas.addEventListener("mouseleave", () => readout(null));
+  canvas.addEventListener("mouseleave", () => {
+    $("tooltip").hidden = true;
+    readout(state.cursor);
+  });
   canvas.addEventListener("click", (event) => select(cellAt(event, canvas, cell)[0]));
+  canvas.tabIndex = 0; // the keyboard's way in: arrows move over the cells, Enter selects
+  canvas.setAttribute("role", "img");
+  canvas.setAttribute("aria-label", `${state.shown.title}: arrow keys read the cells, Enter highlights a token`);
+  canvas.addEventListener("keydown", (event) => stepCell(event, n));
+  canvas.addEventListener("blur", () => {
+    state.cursor = null;
+    redrawMap();
+    readout(null);
+  });
   map.append(element("div", "corner", "query ↓  key →"), keys, queries, canvas);
   scroller.append(map);
   stage.append(scroller, legend(Math.min(n * cell, 320), vmax));
@@ -255,11 +269,36 @@ function readout(cell) {
 
 function select(index) {
   state.selected = state.selected === index ? null : index;
-  const canvas = $("heatmap");
-  const { maps, n, vmax } = state.shown;
-  drawMap(canvas, maps[0], n, Number(canvas.dataset.cell), vmax, state.selected);
+  redrawMap();
   markSelected();
-  readout(null);
+  readout(state.cursor);
+}
+
+function redrawMap() {
+  const canvas = $("heatmap");
+  if (!canvas) return;
+  const { maps, n, vmax } = state.shown;
+  drawMap(canvas, maps[0], n, Number(canvas.dataset.cell), vmax, state.selected, state.cursor);
+}
+
+const STEPS = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+
+function stepCell(event, n) {
+  const cursor = state.cursor ?? { i: 0, j: 0 };
+  if (event.key === "Enter" || event.key === " ") {
+    select(cursor.i);
+  } else if (STEPS[event.key]) {
+    const [di, dj] = state.cursor ? STEPS[event.key] : [0, 0]; // the first key lands on (0, 0)
+    state.cursor = {
+      i: Math.max(0, Math.min(n - 1, cursor.i + di)),
+      j: Math.max(0, Math.min(n - 1, cursor.j + dj)),
+    };
+    redrawMap();
+    readout(state.cursor);
+  } else {
+    return;
+  }
+  event.preventDefault(); // no page scroll under the arrows
 }
 
 function markSelected() {
