@@ -47,11 +47,15 @@ function selectionFor(view, layer, head) {
   return { layers: [...Array(layer + 1).keys()], reduce: "rollout" }; // first layer up to this one
 }
 
+/** The cache's key of a request: everything its answer depends on. */
+function requestKey(selection) {
+  return JSON.stringify([state.model.id, inputKey(), selection, $("truncate").checked]);
+}
+
 function fetchSelection(selection) {
-  const truncate = $("truncate").checked;
-  const key = JSON.stringify([state.model.id, inputKey(), selection, truncate]);
+  const key = requestKey(selection);
   if (!cache.has(key)) {
-    const answer = encodeAttention(state.model.id, inputOf(), selection, truncate);
+    const answer = encodeAttention(state.model.id, inputOf(), selection, $("truncate").checked);
     answer.catch(() => cache.delete(key)); // errors are not kept: the next try asks again
     cache.set(key, answer);
     if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value);
@@ -62,9 +66,8 @@ function fetchSelection(selection) {
 /** The maps of the current view, as [n * n] arrays, with their labels and captions. */
 async function fetchView() {
   const { view, layer, head } = state;
-  const gridKey = JSON.stringify([state.model.id, inputKey(), selectionFor("grid", layer, 0), $("truncate").checked]);
   // One head of a layer whose heads are all here already costs no request.
-  const fromGrid = view === "head" && cache.has(gridKey);
+  const fromGrid = view === "head" && cache.has(requestKey(selectionFor("grid", layer, head)));
   const answer = await fetchSelection(selectionFor(fromGrid ? "grid" : view, layer, head));
   const [, heads, n] = answer.shape;
   const maps = [...Array(heads).keys()].map((h) => answer.values.subarray(h * n * n, (h + 1) * n * n));
@@ -127,6 +130,11 @@ function draw() {
   readout(null);
 }
 
+/** Whole cells up to THUMBNAIL pixels; past that many tokens, averaged down to it. */
+function thumbnailSize(n) {
+  return n >= THUMBNAIL ? THUMBNAIL : n * Math.floor(THUMBNAIL / n);
+}
+
 function cellSize(n) {
   return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(MAP_PIXELS / n)));
 }
@@ -172,7 +180,7 @@ function drawSingle(stage) {
 
 function drawGrid(stage) {
   const { maps, captions, n, vmax } = state.shown;
-  const size = n >= THUMBNAIL ? THUMBNAIL : n * Math.floor(THUMBNAIL / n);
+  const size = thumbnailSize(n);
   const grid = element("div", "grid");
   maps.forEach((map, h) => {
     const figure = element("figure", h === state.head ? "thumb chosen" : "thumb");
@@ -386,7 +394,7 @@ function download() {
     vmax,
     selected: single ? state.selected : null,
     cell: cellSize(n),
-    thumbnail: n >= THUMBNAIL ? THUMBNAIL : n * Math.floor(THUMBNAIL / n),
+    thumbnail: thumbnailSize(n),
   });
   const name = `attention-${state.model.id}-${state.view}-layer${state.layer}` +
     `${state.view === "head" ? `-head${state.head}` : ""}.png`;
