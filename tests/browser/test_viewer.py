@@ -33,9 +33,13 @@ TEXT = "The cat sat on the mat."
 TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
 RENDERED = "document.getElementById('stage').dataset.state === 'ready'"
 WEIGHT_TOLERANCE = 1e-6
+KEY = "sesame"
+BEARER = {"Authorization": f"Bearer {KEY}"}
 
 
-def api_attention(url: str, inputs: list, attention: dict, model: str) -> np.ndarray:
+def api_attention(
+    url: str, inputs: list, attention: dict, model: str, headers: dict[str, str] | None = None
+) -> np.ndarray:
     """The maps the page should show, asked for over HTTP: [L', H', n, n]."""
     body = {
         "model": model,
@@ -44,12 +48,9 @@ def api_attention(url: str, inputs: list, attention: dict, model: str) -> np.nda
         "return_attention": True,
         "attention": attention,
     }
-    answer = httpx.post(f"{url}/v1/encode", json=body, headers=API_HEADERS.get(url), timeout=60)
+    answer = httpx.post(f"{url}/v1/encode", json=body, headers=headers, timeout=60)
     answer.raise_for_status()
     return np.asarray(answer.json()["data"][0]["attention"], dtype=np.float32)
-
-
-API_HEADERS: dict[str, dict[str, str]] = {}
 
 
 def open_view(driver: webdriver.Chrome, url: str, **params: str) -> None:
@@ -223,8 +224,7 @@ def test_png_download_holds_the_current_view(browser: webdriver.Chrome, minilm: 
 @pytest.fixture(scope="module")
 def keyed_tiny(model_repository: Path) -> Iterator[str]:
     """The tiny model (no tokenizer) behind an API key."""
-    with running_server(model_repository, api_key="sesame") as url:
-        API_HEADERS[url] = {"Authorization": "Bearer sesame"}
+    with running_server(model_repository, api_key=KEY) as url:
         yield url
 
 
@@ -237,14 +237,14 @@ def test_api_key_and_npy_upload_for_a_model_without_tokenizer(
     browser.get_log("browser")  # the 401 the page was meant to get is not a console error
 
     key = browser.find_element(By.ID, "api-key")
-    key.send_keys("sesame")
+    key.send_keys(KEY)
     browser.find_element(By.TAG_NAME, "h1").click()  # leaving the field commits it
     wait_until(browser, "document.getElementById('model').options.length > 0")
-    assert browser.execute_script("return sessionStorage.getItem('attnserve.apiKey')") == "sesame"
+    assert browser.execute_script("return sessionStorage.getItem('attnserve.apiKey')") == KEY
     assert not browser.find_element(By.ID, "text").is_enabled()  # tiny takes arrays only
     assert "takes token embeddings only" in browser.find_element(By.ID, "status").text
 
-    d_model = httpx.get(f"{keyed_tiny}/v1/models/tiny", headers=API_HEADERS[keyed_tiny]).json()
+    d_model = httpx.get(f"{keyed_tiny}/v1/models/tiny", headers=BEARER).json()
     rng = np.random.default_rng(7)
     sequence = rng.standard_normal((5, d_model["d_model"])).astype(np.float64)  # float64 on disk
     path = tmp_path / "tokens.npy"
@@ -254,7 +254,8 @@ def test_api_key_and_npy_upload_for_a_model_without_tokenizer(
     assert labels(browser, "queries") == [f"#{i}" for i in range(5)]
     canvas = browser.find_element(By.ID, "heatmap")
     inputs = [sequence.astype(np.float32).tolist()]
-    want = api_attention(keyed_tiny, inputs, {"layers": [1], "reduce": "mean"}, "tiny")[0, 0]
+    mean = {"layers": [1], "reduce": "mean"}
+    want = api_attention(keyed_tiny, inputs, mean, "tiny", headers=BEARER)[0, 0]
     assert abs(float(hover_cell(browser, canvas, 4, 2)["weight"]) - want[4, 2]) <= WEIGHT_TOLERANCE
     # An uploaded file cannot be linked: the URL keeps the view but no text.
     assert "text" not in url_params(browser) and url_params(browser)["view"] == "mean"
