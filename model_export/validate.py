@@ -86,23 +86,19 @@ def make_inputs(lengths: tuple[int, ...], d_model: int, seed: int) -> tuple[np.n
     return embeds, mask
 
 
-def max_abs_diff(got: np.ndarray, want: np.ndarray) -> float:
-    """Largest |got - want|; inf when shapes differ or ``got`` holds NaN/Inf."""
-    if got.shape != want.shape or not np.isfinite(got).all():
-        return float("inf")
-    return float(np.max(np.abs(got - want))) if got.size else 0.0
-
-
-def tolerance_excess(got: np.ndarray, want: np.ndarray, rtol: float = DEFAULT_RTOL) -> float:
-    """Largest |got - want| - rtol * |want| (numpy.allclose passes when it is <= atol).
-
-    inf when shapes differ or ``got`` holds NaN/Inf.
+def differences(
+    got: np.ndarray, want: np.ndarray, rtol: float = DEFAULT_RTOL
+) -> tuple[float, float]:
+    """(largest |got - want|, largest |got - want| - rtol * |want|): the second is what
+    must be <= atol (numpy.allclose's rule). Both inf when shapes differ or ``got``
+    holds NaN/Inf.
     """
     if got.shape != want.shape or not np.isfinite(got).all():
-        return float("inf")
+        return float("inf"), float("inf")
     if not got.size:
-        return 0.0
-    return float(np.max(np.abs(got - want) - rtol * np.abs(want)))
+        return 0.0, 0.0
+    diff = np.abs(got - want)
+    return float(diff.max()), float(np.max(diff - rtol * np.abs(want)))
 
 
 def new_session(path: Path) -> ort.InferenceSession:
@@ -138,8 +134,7 @@ def validate_model_dir(
             names = list(graph_io.GRAPH_OUTPUTS[graph])
             got = session.run(names, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask})
             for name, value in zip(names, got, strict=True):
-                want = expected[name]
-                diff, excess = max_abs_diff(value, want), tolerance_excess(value, want)
+                diff, excess = differences(value, expected[name])
                 result = CheckResult(graph, case.name, name, list(value.shape), diff, atol, excess)
                 results.append(result)
                 if not result.passed:
@@ -170,7 +165,7 @@ def validate_token_embeddings(
         with torch.no_grad():
             want = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids)).numpy()
         (got,) = session.run(None, {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids})
-        diff, excess = max_abs_diff(got, want), tolerance_excess(got, want)
+        diff, excess = differences(got, want)
         result = CheckResult(
             path.name, case, graph_io.INPUT_EMBEDS, list(got.shape), diff, atol, excess
         )

@@ -74,7 +74,7 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     # An explicit driver path: selenium never looks for (or downloads) one.
     driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     driver.downloads = downloads  # type: ignore[attr-defined]
-    driver.sent = {}  # type: ignore[attr-defined]
+    driver.sent = []  # type: ignore[attr-defined]
     driver.blocked = set()  # type: ignore[attr-defined]
     try:
         yield driver
@@ -91,25 +91,24 @@ def requested_urls(driver: webdriver.Chrome) -> list[str]:
     ``blockedReason``, e.g. "csp" for the page's Content-Security-Policy) never left and
     is not listed.
     """
-    log: dict[str, tuple[str, str | None]] = driver.sent  # type: ignore[attr-defined]
+    sent: list[tuple[str, str, str | None]] = driver.sent  # type: ignore[attr-defined]
+    blocked: set[str] = driver.blocked  # type: ignore[attr-defined]
     for entry in driver.get_log("performance"):
         message = json.loads(entry["message"])["message"]
         params = message.get("params", {})
         if message["method"] == "Network.requestWillBeSent":
             request = params["request"]
-            # A redirect reuses the id: keep every hop under its own key.
-            log[f"{params['requestId']}#{len(log)}"] = (request["url"], request.get("postData"))
+            sent.append((params["requestId"], request["url"], request.get("postData")))
         elif message["method"] == "Network.loadingFailed" and params.get("blockedReason"):
-            driver.blocked.add(params["requestId"])  # type: ignore[attr-defined]
-    blocked = driver.blocked  # type: ignore[attr-defined]
-    return [url for key, (url, _) in log.items() if key.split("#")[0] not in blocked]
+            blocked.add(params["requestId"])
+    return [url for request_id, url, _ in sent if request_id not in blocked]
 
 
 def posted_bodies(driver: webdriver.Chrome, path: str) -> list[dict]:
     """The JSON bodies the page POSTed to ``path``, in order."""
     requested_urls(driver)
-    sent = driver.sent.values()  # type: ignore[attr-defined]
-    return [json.loads(body) for url, body in sent if body and urlsplit(url).path == path]
+    sent = driver.sent  # type: ignore[attr-defined]
+    return [json.loads(body) for _, url, body in sent if body and urlsplit(url).path == path]
 
 
 def assert_only_local_requests(driver: webdriver.Chrome, base_url: str) -> None:

@@ -23,7 +23,7 @@ from model_export.validate import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     ValidationError,
-    tolerance_excess,
+    differences,
     validate_model_dir,
 )
 from tests.conftest import TINY_SEED
@@ -297,16 +297,16 @@ def test_tolerance_grows_with_the_value_as_numpy_allclose() -> None:
     # at a value near -1.46 (2.6e-7 relative), which atol alone refused.
     want = np.array([-1.4580495, 10.5, 0.0], dtype=np.float32)
     got = want + np.array([1.0037e-4, 0.0, 0.0], dtype=np.float32)
-    excess = tolerance_excess(got, want)
-    assert excess <= DEFAULT_ATOL < float(np.max(np.abs(got - want)))
+    diff, excess = differences(got, want)
+    assert excess <= DEFAULT_ATOL < diff == float(np.max(np.abs(got - want)))
     assert np.allclose(got, want, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)
     # At zero only atol is allowed; a large value gets rtol * |value| more, no further.
-    assert tolerance_excess(want + np.float32(2 * DEFAULT_ATOL), want) > DEFAULT_ATOL
+    assert differences(want + np.float32(2 * DEFAULT_ATOL), want)[1] > DEFAULT_ATOL
     beyond = want.copy()
     beyond[1] += DEFAULT_ATOL + 10.5 * DEFAULT_RTOL + 1e-5
-    assert tolerance_excess(beyond, want) > DEFAULT_ATOL
-    assert tolerance_excess(want[:2], want) == float("inf")
-    assert tolerance_excess(np.full(3, np.nan, dtype=np.float32), want) == float("inf")
+    assert differences(beyond, want)[1] > DEFAULT_ATOL
+    assert differences(want[:2], want) == (float("inf"), float("inf"))
+    assert differences(np.full(3, np.nan, dtype=np.float32), want)[1] == float("inf")
 
 
 @pytest.mark.parametrize(

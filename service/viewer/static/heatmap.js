@@ -90,8 +90,7 @@ export function drawScale(canvas, height) {
   canvas.height = height;
   const ctx = canvas.getContext("2d");
   for (let y = 0; y < height; y++) {
-    const k = Math.round((1 - y / Math.max(1, height - 1)) * 255) * 3;
-    ctx.fillStyle = `rgb(${LUT[k]}, ${LUT[k + 1]}, ${LUT[k + 2]})`;
+    ctx.fillStyle = colourOf(1 - y / Math.max(1, height - 1), 1);
     ctx.fillRect(0, y, 14, 1);
   }
 }
