@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -40,9 +40,12 @@ def add_viewer(app: FastAPI) -> None:
     app.mount(ASSETS_PATH, StaticFiles(directory=STATIC), name="viewer-static")
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def home() -> RedirectResponse:
-        # A relative Location: nothing built from the client's Host header.
-        return RedirectResponse(PAGE_PATH, status_code=307)
+    async def home(request: Request) -> RedirectResponse:
+        # A relative Location: nothing built from the client's Host header. A deep link
+        # (/?text=...) keeps its query; the query is already percent-encoded on the wire
+        # and follows "?", so it can change neither the path nor the host.
+        query = request.url.query
+        return RedirectResponse(f"{PAGE_PATH}?{query}" if query else PAGE_PATH, status_code=307)
 
     @app.api_route(PAGE_PATH, methods=["GET", "HEAD"], include_in_schema=False)
     async def viewer() -> FileResponse:

@@ -26,6 +26,24 @@ def test_root_redirects_to_the_viewer_with_a_relative_location(client: httpx.Cli
         assert answer.headers["location"] == "/viewer"  # nothing taken from the Host header
 
 
+def test_root_redirect_keeps_the_deep_link_query(client: httpx.Client) -> None:
+    """``/?text=…`` is a shared deep link: the redirect must carry its query along."""
+    query = "text=The%20cat%20sat.&layer=2&head=-1&view=grid"
+    answer = client.get(f"/?{query}", headers={"Host": "evil.example"})
+    assert answer.status_code == 307
+    assert answer.headers["location"] == f"/viewer?{query}"
+
+
+def test_root_redirect_cannot_be_turned_into_an_open_redirect(client: httpx.Client) -> None:
+    # The query is appended after "/viewer?", so no client input can change the path or host.
+    answer = client.get("/?//evil.example/%0d%0aSet-Cookie:x=1")
+    assert answer.status_code == 307
+    location = answer.headers["location"]
+    assert location.startswith("/viewer?")
+    assert "\r" not in location and "\n" not in location
+    assert "set-cookie" not in {name.lower() for name in answer.headers if name != "location"}
+
+
 def test_viewer_page_is_locked_to_this_origin(client: httpx.Client) -> None:
     answer = client.get("/viewer")
     assert answer.status_code == 200
