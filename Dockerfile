@@ -36,6 +36,7 @@ ENV ATTNSERVE_MODEL_REPOSITORY=/models \
     ATTNSERVE_PORT=8000
 USER 10001
 EXPOSE 8000
+# Liveness, not readiness: a replica busy with work must not be marked unhealthy.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health/ready', timeout=2).status != 200)"]
+    CMD ["attnserve-healthcheck", "live"]
 CMD ["attnserve-serve"]

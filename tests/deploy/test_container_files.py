@@ -1,9 +1,10 @@
 """Dockerfile and docker-compose.yml: static checks, and the image's commands run here.
 
-There is no Docker engine on CI machines, so the image is never built. Instead
-hadolint and Compose's own parser check the files, and the runtime stage's
-ENV, CMD and HEALTHCHECK are read out of the Dockerfile and run as they are
-(bar the host and port) against the real all-MiniLM-L6-v2 model directory.
+The fast half of the container checks: hadolint and Compose's own parser check
+the files, and the runtime stage's ENV, CMD and HEALTHCHECK are read out of the
+Dockerfile and run as they are (bar the host and port) against the real
+all-MiniLM-L6-v2 model directory. The image itself is built and run, with
+compose and `podman kube play`, by `make container-check` (tests/containers/).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def test_compose_file_is_valid_and_serves_on_loopback() -> None:
     assert services["balancer"]["depends_on"]["attnserve"]["condition"] == "service_healthy"
     prometheus = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
     assert "names: [attnserve]" in prometheus and "port: 8000" in prometheus
-    assert service["healthcheck"]["test"][0] == "CMD"
+    # Exec form with no spaces inside an argument (podman's Docker API re-splits on them).
+    assert service["healthcheck"]["test"] == ["CMD", "attnserve-healthcheck", "live"]
     # Docker SIGKILLs after stop_grace_period: it must outlast the server's own shutdown.
     grace = int(service["stop_grace_period"].rstrip("s"))
     assert grace > float(service["environment"]["ATTNSERVE_SHUTDOWN_TIMEOUT"])
@@ -116,22 +118,27 @@ def test_image_commands_serve_and_pass_the_healthcheck(minilm_repository: Path) 
     }
     cmd = json.loads(instruction("CMD"))
     health = json.loads(re.sub(r"^.*?CMD ", "", instruction("HEALTHCHECK")))
-    health = [part.replace("8000", str(port)) for part in health]
-    health[0] = sys.executable if health[0] == "python" else health[0]
+    assert health == ["attnserve-healthcheck", "live"]  # liveness: a busy replica is not sick
+
+    def probe(*command: str) -> int:
+        return subprocess.run(command, env=env, capture_output=True).returncode
+
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while subprocess.run(health, capture_output=True).returncode != 0:
+        while probe(*health) != 0:
             assert server.poll() is None, f"CMD {cmd} exited with {server.returncode}"
             assert time.monotonic() < deadline, "HEALTHCHECK never passed"
             time.sleep(0.2)
         r = httpx.post(f"http://127.0.0.1:{port}/v1/encode", json={"inputs": ["in a container"]})
         assert r.status_code == 200 and r.json()["model"] == "minilm-l6"
+        assert probe("attnserve-healthcheck", "ready") == 0
     finally:
         server.terminate()
         server.wait(timeout=10)
     # Stopped: the healthcheck must now fail, so it is not a command that always passes.
-    assert subprocess.run(health, capture_output=True).returncode != 0
+    assert probe(*health) != 0
+    assert probe("attnserve-healthcheck", "ready") != 0
 
 
 def test_commands_are_exec_form() -> None:
