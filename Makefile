@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 MODEL_REPOSITORY ?= models
 DEFAULT_MODEL ?= minilm-l6
 
-.PHONY: install serve export-default test lint typecheck unit clean
+.PHONY: install serve export-default test lint typecheck unit container-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ unit: install
 	$(PY) -m pytest
 
 test: lint typecheck unit
+
+# The image, docker-compose.yml and deploy/k8s run for real in podman (root, minutes):
+# tests/containers/. CI runs it after `make test`.
+container-check: export-default
+	bash tests/containers/install-engine.sh
+	ATTNSERVE_CONTAINER_CHECK=1 $(PY) -m pytest tests/containers -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
