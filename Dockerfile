@@ -1,8 +1,8 @@
 # attnserve: a two-stage image. The export stage needs torch; the runtime does not.
 #   docker build -t attnserve .
 #   docker run -p 8000:8000 attnserve
-# Validated statically in CI (hadolint); its commands are tested outside Docker
-# (tests/deploy/).
+# CI lints it (hadolint, tests/deploy/) and builds and runs it for real with podman
+# (make container-check, tests/containers/).
 
 FROM python:3.11-slim AS export
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -49,12 +49,14 @@ def record(**values: Any) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    REPORT.unlink(missing_ok=True)
+    if ENABLED:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        REPORT.unlink(missing_ok=True)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if REPORT.exists():
+    # Only for a container check: a plain `make test` must not print an old report.
+    if ENABLED and REPORT.exists():
         terminalreporter.section("container check")
         for key, value in json.loads(REPORT.read_text()).items():
             terminalreporter.write_line(f"{key}: {value}")

@@ -170,8 +170,9 @@ class Podman:
 
         ``pip config list`` (environment variables included) becomes one pip.conf
         mounted at /etc/pip.conf; every local path it names (certificate, wheel
-        folders, the folder holding a file:// index) is mounted read-only at the same path. On a host
-        with no pip configuration this is empty and pip uses the public indexes.
+        folders, the folder holding a file:// index) is mounted read-only at the
+        same path. On a host with no pip configuration this is empty and pip uses
+        the public indexes.
         """
         listed = subprocess.run(
             [str(ROOT / ".venv" / "bin" / "python"), "-m", "pip", "config", "list"],
