@@ -36,6 +36,8 @@ FieldPath = tuple[str | int, ...]
 MAX_MESSAGE_CHARS = 1000
 # A quoted client value (a model name, a media type) is cut to this many characters.
 MAX_QUOTED_CHARS = 64
+# Parts of a field path named in an error, at most.
+MAX_FIELD_PARTS = 8
 
 
 def quoted(value: object) -> str:
@@ -66,13 +68,20 @@ class ServiceError(Exception):
 
 
 def field_name(field: FieldPath, renames: dict[str, str] | None = None) -> str:
-    """``("inputs", 3, "shape")`` -> ``inputs[3].shape``, the first name spelled per ``renames``."""
+    """``("inputs", 3, "shape")`` -> ``inputs[3].shape``, the first name spelled per ``renames``.
+
+    A field can be a client's own key (an unknown one, refused): each name is cut to
+    ``MAX_QUOTED_CHARS`` and at most ``MAX_FIELD_PARTS`` parts are kept, so the error
+    stays small whatever key was sent.
+    """
     out = ""
-    for i, part in enumerate(field):
+    for i, part in enumerate(field[:MAX_FIELD_PARTS]):
         if isinstance(part, int):
             out += f"[{part}]"
         else:
             name = (renames or {}).get(part, part) if i == 0 else part
+            if len(name) > MAX_QUOTED_CHARS:
+                name = name[: MAX_QUOTED_CHARS - 3] + "..."
             out += f".{name}" if out else name
     return out
 

@@ -32,6 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.engine import Engine
 from service.metrics import Metrics
+from service.protocols.context import ANSWER_CUT
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._header_timer: asyncio.TimerHandle | None = None
             self._stall_timer: asyncio.TimerHandle | None = None
+            self._oversize = False  # the parser stopped at headers over the bound
+            self._refusal_after_answer: tuple[int, str, str] | None = None
             self._refused = len(self.server_state.connections) >= max_connections
             if self._refused:
                 self.transport = transport
@@ -100,6 +103,11 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_header_timer()
             self._stop_stall_timer()
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                # Whatever status the app sends now, nobody receives it: the request
+                # metrics count it as cut (499), not as the status it meant to send.
+                cycle.scope[ANSWER_CUT] = True  # type: ignore[literal-required]
             super().connection_lost(exc)
 
         def pause_writing(self) -> None:
@@ -127,7 +135,8 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
         def _await_headers(self) -> None:
             """A new request may begin: its line and headers must come in time and size
             (the timer starts at its first byte; until then the keep-alive timer rules)."""
-            self._header_bytes = 0
+            self._header_bytes = 0  # bytes received while the headers were incomplete
+            self._header_size = 0  # the parsed request line's URL and header fields
             self._header_lines = 0
             self._in_headers = True
             self._stop_header_timer()
@@ -167,18 +176,29 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
             if (
                 self._in_headers
                 and self._header_bytes > settings.max_header_bytes
+                and self._refusal_after_answer is None
                 and not self.transport.is_closing()
             ):
                 metrics.refusals.labels("headers_too_large").inc()
-                self._reject(
-                    431,
-                    "Request Header Fields Too Large",
-                    f"request line and headers exceed {settings.max_header_bytes} bytes",
-                )
+                self._reject(431, "Request Header Fields Too Large", self._too_large_message())
+
+        def on_url(self, url: bytes) -> None:
+            self._count_header_bytes(len(url))
+            super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._header_lines += 1
+            self._count_header_bytes(len(name) + len(value) + 4)  # ": " and CRLF
             super().on_header(name, value)
+
+        def _count_header_bytes(self, size: int) -> None:
+            """Bound what was parsed, not only what arrived before the headers ended: a
+            whole header block (or a request line) over the bound in one write is
+            refused too. The parser stops at the exception; send_400_response says 431."""
+            self._header_size += size
+            if self._header_size > settings.max_header_bytes:
+                self._oversize = True
+                raise HeadersTooLarge
 
         def on_headers_complete(self) -> None:
             self._in_headers = False
@@ -196,6 +216,9 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if self.transport.is_closing():
+                return
+            if self._refusal_after_answer is not None and self.cycle.response_complete:
+                self._reject(*self._refusal_after_answer)
                 return
             if self.cycle.more_body:
                 # Answered before its body arrived (an early 413/415): the rest is still
@@ -218,11 +241,30 @@ def guarded_protocol(settings: Settings, metrics: Metrics, max_connections: int)
                 self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
-            metrics.refusals.labels("bad_http").inc()
+            """Malformed HTTP (or headers over the bound: 431), answered once the requests
+            before it on this connection have been (a good request pipelined before
+            garbage still gets its answer)."""
             self._stop_header_timer()
-            super().send_400_response(msg)
+            if self._oversize:
+                metrics.refusals.labels("headers_too_large").inc()
+                refusal = (431, "Request Header Fields Too Large", self._too_large_message())
+            else:
+                metrics.refusals.labels("bad_http").inc()
+                refusal = (400, "Bad Request", msg)
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._refusal_after_answer = refusal
+                self.flow.pause_reading()
+                return
+            self._reject(*refusal)
+
+        def _too_large_message(self) -> str:
+            return f"request line and headers exceed {settings.max_header_bytes} bytes"
 
     return GuardedProtocol
+
+
+class HeadersTooLarge(Exception):
+    """Raised inside a parser callback to stop parsing headers over the bound."""
 
 
 async def _too_many_headers(scope: Any, receive: Any, send: Any) -> None:

@@ -271,6 +271,8 @@ class Engine:
             prepared, wire = await self.off_loop(prepare)
         else:
             request, wire = parse()
+            # The count first: reading the items of a lazy list may cost per item.
+            limits.check_sequence_count(len(request.inputs), self.settings)
             if all(isinstance(item, ArrayInput) for item in request.inputs):
                 prepared = self.prepare(request)
             else:  # text and token ids are embedded by onnxruntime: never on the loop
@@ -467,12 +469,7 @@ class Engine:
         if batcher is None:  # stopped under it
             raise NotReady("the engine is not running", headers={"Retry-After": "1"})
         name = prepared.model.name
-        if deadline is not None and time.monotonic() >= deadline:
-            self.metrics.refusals.labels("deadline").inc()
-            raise DeadlineExceeded(
-                "the request's deadline passed before it could be queued",
-                headers={"Retry-After": self.retry_after()},
-            )
+        self._check_deadline(deadline, "before it could be queued")
         # A watcher task (a task and a wake-up per request) pays only when there is
         # work to skip: runs queued ahead of this request, or a request big enough to
         # matter. A small embeddings request on an idle server runs at once, for a few
@@ -514,7 +511,8 @@ class Engine:
             self.metrics.refusals.labels("deadline").inc()  # the batcher counts its own drops
             raise DeadlineExceeded(
                 "the request's deadline passed before its answer was ready (its queued "
-                "work was dropped)"
+                "work was dropped)",
+                headers={"Retry-After": self.retry_after()},
             ) from None
 
     @staticmethod
@@ -580,17 +578,31 @@ class Engine:
     # -- tokenize ---------------------------------------------------------------------------
 
     async def tokenize(
-        self, parse: Callable[[], tuple[TokenizeRequest, W]], ticket: Ticket
+        self,
+        parse: Callable[[], tuple[TokenizeRequest, W]],
+        ticket: Ticket,
+        *,
+        deadline: float | None = None,
     ) -> tuple[TokenizeResult, W]:
-        """Parse and tokenize (and embed, if asked) off the event loop, like ``encode``."""
+        """Parse and tokenize (and embed, if asked) off the event loop, like ``encode``;
+        past ``deadline`` DeadlineExceeded (504), checked before the work starts too."""
         self.require_ready()
         ticket.take_slot()
+        self._check_deadline(deadline, "before it could be tokenized")
 
         def tokenize() -> tuple[TokenizeResult, W]:
             request, wire = parse()
             return self.tokenize_now(request), wire
 
-        return await self.off_loop(tokenize)
+        return await self._unless_gone(self.off_loop(tokenize), None, deadline)
+
+    def _check_deadline(self, deadline: float | None, when: str) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            self.metrics.refusals.labels("deadline").inc()
+            raise DeadlineExceeded(
+                f"the request's deadline passed {when}",
+                headers={"Retry-After": self.retry_after()},
+            )
 
     def tokenize_now(self, request: TokenizeRequest) -> TokenizeResult:
         runtime = self._runtime(request.model)

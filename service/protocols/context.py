@@ -23,6 +23,9 @@ from service.batcher import RunTiming
 from service.metrics import Metrics
 
 SCOPE_KEY = "attnserve.context"
+# Set in the scope by the server when the connection is lost before the answer was
+# complete (a client gone, or dropped at the send timeout): the answer never arrived.
+ANSWER_CUT = "attnserve.answer_cut"
 # A client's own request id is kept if it is short, visible ASCII; else one is made.
 REQUEST_ID = re.compile(r"[!-~]{1,128}")
 # Status recorded for a request whose client left before any answer was sent.
@@ -86,8 +89,16 @@ class RequestContextMiddleware:
             # The router records the matched route in the scope: label by its template
             # (/v1/models/{name}), so labels stay few whatever paths clients send.
             route = getattr(scope.get("route"), "path", "unmatched")
+            if scope.get(ANSWER_CUT) and status != CLIENT_CLOSED:
+                log.info(
+                    "%s %s: the %d answer was cut (the client left or stopped reading)",
+                    scope["method"],
+                    route,
+                    status,
+                )
+                status = CLIENT_CLOSED
+            elif status == CLIENT_CLOSED:
+                log.info("%s %s: the client closed the connection", scope["method"], route)
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.latency.labels(route).observe(time.monotonic() - context.arrival)
-            if status == CLIENT_CLOSED:
-                log.info("%s %s: the client closed the connection", scope["method"], route)
             request_id_var.reset(token)

@@ -94,6 +94,13 @@ async def read_body(
         raise UnsupportedMediaType(
             f"Content-Type must be application/json, got {quoted(media_type or 'none')}"
         )
+    transfer = ", ".join(request.headers.getlist("transfer-encoding")).strip().lower()
+    if transfer not in ("", "chunked"):
+        # The server only de-chunks: any other coding would reach the codec still coded.
+        raise UnsupportedMediaType(
+            f"Transfer-Encoding {quoted(transfer)} is not supported: send the body "
+            "uncompressed, with a Content-Length or chunked"
+        )
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise UnsupportedMediaType(

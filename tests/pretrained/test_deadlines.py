@@ -149,8 +149,14 @@ class Protocol:
     error_type: Callable[[dict[str, Any]], str]  # the machine type, read from its error body
 
 
+# Every POST route of every protocol (checked against the OpenAPI paths below).
 PROTOCOLS = {
     "native": Protocol("/v1/encode", {"inputs": [SHORT]}, lambda body: body["error_type"]),
+    "native-tokenize": Protocol(
+        "/v1/tokenize",
+        {"text": [SHORT], "return_embeddings": True},
+        lambda body: body["error_type"],
+    ),
     "openai": Protocol(
         "/v1/embeddings", {"model": MODEL, "input": [SHORT]}, lambda body: body["error"]["code"]
     ),
@@ -159,7 +165,23 @@ PROTOCOLS = {
         {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [SHORT]}]},
         lambda body: body["error_type"],
     ),
+    "kserve-v2-versioned": Protocol(
+        f"/v2/models/{MODEL}/versions/1/infer",
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [SHORT]}]},
+        lambda body: body["error_type"],
+    ),
 }
+
+
+def test_every_post_route_is_covered(minilm_server_url: str) -> None:
+    """A new inference route must join PROTOCOLS, so its deadline handling is tested."""
+    paths = httpx.get(f"{minilm_server_url}/openapi.json", timeout=10).json()["paths"]
+    posted = {
+        path.replace("{model}", MODEL).replace("{version}", "1")
+        for path, operations in paths.items()
+        if "post" in operations
+    }
+    assert posted == {protocol.path for protocol in PROTOCOLS.values()}
 
 
 def post(url: str, protocol: Protocol, timeout: str) -> httpx.Response:

@@ -355,3 +355,23 @@ def test_answer_size_counts_the_padding(server_url: str, model_repository: Any) 
         r = httpx.post(f"{url}{INFER}", content=body, headers=headers, timeout=TIMEOUT)
     assert r.status_code == 413, r.text  # 4 x 2 x 4 x 128² x 4 bytes = 2.1 MB
     assert "response" in r.json()["error"]
+
+
+def test_openapi_documents_the_v2_errors_as_answered(client: httpx.Client) -> None:
+    """Datatype and shape errors are 422 in {"error", "error_type"}: the schema said 400,
+    and its 422 was FastAPI's HTTPValidationError, which any object matched."""
+    schema = client.get("/openapi.json").json()
+    infer = schema["paths"]["/v2/models/{model}/infer"]["post"]["responses"]
+    assert "datatype" in infer["422"]["description"]
+    assert "datatype" not in infer["400"]["description"]
+    ref = infer["422"]["content"]["application/json"]["schema"]["$ref"]
+    body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert body["required"] == ["error", "error_type"]
+    assert body["additionalProperties"] is False
+    for path, operations in schema["paths"].items():
+        if path.startswith("/v2"):
+            assert "HTTPValidationError" not in str(operations), path
+    # And an answer matches it.
+    r = client.post(f"/v2/models/{MODEL}/infer", json={"inputs": [{"name": "x"}]})
+    assert r.status_code == 422
+    assert set(r.json()) == {"error", "error_type"}

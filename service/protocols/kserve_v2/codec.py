@@ -17,10 +17,12 @@ text input) with zeros.
 from __future__ import annotations
 
 import math
+import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, overload
 
 import numpy as np
 from fastapi.responses import Response
@@ -46,6 +48,10 @@ OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text 
 NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
 MASK_TYPES = ("INT64", "INT32", "BOOL")
 POOLINGS = ("mean", "cls", "max")
+# Dimensions a tensor may declare (ours have at most 3); data is nested no deeper.
+MAX_RANK = 8
+# Inference-Header-Content-Length: ASCII digits only ("²" passes str.isdigit, not int()).
+DECIMAL = re.compile(r"[0-9]{1,15}")
 # Upper bounds of an answer: raw float32 bytes, or flat JSON data lists; each output's
 # header entry; the envelope once.
 COST = {
@@ -62,8 +68,40 @@ class Reply:
     version: str
     request_id: str | None
     outputs: dict[str, bool]  # requested output -> as raw bytes
-    lengths: list[int] | None  # real lengths of embeds rows (None for text: from the result)
+    rows: Rows | None  # the embeds rows, whose lengths pad the answer (None for text)
     pad_to: int  # the request's seq (0 for text: the longest)
+
+
+class Rows(Sequence[InputItem]):
+    """The rows of ``inputs_embeds`` as lazy ArrayInputs, as many as its batch axis says.
+
+    The mask is read (and each row's length found) only when the engine reads a row,
+    after it has checked the batch size: a zero-size tensor declaring 2**40 rows is
+    refused by that count, never scanned.
+    """
+
+    def __init__(self, embeds: np.ndarray, mask: np.ndarray | None) -> None:
+        self._embeds, self._mask = embeds, mask
+
+    def __len__(self) -> int:
+        return int(self._embeds.shape[0])
+
+    @cached_property
+    def lengths(self) -> list[int]:
+        if self._mask is None:
+            return [int(self._embeds.shape[1])] * len(self)
+        return lengths_of(self._mask)
+
+    @overload
+    def __getitem__(self, index: int) -> InputItem: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[InputItem]: ...
+    def __getitem__(self, index: int | slice) -> InputItem | Sequence[InputItem]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        n = self.lengths[index]
+        embeds = self._embeds
+        return ArrayInput(rows=n, decode=lambda: embeds[index, :n])
 
 
 def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
@@ -95,11 +133,11 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     """The JSON header and the binary section that follows it."""
     if header_length is None:
         return wire.parse_json_object(body), memoryview(b"")
-    if not header_length.strip().isdigit():
+    if not DECIMAL.fullmatch(header_length.strip()):
         raise InvalidInput(
             f"Inference-Header-Content-Length {quoted(header_length)} is not a number"
         )
-    size = int(header_length)
+    size = int(header_length.strip())
     if size > len(body):
         raise InvalidInput(
             f"Inference-Header-Content-Length {size:,} is beyond the body's {len(body):,} bytes"
@@ -117,7 +155,7 @@ def infer_request(
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
     allowed = {name: dtype for name, dtype, _ in model_inputs(info)}
-    tensors: dict[str, np.ndarray | list[bytes]] = {}
+    tensors: dict[str, np.ndarray | Texts] = {}
     offset = 0
     for spec in raw_inputs:
         name, tensor, offset = _input_tensor(_dict(spec, "inputs[]"), binary, offset, allowed)
@@ -138,8 +176,10 @@ def infer_request(
     if INPUT_TEXT in tensors:
         if len(tensors) > 1:
             raise InvalidInput("send either 'text' or 'inputs_embeds' (with attention_mask)")
-        inputs: Sequence[InputItem] = _texts(tensors[INPUT_TEXT])
-        lengths, pad_to = None, 0
+        texts = tensors[INPUT_TEXT]
+        assert isinstance(texts, Texts)
+        inputs: Sequence[InputItem] = texts
+        rows, pad_to = None, 0
     else:
         embeds = tensors.get(graph_io.INPUT_EMBEDS)
         if not isinstance(embeds, np.ndarray):
@@ -150,18 +190,14 @@ def infer_request(
                 f"{list(embeds.shape)}"
             )
         mask = tensors.get(graph_io.INPUT_MASK)
-        if mask is None:
-            mask = np.ones(embeds.shape[:2], dtype=np.int64)
-        assert isinstance(mask, np.ndarray)
-        if mask.shape != embeds.shape[:2]:
+        assert mask is None or isinstance(mask, np.ndarray)
+        if mask is not None and mask.shape != embeds.shape[:2]:
             raise InvalidInput(
                 f"input {graph_io.INPUT_MASK!r} has shape {list(mask.shape)}; "
                 f"{graph_io.INPUT_EMBEDS!r} needs {list(embeds.shape[:2])}"
             )
-        lengths, pad_to = lengths_of(mask), int(embeds.shape[1])
-        inputs = wire.LazyItems(
-            lengths, lambda i, n: ArrayInput(rows=n, decode=lambda: embeds[i, :n])
-        )
+        rows, pad_to = Rows(embeds, mask), int(embeds.shape[1])
+        inputs = rows
     binary_answer = all(outputs.values())
     request = EncodeRequest(
         inputs=inputs,
@@ -179,7 +215,7 @@ def infer_request(
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
-    return request, Reply(info.name, version, request_id, outputs, lengths, pad_to)
+    return request, Reply(info.name, version, request_id, outputs, rows, pad_to)
 
 
 def _dict(value: Any, where: str) -> dict[str, Any]:
@@ -198,16 +234,29 @@ def _bool(value: Any, where: str) -> bool:
 
 def _shape(spec: dict[str, Any], name: str) -> list[int]:
     shape = spec.get("shape")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_RANK
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
-        raise InvalidInput(f"input {quoted(name)}: 'shape' must be a list of non-negative integers")
+        raise InvalidInput(
+            f"input {quoted(name)}: 'shape' must be a list of at most {MAX_RANK} non-negative "
+            "integers"
+        )
     return shape
+
+
+def _reshaped(array: np.ndarray, shape: list[int], name: str) -> np.ndarray:
+    """``array`` in ``shape``; a zero-size tensor may declare dimensions numpy cannot hold."""
+    try:
+        return array.reshape(shape)
+    except ValueError:
+        raise InvalidInput(f"input {quoted(name)}: shape {shape} cannot be represented") from None
 
 
 def _input_tensor(
     spec: dict[str, Any], binary: memoryview, offset: int, allowed: dict[str, str]
-) -> tuple[str, np.ndarray | list[bytes], int]:
+) -> tuple[str, np.ndarray | Texts, int]:
     """One input -> (name, its tensor, the binary offset after it)."""
     name = spec.get("name")
     if not isinstance(name, str) or name not in allowed:
@@ -234,24 +283,24 @@ def _input_tensor(
             )
         raw = binary[offset : offset + size]
         if datatype == "BYTES":
-            return name, _bytes_elements(raw, count, name), offset + size
+            return name, Texts(count, lambda: _bytes_elements(raw, count, name)), offset + size
         dtype = np.dtype(NUMERIC[datatype])
         if size != count * dtype.itemsize:
             raise InvalidInput(
                 f"input {quoted(name)}: binary_data_size {size:,} does not match shape {shape} of "
                 f"{datatype} ({count * dtype.itemsize:,} bytes)"
             )
-        return name, np.frombuffer(raw, dtype=dtype).reshape(shape), offset + size
+        return name, _reshaped(np.frombuffer(raw, dtype=dtype), shape, name), offset + size
     if "data" not in spec:
         raise InvalidInput(f"input {quoted(name)} has neither 'data' nor binary_data_size")
     data = spec["data"]
     if datatype == "BYTES":
-        flat = _flatten(data)
+        flat = _flatten(data, max(len(shape), 1), count, name)
         if len(flat) != count or not all(isinstance(x, str) for x in flat):
             raise InvalidInput(
                 f"input {quoted(name)}: 'data' must hold {count} strings for shape {shape}"
             )
-        return name, [x.encode() for x in flat], offset
+        return name, Texts(count, lambda: [x.encode() for x in flat]), offset
     if datatype == "BOOL":
         try:
             array = np.asarray(data)
@@ -267,21 +316,47 @@ def _input_tensor(
             f"row-major) for shape {shape}"
         )
     with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused as such
-        return name, array.astype(NUMERIC[datatype]).reshape(shape), offset
+        return name, _reshaped(array.astype(NUMERIC[datatype]), shape, name), offset
 
 
-def _flatten(data: Any) -> list[Any]:
-    if not isinstance(data, list):
-        return [data]
-    return [x for item in data for x in _flatten(item)]
+def _flatten(data: Any, depth: int, count: int, name: str) -> list[Any]:
+    """Row-major elements of ``data`` nested at most ``depth`` deep; stops at the first
+    element beyond ``count`` (iterative: a deep nesting must not reach the recursion limit)."""
+    flat: list[Any] = []
+    stack = [iter(data if isinstance(data, list) else [data])]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                if len(stack) >= depth:
+                    raise InvalidInput(
+                        f"input {quoted(name)}: 'data' is nested deeper than its {depth} "
+                        "dimension(s)"
+                    )
+                stack.append(iter(item))
+                break
+            flat.append(item)
+            if len(flat) > count:
+                raise InvalidInput(
+                    f"input {quoted(name)}: 'data' holds more than the {count} elements of its "
+                    "shape"
+                )
+        else:
+            stack.pop()
+    return flat
 
 
 def _bytes_elements(raw: memoryview, count: int, name: str) -> list[bytes]:
-    """Triton's BYTES serialisation: each element a 4-byte little-endian length, then bytes."""
-    elements, offset = [], 0
+    """Triton's BYTES serialisation: each element a 4-byte little-endian length, then bytes.
+    Stops at the first element beyond ``count``."""
+    elements: list[bytes] = []
+    offset = 0
     while offset < len(raw):
         if offset + 4 > len(raw):
             raise InvalidInput(f"input {quoted(name)}: a BYTES element's length is cut short")
+        if len(elements) == count:
+            raise InvalidInput(
+                f"input {quoted(name)}: more BYTES elements than the {count} of its shape"
+            )
         (size,) = struct.unpack_from("<I", raw, offset)
         offset += 4
         if offset + size > len(raw):
@@ -295,12 +370,33 @@ def _bytes_elements(raw: memoryview, count: int, name: str) -> list[bytes]:
     return elements
 
 
-def _texts(tensor: np.ndarray | list[bytes]) -> list[str]:
-    assert isinstance(tensor, list)
-    try:
-        return [t.decode("utf-8") for t in tensor]
-    except UnicodeDecodeError:
-        raise InvalidInput("input 'text': elements must be UTF-8") from None
+class Texts(Sequence[InputItem]):
+    """The ``text`` tensor's elements as strings, as many as its shape declares.
+
+    Its elements are parsed only when the engine first reads one, after it has
+    checked their count: a body of millions of tiny elements is refused by its
+    declared shape, not after millions of objects were built.
+    """
+
+    def __init__(self, count: int, load: Callable[[], list[bytes]]) -> None:
+        self._count, self._load = count, load
+
+    def __len__(self) -> int:
+        return self._count
+
+    @cached_property
+    def _texts(self) -> list[str]:
+        try:
+            return [t.decode("utf-8") for t in self._load()]
+        except UnicodeDecodeError:
+            raise InvalidInput("input 'text': elements must be UTF-8") from None
+
+    @overload
+    def __getitem__(self, index: int) -> InputItem: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[InputItem]: ...
+    def __getitem__(self, index: int | slice) -> InputItem | Sequence[InputItem]:
+        return self._texts[index]
 
 
 def _requested_outputs(raw: Any, params: dict[str, Any], info: ModelInfo) -> dict[str, bool]:
@@ -329,7 +425,7 @@ def _requested_outputs(raw: Any, params: dict[str, Any], info: ModelInfo) -> dic
 
 def infer_response(result: EncodeResult, reply: Reply) -> Response:
     """The answer: JSON header, then the raw bytes of the binary outputs, in order."""
-    lengths = reply.lengths if reply.lengths is not None else [o.length for o in result.outputs]
+    lengths = reply.rows.lengths if reply.rows is not None else [o.length for o in result.outputs]
     length = max(reply.pad_to, *lengths)
     entries, blobs = [], []
     for name, binary in reply.outputs.items():

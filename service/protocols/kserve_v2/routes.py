@@ -35,12 +35,20 @@ EXTENSIONS = ["binary_tensor_data"]
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in (
-        (400, "Malformed request: framing, datatype, shape, unknown input or output, limits."),
+        (400, "The JSON header is not valid JSON, or X-Request-Timeout is malformed."),
         (401, "Missing or wrong API key, when the server has one."),
         (404, "Unknown model or version."),
+        (408, "The body did not arrive within ATTNSERVE_BODY_TIMEOUT."),
         (413, "Too many sequences or tokens, body or answer too large."),
+        (415, "A Content-Encoding or Transfer-Encoding the server does not undo."),
+        (
+            422,
+            "Invalid content: framing (header length, binary sizes), datatype, shape, data, "
+            "unknown input or output, mask, non-finite values.",
+        ),
         (429, "Too many requests in progress; honour Retry-After."),
-        (503, "Models not loaded or warm-up not finished."),
+        (503, "Models not loaded or warm-up not finished, or shutting down."),
+        (504, "The request's deadline passed before its answer."),
     )
 }
 

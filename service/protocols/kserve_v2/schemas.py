@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Datatype = Literal["FP32", "INT64", "INT32", "BOOL", "BYTES"]
 
@@ -94,4 +94,8 @@ class InferResponse(BaseModel):
 
 
 class ErrorBody(BaseModel):
+    """Every /v2 error; tritonclient reads ``error`` only."""
+
+    model_config = ConfigDict(extra="forbid")  # the schema says exactly these two
     error: str
+    error_type: str

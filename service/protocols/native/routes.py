@@ -15,8 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from service.engine.admission import Ticket
 from service.errors import NotReady
 from service.protocols import http
+from service.protocols.context import context_of
 from service.protocols.http import (
     EngineDep,
+    asked_timeout,
     json_request_body,
     protocol_route,
     read_body,
@@ -151,9 +153,14 @@ async def encode_sequences(request: Request, engine: EngineDep) -> Response:
 async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
 
+    context = context_of(request)
+    deadline = engine.deadline(context.arrival, asked_timeout(request))
+
     async def answer(ticket: Ticket) -> Response:
         body = await read_body(request, engine, ticket)
-        result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body), ticket)
+        result, fmt = await engine.tokenize(
+            lambda: codec.tokenize_request(body), ticket, deadline=deadline
+        )
         return Response(codec.tokenize_response(result, fmt), media_type="application/json")
 
     return await ticketed(engine, answer)
