@@ -3,15 +3,16 @@
 The lifespan starts the engine (which loads every model of the repository,
 refusing to start on a missing or corrupt one, then warms up in the
 background: ``/health/ready`` answers 503 until that has passed) and stops it.
-Each protocol brings its routers; their errors are rendered by each
-protocol's own route class, the rest (unknown paths, 405, unexpected errors)
-in the native shape.
+Each protocol (``PROTOCOLS``, one line each) brings its routers and, for a
+non-HTTP transport, a server started and stopped with the engine; errors of
+its routes are rendered by its own route class, the rest (unknown paths, 405,
+unexpected errors) in the native shape.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,17 +25,18 @@ from service.api_docs import add_api_docs
 from service.engine import Engine
 from service.errors import ServiceError
 from service.metrics import Metrics
-from service.protocols.context import RequestContextMiddleware
+from service.protocols.context import RequestScopeMiddleware
 from service.protocols.http import validation_error
-from service.protocols.kserve_v2 import routes as kserve_v2
+from service.protocols.kserve_v2.routes import PROTOCOL as KSERVE_V2
 from service.protocols.native import errors as native_errors
-from service.protocols.native import routes as native
-from service.protocols.openai import routes as openai
+from service.protocols.native.routes import PROTOCOL as NATIVE
+from service.protocols.openai.routes import PROTOCOL as OPENAI
+from service.protocols.protocol import Protocol
 from service.settings import Settings
 from service.viewer import add_viewer
 
 HTTP_ERROR_TYPES = {404: "not_found", 405: "method_not_allowed"}
-PROTOCOLS = (native, openai, kserve_v2)
+PROTOCOLS: tuple[Protocol, ...] = (NATIVE, OPENAI, KSERVE_V2)
 
 
 def _lifespan(engine: Engine) -> Any:
@@ -42,7 +44,11 @@ def _lifespan(engine: Engine) -> Any:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         try:
-            yield
+            async with AsyncExitStack() as servers:
+                for protocol in PROTOCOLS:
+                    if protocol.serve is not None:
+                        await servers.enter_async_context(protocol.serve(engine))
+                yield
         finally:
             await engine.stop()
 
@@ -106,5 +112,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
-    app.add_middleware(RequestContextMiddleware, metrics=engine.metrics)
+    app.add_middleware(RequestScopeMiddleware, engine=engine)
     return app

@@ -11,7 +11,7 @@ import json
 import logging
 from datetime import UTC, datetime
 
-from service.protocols.context import request_id_var
+from service.engine.scope import request_id_var
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 

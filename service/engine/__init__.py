@@ -1,6 +1,7 @@
 """The protocol-neutral engine: typed numpy in, typed numpy out (see ``engine.py``)."""
 
 from service.engine.engine import OFFLOAD_BYTES, Engine, PreparedEncode
+from service.engine.scope import Access, Caller, RequestScope
 from service.engine.types import (
     AnswerShape,
     ArrayInput,
@@ -15,17 +16,22 @@ from service.engine.types import (
     TokenizeResult,
     WireCost,
 )
+from service.model_info import ModelInfo
 
 __all__ = [
     "OFFLOAD_BYTES",
+    "Access",
     "AnswerShape",
     "ArrayInput",
     "AttentionSpec",
+    "Caller",
     "EncodeRequest",
     "EncodeResult",
     "Engine",
     "InputItem",
+    "ModelInfo",
     "PreparedEncode",
+    "RequestScope",
     "SequenceOutput",
     "TokenIds",
     "TokenizeRequest",

@@ -25,6 +25,7 @@ from model_export.manifest import graph_io
 from service.batcher import Batcher, RunTiming, SequenceResult
 from service.engine import limits, postprocess
 from service.engine.admission import Admission, Ticket
+from service.engine.scope import Caller, Disconnected, RequestScope
 from service.engine.types import (
     ArrayInput,
     EncodeRequest,
@@ -48,7 +49,8 @@ from service.errors import (
     quoted,
 )
 from service.metrics import Metrics
-from service.runtime import ModelInfo, ModelRuntime, load_repository
+from service.model_info import ModelInfo
+from service.runtime import ModelRuntime, load_repository
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,8 +69,6 @@ INLINE_HELD_BYTES = 64 * 1024 * 4
 UNWATCHED_TOKENS = 256
 # Out-of-vocabulary token ids named in an error, at most.
 SHOWN_IDS = 10
-
-Disconnected = Callable[[], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,11 @@ class Engine:
         self.ready = True
         log.info("ready: %s (default %s)", ", ".join(self.runtimes), self.default_model)
 
+    def check_live(self) -> None:
+        """Liveness: 503 once the process can never serve (its warm-up failed)."""
+        if self.failure is not None:
+            raise NotReady(self.failure)
+
     def require_ready(self) -> Batcher:
         if self.shutting_down:
             raise ShuttingDown(
@@ -225,7 +230,12 @@ class Engine:
                 field=("model",),
             ) from None
 
-    # -- admission --------------------------------------------------------------------------
+    # -- requests ---------------------------------------------------------------------------
+
+    def open_scope(self, caller: Caller) -> RequestScope:
+        """A request's scope, opened by its protocol at arrival and closed by it once the
+        answer is sent (or the request has failed): see ``scope.py``."""
+        return RequestScope(self, caller)
 
     def ticket(self) -> Ticket:
         """A request's share of the node's budget, taken at arrival (503 if not ready or
@@ -242,25 +252,19 @@ class Engine:
     # -- encode -----------------------------------------------------------------------------
 
     async def encode(
-        self,
-        parse: Callable[[], tuple[EncodeRequest, W]],
-        ticket: Ticket,
-        *,
-        deadline: float | None = None,
-        until: Disconnected | None = None,
-        timing: RunTiming | None = None,
+        self, parse: Callable[[], tuple[EncodeRequest, W]], scope: RequestScope
     ) -> tuple[EncodeResult, W]:
         """Admit, parse (the protocol's decoding) and prepare off the event loop in one
         hop, hold the working memory, run.
 
-        ``ticket`` holds the body already; here the request takes its slot and then its
-        working memory. ``parse`` returns the request and whatever the protocol needs
-        later to write the answer (e.g. its encoding format), handed back beside the
-        result. Past ``deadline`` (``time.monotonic``) the request fails with
-        DeadlineExceeded (504), its queued work dropped; ``until`` makes a coroutine
-        that returns when the caller has gone away: the queued work is then dropped
-        and ClientClosedRequest raised. ``timing`` receives queue and compute times.
+        The scope's ticket holds the body already; here the request takes its slot and
+        then its working memory. ``parse`` returns the request and whatever the protocol
+        needs later to write the answer (e.g. its encoding format), handed back beside
+        the result. Past the scope's deadline the request fails with DeadlineExceeded
+        (504), its queued work dropped; once the scope learns that its caller has gone,
+        the queued work is dropped and ClientClosedRequest raised.
         """
+        ticket = scope.admitted()
         ticket.take_slot()
 
         def prepare() -> tuple[PreparedEncode, W]:
@@ -278,7 +282,9 @@ class Engine:
             else:  # text and token ids are embedded by onnxruntime: never on the loop
                 prepared = await self.off_loop(self.prepare, request)
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
-        result = await self.run(prepared, deadline=deadline, until=until, timing=timing)
+        result = await self.run(
+            prepared, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
+        )
         return result, wire
 
     async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
@@ -578,23 +584,20 @@ class Engine:
     # -- tokenize ---------------------------------------------------------------------------
 
     async def tokenize(
-        self,
-        parse: Callable[[], tuple[TokenizeRequest, W]],
-        ticket: Ticket,
-        *,
-        deadline: float | None = None,
+        self, parse: Callable[[], tuple[TokenizeRequest, W]], scope: RequestScope
     ) -> tuple[TokenizeResult, W]:
         """Parse and tokenize (and embed, if asked) off the event loop, like ``encode``;
-        past ``deadline`` DeadlineExceeded (504), checked before the work starts too."""
+        past the scope's deadline DeadlineExceeded (504), checked before the work too."""
         self.require_ready()
-        ticket.take_slot()
+        scope.admitted().take_slot()
+        deadline = scope.deadline
         self._check_deadline(deadline, "before it could be tokenized")
 
         def tokenize() -> tuple[TokenizeResult, W]:
             request, wire = parse()
             return self.tokenize_now(request), wire
 
-        return await self._unless_gone(self.off_loop(tokenize), None, deadline)
+        return await self._unless_gone(self.off_loop(tokenize), scope.cancelled, deadline)
 
     def _check_deadline(self, deadline: float | None, when: str) -> None:
         if deadline is not None and time.monotonic() >= deadline:

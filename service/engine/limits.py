@@ -12,7 +12,7 @@ import numpy as np
 from model_export.manifest import EncoderConfig
 from service.engine.types import AnswerShape, AttentionSpec, WireCost
 from service.errors import FieldPath, InvalidInput, PayloadTooLarge, SequenceTooLong
-from service.runtime import ModelInfo
+from service.model_info import ModelInfo
 from service.settings import Settings
 
 MB = 1e6

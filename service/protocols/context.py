@@ -1,87 +1,82 @@
-"""Per-request context every protocol shares: id, arrival, timings, metrics, logs.
+"""Every HTTP request's engine scope, opened and closed by one pure-ASGI middleware.
 
-One pure-ASGI middleware (no per-request task) gives each HTTP request a
-:class:`RequestContext` in its scope, puts its id in a context variable the
-log records carry, and on the way out adds ``x-request-id``,
-``x-queue-time`` and ``x-compute-time`` to every response and counts it by
-route template and status (499 for a client that went away, never 500).
+The middleware (no per-request task) turns the headers into a
+:class:`~service.engine.scope.Caller`, opens the request's
+:class:`~service.engine.scope.RequestScope` and keeps it in the ASGI scope; on
+the way out it adds ``x-request-id``, ``x-queue-time`` and ``x-compute-time``
+to the response, and closes the scope once the last byte is sent (or the
+request failed), labelled by route template and status: 499 for a client that
+went away or stopped reading, never 500. Routes enter the scope with their
+access (``http.protocol_route``); nothing else here is a rule of the engine.
 """
 
 from __future__ import annotations
 
-import contextvars
-import logging
-import re
-import time
-import uuid
-from dataclasses import dataclass, field
-
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.batcher import RunTiming
-from service.metrics import Metrics
+from service.engine import Engine
+from service.engine.scope import CLIENT_CLOSED, Caller, RequestScope
 
-SCOPE_KEY = "attnserve.context"
+SCOPE_KEY = "attnserve.scope"
 # Set in the scope by the server when the connection is lost before the answer was
 # complete (a client gone, or dropped at the send timeout): the answer never arrived.
 ANSWER_CUT = "attnserve.answer_cut"
-# A client's own request id is kept if it is short, visible ASCII; else one is made.
-REQUEST_ID = re.compile(r"[!-~]{1,128}")
-# Status recorded for a request whose client left before any answer was sent.
-CLIENT_CLOSED = 499
-
-request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
-log = logging.getLogger(__name__)
 
 
-@dataclass
-class RequestContext:
-    request_id: str
-    arrival: float = field(default_factory=time.monotonic)  # time.monotonic()
-    timing: RunTiming = field(default_factory=RunTiming)
+def scope_of(request: Request) -> RequestScope:
+    """The request's engine scope (the middleware opened it)."""
+    scope = request.scope[SCOPE_KEY]
+    assert isinstance(scope, RequestScope)
+    return scope
 
 
-def context_of(request: Request) -> RequestContext:
-    """The request's context (made on the spot when no middleware is in front)."""
-    context = request.scope.get(SCOPE_KEY)
-    if context is None:
-        context = request.scope[SCOPE_KEY] = RequestContext(uuid.uuid4().hex)
-    assert isinstance(context, RequestContext)
-    return context
+def caller(headers: list[tuple[bytes, bytes]]) -> Caller:
+    """What the HTTP headers say about a request."""
+
+    def header(name: bytes) -> str | None:
+        for key, value in headers:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+    return Caller(
+        protocol="http",
+        request_id=header(b"x-request-id"),
+        authorization=header(b"authorization"),
+        timeout=header(b"x-request-timeout"),
+    )
 
 
-class RequestContextMiddleware:
-    """Request id, timing headers and request metrics for every HTTP request."""
+class RequestScopeMiddleware:
+    """Opens and closes the engine's scope of every HTTP request."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: ASGIApp, engine: Engine) -> None:
+        self.app, self.engine = app, engine
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        context = RequestContext(given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex)
-        scope[SCOPE_KEY] = context
-        token = request_id_var.set(context.request_id)
+        request_scope = self.engine.open_scope(caller(scope["headers"]))
+        scope[SCOPE_KEY] = request_scope
         status = CLIENT_CLOSED
 
-        async def send_with_context(message: Message) -> None:
+        async def send_with_scope(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                timing = context.timing
+                timing = request_scope.timing
                 message["headers"] = [
                     *message.get("headers", []),
-                    (b"x-request-id", context.request_id.encode()),
+                    (b"x-request-id", request_scope.request_id.encode()),
                     (b"x-queue-time", f"{timing.queue:.6f}".encode()),
                     (b"x-compute-time", f"{timing.compute:.6f}".encode()),
                 ]
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_context)
+            await self.app(scope, receive, send_with_scope)
         except Exception:
             status = 500
             raise
@@ -89,16 +84,4 @@ class RequestContextMiddleware:
             # The router records the matched route in the scope: label by its template
             # (/v1/models/{name}), so labels stay few whatever paths clients send.
             route = getattr(scope.get("route"), "path", "unmatched")
-            if scope.get(ANSWER_CUT) and status != CLIENT_CLOSED:
-                log.info(
-                    "%s %s: the %d answer was cut (the client left or stopped reading)",
-                    scope["method"],
-                    route,
-                    status,
-                )
-                status = CLIENT_CLOSED
-            elif status == CLIENT_CLOSED:
-                log.info("%s %s: the client closed the connection", scope["method"], route)
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.latency.labels(route).observe(time.monotonic() - context.arrival)
-            request_id_var.reset(token)
+            request_scope.close(route, status, cut=bool(scope.get(ANSWER_CUT)))

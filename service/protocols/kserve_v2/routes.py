@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from service.engine import Engine
-from service.errors import ModelNotFound, NotReady, quoted
+from service.engine import Engine, ModelInfo
+from service.engine.scope import Access
+from service.errors import ModelNotFound, quoted
 from service.protocols import http
-from service.protocols.http import EngineDep, protocol_route, require_api_key
-from service.protocols.kserve_v2 import codec
+from service.protocols.http import EngineDep, protocol_route
+from service.protocols.kserve_v2 import codec, tensors
 from service.protocols.kserve_v2.errors import render
 from service.protocols.kserve_v2.schemas import (
     ErrorBody,
@@ -25,7 +26,7 @@ from service.protocols.kserve_v2.schemas import (
     ServerMetadata,
     TensorMetadata,
 )
-from service.runtime import ModelInfo
+from service.protocols.protocol import Protocol
 
 SERVER_NAME = "attnserve"
 SERVER_VERSION = "0.1.0"
@@ -52,15 +53,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     )
 }
 
-KServeRoute = protocol_route(render)
-health = APIRouter(prefix="/v2", tags=["kserve-v2"], route_class=KServeRoute)
-models = APIRouter(
-    prefix="/v2",
-    tags=["kserve-v2"],
-    dependencies=[Depends(require_api_key)],
-    route_class=KServeRoute,
+health = APIRouter(
+    prefix="/v2", tags=["kserve-v2"], route_class=protocol_route(render, Access.OPEN)
 )
-routers = (health, models)
+models = APIRouter(
+    prefix="/v2", tags=["kserve-v2"], route_class=protocol_route(render, Access.GUARDED)
+)
+infer_router = APIRouter(
+    prefix="/v2", tags=["kserve-v2"], route_class=protocol_route(render, Access.WORK)
+)
+routers = (health, models, infer_router)
 
 
 @health.get("", response_model=ServerMetadata)
@@ -73,8 +75,7 @@ async def server_metadata() -> ServerMetadata:
     "/health/live", methods=["GET", "HEAD"], response_model=Live, responses={503: ERRORS[503]}
 )
 async def live(engine: EngineDep) -> Live:
-    if engine.failure is not None:
-        raise NotReady(engine.failure)
+    engine.check_live()
     return Live(live=True)
 
 
@@ -112,8 +113,8 @@ async def model_metadata(
         name=info.name,
         versions=[MODEL_VERSION],
         platform=PLATFORM,
-        inputs=_tensors(codec.model_inputs(info)),
-        outputs=_tensors(codec.available_outputs(info)),
+        inputs=_tensors(tensors.model_inputs(info)),
+        outputs=_tensors(tensors.available_outputs(info)),
     )
 
 
@@ -138,13 +139,13 @@ INFER_DOC: dict[str, Any] = {
 }
 
 
-@models.post(
+@infer_router.post(
     "/models/{model}/infer",
     response_model=None,
     responses={200: {"model": InferResponse}, **ERRORS},
     openapi_extra=INFER_DOC,
 )
-@models.post(
+@infer_router.post(
     "/models/{model}/versions/{version}/infer",
     response_model=None,
     responses={200: {"model": InferResponse}, **ERRORS},
@@ -168,3 +169,6 @@ async def infer(
 def openapi_components() -> dict[str, Any]:
     schema = InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     return {**schema.pop("$defs", {}), "InferRequest": schema}
+
+
+PROTOCOL = Protocol("kserve_v2", routers, openapi_components)

@@ -8,23 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.engine.admission import Ticket
-from service.errors import NotReady
+from service.engine import ModelInfo
+from service.engine.scope import Access
 from service.protocols import http
-from service.protocols.context import context_of
-from service.protocols.http import (
-    EngineDep,
-    asked_timeout,
-    json_request_body,
-    protocol_route,
-    read_body,
-    require_api_key,
-    ticketed,
-)
+from service.protocols.context import scope_of
+from service.protocols.http import ChunkedResponse, EngineDep, json_request_body, protocol_route
 from service.protocols.native import codec
 from service.protocols.native.errors import render
 from service.protocols.native.schemas import (
@@ -37,7 +29,7 @@ from service.protocols.native.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from service.runtime import ModelInfo
+from service.protocols.protocol import Protocol
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
@@ -53,15 +45,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     )
 }
 
-NativeRoute = protocol_route(render)
-health = APIRouter(tags=["health"], route_class=NativeRoute)
+health = APIRouter(tags=["health"], route_class=protocol_route(render, Access.OPEN))
 models = APIRouter(
-    prefix="/v1", tags=["models"], dependencies=[Depends(require_api_key)], route_class=NativeRoute
+    prefix="/v1", tags=["models"], route_class=protocol_route(render, Access.GUARDED)
 )
-encode = APIRouter(
-    prefix="/v1", tags=["encode"], dependencies=[Depends(require_api_key)], route_class=NativeRoute
-)
-metrics = APIRouter(tags=["metrics"], route_class=NativeRoute)
+encode = APIRouter(prefix="/v1", tags=["encode"], route_class=protocol_route(render, Access.WORK))
+metrics = APIRouter(tags=["metrics"], route_class=protocol_route(render, Access.OPEN))
 routers = (health, models, encode, metrics)
 
 
@@ -73,8 +62,7 @@ routers = (health, models, encode, metrics)
 )
 async def live(engine: EngineDep) -> Health:
     """The process is up and able to serve (503 once its warm-up has failed for good)."""
-    if engine.failure is not None:
-        raise NotReady(engine.failure)
+    engine.check_live()
     return Health(status="alive")
 
 
@@ -152,18 +140,9 @@ async def encode_sequences(request: Request, engine: EngineDep) -> Response:
 )
 async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
-
-    context = context_of(request)
-    deadline = engine.deadline(context.arrival, asked_timeout(request))
-
-    async def answer(ticket: Ticket) -> Response:
-        body = await read_body(request, engine, ticket)
-        result, fmt = await engine.tokenize(
-            lambda: codec.tokenize_request(body), ticket, deadline=deadline
-        )
-        return Response(codec.tokenize_response(result, fmt), media_type="application/json")
-
-    return await ticketed(engine, answer)
+    body = await http.read_body(request, engine)
+    result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body), scope_of(request))
+    return ChunkedResponse(codec.tokenize_response(result, fmt))
 
 
 @metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)
@@ -180,3 +159,6 @@ def openapi_components() -> dict[str, Any]:
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema
     return components
+
+
+PROTOCOL = Protocol("native", routers, openapi_components)

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from service.engine.scope import Access
 from service.protocols import http
-from service.protocols.http import EngineDep, json_request_body, protocol_route, require_api_key
+from service.protocols.http import EngineDep, json_request_body, protocol_route
 from service.protocols.openai import codec
 from service.protocols.openai.errors import render
 from service.protocols.openai.schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIError
+from service.protocols.protocol import Protocol
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": OpenAIError, "description": text}
@@ -27,12 +29,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     )
 }
 
-router = APIRouter(
-    prefix="/v1",
-    tags=["openai"],
-    dependencies=[Depends(require_api_key)],
-    route_class=protocol_route(render),
-)
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=protocol_route(render, Access.WORK))
 routers = (router,)
 
 
@@ -56,3 +53,6 @@ async def create_embeddings(request: Request, engine: EngineDep) -> Response:
 def openapi_components() -> dict[str, Any]:
     schema = EmbeddingsRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     return {**schema.pop("$defs", {}), "EmbeddingsRequest": schema}
+
+
+PROTOCOL = Protocol("openai", routers, openapi_components)

@@ -8,15 +8,17 @@ batcher. Nothing of ours is mocked.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from service.engine import Engine
+from service.engine import Access, Caller, Engine, RequestScope
 from service.metrics import Metrics
-from service.runtime import ModelInfo, ModelRuntime, load_repository
+from service.model_info import ModelInfo
+from service.runtime import ModelRuntime, load_repository
 from service.settings import Settings
 from tests.service.helpers import MODEL
 
@@ -77,3 +79,14 @@ def with_started_engine(settings: Settings, body: Callable[[Engine], Awaitable[T
             await engine.stop()
 
     return asyncio.run(main())
+
+
+@contextmanager
+def work_scope(engine: Engine) -> Iterator[RequestScope]:
+    """A request's scope entered for work, as a protocol's route opens it."""
+    scope = engine.open_scope(Caller("test"))
+    try:
+        scope.enter(Access.WORK)
+        yield scope
+    finally:
+        scope.close("test", 200)

@@ -39,7 +39,7 @@ from service.engine import (
     Engine,
     limits,
 )
-from service.engine.admission import Admission, Ticket
+from service.engine.admission import Admission
 from service.engine.types import AnswerShape, Reduce, TokenizeRequest
 from service.errors import (
     MAX_MESSAGE_CHARS,
@@ -53,11 +53,16 @@ from service.errors import (
     UnsupportedByModel,
 )
 from service.metrics import Metrics
+from service.model_info import ModelInfo
 from service.protocols.native import codec
-from service.runtime import ModelInfo, ModelRuntime
+from service.runtime import ModelRuntime
 from service.settings import Settings
 from tests.service.helpers import D_MODEL, MODEL, N_HEADS, N_LAYERS, sequences
-from tests.service.layers.conftest import layer_settings, with_started_engine
+from tests.service.layers.conftest import (
+    layer_settings,
+    with_started_engine,
+    work_scope,
+)
 from tests.service.layers.test_engine import COST, arrays, request_of
 from tests.service.layers.test_postprocess import SHARP, reference_rollout
 
@@ -227,8 +232,8 @@ def test_working_memory_of_attention_counts_in_the_budget(model_repository: Path
         prepared = engine.prepare(too_big)
         maps = FLOAT32 * 40 * N_LAYERS * N_HEADS * 128 * 128
         assert prepared.response_bytes < SMALL_BUDGET < maps <= prepared.work_bytes
-        with engine.ticket() as ticket, pytest.raises(PayloadTooLarge) as info:
-            await engine.encode(lambda: (too_big, None), ticket)
+        with work_scope(engine) as scope, pytest.raises(PayloadTooLarge) as info:
+            await engine.encode(lambda: (too_big, None), scope)
         assert info.value.message.startswith("this request needs about")
         assert in_flight(engine.metrics) == (0, 0)
 
@@ -236,15 +241,15 @@ def test_working_memory_of_attention_counts_in_the_budget(model_repository: Path
         assert work < SMALL_BUDGET
         with engine.ticket() as other:
             other.hold(SMALL_BUDGET - work + 1, "another request")
-            with engine.ticket() as ticket, pytest.raises(Overloaded) as refused:
-                await engine.encode(lambda: (fits, None), ticket)
+            with work_scope(engine) as scope, pytest.raises(Overloaded) as refused:
+                await engine.encode(lambda: (fits, None), scope)
             assert refused.value.headers == {"Retry-After": "1"}  # nothing measured yet
             assert refusals(engine.metrics, "memory") == 1
             assert in_flight(engine.metrics) == (0, SMALL_BUDGET - work + 1)
         with engine.ticket() as other:
             other.hold(SMALL_BUDGET - work, "another request")  # exactly the rest: fits
-            with engine.ticket() as ticket:
-                result, _ = await engine.encode(lambda: (fits, None), ticket)
+            with work_scope(engine) as scope:
+                result, _ = await engine.encode(lambda: (fits, None), scope)
                 assert in_flight(engine.metrics) == (1, SMALL_BUDGET)
         assert in_flight(engine.metrics) == (0, 0)
         return result
@@ -672,9 +677,8 @@ def test_tickets_are_released_by_the_engine_encode_path(settings: Settings) -> N
 
     async def body(engine: Engine) -> None:
         bad = request_of([never_decoded(3)], attention=AttentionSpec(heads=[0, 0]))
-        ticket: Ticket
-        with engine.ticket() as ticket, pytest.raises(InvalidInput):
-            await engine.encode(lambda: (bad, None), ticket)
+        with work_scope(engine) as scope, pytest.raises(InvalidInput):
+            await engine.encode(lambda: (bad, None), scope)
         assert in_flight(engine.metrics) == (0, 0)
 
     with_started_engine(settings, body)

@@ -50,7 +50,12 @@ from tests.service.helpers import (
     ort_outputs,
     sequences,
 )
-from tests.service.layers.conftest import layer_settings, loaded_engine, with_started_engine
+from tests.service.layers.conftest import (
+    layer_settings,
+    loaded_engine,
+    with_started_engine,
+    work_scope,
+)
 
 COST = ENCODE_COST["float"]
 
@@ -304,8 +309,8 @@ def test_embeddings_match_a_direct_onnxruntime_run(
 
     async def body(engine: Engine) -> tuple[EncodeResult, str]:
         # The protocols' path: parse (here: a ready request) and prepare off the loop, run.
-        with engine.ticket() as ticket:
-            return await engine.encode(lambda: (request_of(arrays(seqs)), "float"), ticket)
+        with work_scope(engine) as scope:
+            return await engine.encode(lambda: (request_of(arrays(seqs)), "float"), scope)
 
     result, wire_format = with_started_engine(settings, body)
     assert wire_format == "float" and result.model == MODEL

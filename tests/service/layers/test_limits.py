@@ -17,9 +17,9 @@ import pytest
 from service.engine import ArrayInput, AttentionSpec, EncodeRequest, Engine, limits
 from service.engine.types import AnswerShape, Pooling, Reduce, WireCost
 from service.errors import InvalidInput, PayloadTooLarge, SequenceTooLong
+from service.model_info import ModelInfo, read_model_info
 from service.protocols import wire
 from service.protocols.native import codec
-from service.runtime import ModelInfo, read_model_info
 from service.settings import Settings
 from tests.service.helpers import D_MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS, sequences
 from tests.service.layers.conftest import layer_settings, with_started_engine

@@ -1,0 +1,150 @@
+"""A request's life in the engine, whatever protocol carried it.
+
+A protocol turns what its transport says about a request (HTTP headers, gRPC
+metadata) into a :class:`Caller` and opens a :class:`RequestScope` with
+:meth:`Engine.open_scope <service.engine.engine.Engine.open_scope>`. The scope
+holds the request id (the client's, if it is sane), its arrival and deadline,
+how to learn that the caller has gone (``cancelled``), its admission ticket,
+its timings and its metrics labels. ``enter(access)`` applies the engine's
+rules in one order (API key, deadline, admission); ``close(status)`` gives
+everything back and counts the request, once, on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import logging
+import math
+import re
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from service.batcher import RunTiming
+from service.engine.admission import Ticket
+from service.errors import InvalidHeader, Unauthorized, quoted
+
+if TYPE_CHECKING:
+    from service.engine.engine import Engine
+
+# A client's own request id is kept if it is short, visible ASCII; else one is made.
+REQUEST_ID = re.compile(r"[!-~]{1,128}")
+# The asked timeout, at most (ATTNSERVE_REQUEST_TIMEOUT caps it anyway).
+MAX_ASKED_TIMEOUT = 86400.0
+# Status counted for a request whose caller left before its answer arrived.
+CLIENT_CLOSED = 499
+
+# The id of the request being served, carried by every log record (service/logs.py).
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+log = logging.getLogger(__name__)
+
+# A coroutine factory: its coroutine returns once the caller has gone away.
+Disconnected = Callable[[], Coroutine[Any, Any, None]]
+
+
+class Access(enum.Enum):
+    """What a route needs before it runs."""
+
+    OPEN = "open"  # health, metrics, server metadata: anyone, even while not ready
+    GUARDED = "guarded"  # model metadata: the API key, when the server has one
+    WORK = "work"  # inference: the API key, a valid deadline and an admission ticket
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What the transport says about a request, as the client sent it (unchecked)."""
+
+    protocol: str  # "http", "grpc": a metrics label
+    request_id: str | None = None  # the client's own id (X-Request-Id, metadata)
+    authorization: str | None = None  # "Bearer <key>"
+    timeout: str | None = None  # seconds the client will wait (X-Request-Timeout)
+    arrival: float = field(default_factory=time.monotonic)
+
+
+class RequestScope:
+    """One request from arrival to its last byte sent: see the module docstring."""
+
+    def __init__(self, engine: Engine, caller: Caller) -> None:
+        self._engine = engine
+        self.caller = caller
+        given = caller.request_id or ""
+        self.request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        self.arrival = caller.arrival
+        self.deadline: float | None = None  # time.monotonic(), set by enter(WORK)
+        self.ticket: Ticket | None = None
+        self.cancelled: Disconnected | None = None  # set by the transport, if it can tell
+        self.timing = RunTiming()
+        self.closed = False
+        self._log_token = request_id_var.set(self.request_id)
+
+    def enter(self, access: Access) -> None:
+        """Apply the engine's rules for ``access``: 401, 400 (timeout), 503 (not ready)."""
+        if access is Access.OPEN:
+            return
+        self._authorize()
+        if access is Access.WORK:
+            self.deadline = self._engine.deadline(self.arrival, asked_timeout(self.caller.timeout))
+            self.ticket = self._engine.ticket()
+
+    def admitted(self) -> Ticket:
+        """The ticket of a WORK request (entered before the protocol reads its body)."""
+        if self.ticket is None:
+            raise RuntimeError("the request scope was not entered for work")
+        return self.ticket
+
+    def _authorize(self) -> None:
+        key = self._engine.settings.api_key
+        if key is None:
+            return
+        scheme, _, token = (self.caller.authorization or "").partition(" ")
+        expected = key.get_secret_value().encode()
+        # Bytes, not str: compare_digest refuses non-ASCII str; headers may carry any byte.
+        given = token.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given, expected):
+            raise Unauthorized(
+                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def close(self, route: str, status: int, *, cut: bool = False) -> None:
+        """Release the ticket and count the request (by route template and status). Only
+        the first call counts: a transport may close on several exit paths. An answer
+        ``cut`` on its way (the caller left or stopped reading) counts as 499."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.ticket is not None:
+            self.ticket.release()
+        if cut and status != CLIENT_CLOSED:
+            log.info(
+                "%s: the %d answer was cut (the client left or stopped reading)", route, status
+            )
+            status = CLIENT_CLOSED
+        elif status == CLIENT_CLOSED:
+            log.info("%s: the client closed the connection", route)
+        metrics = self._engine.metrics
+        metrics.requests.labels(route, str(status)).inc()
+        metrics.latency.labels(route).observe(time.monotonic() - self.arrival)
+        try:
+            request_id_var.reset(self._log_token)
+        except ValueError:  # closed from another context than it was opened in
+            request_id_var.set("-")
+
+
+def asked_timeout(raw: str | None) -> float | None:
+    """The client's timeout in seconds (400 unless a positive number up to a day)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_ASKED_TIMEOUT:
+        raise InvalidHeader(
+            f"X-Request-Timeout must be seconds in (0, {MAX_ASKED_TIMEOUT:g}], got {quoted(raw)}"
+        )
+    return value

@@ -1,0 +1,396 @@
+"""Open Inference Protocol tensors <-> the engine's types, whatever framed them.
+
+The framing (JSON with the binary tensor extension in ``codec.py``; gRPC's
+messages in a later protocol) turns a body into :class:`InputTensor` s, each
+holding its elements either as raw little-endian bytes or as (nested) data
+values; this module gives them meaning: which inputs a model takes, their
+datatypes and shapes, the rows and texts the engine reads, and the output
+arrays of an answer.
+
+Inputs: ``inputs_embeds`` FP32 [batch, seq, d_model] with an optional
+``attention_mask`` (INT64, INT32 or BOOL [batch, seq], ones then zeros per row;
+all ones when absent), or ``text`` BYTES [batch] for models with a tokenizer.
+The engine un-pads the rows (so they batch with other requests by length) and
+the answer is re-padded to the request's seq (to the longest text for text
+input) with zeros. Counts come from declared shapes and are checked before any
+element is read: a body of millions of tiny elements costs its count, not a
+million objects.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, overload
+
+import numpy as np
+
+from model_export.manifest import graph_io
+from service.engine import (
+    ArrayInput,
+    AttentionSpec,
+    EncodeRequest,
+    EncodeResult,
+    InputItem,
+    ModelInfo,
+    WireCost,
+)
+from service.engine.padding import lengths_of, repad
+from service.errors import InvalidInput, quoted
+from service.protocols import wire
+
+INPUT_TEXT = "text"
+OUTPUT_POOLED = "pooled"
+OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text input)
+NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
+MASK_TYPES = ("INT64", "INT32", "BOOL")
+POOLINGS = ("mean", "cls", "max")
+# Dimensions a tensor may declare (ours have at most 3); data is nested no deeper.
+MAX_RANK = 8
+# Upper bounds of an answer: raw float32 bytes, or flat JSON data lists; each output's
+# header entry; the envelope once.
+COST = {
+    True: WireCost(per_float=4.0, per_array=0.0, per_sequence=0.0, fixed=1024.0),
+    False: WireCost(per_float=17.0, per_sequence=20.0 * 8, fixed=1024.0),
+}
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """One input as framed: its elements as ``raw`` bytes or as ``data`` values."""
+
+    name: Any  # as sent: checked against the model's inputs
+    datatype: Any
+    shape: Any
+    raw: memoryview | None = None
+    data: Any = None
+    has_data: bool = False  # ``data`` was given (it may be JSON null)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The request's parameters, typed."""
+
+    pooling: str = "none"
+    normalize: bool = False
+    truncate: bool = False
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the answer needs from the request: names, framing and padding."""
+
+    model: str
+    version: str
+    request_id: str | None
+    outputs: dict[str, bool]  # requested output -> as raw bytes
+    rows: Rows | None  # the embeds rows, whose lengths pad the answer (None for text)
+    pad_to: int  # the request's seq (0 for text: the longest)
+
+
+class Rows(Sequence[InputItem]):
+    """The rows of ``inputs_embeds`` as lazy ArrayInputs, as many as its batch axis says.
+
+    The mask is read (and each row's length found) only when the engine reads a row,
+    after it has checked the batch size: a zero-size tensor declaring 2**40 rows is
+    refused by that count, never scanned.
+    """
+
+    def __init__(self, embeds: np.ndarray, mask: np.ndarray | None) -> None:
+        self._embeds, self._mask = embeds, mask
+
+    def __len__(self) -> int:
+        return int(self._embeds.shape[0])
+
+    @cached_property
+    def lengths(self) -> list[int]:
+        if self._mask is None:
+            return [int(self._embeds.shape[1])] * len(self)
+        return lengths_of(self._mask)
+
+    @overload
+    def __getitem__(self, index: int) -> InputItem: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[InputItem]: ...
+    def __getitem__(self, index: int | slice) -> InputItem | Sequence[InputItem]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        n = self.lengths[index]
+        embeds = self._embeds
+        return ArrayInput(rows=n, decode=lambda: embeds[index, :n])
+
+
+def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
+    """(name, datatype, shape) of every output this model can answer; -1: dynamic."""
+    cfg = info.config
+    outputs = [
+        (graph_io.OUTPUT_HIDDEN, "FP32", [-1, -1, cfg.d_model]),
+        (graph_io.OUTPUT_ATTENTIONS, "FP32", [-1, cfg.n_layers, cfg.n_heads, -1, -1]),
+    ]
+    if info.manifest.has_hidden_states:
+        outputs.append(
+            (graph_io.OUTPUT_HIDDEN_STATES, "FP32", [-1, cfg.n_layers + 1, -1, cfg.d_model])
+        )
+    outputs += [(OUTPUT_POOLED, "FP32", [-1, cfg.d_model]), (OUTPUT_MASK, "INT64", [-1, -1])]
+    return outputs
+
+
+def model_inputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
+    inputs = [
+        (graph_io.INPUT_EMBEDS, "FP32", [-1, -1, info.config.d_model]),
+        (graph_io.INPUT_MASK, "INT64", [-1, -1]),
+    ]
+    if info.has_tokenizer:
+        inputs.append((INPUT_TEXT, "BYTES", [-1]))
+    return inputs
+
+
+def encode_request(
+    inputs: list[InputTensor],
+    outputs: dict[str, bool],
+    options: Options,
+    info: ModelInfo,
+    version: str,
+    request_id: str | None,
+) -> tuple[EncodeRequest, Reply]:
+    """Decoded input tensors and requested outputs -> (EncodeRequest, what the answer needs)."""
+    if not inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    allowed = {name: dtype for name, dtype, _ in model_inputs(info)}
+    tensors: dict[str, np.ndarray | Texts] = {}
+    for spec in inputs:
+        name, tensor = decode_input(spec, allowed)
+        if name in tensors:
+            raise InvalidInput(f"input {quoted(name)} is given twice")
+        tensors[name] = tensor
+    if options.pooling != "none" and options.pooling not in POOLINGS:
+        raise InvalidInput(
+            f"parameters.pooling must be one of {POOLINGS}, got {quoted(options.pooling)}"
+        )
+    if OUTPUT_POOLED in outputs and options.pooling == "none":
+        raise InvalidInput("output 'pooled' needs parameters.pooling (mean, cls or max)")
+    items, rows, pad_to = _items(tensors)
+    request = EncodeRequest(
+        inputs=items,
+        wire_cost=COST[all(outputs.values())],
+        model=info.name,
+        return_attention=graph_io.OUTPUT_ATTENTIONS in outputs,
+        attention=AttentionSpec(),
+        return_hidden_states=graph_io.OUTPUT_HIDDEN_STATES in outputs,
+        pooling=options.pooling,  # type: ignore[arg-type]  # checked above
+        normalize=options.normalize,
+        return_embeddings=graph_io.OUTPUT_HIDDEN in outputs,
+        truncate=options.truncate,
+        pad_to=pad_to,
+    )
+    return request, Reply(info.name, version, request_id, outputs, rows, pad_to)
+
+
+def _items(
+    tensors: dict[str, np.ndarray | Texts],
+) -> tuple[Sequence[InputItem], Rows | None, int]:
+    """The engine's input items, the embeds rows (None for text) and the seq to pad to."""
+    if INPUT_TEXT in tensors:
+        if len(tensors) > 1:
+            raise InvalidInput("send either 'text' or 'inputs_embeds' (with attention_mask)")
+        texts = tensors[INPUT_TEXT]
+        assert isinstance(texts, Texts)
+        return texts, None, 0
+    embeds = tensors.get(graph_io.INPUT_EMBEDS)
+    if not isinstance(embeds, np.ndarray):
+        raise InvalidInput(f"input {graph_io.INPUT_EMBEDS!r} (or 'text') is required")
+    if embeds.ndim != 3:
+        raise InvalidInput(
+            f"input {graph_io.INPUT_EMBEDS!r} must be [batch, seq, d_model], got shape "
+            f"{list(embeds.shape)}"
+        )
+    mask = tensors.get(graph_io.INPUT_MASK)
+    assert mask is None or isinstance(mask, np.ndarray)
+    if mask is not None and mask.shape != embeds.shape[:2]:
+        raise InvalidInput(
+            f"input {graph_io.INPUT_MASK!r} has shape {list(mask.shape)}; "
+            f"{graph_io.INPUT_EMBEDS!r} needs {list(embeds.shape[:2])}"
+        )
+    rows = Rows(embeds, mask)
+    return rows, rows, int(embeds.shape[1])
+
+
+def decode_input(spec: InputTensor, allowed: dict[str, str]) -> tuple[str, np.ndarray | Texts]:
+    """One input -> (name, its tensor): datatype, shape and element count checked first."""
+    name = spec.name
+    if not isinstance(name, str) or name not in allowed:
+        raise InvalidInput(f"unknown input {quoted(name)}: this model takes {sorted(allowed)}")
+    datatype = spec.datatype
+    wanted = MASK_TYPES if name == graph_io.INPUT_MASK else (allowed[name],)
+    if not isinstance(datatype, str) or datatype not in wanted:
+        raise InvalidInput(
+            f"input {quoted(name)} must have datatype {' or '.join(wanted)}, got {quoted(datatype)}"
+        )
+    shape = _shape(spec.shape, name)
+    count = math.prod(shape)
+    if spec.raw is not None:
+        raw = spec.raw
+        if datatype == "BYTES":
+            return name, Texts(count, lambda: _bytes_elements(raw, count, name))
+        dtype = np.dtype(NUMERIC[datatype])
+        if len(raw) != count * dtype.itemsize:
+            raise InvalidInput(
+                f"input {quoted(name)}: binary_data_size {len(raw):,} does not match shape "
+                f"{shape} of {datatype} ({count * dtype.itemsize:,} bytes)"
+            )
+        return name, _reshaped(np.frombuffer(raw, dtype=dtype), shape, name)
+    if not spec.has_data:
+        raise InvalidInput(f"input {quoted(name)} has neither 'data' nor binary_data_size")
+    data = spec.data
+    if datatype == "BYTES":
+        flat = _flatten(data, max(len(shape), 1), count, name)
+        if len(flat) != count or not all(isinstance(x, str) for x in flat):
+            raise InvalidInput(
+                f"input {quoted(name)}: 'data' must hold {count} strings for shape {shape}"
+            )
+        return name, Texts(count, lambda: [x.encode() for x in flat])
+    if datatype == "BOOL":
+        try:
+            array = np.asarray(data)
+        except (ValueError, TypeError):
+            array = np.asarray([object()])
+    else:
+        parsed = wire.numbers(data)
+        array = np.asarray([object()]) if parsed is None else parsed
+    kinds = "b" if datatype == "BOOL" else "iu" if datatype.startswith("INT") else "fiu"
+    if array.dtype.kind not in kinds or array.size != count:
+        raise InvalidInput(
+            f"input {quoted(name)}: 'data' must be {count} {datatype} values (flat or nested, "
+            f"row-major) for shape {shape}"
+        )
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused as such
+        return name, _reshaped(array.astype(NUMERIC[datatype]), shape, name)
+
+
+def _shape(shape: Any, name: str) -> list[int]:
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_RANK
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise InvalidInput(
+            f"input {quoted(name)}: 'shape' must be a list of at most {MAX_RANK} non-negative "
+            "integers"
+        )
+    return shape
+
+
+def _reshaped(array: np.ndarray, shape: list[int], name: str) -> np.ndarray:
+    """``array`` in ``shape``; a zero-size tensor may declare dimensions numpy cannot hold."""
+    try:
+        return array.reshape(shape)
+    except ValueError:
+        raise InvalidInput(f"input {quoted(name)}: shape {shape} cannot be represented") from None
+
+
+def _flatten(data: Any, depth: int, count: int, name: str) -> list[Any]:
+    """Row-major elements of ``data`` nested at most ``depth`` deep; stops at the first
+    element beyond ``count`` (iterative: a deep nesting must not reach the recursion limit)."""
+    flat: list[Any] = []
+    stack = [iter(data if isinstance(data, list) else [data])]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                if len(stack) >= depth:
+                    raise InvalidInput(
+                        f"input {quoted(name)}: 'data' is nested deeper than its {depth} "
+                        "dimension(s)"
+                    )
+                stack.append(iter(item))
+                break
+            flat.append(item)
+            if len(flat) > count:
+                raise InvalidInput(
+                    f"input {quoted(name)}: 'data' holds more than the {count} elements of its "
+                    "shape"
+                )
+        else:
+            stack.pop()
+    return flat
+
+
+def _bytes_elements(raw: memoryview, count: int, name: str) -> list[bytes]:
+    """Triton's BYTES serialisation: each element a 4-byte little-endian length, then bytes.
+    Stops at the first element beyond ``count``."""
+    elements: list[bytes] = []
+    offset = 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise InvalidInput(f"input {quoted(name)}: a BYTES element's length is cut short")
+        if len(elements) == count:
+            raise InvalidInput(
+                f"input {quoted(name)}: more BYTES elements than the {count} of its shape"
+            )
+        (size,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise InvalidInput(f"input {quoted(name)}: a BYTES element runs past binary_data_size")
+        elements.append(bytes(raw[offset : offset + size]))
+        offset += size
+    if len(elements) != count:
+        raise InvalidInput(
+            f"input {quoted(name)}: {len(elements)} BYTES elements for {count} in its shape"
+        )
+    return elements
+
+
+class Texts(Sequence[InputItem]):
+    """The ``text`` tensor's elements as strings, as many as its shape declares.
+
+    Its elements are parsed only when the engine first reads one, after it has
+    checked their count: a body of millions of tiny elements is refused by its
+    declared shape, not after millions of objects were built.
+    """
+
+    def __init__(self, count: int, load: Callable[[], list[bytes]]) -> None:
+        self._count, self._load = count, load
+
+    def __len__(self) -> int:
+        return self._count
+
+    @cached_property
+    def _texts(self) -> list[str]:
+        try:
+            return [t.decode("utf-8") for t in self._load()]
+        except UnicodeDecodeError:
+            raise InvalidInput("input 'text': elements must be UTF-8") from None
+
+    @overload
+    def __getitem__(self, index: int) -> InputItem: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[InputItem]: ...
+    def __getitem__(self, index: int | slice) -> InputItem | Sequence[InputItem]:
+        return self._texts[index]
+
+
+def output_arrays(result: EncodeResult, reply: Reply) -> list[tuple[str, str, np.ndarray]]:
+    """(name, datatype, little-endian array) of every requested output, in order."""
+    lengths = reply.rows.lengths if reply.rows is not None else [o.length for o in result.outputs]
+    length = max(reply.pad_to, *lengths)
+    return [
+        (name, "INT64" if name == OUTPUT_MASK else "FP32", _output(result, name, lengths, length))
+        for name in reply.outputs
+    ]
+
+
+def _output(result: EncodeResult, name: str, lengths: list[int], length: int) -> np.ndarray:
+    outs = result.outputs
+    if name == OUTPUT_MASK:
+        return (np.arange(length)[None, :] < np.array(lengths)[:, None]).astype("<i8")
+    if name == OUTPUT_POOLED:
+        return wire.float32_le(np.stack([o.pooled for o in outs if o.pooled is not None]))
+    field, axes = {
+        graph_io.OUTPUT_HIDDEN: ("embeddings", (0,)),
+        graph_io.OUTPUT_ATTENTIONS: ("attention", (2, 3)),
+        graph_io.OUTPUT_HIDDEN_STATES: ("hidden_states", (1,)),
+    }[name]
+    arrays = [getattr(o, field) for o in outs]
+    return wire.float32_le(repad(arrays, length, axes))
