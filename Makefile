@@ -31,6 +31,7 @@ serve: export-default
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports  # the layers' import rules: [tool.importlinter] in pyproject.toml
 
 typecheck: install
 	$(PY) -m mypy

@@ -266,6 +266,8 @@ class Engine:
         """
         ticket = scope.admitted()
         ticket.take_slot()
+        # Cheap facts first: a request already past its deadline costs no parsing.
+        self._check_deadline(scope.deadline, "before its work began")
 
         def prepare() -> tuple[PreparedEncode, W]:
             request, wire = parse()

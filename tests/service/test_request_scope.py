@@ -1,0 +1,130 @@
+"""Every route of every protocol goes through the engine's request scope.
+
+The routes are enumerated from the app itself, so a route added without a scope
+fails here. Against a real server with an API key, each route is then driven by
+the rules the scope applies in one order: the key (401 on guarded and work
+routes only), the client's timeout (400 when malformed, 504 when it has passed
+before the work is queued) and admission; afterwards nothing is left held and
+every request was counted under its route template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from service.app import PROTOCOLS, create_app
+from service.engine import Access
+from service.settings import Settings
+from tests.conftest import running_server
+from tests.service.helpers import D_MODEL, MODEL, TIMEOUT
+from tests.service.raw_http import metric
+
+KEY = "scope-test-key"
+# Routes that belong to no protocol: the API docs and the attention viewer's page.
+UNSCOPED = {"/openapi.json", "/docs", "/docs-assets", "/redoc", "/", "/viewer", "/viewer/static"}
+ROW = [0.25] * D_MODEL
+# A valid body per work route, and a concrete path per template.
+# The tiny test model has no tokenizer: text and token ids are refused (after the scope's
+# rules), with these statuses.
+REFUSED_BY_MODEL = {"/v1/embeddings": 400, "/v1/tokenize": 422}
+BODIES = {
+    "/v1/encode": {"inputs": [[ROW, ROW]]},
+    "/v1/embeddings": {"input": [[1, 2, 3]], "model": MODEL},
+    "/v1/tokenize": {"inputs": ["a few words"]},
+    "/v2/models/{model}/infer": {
+        "inputs": [{"name": "inputs_embeds", "datatype": "FP32", "shape": [1, 2, D_MODEL],
+                    "data": ROW + ROW}],
+    },
+}  # fmt: skip
+BODIES["/v2/models/{model}/versions/{version}/infer"] = BODIES["/v2/models/{model}/infer"]
+PATH_PARAMS = {"{name}": MODEL, "{model}": MODEL, "{version}": "1"}
+
+
+def scoped_routes() -> list[tuple[str, str, Access]]:
+    """(method, path template, access) of every route the protocols mount."""
+    routes = []
+    for protocol in PROTOCOLS:
+        for router in protocol.routers:
+            for route in router.routes:
+                assert isinstance(route, APIRoute)
+                access = getattr(route, "route_access", None)
+                assert isinstance(access, Access), f"{route.path} does not enter the scope"
+                method = "POST" if "POST" in route.methods else "GET"
+                routes.append((method, route.path, access))
+    return routes
+
+
+ROUTES = scoped_routes()
+
+
+def concrete(template: str) -> str:
+    for param, value in PATH_PARAMS.items():
+        template = template.replace(param, value)
+    return template
+
+
+def send(client: httpx.Client, method: str, template: str, **headers: str) -> httpx.Response:
+    body = BODIES.get(template)
+    return client.request(method, concrete(template), json=body, headers=headers)
+
+
+def test_every_route_of_the_app_is_a_protocol_route_or_named_here() -> None:
+    app = create_app(Settings(_env_file=None))
+    protocol_paths = {path for _, path, _ in ROUTES}
+    others = {
+        route.path
+        for route in app.routes
+        if getattr(route, "path", None) is not None and route.path not in protocol_paths
+    }
+    assert others == UNSCOPED, "a new route must go through a protocol's scope"
+    assert {access for *_, access in ROUTES} == set(Access)
+
+
+@pytest.fixture(scope="module")
+def keyed_url(model_repository: Path) -> Iterator[str]:
+    with running_server(model_repository, api_key=KEY) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def keyed(keyed_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=keyed_url, timeout=TIMEOUT) as client:
+        yield client
+
+
+@pytest.mark.parametrize(("method", "template", "access"), ROUTES, ids=lambda v: str(v))
+def test_the_scope_applies_key_then_timeout_then_deadline(
+    keyed: httpx.Client, keyed_url: str, method: str, template: str, access: Access
+) -> None:
+    before = metric(keyed_url, "attnserve_requests_total", route=template)
+    bearer = f"Bearer {KEY}"
+
+    anonymous = send(keyed, method, template, **{"x-request-timeout": "abc"})
+    if access is Access.OPEN:
+        assert anonymous.status_code == 200, anonymous.text  # open, and no timeout rule
+    else:
+        assert anonymous.status_code == 401, anonymous.text
+        assert anonymous.headers["www-authenticate"] == "Bearer"
+
+    malformed = send(keyed, method, template, authorization=bearer, **{"x-request-timeout": "abc"})
+    passed = send(keyed, method, template, authorization=bearer, **{"x-request-timeout": "1e-9"})
+    fine = send(keyed, method, template, authorization=bearer)
+    if access is Access.WORK:
+        assert malformed.status_code == 400, malformed.text
+        assert "X-Request-Timeout" in malformed.text
+        assert passed.status_code == 504, passed.text
+        assert "retry-after" in passed.headers
+    else:
+        assert malformed.status_code == passed.status_code == 200
+    assert fine.status_code == REFUSED_BY_MODEL.get(template, 200), fine.text
+
+    counted = metric(keyed_url, "attnserve_requests_total", route=template) - before
+    scrapes = template == "/metrics"  # the first scrape above counts itself too
+    assert counted == 4 + scrapes  # every request counted once, under its template
+    assert metric(keyed_url, "attnserve_in_flight_requests") == 0
+    assert metric(keyed_url, "attnserve_in_flight_bytes") == 0
