@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 from urllib.parse import quote
 
@@ -195,15 +195,18 @@ class Client(BaseClient):
         try:
             with ThreadPoolExecutor(max_workers=concurrency) as pool:
                 futures = [pool.submit(self.encode, b, **encode_kwargs) for b in batches]
-                parts = []
-                for future in futures:  # in submission order: results keep the input order
-                    parts.append(future.result())
-                    if bar is not None:
-                        bar.update(len(parts[-1]))
+                try:
+                    for future in as_completed(futures):  # the first failure ends the run
+                        done = future.result()
+                        if bar is not None:
+                            bar.update(len(done))
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)  # batches not started are not sent
+                    raise
         finally:
             if bar is not None:
                 bar.close()
-        return EncodeResult.concat(parts)
+        return EncodeResult.concat([f.result() for f in futures])  # in the input's order
 
     def tokenize(
         self,
@@ -395,7 +398,8 @@ class AsyncClient(BaseClient):
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(one(b)) for b in batches]
         except* Exception as errors:  # callers see the first error, as with Client
-            raise errors.exceptions[0] from None
+            first = errors.exceptions[0]
+            raise first from first.__cause__  # e.g. the httpx error under APIConnectionError
         finally:
             if bar is not None:
                 bar.close()
