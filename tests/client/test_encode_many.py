@@ -45,8 +45,11 @@ class SlowFirstBatch(CountingTransport):
         super().__init__()
         self.length = length
 
+    def held(self, request: httpx.Request) -> bool:
+        return first_length(request) == self.length
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if first_length(request) == self.length:
+        if self.held(request):
             time.sleep(DELAY)
         return super().handle_request(request)
 
@@ -57,38 +60,26 @@ class AsyncSlowFirstBatch(httpx.AsyncHTTPTransport):
         self.length = length
         self.sent = 0
 
+    def held(self, request: httpx.Request) -> bool:
+        return first_length(request) == self.length
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.sent += 1
-        if first_length(request) == self.length:
+        if self.held(request):
             await asyncio.sleep(DELAY)
         return await super().handle_async_request(request)
 
 
-class SlowButOne(CountingTransport):
-    """A real transport that holds back every request but the one whose first sequence
-    has ``length``."""
+class SlowButOne(SlowFirstBatch):
+    """Holds back every request but the one whose first sequence has ``length``."""
 
-    def __init__(self, length: int) -> None:
-        super().__init__()
-        self.length = length
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if first_length(request) != self.length:
-            time.sleep(DELAY)
-        return super().handle_request(request)
+    def held(self, request: httpx.Request) -> bool:
+        return not super().held(request)
 
 
-class AsyncSlowButOne(httpx.AsyncHTTPTransport):
-    def __init__(self, length: int) -> None:
-        super().__init__()
-        self.length = length
-        self.sent = 0
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.sent += 1
-        if first_length(request) != self.length:
-            await asyncio.sleep(DELAY)
-        return await super().handle_async_request(request)
+class AsyncSlowButOne(AsyncSlowFirstBatch):
+    def held(self, request: httpx.Request) -> bool:
+        return not super().held(request)
 
 
 def assert_in_order(
