@@ -1,17 +1,25 @@
-"""What the sync and async clients share: configuration, request bodies, retry policy.
+"""What the sync and async clients share: configuration, requests, answers, retries.
 
-The two clients differ only in how they wait (``time.sleep`` vs
-``asyncio.sleep``) and send; everything decidable without I/O lives here.
+Every method of the clients is written once here, as a *flow*: a generator that
+yields each :class:`Call` (an HTTP request, and how long to wait before sending
+it), receives the answer (a transport error is thrown in at the ``yield``) and
+returns the method's result. ``Client`` drives a flow with ``httpx.Client`` and
+``time.sleep``, ``AsyncClient`` with ``httpx.AsyncClient`` and ``asyncio.sleep``;
+how they send and sleep is all that differs. httpx drives its ``Auth.auth_flow``
+generators the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias, TypeVar
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -24,7 +32,7 @@ from attnserve_client._exceptions import (
     APITimeoutError,
     status_error,
 )
-from attnserve_client._types import ModelCard, encode_array
+from attnserve_client._types import EncodeResult, ModelCard, TokenizeResult, encode_array
 
 T = TypeVar("T")
 Reduce = Literal["none", "mean", "max", "rollout"]
@@ -34,6 +42,21 @@ Pooling = Literal["none", "mean", "cls", "max"]
 WireFormat = Literal["binary", "base64", "float"]
 SequenceInput = np.ndarray | str
 Inputs = np.ndarray | Sequence[SequenceInput]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request a flow asks its client to send."""
+
+    method: str
+    path: str
+    kwargs: dict[str, Any] = field(default_factory=dict)  # httpx's: json, content, headers...
+    wait: float | None = None  # seconds to sleep before sending (a retry's delay, a poll's)
+
+
+# Yields the calls, receives their answers (or has their transport error thrown in),
+# returns the result.
+Flow: TypeAlias = Generator[Call, httpx.Response, T]
 
 
 def split_inputs(inputs: Inputs) -> list[SequenceInput]:
@@ -49,23 +72,28 @@ def split_inputs(inputs: Inputs) -> list[SequenceInput]:
     return list(inputs)
 
 
-def encode_body(
-    inputs: Inputs,
-    *,
-    model: str | None,
-    return_attention: bool,
-    layers: Sequence[int] | None,
-    heads: Sequence[int] | None,
-    reduce: Reduce | None,
-    pooling: Pooling | None,
-    normalize: bool,
-    return_embeddings: bool | None,
-    truncate: bool,
-    wire_format: Literal["base64", "float"],
-    return_hidden_states: bool = False,
-    hidden_layers: Sequence[int] | None = None,
-) -> dict[str, Any]:
-    """The JSON body of ``POST /v1/encode``; arrays go as base64 unless asked otherwise."""
+@dataclass(frozen=True, kw_only=True)
+class EncodeOptions:
+    """What an ``encode`` call asks for besides its inputs: the clients' keywords."""
+
+    model: str | None
+    return_attention: bool
+    layers: Sequence[int] | None
+    heads: Sequence[int] | None
+    reduce: Reduce | None
+    pooling: Pooling | None
+    normalize: bool
+    return_embeddings: bool | None
+    truncate: bool
+    return_hidden_states: bool
+    hidden_layers: Sequence[int] | None
+    wire_format: WireFormat | None
+    timeout: float | None
+
+
+def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/encode``; arrays go as base64 unless "float" is asked."""
+    wire_format = "float" if options.wire_format == "float" else "base64"
     sequences: list[Any] = []
     for item in split_inputs(inputs):
         if isinstance(item, str):
@@ -76,29 +104,29 @@ def encode_body(
     if not sequences:
         raise ValueError("inputs is empty")
     body: dict[str, Any] = {"inputs": sequences, "encoding_format": wire_format}
-    if model is not None:
-        body["model"] = model
-    if return_attention:
+    if options.model is not None:
+        body["model"] = options.model
+    if options.return_attention:
         body["return_attention"] = True
         attention: dict[str, Any] = {}
-        if layers is not None:
-            attention["layers"] = list(layers)
-        if heads is not None:
-            attention["heads"] = list(heads)
-        if reduce is not None:
-            attention["reduce"] = reduce
+        if options.layers is not None:
+            attention["layers"] = list(options.layers)
+        if options.heads is not None:
+            attention["heads"] = list(options.heads)
+        if options.reduce is not None:
+            attention["reduce"] = options.reduce
         body["attention"] = attention
-    if return_hidden_states:
+    if options.return_hidden_states:
         body["return_hidden_states"] = True
-        if hidden_layers is not None:
-            body["hidden_states"] = {"layers": list(hidden_layers)}
-    if pooling is not None:
-        body["pooling"] = pooling
-    if normalize:
+        if options.hidden_layers is not None:
+            body["hidden_states"] = {"layers": list(options.hidden_layers)}
+    if options.pooling is not None:
+        body["pooling"] = options.pooling
+    if options.normalize:
         body["normalize"] = True
-    if return_embeddings is not None:
-        body["return_embeddings"] = return_embeddings
-    if truncate:
+    if options.return_embeddings is not None:
+        body["return_embeddings"] = options.return_embeddings
+    if options.truncate:
         body["truncate"] = True
     return body
 
@@ -114,6 +142,22 @@ def tokenize_body(
         "truncate": truncate,
         "encoding_format": "base64",
     }
+
+
+def batches(
+    sequences: Iterable[SequenceInput], batch_size: int, concurrency: int, progress: bool
+) -> tuple[list[list[SequenceInput]], Any]:
+    """``encode_many``'s requests, and its progress bar (None unless asked for)."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    parts = list(chunks(sequences, batch_size))
+    if not progress:
+        return parts, None
+    try:
+        from tqdm import tqdm
+    except ImportError as exc:  # pragma: no cover - tqdm ships with the client extra
+        raise ImportError("progress=True needs tqdm: pip install tqdm") from exc
+    return parts, tqdm(total=sum(len(p) for p in parts), unit="seq", desc="encode")
 
 
 def chunks(items: Iterable[SequenceInput], size: int) -> Iterable[list[SequenceInput]]:
@@ -175,15 +219,13 @@ def checked_json(response: httpx.Response) -> Any:
         raise APIResponseError(f"the server's answer is not JSON: {response.text[:200]!r}") from exc
 
 
-def binary_plan(
-    inputs: Inputs, wire_format: WireFormat | None, options: dict[str, Any]
-) -> _binary.Plan | None:
+def binary_plan(inputs: Inputs, options: EncodeOptions) -> _binary.Plan | None:
     """The binary form of an encode call when its wire format allows it; ValueError when
     "binary" is asked for what only JSON can say."""
-    if wire_format not in (None, "binary"):
+    if options.wire_format not in (None, "binary"):
         return None
-    plan = _binary.plan(split_inputs(inputs), options)
-    if plan is None and wire_format == "binary":
+    plan = _binary.plan(split_inputs(inputs), vars(options))
+    if plan is None and options.wire_format == "binary":
         raise ValueError(
             "wire_format='binary' carries array inputs with every attention map and hidden "
             "state: use JSON for texts, layer/head selection, reduce or truncate"
@@ -219,7 +261,7 @@ def parse_body(factory: Callable[[Any], T], body: Any) -> T:
 
 
 class BaseClient:
-    """Configuration shared by :class:`Client` and :class:`AsyncClient`."""
+    """Configuration and flows shared by :class:`Client` and :class:`AsyncClient`."""
 
     def __init__(
         self,
@@ -248,6 +290,13 @@ class BaseClient:
         self._offers_binary: bool | None = None
         self._default_model: str | None = None
 
+    def _http_options(self) -> dict[str, Any]:
+        """What ``httpx.Client`` and ``httpx.AsyncClient`` are made with, but the transport."""
+        headers = {"Accept": "application/json", "User-Agent": "attnserve-client/0.1"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return {"base_url": self.base_url, "headers": headers, "timeout": self.timeout}
+
     def _deadline(self, kwargs: dict[str, Any], timeout: float | None) -> None:
         """Set a request's timeout and send it as X-Request-Timeout: the server then drops
         work still queued once this client has stopped waiting."""
@@ -257,8 +306,105 @@ class BaseClient:
         if wait is not None:
             kwargs["headers"] = {**kwargs.get("headers", {}), "X-Request-Timeout": f"{wait:g}"}
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "attnserve-client/0.1"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
+    # The flows: one per method of the clients, and the pieces they share.
+
+    def _send(
+        self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any
+    ) -> Flow[httpx.Response]:
+        """Send with retries on connection errors, 408, 429 and 5xx; the last answer.
+        The one place the retry policy is applied."""
+        self._deadline(kwargs, timeout)
+        wait: float | None = None
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = yield Call(method, path, kwargs, wait)
+            except httpx.TransportError as exc:
+                if last:
+                    raise translate_transport_error(exc) from exc
+                wait = retry_delay(attempt, None)
+                continue
+            if should_retry(response) and not last:
+                wait = retry_delay(attempt, response)
+                continue
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _request(
+        self, method: str, path: str, *, json: Any = None, timeout: float | None = None
+    ) -> Flow[Any]:
+        """Send with retries; the JSON answer, or a typed error."""
+        return checked_json((yield from self._send(method, path, json=json, timeout=timeout)))
+
+    def _binary_target(self, model: str | None, *, ask: bool) -> Flow[str | None]:
+        """The model to send binary requests to; None when the server offers no binary
+        (``ask``: find out once; else assume it does)."""
+        if self._offers_binary is None and not ask:
+            self._offers_binary = True
+        if self._offers_binary is None:
+            # One attempt: on any doubt this call goes as JSON and a later one asks again.
+            with contextlib.suppress(httpx.TransportError):
+                self._offers_binary = binary_answer((yield Call("GET", "/v2")))
+        if not self._offers_binary:
+            return None
+        if model is None and self._default_model is None:
+            self._default_model = default_model((yield from self._models()))
+        return model or self._default_model
+
+    def _encode(self, inputs: Inputs, options: EncodeOptions) -> Flow[EncodeResult]:
+        plan = binary_plan(inputs, options)
+        target = None
+        if plan is not None:
+            target = yield from self._binary_target(options.model, ask=options.wire_format is None)
+        if plan is not None and target is not None:
+            answer = yield from self._send(
+                "POST",
+                plan.path(target),
+                content=plan.body,
+                headers=plan.headers,
+                timeout=options.timeout,
+            )
+            return plan.result(answer)
+        body = encode_body(inputs, options)
+        answer = yield from self._request("POST", "/v1/encode", json=body, timeout=options.timeout)
+        return parse_body(EncodeResult.from_json, answer)
+
+    def _tokenize(
+        self,
+        text: str | Sequence[str],
+        *,
+        model: str | None,
+        return_embeddings: bool,
+        truncate: bool,
+        timeout: float | None,
+    ) -> Flow[TokenizeResult]:
+        body = tokenize_body(
+            text, model=model, return_embeddings=return_embeddings, truncate=truncate
+        )
+        answer = yield from self._request("POST", "/v1/tokenize", json=body, timeout=timeout)
+        return parse_body(TokenizeResult.from_json, answer)
+
+    def _models(self) -> Flow[list[ModelCard]]:
+        return parse_body(ModelCard.list_from_json, (yield from self._request("GET", "/v1/models")))
+
+    def _model(self, name: str) -> Flow[ModelCard]:
+        answer = yield from self._request("GET", f"/v1/models/{quote(name, safe='')}")
+        return parse_body(ModelCard.from_json, answer)
+
+    def _ready(self, wait: float | None = None) -> Flow[bool]:
+        """One readiness probe, no retries (after ``wait`` seconds)."""
+        try:
+            response = yield Call(
+                "GET", "/health/ready", {"timeout": C.DEFAULT_CONNECT_TIMEOUT}, wait
+            )
+        except httpx.TransportError:
+            return False
+        return response.is_success
+
+    def _wait_until_ready(self, timeout: float, interval: float) -> Flow[None]:
+        deadline = time.monotonic() + timeout
+        wait: float | None = None
+        while not (yield from self._ready(wait)):
+            if time.monotonic() >= deadline:
+                raise APITimeoutError(f"server at {self.base_url} not ready after {timeout}s")
+            wait = interval

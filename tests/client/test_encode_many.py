@@ -1,4 +1,5 @@
-"""``encode_many``: order kept under concurrency, requests of ``batch_size``, progress bar.
+"""``encode_many``: order kept under concurrency, requests of ``batch_size``, progress bar,
+the first failure ends the run (sync and async alike).
 
 Order: a real transport delays the request that carries the first batch, so
 that batch is answered last; the result must still start with it.
@@ -16,7 +17,14 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from attnserve_client import AsyncClient, Client, EncodeResult, PayloadTooLargeError
+from attnserve_client import (
+    APIConnectionError,
+    AsyncClient,
+    Client,
+    EncodeResult,
+    PayloadTooLargeError,
+    UnprocessableEntityError,
+)
 from model_export import graph_io
 from tests.client.helpers import ATOL_ORT, D_MODEL, CountingTransport, ort_run, sequences
 
@@ -37,8 +45,11 @@ class SlowFirstBatch(CountingTransport):
         super().__init__()
         self.length = length
 
+    def held(self, request: httpx.Request) -> bool:
+        return first_length(request) == self.length
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if first_length(request) == self.length:
+        if self.held(request):
             time.sleep(DELAY)
         return super().handle_request(request)
 
@@ -49,11 +60,26 @@ class AsyncSlowFirstBatch(httpx.AsyncHTTPTransport):
         self.length = length
         self.sent = 0
 
+    def held(self, request: httpx.Request) -> bool:
+        return first_length(request) == self.length
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.sent += 1
-        if first_length(request) == self.length:
+        if self.held(request):
             await asyncio.sleep(DELAY)
         return await super().handle_async_request(request)
+
+
+class SlowButOne(SlowFirstBatch):
+    """Holds back every request but the one whose first sequence has ``length``."""
+
+    def held(self, request: httpx.Request) -> bool:
+        return not super().held(request)
+
+
+class AsyncSlowButOne(AsyncSlowFirstBatch):
+    def held(self, request: httpx.Request) -> bool:
+        return not super().held(request)
 
 
 def assert_in_order(
@@ -146,3 +172,57 @@ def test_async_progress_bar(server_url: str, capsys: pytest.CaptureFixture[str])
 def test_bad_batch_size_or_concurrency(client: Client, batch_size: int, concurrency: int) -> None:
     with pytest.raises(ValueError, match=r"batch_size|concurrency"):
         client.encode_many(sequences((2,), seed=7), batch_size=batch_size, concurrency=concurrency)
+
+
+MODES = ["sync", "async"]
+BAD_LENGTH = 13  # the one sequence of the wrong width: a 422, answered at once
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_first_failure_stops_the_queued_batches(server_url: str, mode: str) -> None:
+    """A 422 on the first batch is raised without sending the batches queued behind it
+    (the sync client used to send all of them, then raise)."""
+    bad = np.zeros((BAD_LENGTH, D_MODEL - 1), np.float32)
+    seqs = [bad, *sequences((2,) * 11, seed=8)]
+    if mode == "sync":
+        transport = SlowButOne(BAD_LENGTH)
+        with (
+            Client(server_url, transport=transport) as client,
+            pytest.raises(UnprocessableEntityError),
+        ):
+            client.encode_many(seqs, batch_size=1, concurrency=2, wire_format="base64")
+        sent = transport.sent
+    else:
+        async_transport = AsyncSlowButOne(BAD_LENGTH)
+
+        async def run() -> None:
+            async with AsyncClient(server_url, transport=async_transport) as client:
+                await client.encode_many(seqs, batch_size=1, concurrency=2, wire_format="base64")
+
+        with pytest.raises(UnprocessableEntityError):
+            asyncio.run(run())
+        sent = async_transport.sent
+    # The failed batch, the one beside it, at most one more each worker took meanwhile.
+    assert sent <= 4, sent
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_connection_error_keeps_its_cause(closed_port_url: str, mode: str) -> None:
+    """encode_many raises encode's own error: APIConnectionError from the httpx error
+    (the async client used to drop the cause)."""
+    seqs = sequences((2, 3), seed=9)
+    if mode == "sync":
+        with (
+            Client(closed_port_url, max_retries=0) as client,
+            pytest.raises(APIConnectionError) as info,
+        ):
+            client.encode_many(seqs, batch_size=1, wire_format="base64")
+    else:
+
+        async def run() -> None:
+            async with AsyncClient(closed_port_url, max_retries=0) as client:
+                await client.encode_many(seqs, batch_size=1, wire_format="base64")
+
+        with pytest.raises(APIConnectionError) as info:
+            asyncio.run(run())
+    assert isinstance(info.value.__cause__, httpx.ConnectError)
