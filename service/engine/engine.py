@@ -60,10 +60,11 @@ W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 # Answers estimated larger than this are finished on a worker thread, so a big
 # answer never stalls the event loop; small ones are cheaper inline.
 OFFLOAD_BYTES = 256 * 1024
-# A body of up to a quarter of this (the ticket holds 4× a body's bytes) is parsed
-# on the event loop, and prepared there too when it holds only arrays: that takes
-# well under the ~0.3 ms a round trip to a worker thread costs.
-INLINE_HELD_BYTES = 64 * 1024 * 4
+# A body whose parse the ticket holds at up to this (a JSON body of up to ~64 KiB:
+# ~13 bytes per byte plus its values, see wire.JsonCost) is parsed on the event loop,
+# and prepared there too when it holds only arrays: that takes well under the ~0.3 ms
+# a round trip to a worker thread costs.
+INLINE_HELD_BYTES = 64 * 1024 * 16
 # Up to this many tokens, an embeddings request on an idle server is not watched for
 # its client's disconnect (see Engine.run).
 UNWATCHED_TOKENS = 256

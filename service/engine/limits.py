@@ -22,6 +22,24 @@ FLOAT32 = 4
 CHARS_PER_TOKEN = 64
 
 
+def max_json_items(settings: Settings) -> int:
+    """Arrays, objects and strings a valid JSON request can need: a row per token (arrays
+    input), a few per sequence (its list, a base64 object, a text), some for options.
+    A text's own brackets and quotes are tokens of their own, so they fit too."""
+    return settings.max_tokens + 4 * settings.max_sequences + 1024
+
+
+def check_json_items(items: int, settings: Settings) -> None:
+    """413 for a body holding more arrays, objects and strings than any valid request."""
+    most = max_json_items(settings)
+    if items > most:
+        raise PayloadTooLarge(
+            f"the body holds over {most:,} JSON arrays, objects and strings (brackets and "
+            "quotes inside texts count too), more than any valid request needs: send fewer "
+            "sequences or tokens per request"
+        )
+
+
 def check_sequence_count(n_sequences: int, settings: Settings) -> None:
     if n_sequences > settings.max_sequences:
         raise PayloadTooLarge(

@@ -27,8 +27,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from service.engine import OFFLOAD_BYTES, EncodeRequest, EncodeResult, Engine
-from service.engine.admission import PARSE_EXPANSION
+from service.engine import OFFLOAD_BYTES, EncodeRequest, EncodeResult, Engine, limits
 from service.engine.scope import Access, Disconnected
 from service.errors import (
     BodyTimeout,
@@ -40,7 +39,11 @@ from service.errors import (
     UnsupportedMediaType,
     quoted,
 )
+from service.protocols import wire
 from service.protocols.context import scope_of
+
+# Binary tensor bytes at their peak: the body, and the arrays or texts decoded from it.
+BINARY_EXPANSION = 2
 
 W = TypeVar("W")  # what a codec keeps from parsing to writing
 ErrorRenderer = Callable[[ServiceError], Response]
@@ -55,9 +58,14 @@ async def get_engine(request: Request) -> Engine:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
-async def read_body(request: Request, engine: Engine, *, json_only: bool = True) -> bytes:
-    """The body, holding its bytes on the request's ticket as they arrive (not as announced: a
-    Content-Length costs the client nothing to send, the bytes themselves do).
+async def read_body(
+    request: Request, engine: Engine, *, json_only: bool = True, json_bytes: int | None = None
+) -> bytes:
+    """The body, holding what it will cost to parse on the request's ticket as its bytes
+    arrive (not as announced: a Content-Length costs the client nothing to send, the
+    bytes themselves do). The first ``json_bytes`` (all, if None) are JSON, priced by
+    ``wire.JsonCost`` and refused (413) once they hold more arrays, objects and strings
+    than any valid request; the rest is binary, held at ``BINARY_EXPANSION``.
 
     Refuses more than ATTNSERVE_MAX_BODY_BYTES (413), with ``json_only`` a
     Content-Type other than application/json (415), any Content-Encoding but
@@ -89,13 +97,22 @@ async def read_body(request: Request, engine: Engine, *, json_only: bool = True)
         raise PayloadTooLarge(f"request body of {int(declared):,} bytes exceeds {limit:,}")
     chunks: list[bytes] = []
     size = 0
+    json_cost = wire.JsonCost()
+    json_left = limit if json_bytes is None else json_bytes
     try:
         async with engine.body_read():
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
                     raise PayloadTooLarge(f"request body exceeds {limit:,} bytes")
-                ticket.hold(size * PARSE_EXPANSION, "this request's body")
+                if json_left > 0:
+                    json_part = chunk if len(chunk) <= json_left else chunk[:json_left]
+                    json_left -= len(json_part)
+                    json_cost.add(json_part)
+                    limits.check_json_items(json_cost.items, settings)
+                binary = size - json_cost.bytes
+                held = json_cost.decoded_bytes + BINARY_EXPANSION * binary
+                ticket.hold(held, "this request's body")
                 chunks.append(chunk)
     except TimeoutError:
         if engine.closing:
@@ -131,6 +148,7 @@ async def encode(
     write: Callable[[EncodeResult, W], bytes | Answer],
     *,
     json_only: bool = True,
+    json_bytes: int | None = None,
 ) -> Response:
     """One encode over HTTP, for any protocol: read, parse + run, write.
 
@@ -139,7 +157,7 @@ async def encode(
     returns JSON bytes, or an Answer when the protocol frames its own.
     """
     scope = scope_of(request)
-    body = await read_body(request, engine, json_only=json_only)
+    body = await read_body(request, engine, json_only=json_only, json_bytes=json_bytes)
     result, wire = await engine.encode(lambda: parse(body), scope)
     if result.response_bytes > OFFLOAD_BYTES:
         content = await engine.off_loop(write, result, wire)

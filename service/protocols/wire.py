@@ -25,8 +25,54 @@ JSON_ARRAYS = dict(per_float=17.0, per_row=12.0, per_array=3.0)
 # {"shape":[..],"dtype":"float32","data":"..."} with up to 4 dimensions, and padding.
 BASE64_ARRAYS = dict(per_float=16.0 / 3.0, per_array=96.0)
 
+# What parsing a JSON body costs at its peak, measured with tracemalloc (orjson, then
+# numpy for arrays; bench/bench_floods.py): orjson's parser reserves ~13 bytes per body
+# byte while it runs, then each value becomes a Python object in a list slot (a float
+# 24 + 8, and 8 more in a float64 array), each array or object an empty list or dict
+# (56-64), each string ~48 + its text. Within +50%/-8% of the measured peak for floats,
+# ints, texts, empty lists and tiny strings.
+DECODED_PER_BYTE = 13
+DECODED_PER_VALUE = 40
+DECODED_PER_CONTAINER = 64
+DECODED_PER_STRING = 48
+
 Options = TypeVar("Options", bound=BaseModel)
 T = TypeVar("T")
+
+
+class JsonCost:
+    """What a JSON body will cost to parse, counted from its bytes as they arrive.
+
+    Commas bound the values, brackets the arrays and objects, quotes the strings
+    (brackets, commas and quotes inside strings count too: an overestimate, never an
+    underestimate). Counting a 64 KiB chunk takes ~0.3 ms, so a body is judged
+    before it is parsed, and one built of millions of tiny elements is refused after
+    its first chunks, not after seconds of parsing.
+    """
+
+    def __init__(self) -> None:
+        self.bytes = self.commas = self.containers = self.quotes = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.bytes += len(chunk)
+        self.commas += chunk.count(b",")
+        self.containers += chunk.count(b"[") + chunk.count(b"{")
+        self.quotes += chunk.count(b'"')
+
+    @property
+    def items(self) -> int:
+        """Arrays, objects and strings in the body, at most."""
+        return self.containers + self.quotes // 2
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Memory its parse may take at its peak (the model above)."""
+        return (
+            DECODED_PER_BYTE * self.bytes
+            + DECODED_PER_VALUE * (self.commas + 1)
+            + DECODED_PER_CONTAINER * self.containers
+            + DECODED_PER_STRING * (self.quotes // 2)
+        )
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:

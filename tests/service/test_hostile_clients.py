@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.protocols.wire import DECODED_PER_BYTE, JsonCost
 from tests.conftest import ServerProcess, server_process
 from tests.service.helpers import D_MODEL, MODEL_MAX_SEQ_LEN, b64_array, sequences
 from tests.service.raw_http import address, metric, post_head, wait_for
@@ -39,9 +40,16 @@ from tests.service.raw_http import address, metric, post_head, wait_for
 MiB = 1024 * 1024
 BODY_TIMEOUT = 2.0
 HEADER_TIMEOUT = 1.0
-PARSE_EXPANSION = 4  # admission holds a body's announced bytes x4 (service/engine/admission.py)
 MARGIN = 3.0  # seconds allowed past a server timeout before a test gives up waiting
 GOOD = {"inputs": [[[0.25] * D_MODEL] * 3]}
+BUDGET = 16 * MiB
+
+
+def held_for(received: bytes) -> int:
+    """What admission holds for the part of a JSON body received so far (its parse cost)."""
+    cost = JsonCost()
+    cost.add(received)
+    return cost.decoded_bytes
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +57,7 @@ def server(model_repository: Path) -> Iterator[ServerProcess]:
     with server_process(
         model_repository,
         max_queued_requests="4",
-        max_inflight_bytes=str(16 * MiB),  # its minimum
+        max_inflight_bytes=str(BUDGET),  # its minimum
         body_timeout=str(BODY_TIMEOUT),
         header_timeout=str(HEADER_TIMEOUT),
         log_level="info",
@@ -140,9 +148,9 @@ def test_slow_bodies_do_not_lock_out_real_traffic(server: ServerProcess) -> None
     with sockets(url, SLOW_CLIENTS) as slow:
         for sock in slow:
             sock.sendall(post_head("/v1/encode", SLOW_LENGTH) + b"{")
-        held = SLOW_CLIENTS * 1 * PARSE_EXPANSION
-        # Let the server begin reading every slow body: each then holds the one byte it
-        # sent, x4 (asserted below, after the real traffic), and no request slot.
+        held = SLOW_CLIENTS * held_for(b"{")
+        # Let the server begin reading every slow body: each then holds what the one byte
+        # it sent costs to parse (asserted below, after the real traffic), and no slot.
         wait_for(lambda: metric(url, "attnserve_in_flight_bytes") == held, 2.0)
         # Far more slow bodies than request slots (4), and real traffic still flows.
         for _ in range(6):
@@ -164,9 +172,11 @@ def test_slow_bodies_do_not_lock_out_real_traffic(server: ServerProcess) -> None
 def test_byte_budget_refuses_then_recovers(server: ServerProcess) -> None:
     url = server.url
     memory_before = refusals(url, "memory")
-    # 4 MiB sent of a longer body, held x4: the whole 16 MiB budget.
+    # Part of a longer body whose parse cost (JsonCost) is the whole 16 MiB budget.
+    spaces = (BUDGET - held_for(b"")) // DECODED_PER_BYTE
+    assert held_for(b" " * spaces) == BUDGET  # exactly: 16 MiB - 40 is a multiple of 13
     with socket.create_connection(address(url), timeout=10) as hog:
-        hog.sendall(post_head("/v1/encode", 4 * MiB + 1) + b" " * (4 * MiB))
+        hog.sendall(post_head("/v1/encode", spaces + 1) + b" " * spaces)
         wait_for(lambda: ready_status(url) == 503, 5.0)  # the server has read those bytes
         r = encode(url)
         assert r.status_code == 429, r.text
@@ -197,7 +207,7 @@ def test_client_gone_mid_upload_is_499_not_500(server: ServerProcess) -> None:
                 reset_on_close(sock)  # half vanish with RST, half close with FIN
             sock.sendall(post_head("/v1/encode", 10_000) + PARTIAL_BODY)
         # Let every upload begin (each then holds the bytes it sent) before leaving.
-        held = clients * len(PARTIAL_BODY) * PARSE_EXPANSION
+        held = clients * held_for(PARTIAL_BODY)
         wait_for(lambda: metric(url, "attnserve_in_flight_bytes") == held, 2.0)
 
     def counted() -> bool:  # whatever their status

@@ -25,6 +25,14 @@ HEADER_LENGTH = "inference-header-content-length"
 DECIMAL = re.compile(r"[0-9]{1,15}")
 
 
+def json_prefix(header_length: str | None) -> int | None:
+    """How many leading bytes of the body are JSON (None: all; 0 when the header is
+    malformed, which parsing then refuses)."""
+    if header_length is None:
+        return None
+    return int(header_length.strip()) if DECIMAL.fullmatch(header_length.strip()) else 0
+
+
 def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
     """The JSON header and the binary section that follows it."""
     if header_length is None:

@@ -163,6 +163,7 @@ async def infer(
         lambda body: codec.infer_request(body, header_length, info, version or MODEL_VERSION),
         codec.infer_response,
         json_only=False,
+        json_bytes=codec.json_prefix(header_length),
     )
 
 

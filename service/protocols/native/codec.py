@@ -85,6 +85,8 @@ def wants_embeddings(options: EncodeOptions) -> bool:
 def _input_item(index: int, item: Any) -> InputItem:
     if isinstance(item, str):
         return item
+    if isinstance(item, dict):  # its form is cheap to check: before any length is judged
+        _check_base64_object(item, ("inputs", index))
     return ArrayInput(rows=_declared_length(item), decode=partial(_decode_array, item, index))
 
 
@@ -117,7 +119,8 @@ def _decode_array(item: Any, index: int) -> np.ndarray:
     )
 
 
-def _decode_base64_array(item: dict[str, Any], where: tuple[str | int, ...]) -> np.ndarray:
+def _check_base64_object(item: dict[str, Any], where: tuple[str | int, ...]) -> None:
+    """Keys, dtype, shape and data's type of a {shape, data, dtype} object (no decoding)."""
     unknown = set(item) - {"shape", "data", "dtype"}
     if unknown:
         raise InvalidInput(f"unknown keys {sorted(unknown)}", field=where)
@@ -134,6 +137,11 @@ def _decode_base64_array(item: dict[str, Any], where: tuple[str | int, ...]) -> 
         )
     if not isinstance(data, str):
         raise InvalidInput("'data' must be a base64 string", field=where)
+
+
+def _decode_base64_array(item: dict[str, Any], where: tuple[str | int, ...]) -> np.ndarray:
+    _check_base64_object(item, where)
+    shape, data = item["shape"], item["data"]
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):

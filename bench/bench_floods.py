@@ -1,0 +1,240 @@
+"""Cheap bodies that are expensive to parse: what they cost before they are refused.
+
+A hostile client can send bodies that cost it nothing to make but cost the
+server per element to parse (millions of tiny JSON strings or empty lists).
+Each is refused; this measures what the refusal costs and what the other
+clients feel. One real server (``python -m service``, all-MiniLM-L6-v2) on
+127.0.0.1; bounded loops.
+
+For each flood body: the seconds to its refusal and its status, alone; then
+``--senders`` clients send it back to back while one light client sends small
+text requests and liveness probes: their p99 under the flood as a ratio of the
+same p99 measured idle in the same run; and the server's peak RSS over its
+idle RSS, against the memory budget (ATTNSERVE_MAX_INFLIGHT_BYTES).
+
+    .venv/bin/python bench/bench_floods.py --model-dir models --seconds 10
+
+Writes ``bench/out/floods.json`` and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY_BYTES = 32 * 1024 * 1024 - 4096  # just under the default 32 MiB limit
+SMALL_TEXT = {"input": ["A short sentence to embed."], "model": "minilm-l6"}
+
+
+def v2_tiny_strings() -> tuple[str, bytes, dict[str, str]]:
+    """/v2 JSON with ~6.7 M one-letter BYTES elements (the shape says so, too)."""
+    count = (BODY_BYTES - 200) // 4
+    data = b",".join([b'"a"'] * count)
+    head = b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[%d],"data":[' % count
+    return "/v2/models/minilm-l6/infer", head + data + b"]}]}", {}
+
+
+def native_empty_lists() -> tuple[str, bytes, dict[str, str]]:
+    """/v1/encode with ~10 M empty sequences."""
+    count = (BODY_BYTES - 20) // 3
+    return "/v1/encode", b'{"inputs":[' + b",".join([b"[]"] * count) + b"]}", {}
+
+
+def openai_tiny_strings() -> tuple[str, bytes, dict[str, str]]:
+    """/v1/embeddings with ~8 M empty strings."""
+    count = (BODY_BYTES - 40) // 3
+    return "/v1/embeddings", b'{"input":[' + b",".join([b'""'] * count) + b"]}", {}
+
+
+FLOODS: dict[str, Callable[[], tuple[str, bytes, dict[str, str]]]] = {
+    "v2 BYTES, 6.7 M tiny strings": v2_tiny_strings,
+    "/v1/encode, 10 M empty lists": native_empty_lists,
+    "/v1/embeddings, 8 M empty strings": openai_tiny_strings,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def server(model_dir: Path) -> Iterator[tuple[str, int]]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "ATTNSERVE_MODEL_REPOSITORY": str(model_dir),
+        "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_LOG_LEVEL": "warning",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("the server did not become ready")
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def probe_latencies(url: str, seconds: float) -> dict[str, list[float]]:
+    """Small text requests and liveness probes, one at a time, for ``seconds``."""
+    out: dict[str, list[float]] = {"text": [], "live": [], "failed": []}
+    stop = time.monotonic() + seconds
+    with httpx.Client(base_url=url, timeout=60) as client:
+        while time.monotonic() < stop:
+            for kind, call in (
+                ("text", lambda: client.post("/v1/embeddings", json=SMALL_TEXT)),
+                ("live", lambda: client.get("/health/live")),
+            ):
+                started = time.perf_counter()
+                response = call()
+                elapsed = time.perf_counter() - started
+                if response.status_code == 200:
+                    out[kind].append(elapsed)
+                else:  # a small request must never be refused by a flood it did not send
+                    out["failed"].append(float(response.status_code))
+    return out
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else float("nan")
+
+
+def flood(url: str, path: str, body: bytes, seconds: float, senders: int) -> dict[str, Any]:
+    """``senders`` clients send ``body`` back to back; their statuses and refusal times."""
+    statuses: dict[str, int] = {}
+    times: list[float] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def send() -> None:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            while time.monotonic() < stop:
+                started = time.perf_counter()
+                try:
+                    status = str(client.post(path, content=body, headers=JSON).status_code)
+                except httpx.TransportError as exc:
+                    status = type(exc).__name__
+                with lock:
+                    statuses[status] = statuses.get(status, 0) + 1
+                    times.append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=send) for _ in range(senders)]
+    for thread in threads:
+        thread.start()
+    return {"threads": threads, "statuses": statuses, "times": times}
+
+
+JSON = {"content-type": "application/json"}
+
+
+def measure(url: str, pid: int, name: str, seconds: float, senders: int) -> dict[str, Any]:
+    path, body, _ = FLOODS[name]()
+    with httpx.Client(base_url=url, timeout=120) as client:
+        started = time.perf_counter()
+        alone = client.post(path, content=body, headers=JSON)
+        alone_seconds = time.perf_counter() - started
+    idle = probe_latencies(url, seconds / 2)
+    idle_rss = rss_mb(pid)
+    running = flood(url, path, body, seconds, senders)
+    peak = idle_rss
+    under: dict[str, list[float]] = {}
+    sampler_stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not sampler_stop.is_set():
+            peak = max(peak, rss_mb(pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    under = probe_latencies(url, seconds)
+    for thread in running["threads"]:
+        thread.join()
+    sampler_stop.set()
+    sampler.join()
+    return {
+        "flood": name,
+        "body_mb": round(len(body) / 2**20, 1),
+        "alone_status": alone.status_code,
+        "alone_seconds": round(alone_seconds, 3),
+        "flood_statuses": running["statuses"],
+        "flood_refusal_p50_seconds": round(statistics.median(running["times"]), 3),
+        "text_p99_idle_ms": round(1000 * p99(idle["text"]), 1),
+        "text_p99_flood_ms": round(1000 * p99(under["text"]), 1),
+        "text_p99_ratio": round(p99(under["text"]) / p99(idle["text"]), 2),
+        "live_p99_idle_ms": round(1000 * p99(idle["live"]), 1),
+        "live_p99_flood_ms": round(1000 * p99(under["live"]), 1),
+        "live_p99_ratio": round(p99(under["live"]) / p99(idle["live"]), 2),
+        "small_failed": len(under["failed"]),
+        "rss_idle_mb": round(idle_rss),
+        "rss_peak_over_idle_mb": round(peak - idle_rss),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "models")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--senders", type=int, default=4)
+    parser.add_argument("--only", default="", help="run the floods whose name contains this")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "floods.json")
+    args = parser.parse_args(argv)
+    rows = []
+    for name in FLOODS:
+        if args.only not in name:
+            continue
+        with server(args.model_dir) as (url, pid):  # a fresh server per flood: RSS is per flood
+            rows.append(measure(url, pid, name, args.seconds, args.senders))
+        print(json.dumps(rows[-1]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    print(
+        "\n| flood | alone | text p99 idle → flood | live p99 idle → flood | RSS peak over idle |"
+    )
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['flood']} | {r['alone_status']} in {r['alone_seconds']} s "
+            f"| {r['text_p99_idle_ms']} → {r['text_p99_flood_ms']} ms (×{r['text_p99_ratio']}) "
+            f"| {r['live_p99_idle_ms']} → {r['live_p99_flood_ms']} ms (×{r['live_p99_ratio']}) "
+            f"| +{r['rss_peak_over_idle_mb']} MB |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
