@@ -1,7 +1,8 @@
 """README.md, section "## Python client": its ```python blocks run against a real server.
 
 The blocks are written for the default model of ``make serve`` (minilm-l6, text
-input) and take the server from ATTNSERVE_BASE_URL, as a reader's would.
+input) and take the server from ATTNSERVE_BASE_URL, as a reader's would; what
+they compute is checked against what the README's comments say it is.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -39,3 +41,17 @@ def test_examples_run(
         exec(compile(block, f"{README}:{SECTION}", "exec"), namespace)
     out = capsys.readouterr().out
     assert "[CLS]" in out and "similarity:" in out, out
+    # What the README's comments promise: (3, 384) unit vectors, the tokens of the first
+    # text, and (6, 1, n, n) head-averaged attention (6 layers, one map, n tokens).
+    vectors = namespace["vectors"]
+    assert isinstance(vectors, np.ndarray) and vectors.shape == (3, 384), vectors
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=0, atol=1e-5)
+    similar = vectors @ vectors.T
+    assert similar[0, 1] > similar[0, 2] and similar[0, 1] > similar[1, 2], similar
+    result = namespace["result"]
+    tokens = result.tokens[0]  # type: ignore[attr-defined]
+    assert tokens[:3] == ["[CLS]", "a", "man"] and tokens[-1] == "[SEP]", tokens
+    maps = namespace["attention"].attention[0]  # type: ignore[attr-defined]
+    n = len(namespace["attention"].tokens[0])  # type: ignore[attr-defined]
+    assert maps.shape == (6, 1, n, n), maps.shape
+    np.testing.assert_allclose(maps.sum(axis=-1), 1.0, rtol=0, atol=1e-5)

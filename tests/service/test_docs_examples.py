@@ -1,24 +1,37 @@
 """docs/api.md: every example runs against a live server, and the page covers the API.
 
 ```bash blocks run against the tiny model's server, or MiniLM's when marked
-``# model: minilm-l6``; ```python blocks (the openai client, LangChain) run
-against MiniLM's with ``ATTNSERVE_URL`` set.
+``# model: minilm-l6``; ```python blocks (the openai client, LangChain,
+tritonclient) run against MiniLM's with ``ATTNSERVE_URL`` set.
+
+Each example's answer is checked for its status and its content (shapes,
+values, the fields the page promises), not only for the absence of an error:
+``BASH_CHECKS`` and ``PYTHON_CHECKS`` hold one check per example, found by a
+pattern that must match that example and no other, so a new example fails
+here until it has a check.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
+import onnxruntime as ort
 import pytest
 
 from service import errors
 from service.settings import Settings
+from tests.service.helpers import D_MODEL, N_HEADS, N_LAYERS, as_array, ort_encode
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 TEXT = API_MD.read_text()
@@ -26,11 +39,306 @@ BLOCKS = re.findall(r"^```bash\n(.*?)^```", TEXT, flags=re.DOTALL | re.MULTILINE
 PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", TEXT, flags=re.DOTALL | re.MULTILINE)
 EXPECT_ERROR = re.compile(r"^# expect error: (\w+)$", re.MULTILINE)
 MINILM = "# model: minilm-l6"
+MINILM_WIDTH = 384
+# Every example has one curl; this wrapper makes it also write its status to stderr.
+STATUS_LINE = "attnserve-example-status"
+CURL_WITH_STATUS = (
+    f"curl() {{ command curl -w '%{{stderr}}{STATUS_LINE} %{{http_code}}\\n' \"$@\"; }}"
+)
+ROW_SUM_ATOL = 1e-5
+
+
+@dataclass
+class Answer:
+    """What one example printed: its HTTP status, stdout, and stderr (headers, if dumped)."""
+
+    status: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+# A check gets the answer and onnxruntime on the tiny model's model.onnx, to compare with.
+Check = Callable[[Answer, ort.InferenceSession], None]
 
 
 def _block_id(block: str) -> str:
     path = re.search(r"\$ATTNSERVE_URL(/[\w/{}.-]*)", block)
     return path.group(1) if path else block[:20]
+
+
+def path(route: str) -> str:
+    """A pattern matching a block that calls exactly ``route`` (not a longer path)."""
+    return re.escape("$ATTNSERVE_URL" + route) + r"(?![\w/])"
+
+
+# --- checks of the answers --------------------------------------------------------------------
+
+
+def ok(answer: Answer) -> Any:
+    assert answer.status == 200, (answer.status, answer.stdout)
+    return answer.json()
+
+
+def rows_sum_to_one(array: np.ndarray) -> None:
+    np.testing.assert_allclose(array.sum(axis=-1), 1.0, rtol=0, atol=ROW_SUM_ATOL)
+
+
+def unit_length(vectors: np.ndarray) -> None:
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=-1), 1.0, rtol=0, atol=1e-5)
+
+
+def seeded_sequences(seed: int, lengths: tuple[int, ...]) -> list[np.ndarray]:
+    """The inputs an example's ``random.seed(seed)`` one-liner generates, in the same order."""
+    rng = random.Random(seed)
+    return [
+        np.array([[rng.gauss(0, 1) for _ in range(D_MODEL)] for _ in range(n)], dtype=np.float32)
+        for n in lengths
+    ]
+
+
+def two_sequences(answer: Answer, session: ort.InferenceSession) -> None:
+    body = ok(answer)
+    assert body["model"] == "tiny" and body["usage"] == {"sequences": 2, "tokens": 8}
+    seqs = seeded_sequences(0, (5, 3))
+    want = ort_encode(session, seqs)
+    for i, (item, (hidden, _)) in enumerate(zip(body["data"], want, strict=True)):
+        assert item["index"] == i and item["attention"] is None and item["pooled"] is None
+        np.testing.assert_allclose(as_array(item["embeddings"]), hidden, rtol=0, atol=1e-5)
+
+
+def attention_maps(layers: int, heads: int, tokens: int) -> Check:
+    def check(answer: Answer, session: ort.InferenceSession) -> None:
+        (item,) = ok(answer)["data"]
+        assert item["embeddings"] is None
+        attention = as_array(item["attention"])
+        assert attention.shape == (layers, heads, tokens, tokens)
+        rows_sum_to_one(attention)
+
+    return check
+
+
+def pooled_unit_vectors(answer: Answer, session: ort.InferenceSession) -> None:
+    data = ok(answer)["data"]
+    assert len(data) == 2 and all(item["embeddings"] is None for item in data)
+    pooled = np.stack([as_array(item["pooled"]) for item in data])
+    assert pooled.shape == (2, D_MODEL)
+    unit_length(pooled)
+
+
+def base64_both_ways(answer: Answer, session: ort.InferenceSession) -> None:
+    (item,) = ok(answer)["data"]
+    embeddings = item["embeddings"]
+    assert embeddings["shape"] == [2, D_MODEL] and embeddings["dtype"] == "float32"
+    assert np.isfinite(as_array(embeddings)).all()
+
+
+def deadline_and_request_id(answer: Answer, session: ort.InferenceSession) -> None:
+    (item,) = ok(answer)["data"]
+    assert item["embeddings"] is None and len(item["pooled"]) == D_MODEL
+    headers = answer.stderr.lower()
+    for name in ("x-request-id: order-1234", "x-queue-time:", "x-compute-time:"):
+        assert name in headers, answer.stderr
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The check of a ``# expect error: <kind>`` example: this status, this kind, and the
+    protocol's error body (native ``{"error", "error_type"}``, or OpenAI's with ``param``)."""
+
+    status: int
+    kind: str
+    openai_param: str | None = None
+
+    def __call__(self, answer: Answer, session: ort.InferenceSession) -> None:
+        assert answer.status == self.status, (answer.status, answer.stdout)
+        body = answer.json()
+        if self.openai_param is None:
+            assert set(body) == {"error", "error_type"} and body["error"], body
+            assert body["error_type"] == self.kind, body
+        else:
+            error = body["error"]
+            assert (error["code"], error["param"]) == (self.kind, self.openai_param), error
+            assert error["message"], error
+
+
+def openai_embeddings(answer: Answer, session: ort.InferenceSession) -> None:
+    body = ok(answer)
+    assert body["object"] == "list" and body["model"] == "minilm-l6"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    vectors = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    assert vectors.shape == (2, MINILM_WIDTH)
+    unit_length(vectors)
+    assert float(vectors[0] @ vectors[1]) > 0.5  # two sentences about one guitar player
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+
+
+def equals(expected: Any) -> Check:
+    def check(answer: Answer, session: ort.InferenceSession) -> None:
+        assert ok(answer) == expected
+
+    return check
+
+
+def v2_model_metadata(answer: Answer, session: ort.InferenceSession) -> None:
+    body = ok(answer)
+    assert (body["name"], body["versions"]) == ("tiny", ["1"])
+    inputs = {t["name"]: (t["datatype"], t["shape"]) for t in body["inputs"]}
+    assert inputs["inputs_embeds"] == ("FP32", [-1, -1, D_MODEL])
+    outputs = {t["name"]: (t["datatype"], t["shape"]) for t in body["outputs"]}
+    assert outputs["last_hidden_state"] == ("FP32", [-1, -1, D_MODEL])
+    assert outputs["attentions"] == ("FP32", [-1, N_LAYERS, N_HEADS, -1, -1])
+
+
+def v2_outputs(answer: Answer) -> dict[str, np.ndarray]:
+    return {
+        o["name"]: np.asarray(o["data"], dtype=np.float64).reshape(o["shape"])
+        for o in ok(answer)["outputs"]
+    }
+
+
+def v2_infer_padded(answer: Answer, session: ort.InferenceSession) -> None:
+    assert ok(answer)["id"] == "r1"
+    outputs = v2_outputs(answer)
+    assert set(outputs) == {"last_hidden_state", "pooled"}
+    hidden = outputs["last_hidden_state"]
+    assert hidden.shape == (2, 3, D_MODEL) and outputs["pooled"].shape == (2, D_MODEL)
+    assert not hidden[1, 2].any(), "the padded position answers zeros"
+    np.testing.assert_allclose(outputs["pooled"][1], hidden[1, :2].mean(axis=0), atol=1e-5)
+
+
+def v2_infer_every_output(answer: Answer, session: ort.InferenceSession) -> None:
+    outputs = v2_outputs(answer)
+    assert outputs["last_hidden_state"].shape == (1, 2, D_MODEL)
+    assert outputs["attentions"].shape == (1, N_LAYERS, N_HEADS, 2, 2)
+    rows_sum_to_one(outputs["attentions"])
+    assert outputs["hidden_states"].shape == (1, N_LAYERS + 1, 2, D_MODEL)
+    assert "pooled" not in outputs  # it needs parameters.pooling
+
+
+def model_card(card: dict[str, Any]) -> None:
+    assert (card["name"], card["id"], card["object"]) == ("tiny", "tiny", "model")
+    assert (card["d_model"], card["heads"], card["layers"]) == (D_MODEL, N_HEADS, N_LAYERS)
+    assert card["tokenizer"] is False and card["default"] is True
+
+
+def model_list(answer: Answer, session: ort.InferenceSession) -> None:
+    body = ok(answer)
+    assert body["object"] == "list"
+    (card,) = body["data"]
+    model_card(card)
+
+
+def one_model_card(answer: Answer, session: ort.InferenceSession) -> None:
+    model_card(ok(answer))
+
+
+def metrics(answer: Answer, session: ort.InferenceSession) -> None:
+    assert answer.status == 200
+    counts = re.findall(r'^attnserve_tokens_total\{model="tiny"\} (\S+)$', answer.stdout, re.M)
+    assert counts and float(counts[0]) > 0, answer.stdout
+
+
+def openapi_paths(answer: Answer, session: ort.InferenceSession) -> None:
+    assert answer.status == 200
+    paths = answer.json()
+    assert paths == sorted(paths)
+    assert {"/v1/encode", "/v1/embeddings", "/v2/models/{model}/infer", "/health/ready"} <= set(
+        paths
+    )
+
+
+BASH_CHECKS: dict[str, Check] = {
+    r"random\.seed\(0\)": two_sequences,
+    r"random\.seed\(1\)": attention_maps(1, 2, 3),
+    r'"reduce": "mean"': attention_maps(N_LAYERS, 1, 4),
+    r'"reduce": "rollout"': attention_maps(1, 1, 4),
+    r"random\.seed\(3\)": pooled_unit_vectors,
+    r"random\.seed\(4\)": base64_both_ways,
+    r"order-1234": deadline_and_request_id,
+    r"no-such-model": Refused(404, "model_not_found"),
+    path("/v1/tokenize"): Refused(422, "unsupported_by_model"),
+    r"Someone plays the guitar": openai_embeddings,
+    r'"word " \* 300': Refused(400, "context_length_exceeded", openai_param="input[0]"),
+    path("/v2"): equals(
+        {"name": "attnserve", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
+    ),
+    path("/v2/health/live"): equals({"live": True}),
+    path("/v2/health/ready"): equals({"ready": True}),
+    path("/v2/models/tiny"): v2_model_metadata,
+    path("/v2/models/tiny/versions/1"): v2_model_metadata,
+    path("/v2/models/tiny/ready"): equals({"name": "tiny", "ready": True}),
+    path("/v2/models/tiny/versions/1/ready"): equals({"name": "tiny", "ready": True}),
+    r'"id": "r1"': v2_infer_padded,
+    path("/v2/models/tiny/versions/1/infer"): v2_infer_every_output,
+    r'"FP16"': Refused(422, "invalid_input"),
+    path("/v1/models"): model_list,
+    path("/v1/models/tiny"): one_model_card,
+    path("/health/live"): equals({"status": "alive"}),
+    path("/health/ready"): equals({"status": "ready"}),
+    path("/metrics"): metrics,
+    path("/openapi.json"): openapi_paths,
+}
+
+# Appended to each Python example and run in its namespace: what it computed is right.
+PYTHON_CHECKS: dict[str, str] = {
+    r"from openai import OpenAI": """
+assert "minilm-l6" in [m.id for m in client.models.list()]
+assert vectors.shape == (3, 384), vectors.shape
+assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+similar = vectors @ vectors.T
+assert similar[0, 1] > similar[0, 2] and similar[0, 1] > similar[1, 2], similar
+assert response.usage.prompt_tokens > 0
+""",
+    r"from langchain_openai import": """
+import math
+assert len(documents) == 2 and all(len(d) == 384 for d in documents) and len(query) == 384
+assert abs(math.fsum(x * x for x in query) - 1) < 1e-4
+cosine = [math.fsum(a * b for a, b in zip(d, query)) for d in documents]
+assert cosine[0] > cosine[1], cosine  # the guitar sentence is nearer the guitar query
+""",
+    r"import tritonclient\.http": """
+assert client.is_server_ready()
+assert vectors.shape == (2, 384) and vectors.dtype == np.float32, (vectors.shape, vectors.dtype)
+assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+""",
+}
+
+
+def matching(patterns: dict[str, Any], block: str) -> list[str]:
+    return [p for p in patterns if re.search(p, block)]
+
+
+def test_page_has_examples() -> None:
+    assert len(BLOCKS) >= 10
+    for block in BLOCKS:
+        assert "$ATTNSERVE_URL" in block and "curl" in block, block
+        assert block.count("curl ") == 1, "one request per example, so one status"
+        first = next(line for line in block.splitlines() if not line.startswith("#"))
+        assert first.startswith(("curl ", "python3 -c ")), block
+
+
+@pytest.mark.parametrize(
+    ("blocks", "checks"), [(BLOCKS, BASH_CHECKS), (PYTHON_BLOCKS, PYTHON_CHECKS)]
+)
+def test_every_example_has_exactly_one_check(blocks: list[str], checks: dict[str, Any]) -> None:
+    for block in blocks:
+        assert len(matching(checks, block)) == 1, (matching(checks, block), block)
+    for pattern in checks:
+        assert sum(bool(re.search(pattern, b)) for b in blocks) == 1, pattern
+
+
+def test_every_error_example_is_checked_as_one() -> None:
+    """A ``# expect error:`` block's check expects that error_type (or OpenAI code)."""
+    for block in BLOCKS:
+        expected = EXPECT_ERROR.search(block)
+        (pattern,) = matching(BASH_CHECKS, block)
+        check = BASH_CHECKS[pattern]
+        assert isinstance(check, Refused) == bool(expected), block
+        if isinstance(check, Refused) and expected:
+            assert check.kind == expected.group(1), (check, block)
 
 
 @pytest.fixture(scope="module")
@@ -41,39 +349,38 @@ def python3_on_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def test_page_has_examples() -> None:
-    assert len(BLOCKS) >= 10
-    for block in BLOCKS:
-        assert "$ATTNSERVE_URL" in block and "curl" in block, block
-        first = next(line for line in block.splitlines() if not line.startswith("#"))
-        assert first.startswith(("curl ", "python3 -c ")), block
-
-
-@pytest.mark.parametrize("block", BLOCKS, ids=[_block_id(b) for b in BLOCKS])
-def test_example_runs(
-    block: str, server_url: str, python3_on_path: str, request: pytest.FixtureRequest
-) -> None:
-    url = request.getfixturevalue("minilm_server_url") if MINILM in block else server_url
-    env = {**os.environ, "ATTNSERVE_URL": url, "PATH": python3_on_path}
+def run_block(block: str, url: str, path_env: str) -> Answer:
+    """Run one example as a reader would, with curl also reporting the HTTP status."""
+    env = {**os.environ, "ATTNSERVE_URL": url, "PATH": path_env}
     done = subprocess.run(
-        ["bash", "-c", "set -euo pipefail\n" + block],
+        ["bash", "-c", f"set -euo pipefail\n{CURL_WITH_STATUS}\n{block}"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    if "/metrics" in block:
-        assert "attnserve_tokens_total" in done.stdout
-        return
-    answer = json.loads(done.stdout)
-    expected = EXPECT_ERROR.search(block)
-    if expected:
-        # Native errors carry error_type; OpenAI's shape carries it as error.code.
-        kind = answer["error_type"] if "error_type" in answer else answer["error"]["code"]
-        assert kind == expected.group(1), answer
-    else:
-        assert "error" not in answer, answer
+    statuses = re.findall(rf"^{STATUS_LINE} (\d+)$", done.stderr, flags=re.MULTILINE)
+    assert len(statuses) == 1, done.stderr
+    stderr = re.sub(rf"^{STATUS_LINE} \d+\n", "", done.stderr, flags=re.MULTILINE)
+    return Answer(int(statuses[0]), done.stdout, stderr)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[_block_id(b) for b in BLOCKS])
+def test_example_answers_as_documented(
+    block: str,
+    server_url: str,
+    python3_on_path: str,
+    embeddings_session: ort.InferenceSession,
+    request: pytest.FixtureRequest,
+) -> None:
+    url = request.getfixturevalue("minilm_server_url") if MINILM in block else server_url
+    if "/metrics" in block:  # the counter the example greps for exists once tokens were encoded
+        body = {"inputs": [[[0.5] * D_MODEL] * 2]}
+        assert httpx.post(f"{server_url}/v1/encode", json=body, timeout=30).status_code == 200
+    answer = run_block(block, url, python3_on_path)
+    (pattern,) = matching(BASH_CHECKS, block)
+    BASH_CHECKS[pattern](answer, embeddings_session)
 
 
 def test_page_has_python_examples() -> None:
@@ -84,22 +391,47 @@ def test_page_has_python_examples() -> None:
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.split("\n")[0] for b in PYTHON_BLOCKS])
 def test_python_example_runs(block: str, minilm_server_url: str) -> None:
+    (pattern,) = matching(PYTHON_CHECKS, block)
     env = {**os.environ, "ATTNSERVE_URL": minilm_server_url}
     done = subprocess.run(
-        [sys.executable, "-c", block], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", block + PYTHON_CHECKS[pattern]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip(), "the example prints what it shows"
 
 
+def test_checks_can_fail() -> None:
+    """The checks refuse a wrong status and wrong content, not only an error body."""
+    session: Any = None  # none of these checks runs the model
+    right = Answer(200, json.dumps({"live": True}), "")
+    BASH_CHECKS[path("/v2/health/live")](right, session)
+    for wrong in (
+        Answer(503, right.stdout, ""),
+        Answer(200, json.dumps({"live": False}), ""),
+    ):
+        with pytest.raises(AssertionError):
+            BASH_CHECKS[path("/v2/health/live")](wrong, session)
+    not_found = {"error": "model 'x' is not served here", "error_type": "model_not_found"}
+    with pytest.raises(AssertionError):  # the right body with the wrong status
+        BASH_CHECKS["no-such-model"](Answer(422, json.dumps(not_found), ""), session)
+    maps = np.full((1, 2, 3, 3), 1 / 2, dtype=np.float32)  # rows sum to 1.5
+    body = {"data": [{"embeddings": None, "attention": maps.tolist()}]}
+    with pytest.raises(AssertionError):
+        BASH_CHECKS[r"random\.seed\(1\)"](Answer(200, json.dumps(body), ""), session)
+
+
 def test_examples_cover_every_endpoint(client: httpx.Client) -> None:
     paths = set(client.get("/openapi.json").json()["paths"])
     assert paths  # the API describes itself
-    for path in paths:
-        assert f"`{path}`" in TEXT or f" {path}`" in TEXT, f"{path} is not documented"
-        pattern = re.sub(r"\\\{\w+\\\}", r"[\\w-]+", re.escape(path)) + r"(?![\w/])"
+    for route in paths:
+        assert f"`{route}`" in TEXT or f" {route}`" in TEXT, f"{route} is not documented"
+        pattern = re.sub(r"\\\{\w+\\\}", r"[\\w-]+", re.escape(route)) + r"(?![\w/])"
         assert any(re.search(r"\$ATTNSERVE_URL" + pattern, b) for b in BLOCKS), (
-            f"no example for {path}"
+            f"no example for {route}"
         )
 
 
