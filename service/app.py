@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api_docs import add_api_docs
 from service.engine import Engine
-from service.errors import ServiceError
+from service.errors import HTTP_ERRORS, ServiceError
 from service.metrics import Metrics
 from service.protocols.context import RequestScopeMiddleware
 from service.protocols.http import validation_error
@@ -35,7 +35,7 @@ from service.protocols.protocol import Protocol
 from service.settings import Settings
 from service.viewer import add_viewer
 
-HTTP_ERROR_TYPES = {404: "not_found", 405: "method_not_allowed"}
+HTTP_ERROR_TYPES = {status: kind for status, kind, _ in HTTP_ERRORS}
 PROTOCOLS: tuple[Protocol, ...] = (NATIVE, OPENAI, KSERVE_V2)
 
 

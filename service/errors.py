@@ -49,6 +49,8 @@ def quoted(value: object) -> str:
 class ServiceError(Exception):
     """Base class: ``status_code`` and ``error_type`` travel to the client."""
 
+    when: ClassVar[str] = "a bug; the details are in the server log only"
+    raised_on: ClassVar[frozenset[str]] = frozenset()
     status_code: ClassVar[int] = 500
     error_type: ClassVar[str] = "internal_error"
 
@@ -87,21 +89,35 @@ def field_name(field: FieldPath, renames: dict[str, str] | None = None) -> str:
 
 
 class InvalidJSON(ServiceError):
+    when = "the body is not valid JSON (including NaN, Infinity and numbers beyond double range)"
+    raised_on = frozenset({"work"})
     status_code = 400
     error_type = "invalid_json"
 
 
 class InvalidHeader(ServiceError):
+    when = "`X-Request-Timeout` on an inference route is not a number of seconds in (0, 86400]"
+    raised_on = frozenset({"work"})
     status_code = 400
     error_type = "invalid_header"
 
 
 class Unauthorized(ServiceError):
+    when = (
+        "the server has an API key and the request to `/v1/*` or `/v2/models/*` lacks "
+        "`Authorization: Bearer <key>` or has a wrong key"
+    )
+    raised_on = frozenset({"guarded", "work"})
     status_code = 401
     error_type = "unauthorized"
 
 
 class ModelNotFound(ServiceError):
+    when = (
+        "`model` (or the `{name}` of `/v1/models/{name}`, the `{model}` or `{version}` of "
+        "`/v2/models/...`) is not served here"
+    )
+    raised_on = frozenset({"guarded", "work"})
     status_code = 404
     error_type = "model_not_found"
 
@@ -109,11 +125,27 @@ class ModelNotFound(ServiceError):
 class BodyTimeout(ServiceError):
     """The body did not arrive within ATTNSERVE_BODY_TIMEOUT."""
 
+    when = (
+        "the body did not arrive within `ATTNSERVE_BODY_TIMEOUT` seconds (the connection is closed)"
+    )
+    raised_on = frozenset({"work"})
     status_code = 408
     error_type = "request_timeout"
 
 
 class PayloadTooLarge(ServiceError):
+    when = (
+        "more sequences than `ATTNSERVE_MAX_SEQUENCES`; more tokens in total than "
+        "`ATTNSERVE_MAX_TOKENS`; a sequence longer than the model's `max_seq_len`; a body "
+        "larger than `ATTNSERVE_MAX_BODY_BYTES`, or holding more JSON arrays, objects and "
+        "strings than any valid request (`ATTNSERVE_MAX_TOKENS` + 4 × "
+        "`ATTNSERVE_MAX_SEQUENCES` + 1024); a response that would exceed "
+        "`ATTNSERVE_MAX_RESPONSE_BYTES` (the message gives the estimated size and how to "
+        "shrink it: fewer `attention.layers`/`attention.heads`, a `reduce`, "
+        "`encoding_format=base64`, fewer or shorter sequences); a request that alone needs "
+        "more memory than `ATTNSERVE_MAX_INFLIGHT_BYTES`"
+    )
+    raised_on = frozenset({"work"})
     status_code = 413
     error_type = "payload_too_large"
 
@@ -121,13 +153,31 @@ class PayloadTooLarge(ServiceError):
 class SequenceTooLong(PayloadTooLarge):
     """One sequence is longer than the model accepts (protocols may answer it as 400)."""
 
+    raised_on = frozenset({"work"})
+
 
 class UnsupportedMediaType(ServiceError):
+    when = (
+        "`Content-Type` is not `application/json` (parameters such as `charset` are fine), a "
+        "`Content-Encoding` other than `identity`, or a `Transfer-Encoding` other than "
+        "`chunked`"
+    )
+    raised_on = frozenset({"work"})
     status_code = 415
     error_type = "unsupported_media_type"
 
 
 class InvalidInput(ServiceError):
+    when = (
+        "well-formed JSON with bad content: the body is not an object; `inputs` missing, not "
+        "a list or empty; a sequence that is empty, not rank 2, not `d` wide, ragged, not "
+        "numbers, or holds NaN/±Inf or values beyond float32; bad base64, a `data` length "
+        "that does not match `shape`, a dtype other than float32; a layer, head or "
+        "hidden-state index out of range, repeated (`[0, 0]`, or `[0, -12]` on 12 heads), or "
+        "an empty list of them; an unknown `pooling`, `reduce` or `encoding_format`; an "
+        "unknown field"
+    )
+    raised_on = frozenset({"guarded", "work"})  # guarded: a path parameter FastAPI refuses
     status_code = 422
     error_type = "invalid_input"
 
@@ -135,10 +185,18 @@ class InvalidInput(ServiceError):
 class UnsupportedByModel(InvalidInput):
     """The request asks a model for something it cannot do (e.g. text without a tokenizer)."""
 
+    when = "text sent to a model without a tokenizer"
+    raised_on = frozenset({"work"})
     error_type = "unsupported_by_model"
 
 
 class Overloaded(ServiceError):
+    when = (
+        "`ATTNSERVE_MAX_QUEUED_REQUESTS` requests are already in progress, or the memory "
+        "budget `ATTNSERVE_MAX_INFLIGHT_BYTES` is spent; retry after `Retry-After` seconds "
+        "(the measured time to drain the queued work)"
+    )
+    raised_on = frozenset({"work"})
     status_code = 429
     error_type = "overloaded"
 
@@ -146,11 +204,22 @@ class Overloaded(ServiceError):
 class ClientClosedRequest(ServiceError):
     """The client disconnected while its request waited; 499 as nginx logs it."""
 
+    when = (
+        "the client disconnected while its request waited; nobody receives it, it shows in "
+        "logs and metrics (its work is dropped)"
+    )
+    raised_on = frozenset()
     status_code = 499
     error_type = "client_closed_request"
 
 
 class NotReady(ServiceError):
+    when = (
+        "models still loading or warming up (on `/health/ready` also: saturated); retry after"
+        " `Retry-After` seconds. On `/health/live`: the warm-up failed and the process can "
+        "never serve (restart it)"
+    )
+    raised_on = frozenset({"open", "guarded", "work"})
     status_code = 503
     error_type = "not_ready"
 
@@ -158,15 +227,65 @@ class NotReady(ServiceError):
 class ShuttingDown(NotReady):
     """SIGTERM received: the node drains, new work goes elsewhere."""
 
+    when = "the server received SIGTERM: send the request to another replica (`Retry-After`)"
+    raised_on = frozenset({"work"})
     error_type = "shutting_down"
 
 
 class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its answer; queued work was dropped."""
 
+    when = (
+        "the request's deadline (`ATTNSERVE_REQUEST_TIMEOUT`, or its `X-Request-Timeout`) "
+        "passed before its answer; work still queued was dropped without running "
+        "(`Retry-After`)"
+    )
+    raised_on = frozenset({"work"})
     status_code = 504
     error_type = "deadline_exceeded"
 
 
 class ModelLoadError(RuntimeError):
     """A model directory that cannot be served; the server refuses to start."""
+
+
+# Errors the HTTP layer answers itself, in the native shape (service/app.py).
+HTTP_ERRORS = (
+    (404, "not_found", "no such path"),
+    (405, "method_not_allowed", "wrong method for the path"),
+)
+
+
+def catalog() -> list[type[ServiceError]]:
+    """Every error class, in the order of the tree above (each before its subclasses)."""
+    found: list[type[ServiceError]] = []
+
+    def walk(cls: type[ServiceError]) -> None:
+        found.append(cls)
+        for sub in cls.__subclasses__():
+            walk(sub)
+
+    walk(ServiceError)
+    return found
+
+
+def error_rows() -> list[tuple[int, str, str]]:
+    """(status, error_type, when) of every error a client can see, by status: the one
+    source of the error tables in docs/api.md and the OpenAPI schema."""
+    rows = [
+        (cls.status_code, cls.error_type, cls.when)
+        for cls in catalog()
+        if "when" in vars(cls)  # a subclass that only narrows its parent adds no row
+    ]
+    return sorted([*rows, *HTTP_ERRORS], key=lambda row: row[0])
+
+
+def markdown_table() -> str:
+    """The table of docs/api.md's "Errors" section (``python -m service.errors``)."""
+    lines = ["| status | `error_type` | when |", "|---|---|---|"]
+    lines += [f"| {status} | `{kind}` | {when} |" for status, kind, when in error_rows()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -26,8 +26,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     api_key: SecretStr | None = Field(
         None,
-        description="When set, /v1/* requires 'Authorization: Bearer <key>' (health and "
-        "metrics stay open for probes and scrapers).",
+        description="When set, /v1/* and /v2/models/* require 'Authorization: Bearer <key>' "
+        "(health, metrics and server metadata stay open for probes and scrapers).",
     )
 
     @field_validator("api_key")

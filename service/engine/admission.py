@@ -1,13 +1,14 @@
 """Admission: what the node has promised, counted in requests and in bytes.
 
-Each request holds a :class:`Ticket` from arrival to answer. While its body
-arrives the ticket holds what parsing the bytes received so far will cost (the
-protocol's measured model, e.g. ``wire.JsonCost``) but no request slot, so a
-body that trickles costs its few bytes, never a place in line. Once the body is
-read the request takes a slot (``max_queued_requests``), and once prepared, its working memory
-(``limits.work_bytes``). Whatever the mix of clients, the bytes all requests in
-progress may hold stay under ``max_inflight_bytes``: beyond it new work gets
-429 with a Retry-After; one request that alone needs more gets 413.
+Each request holds a :class:`Ticket` from arrival until its answer has been
+sent. While its body arrives the ticket holds what parsing the bytes received
+so far will cost (the protocol's measured model, e.g. ``wire.JsonCost``) but no
+request slot, so a body that trickles costs its few bytes, never a place in
+line. Once the body is read the request takes a slot (``max_queued_requests``),
+and once prepared, its working memory (``limits.work_bytes``). Whatever the mix
+of clients, the bytes all requests in progress may hold stay under
+``max_inflight_bytes``: beyond it new work gets 429 with a Retry-After; one
+request that alone needs more gets 413.
 """
 
 from __future__ import annotations

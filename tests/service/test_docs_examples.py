@@ -440,12 +440,23 @@ def test_every_setting_is_documented() -> None:
         assert f"ATTNSERVE_{name.upper()}" in TEXT, name
 
 
-def test_every_error_type_is_documented() -> None:
-    kinds: set[str] = set()
-    todo: list[type[errors.ServiceError]] = [errors.ServiceError]
-    while todo:
-        cls = todo.pop()
-        kinds.add(cls.error_type)
-        todo.extend(cls.__subclasses__())
-    for kind in kinds | {"not_found", "method_not_allowed"}:
-        assert f"`{kind}`" in TEXT, kind
+def test_the_error_table_is_the_catalog() -> None:
+    """docs/api.md's error table is generated from service/errors.py (one source, like the
+    OpenAPI's error responses): regenerate it with `python -m service.errors`."""
+    assert errors.markdown_table() in TEXT
+    documented = {kind for _, kind, _ in errors.error_rows()}
+    assert documented == {cls.error_type for cls in errors.catalog()} | {
+        kind for _, kind, _ in errors.HTTP_ERRORS
+    }
+
+
+def test_openapi_documents_each_routes_own_errors(client: httpx.Client) -> None:
+    """Each route documents the errors its access can raise, in its protocol's shape."""
+    paths = client.get("/openapi.json").json()["paths"]
+    assert set(paths["/health/live"]["get"]["responses"]) == {"200", "503"}
+    assert {"401", "404", "503"} <= set(paths["/v1/models/{name}"]["get"]["responses"])
+    assert "413" not in paths["/v2/models/{model}"]["get"]["responses"]
+    encode = paths["/v1/encode"]["post"]["responses"]
+    assert {"400", "401", "404", "408", "413", "415", "422", "429", "503", "504"} <= set(encode)
+    embeddings = paths["/v1/embeddings"]["post"]["responses"]
+    assert "422" not in embeddings and "invalid_input" in embeddings["400"]["description"]

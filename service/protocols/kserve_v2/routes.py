@@ -12,7 +12,7 @@ from service.engine import Engine, ModelInfo
 from service.engine.scope import Access
 from service.errors import ModelNotFound, quoted
 from service.protocols import http
-from service.protocols.http import EngineDep, protocol_route
+from service.protocols.http import EngineDep, error_responses, protocol_route
 from service.protocols.kserve_v2 import codec, tensors
 from service.protocols.kserve_v2.errors import render
 from service.protocols.kserve_v2.schemas import (
@@ -33,35 +33,21 @@ SERVER_VERSION = "0.1.0"
 MODEL_VERSION = "1"  # a model directory is one version
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["binary_tensor_data"]
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in (
-        (400, "The JSON header is not valid JSON, or X-Request-Timeout is malformed."),
-        (401, "Missing or wrong API key, when the server has one."),
-        (404, "Unknown model or version."),
-        (408, "The body did not arrive within ATTNSERVE_BODY_TIMEOUT."),
-        (413, "Too many sequences or tokens, body or answer too large."),
-        (415, "A Content-Encoding or Transfer-Encoding the server does not undo."),
-        (
-            422,
-            "Invalid content: framing (header length, binary sizes), datatype, shape, data, "
-            "unknown input or output, mask, non-finite values.",
-        ),
-        (429, "Too many requests in progress; honour Retry-After."),
-        (503, "Models not loaded or warm-up not finished, or shutting down."),
-        (504, "The request's deadline passed before its answer."),
-    )
-}
 
-health = APIRouter(
-    prefix="/v2", tags=["kserve-v2"], route_class=protocol_route(render, Access.OPEN)
-)
-models = APIRouter(
-    prefix="/v2", tags=["kserve-v2"], route_class=protocol_route(render, Access.GUARDED)
-)
-infer_router = APIRouter(
-    prefix="/v2", tags=["kserve-v2"], route_class=protocol_route(render, Access.WORK)
-)
+
+def routed(access: Access) -> APIRouter:
+    """A /v2 router whose routes enter the scope with ``access`` and document its errors."""
+    return APIRouter(
+        prefix="/v2",
+        tags=["kserve-v2"],
+        route_class=protocol_route(render, access),
+        responses=error_responses(ErrorBody, access),
+    )
+
+
+health = routed(Access.OPEN)
+models = routed(Access.GUARDED)
+infer_router = routed(Access.WORK)
 routers = (health, models, infer_router)
 
 
@@ -71,17 +57,13 @@ async def server_metadata() -> ServerMetadata:
     return ServerMetadata(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
 
 
-@health.api_route(
-    "/health/live", methods=["GET", "HEAD"], response_model=Live, responses={503: ERRORS[503]}
-)
+@health.api_route("/health/live", methods=["GET", "HEAD"], response_model=Live)
 async def live(engine: EngineDep) -> Live:
     engine.check_live()
     return Live(live=True)
 
 
-@health.api_route(
-    "/health/ready", methods=["GET", "HEAD"], response_model=Ready, responses={503: ERRORS[503]}
-)
+@health.api_route("/health/ready", methods=["GET", "HEAD"], response_model=Ready)
 async def ready(engine: EngineDep) -> Ready:
     engine.check_ready()
     return Ready(ready=True)
@@ -102,8 +84,8 @@ def _tensors(items: list[tuple[str, str, list[int]]]) -> list[TensorMetadata]:
     ]
 
 
-@models.get("/models/{model}", response_model=ModelMetadata, responses=ERRORS)
-@models.get("/models/{model}/versions/{version}", response_model=ModelMetadata, responses=ERRORS)
+@models.get("/models/{model}", response_model=ModelMetadata)
+@models.get("/models/{model}/versions/{version}", response_model=ModelMetadata)
 async def model_metadata(
     model: str, engine: EngineDep, version: str | None = None
 ) -> ModelMetadata:
@@ -118,8 +100,8 @@ async def model_metadata(
     )
 
 
-@models.get("/models/{model}/ready", response_model=ModelReady, responses=ERRORS)
-@models.get("/models/{model}/versions/{version}/ready", response_model=ModelReady, responses=ERRORS)
+@models.get("/models/{model}/ready", response_model=ModelReady)
+@models.get("/models/{model}/versions/{version}/ready", response_model=ModelReady)
 async def model_ready(model: str, engine: EngineDep, version: str | None = None) -> ModelReady:
     info = model_of(engine, model, version)
     engine.require_ready()
@@ -142,13 +124,13 @@ INFER_DOC: dict[str, Any] = {
 @infer_router.post(
     "/models/{model}/infer",
     response_model=None,
-    responses={200: {"model": InferResponse}, **ERRORS},
+    responses={200: {"model": InferResponse}},
     openapi_extra=INFER_DOC,
 )
 @infer_router.post(
     "/models/{model}/versions/{version}/infer",
     response_model=None,
-    responses={200: {"model": InferResponse}, **ERRORS},
+    responses={200: {"model": InferResponse}},
     openapi_extra=INFER_DOC,
 )
 async def infer(

@@ -16,7 +16,13 @@ from service.engine import ModelInfo
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.context import scope_of
-from service.protocols.http import ChunkedResponse, EngineDep, json_request_body, protocol_route
+from service.protocols.http import (
+    ChunkedResponse,
+    EngineDep,
+    error_responses,
+    json_request_body,
+    protocol_route,
+)
 from service.protocols.native import codec
 from service.protocols.native.errors import render
 from service.protocols.native.schemas import (
@@ -31,26 +37,20 @@ from service.protocols.native.schemas import (
 )
 from service.protocols.protocol import Protocol
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in (
-        (400, "Malformed JSON body (invalid_json)."),
-        (401, "Missing or wrong API key, when the server has one (unauthorized)."),
-        (404, "Unknown model (model_not_found)."),
-        (413, "Too many sequences or tokens, sequence too long, body or response too large."),
-        (415, "Content-Type is not application/json (unsupported_media_type)."),
-        (422, "Well-formed JSON with invalid content (invalid_input)."),
-        (429, "Too many requests queued (overloaded); honour Retry-After."),
-        (503, "Models not loaded or warm-up not finished (not_ready)."),
-    )
-}
 
-health = APIRouter(tags=["health"], route_class=protocol_route(render, Access.OPEN))
-models = APIRouter(
-    prefix="/v1", tags=["models"], route_class=protocol_route(render, Access.GUARDED)
-)
-encode = APIRouter(prefix="/v1", tags=["encode"], route_class=protocol_route(render, Access.WORK))
-metrics = APIRouter(tags=["metrics"], route_class=protocol_route(render, Access.OPEN))
+def routed(access: Access, **router: Any) -> APIRouter:
+    """A router whose routes enter the scope with ``access`` and document its errors."""
+    return APIRouter(
+        route_class=protocol_route(render, access),
+        responses=error_responses(ErrorBody, access),
+        **router,
+    )
+
+
+health = routed(Access.OPEN, tags=["health"])
+models = routed(Access.GUARDED, prefix="/v1", tags=["models"])
+encode = routed(Access.WORK, prefix="/v1", tags=["encode"])
+metrics = routed(Access.OPEN, tags=["metrics"])
 routers = (health, models, encode, metrics)
 
 
@@ -58,7 +58,6 @@ routers = (health, models, encode, metrics)
     "/health/live",
     methods=["GET", "HEAD"],
     response_model=Health,
-    responses={503: ERROR_RESPONSES[503]},
 )
 async def live(engine: EngineDep) -> Health:
     """The process is up and able to serve (503 once its warm-up has failed for good)."""
@@ -70,7 +69,6 @@ async def live(engine: EngineDep) -> Health:
     "/health/ready",
     methods=["GET", "HEAD"],
     response_model=Health,
-    responses={503: ERROR_RESPONSES[503]},
 )
 async def ready(engine: EngineDep) -> Health:
     """Models are loaded, a warm-up inference passed, the server is not shutting down and
@@ -114,7 +112,7 @@ async def list_models(engine: EngineDep) -> ModelList:
     )
 
 
-@models.get("/models/{name}", response_model=ModelCard, responses={404: ERROR_RESPONSES[404]})
+@models.get("/models/{name}", response_model=ModelCard)
 async def get_model(name: str, engine: EngineDep) -> ModelCard:
     """One model's architecture, limits, pooling and file digests."""
     info = engine.model(name)
@@ -124,7 +122,7 @@ async def get_model(name: str, engine: EngineDep) -> ModelCard:
 @encode.post(
     "/encode",
     response_model=None,
-    responses={200: {"model": EncodeResponse}, **ERROR_RESPONSES},
+    responses={200: {"model": EncodeResponse}},
     openapi_extra=json_request_body("EncodeRequest"),
 )
 async def encode_sequences(request: Request, engine: EngineDep) -> Response:
@@ -135,7 +133,7 @@ async def encode_sequences(request: Request, engine: EngineDep) -> Response:
 @encode.post(
     "/tokenize",
     response_model=None,
-    responses={200: {"model": TokenizeResponse}, **ERROR_RESPONSES},
+    responses={200: {"model": TokenizeResponse}},
     openapi_extra=json_request_body("TokenizeRequest"),
 )
 async def tokenize_texts(request: Request, engine: EngineDep) -> Response:

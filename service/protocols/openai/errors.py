@@ -32,8 +32,8 @@ TRUNCATE_HINT = (
 )
 
 
-def status_of(exc: ServiceError) -> int:
-    return 400 if isinstance(exc, InvalidInput | SequenceTooLong) else exc.status_code
+def status_for(cls: type[ServiceError]) -> int:
+    return 400 if issubclass(cls, InvalidInput | SequenceTooLong) else cls.status_code
 
 
 def type_of(status: int) -> str:
@@ -45,7 +45,7 @@ def type_of(status: int) -> str:
 
 
 def render(exc: ServiceError) -> JSONResponse:
-    status = status_of(exc)
+    status = status_for(type(exc))
     param = None if exc.field is None else field_name(exc.field, RENAMES)
     message = exc.message if param is None else f"{param}: {exc.message}"
     if isinstance(exc, SequenceTooLong):

@@ -10,33 +10,25 @@ from fastapi.responses import Response
 
 from service.engine.scope import Access
 from service.protocols import http
-from service.protocols.http import EngineDep, json_request_body, protocol_route
+from service.protocols.http import EngineDep, error_responses, json_request_body, protocol_route
 from service.protocols.openai import codec
-from service.protocols.openai.errors import render
+from service.protocols.openai.errors import render, status_for
 from service.protocols.openai.schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIError
 from service.protocols.protocol import Protocol
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": OpenAIError, "description": text}
-    for code, text in (
-        (400, "Malformed or invalid request, or a text beyond the model's length."),
-        (401, "Missing or wrong API key, when the server has one."),
-        (404, "Unknown model."),
-        (413, "Too many inputs or tokens, body or response too large."),
-        (415, "Content-Type is not application/json."),
-        (429, "Too many requests in progress; honour Retry-After."),
-        (503, "Models not loaded or warm-up not finished."),
-    )
-}
-
-router = APIRouter(prefix="/v1", tags=["openai"], route_class=protocol_route(render, Access.WORK))
+router = APIRouter(
+    prefix="/v1",
+    tags=["openai"],
+    route_class=protocol_route(render, Access.WORK),
+    responses=error_responses(OpenAIError, Access.WORK, status_for),
+)
 routers = (router,)
 
 
 @router.post(
     "/embeddings",
     response_model=None,
-    responses={200: {"model": EmbeddingsResponse}, **ERROR_RESPONSES},
+    responses={200: {"model": EmbeddingsResponse}},
     openapi_extra=json_request_body("EmbeddingsRequest"),
 )
 async def create_embeddings(request: Request, engine: EngineDep) -> Response:
