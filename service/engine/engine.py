@@ -30,6 +30,7 @@ from service.engine.types import (
     ArrayInput,
     EncodeRequest,
     EncodeResult,
+    InputItem,
     Pooling,
     SequenceOutput,
     TokenIds,
@@ -70,6 +71,12 @@ INLINE_HELD_BYTES = 64 * 1024 * 16
 UNWATCHED_TOKENS = 256
 # Out-of-vocabulary token ids named in an error, at most.
 SHOWN_IDS = 10
+
+
+# A text's (tokens, ids, type ids), as the tokenizer gives them.
+Tokenized = tuple[list[str], list[int], list[int]]
+# Resolved attention layers and heads, hidden-state layers, and the pooling.
+ResolvedOptions = tuple[list[int], list[int], list[int], Pooling]
 
 
 @dataclass(frozen=True)
@@ -300,32 +307,46 @@ class Engine:
             return await asyncio.to_thread(work, *args)
 
     def prepare(self, request: EncodeRequest) -> PreparedEncode:
-        """Check everything and decode/embed the inputs; raise a ServiceError on mistakes."""
+        """Check everything and decode/embed the inputs; raise a ServiceError on mistakes.
+
+        Cheap checks first: the count, then lengths (declared or tokenized), then the
+        options, and only then are arrays decoded and token ids embedded; the answer's
+        size and working memory are judged before anything is queued.
+        """
         runtime = self._runtime(request.model)
-        info, cfg = runtime.info, runtime.info.config
+        info = runtime.info
         if not request.inputs:
             raise InvalidInput("is empty: send at least one sequence", field=("inputs",))
         limits.check_sequence_count(len(request.inputs), self.settings)  # before reading them
         inputs = list(request.inputs)
+        tokenized, ids = self._token_front_end(runtime, inputs, request.truncate)
+        options = self._resolve_options(info, request)
+        arrays = self._sequences(runtime, inputs, tokenized, ids)
+        tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
+        size, work = self._answer_cost(request, info, arrays, tokens, options)
+        layers, heads, hidden_layers, pooling = options
+        return PreparedEncode(
+            request, info, arrays, tokens, layers, heads, hidden_layers, pooling, size, work
+        )
+
+    def _token_front_end(
+        self, runtime: ModelRuntime, inputs: list[InputItem], truncate: bool
+    ) -> tuple[dict[int, Tokenized], dict[int, list[int]]]:
+        """Texts tokenized and token ids checked, by input index; every length known
+        before decoding (declared rows for arrays) checked against the limits."""
+        info = runtime.info
         texts = {
-            i: limits.bound_text(item, info, request.truncate, ("inputs", i))
+            i: limits.bound_text(item, info, truncate, ("inputs", i))
             for i, item in enumerate(inputs)
             if isinstance(item, str)
         }
-        tokenized = (
-            dict(
-                zip(
-                    texts,
-                    self._tokenize(runtime, list(texts.values()), request.truncate),
-                    strict=True,
-                )
-            )
-            if texts
-            else {}
-        )
+        tokenized: dict[int, Tokenized] = {}
+        if texts:
+            found = self._tokenize(runtime, list(texts.values()), truncate)
+            tokenized = dict(zip(texts, found, strict=True))
         ids = {i: item.ids for i, item in enumerate(inputs) if isinstance(item, TokenIds)}
         if ids:
-            self._check_token_ids(runtime.info, ids)
+            self._check_token_ids(info, ids)
         lengths = [
             len(tokenized[i][0])
             if i in tokenized
@@ -337,7 +358,12 @@ class Engine:
             for i, item in enumerate(inputs)
         ]
         limits.check_lengths(lengths, info, self.settings, "inputs")
-        # Checked even without return_attention: a wrong index is wrong either way.
+        return tokenized, ids
+
+    def _resolve_options(self, info: ModelInfo, request: EncodeRequest) -> ResolvedOptions:
+        """Attention layers and heads, hidden-state layers and pooling, checked against
+        the model (even when not asked for: a wrong index is wrong either way)."""
+        cfg = info.config
         spec = request.attention
         layers = postprocess.resolve_indices(
             spec.layers, cfg.n_layers, "layers", ("attention", "layers")
@@ -356,9 +382,19 @@ class Engine:
             )
         if spec.reduce == "rollout":
             layers = sorted(set(layers))  # rollout multiplies layers bottom-up, each once
-        pooling = self._pooling(info, request)
+        return layers, heads, hidden_layers, self._pooling(info, request)
+
+    def _sequences(
+        self,
+        runtime: ModelRuntime,
+        inputs: list[InputItem],
+        tokenized: dict[int, Tokenized],
+        ids: dict[int, list[int]],
+    ) -> list[np.ndarray]:
+        """The encoder's input per sequence: arrays decoded, token ids embedded."""
+        info = runtime.info
         sequences: dict[int, np.ndarray] = {
-            i: limits.check_array(item.decode(), ("inputs", i), cfg.d_model)
+            i: limits.check_array(item.decode(), ("inputs", i), info.config.d_model)
             for i, item in enumerate(inputs)
             if isinstance(item, ArrayInput)
         }
@@ -375,14 +411,27 @@ class Engine:
         arrays = [sequences[i] for i in range(len(inputs))]
         # Again on what was decoded: a protocol may not know a length before decoding.
         limits.check_lengths([len(a) for a in arrays], info, self.settings, "inputs")
-        tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
+        return arrays
+
+    def _answer_cost(
+        self,
+        request: EncodeRequest,
+        info: ModelInfo,
+        arrays: list[np.ndarray],
+        tokens: list[list[str] | None],
+        options: ResolvedOptions,
+    ) -> tuple[float, int]:
+        """The answer's size (413 beyond ATTNSERVE_MAX_RESPONSE_BYTES) and the working
+        memory the request holds until it is sent."""
+        layers, heads, hidden_layers, pooling = options
+        cfg = info.config
         answer_lengths = [len(a) for a in arrays]
         if request.pad_to is not None:
             answer_lengths = [max(request.pad_to, *answer_lengths)] * len(arrays)
         shape = limits.answer_shape(
             answer_lengths,
             cfg.d_model,
-            attention=limits.attention_maps(spec, len(layers), len(heads))
+            attention=limits.attention_maps(request.attention, len(layers), len(heads))
             if request.return_attention
             else None,
             embeddings=request.return_embeddings,
@@ -399,9 +448,7 @@ class Engine:
             shape,
             size,
         )
-        return PreparedEncode(
-            request, info, arrays, tokens, layers, heads, hidden_layers, pooling, size, work
-        )
+        return size, work
 
     def _pooling(self, info: ModelInfo, request: EncodeRequest) -> Pooling:
         """The pooling to apply; checks normalize and dimensions against it and the model."""
@@ -431,9 +478,7 @@ class Engine:
                 raise InvalidInput("applies to pooled vectors", field=("dimensions",))
         return pooling
 
-    def _tokenize(
-        self, runtime: ModelRuntime, texts: list[str], truncate: bool
-    ) -> list[tuple[list[str], list[int], list[int]]]:
+    def _tokenize(self, runtime: ModelRuntime, texts: list[str], truncate: bool) -> list[Tokenized]:
         if not runtime.info.has_tokenizer:
             raise UnsupportedByModel(
                 f"model {runtime.info.name!r} has no tokenizer: send token embeddings as "
