@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -132,29 +133,45 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else float("nan")
 
 
-def flood(url: str, path: str, body: bytes, seconds: float, senders: int) -> dict[str, Any]:
-    """``senders`` clients send ``body`` back to back; their statuses and refusal times."""
+def send_loop(url: str, name: str, seconds: float, out: Any) -> None:
+    """One flood sender, in its own process (a load generator must not share the probe's
+    GIL): ``name``'s body back to back; (status, seconds) of each send onto ``out``."""
+    path, body, _ = FLOODS[name]()
+    stop = time.monotonic() + seconds
+    results = []
+    with httpx.Client(base_url=url, timeout=120) as client:
+        while time.monotonic() < stop:
+            started = time.perf_counter()
+            try:
+                status = str(client.post(path, content=body, headers=JSON).status_code)
+            except httpx.TransportError as exc:
+                status = type(exc).__name__
+            results.append((status, time.perf_counter() - started))
+    out.put(results)
+
+
+def flood(url: str, name: str, seconds: float, senders: int) -> tuple[list[Any], Any]:
+    """``senders`` processes sending the flood; join them with ``collect``."""
+    context = get_context("spawn")
+    out = context.Queue()
+    procs = [
+        context.Process(target=send_loop, args=(url, name, seconds, out)) for _ in range(senders)
+    ]
+    for proc in procs:
+        proc.start()
+    return procs, out
+
+
+def collect(procs: list[Any], out: Any) -> tuple[dict[str, int], list[float]]:
     statuses: dict[str, int] = {}
     times: list[float] = []
-    lock = threading.Lock()
-    stop = time.monotonic() + seconds
-
-    def send() -> None:
-        with httpx.Client(base_url=url, timeout=120) as client:
-            while time.monotonic() < stop:
-                started = time.perf_counter()
-                try:
-                    status = str(client.post(path, content=body, headers=JSON).status_code)
-                except httpx.TransportError as exc:
-                    status = type(exc).__name__
-                with lock:
-                    statuses[status] = statuses.get(status, 0) + 1
-                    times.append(time.perf_counter() - started)
-
-    threads = [threading.Thread(target=send) for _ in range(senders)]
-    for thread in threads:
-        thread.start()
-    return {"threads": threads, "statuses": statuses, "times": times}
+    for _ in procs:
+        for status, elapsed in out.get(timeout=300):
+            statuses[status] = statuses.get(status, 0) + 1
+            times.append(elapsed)
+    for proc in procs:
+        proc.join()
+    return statuses, times
 
 
 JSON = {"content-type": "application/json"}
@@ -168,9 +185,9 @@ def measure(url: str, pid: int, name: str, seconds: float, senders: int) -> dict
         alone_seconds = time.perf_counter() - started
     idle = probe_latencies(url, seconds / 2)
     idle_rss = rss_mb(pid)
-    running = flood(url, path, body, seconds, senders)
+    procs, out = flood(url, name, seconds, senders)
+    time.sleep(1.0)  # let the senders start (spawned interpreters) before probing
     peak = idle_rss
-    under: dict[str, list[float]] = {}
     sampler_stop = threading.Event()
 
     def sample() -> None:
@@ -181,9 +198,8 @@ def measure(url: str, pid: int, name: str, seconds: float, senders: int) -> dict
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    under = probe_latencies(url, seconds)
-    for thread in running["threads"]:
-        thread.join()
+    under = probe_latencies(url, seconds - 2.0)
+    statuses, times = collect(procs, out)
     sampler_stop.set()
     sampler.join()
     return {
@@ -191,8 +207,8 @@ def measure(url: str, pid: int, name: str, seconds: float, senders: int) -> dict
         "body_mb": round(len(body) / 2**20, 1),
         "alone_status": alone.status_code,
         "alone_seconds": round(alone_seconds, 3),
-        "flood_statuses": running["statuses"],
-        "flood_refusal_p50_seconds": round(statistics.median(running["times"]), 3),
+        "flood_statuses": statuses,
+        "flood_refusal_p50_seconds": round(statistics.median(times), 3),
         "text_p99_idle_ms": round(1000 * p99(idle["text"]), 1),
         "text_p99_flood_ms": round(1000 * p99(under["text"]), 1),
         "text_p99_ratio": round(p99(under["text"]) / p99(idle["text"]), 2),

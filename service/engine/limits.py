@@ -145,13 +145,14 @@ def check_response_size(
     if size > settings.max_response_bytes:
         hint = (
             (
-                "select fewer attention.layers or attention.heads, use attention.reduce "
-                "mean/max/rollout, "
+                "select fewer attention layers or heads, reduce the attention (mean, max "
+                "or rollout), "
                 if shape.attention_floats
                 else ""
             )
-            + ("select fewer hidden_states.layers, " if shape.hidden_state_floats else "")
-            + "send fewer or shorter sequences, or use a more compact encoding (base64)"
+            + ("select fewer hidden-state layers, " if shape.hidden_state_floats else "")
+            + "send fewer or shorter sequences, or ask for a more compact encoding (base64 "
+            "or binary)"
         )
         raise PayloadTooLarge(
             f"the response would be up to {size:,.0f} bytes ({size / MB:.2f} MB: "

@@ -247,20 +247,26 @@ def protocol_route(render: ErrorRenderer, access: Access) -> type[APIRoute]:
 
 
 def error_responses(
-    body: type[Any], access: Access, status_of: Callable[[type[ServiceError]], int] | None = None
+    body: type[Any],
+    access: Access,
+    status_of: Callable[[type[ServiceError]], int] | None = None,
+    notes: dict[int, str] | None = None,
 ) -> dict[int | str, dict[str, Any]]:
     """OpenAPI responses of the routes with ``access``: every error they can answer, in
     ``body``'s shape, from the one catalog in ``service/errors.py`` (whose ``when`` texts
-    make the table in docs/api.md). ``status_of``: a protocol's own status for an error."""
+    make the table in docs/api.md). ``status_of``: a protocol's own status for an error;
+    ``notes``: what a status means in the protocol's own terms."""
     kinds: dict[int, list[str]] = {}
     for cls in catalog():
         if access.value in cls.raised_on:
             status = cls.status_code if status_of is None else status_of(cls)
             kinds.setdefault(status, []).append(cls.error_type)
-    return {
-        status: {"model": body, "description": ", ".join(dict.fromkeys(kinds[status]))}
-        for status in sorted(kinds)
+    described = {
+        status: ", ".join(dict.fromkeys(kinds[status]))
+        + (f": {notes[status]}" if notes and status in notes else "")
+        for status in kinds
     }
+    return {status: {"model": body, "description": described[status]} for status in sorted(kinds)}
 
 
 def json_request_body(schema: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import pytest
 from langchain_openai import OpenAIEmbeddings
 
 from model_export.manifest import Manifest
+from service.protocols.wire import DECODED_PER_BYTE, DECODED_PER_VALUE
 from tests.conftest import running_server
 from tests.pretrained.reference import SENTENCES, Reference
 
@@ -237,14 +238,15 @@ def test_truncation_when_configured(matryoshka_url: str) -> None:
 
 
 def test_overload_raises_rate_limit_error_with_retry_after(matryoshka_url: str) -> None:
-    """A quarter of the memory budget sent of a longer body holds all of it (x4 for
-    parsing) while the rest is awaited, so the next request is a 429."""
+    """Part of a longer body whose parse cost (wire.JsonCost) is all of the memory budget
+    is held while the rest is awaited, so the next request is a 429."""
     parts = urlsplit(matryoshka_url)
+    spaces = (BUDGET - DECODED_PER_VALUE) // DECODED_PER_BYTE  # no commas: one value at most
     with socket.create_connection((parts.hostname, parts.port)) as held:
         held.sendall(
             b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {BUDGET // 4 + 1}\r\n\r\n".encode()
-            + b" " * (BUDGET // 4)
+            + f"Content-Length: {spaces + 1}\r\n\r\n".encode()
+            + b" " * spaces
         )
         with openai.OpenAI(base_url=f"{matryoshka_url}/v1", api_key="x", max_retries=0) as c:
             for _ in range(50):  # until the held request has been admitted

@@ -35,13 +35,21 @@ PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["binary_tensor_data"]
 
 
+# What the statuses mean in this protocol's terms (the OpenAPI's error descriptions).
+NOTES = {
+    400: "the JSON header is not valid JSON, or X-Request-Timeout is malformed",
+    422: "invalid content: framing (header length, binary sizes), datatype, shape, data, "
+    "unknown input or output, mask, non-finite values",
+}
+
+
 def routed(access: Access) -> APIRouter:
     """A /v2 router whose routes enter the scope with ``access`` and document its errors."""
     return APIRouter(
         prefix="/v2",
         tags=["kserve-v2"],
         route_class=protocol_route(render, access),
-        responses=error_responses(ErrorBody, access),
+        responses=error_responses(ErrorBody, access, notes=NOTES),
     )
 
 
