@@ -61,7 +61,15 @@ def openai_tiny_strings() -> tuple[str, bytes, dict[str, str]]:
     return "/v1/embeddings", b'{"input":[' + b",".join([b'""'] * count) + b"]}", {}
 
 
+def control_oversized() -> tuple[str, bytes, dict[str, str]]:
+    """The control: a body over ATTNSERVE_MAX_BODY_BYTES, refused by its Content-Length
+    before any of it is read (413), then read and dropped: what moving the bytes alone
+    costs the server and the machine, whatever the body holds."""
+    return "/v1/encode", b" " * (BODY_BYTES + 8192), {}
+
+
 FLOODS: dict[str, Callable[[], tuple[str, bytes, dict[str, str]]]] = {
+    "control: 32 MiB refused by Content-Length": control_oversized,
     "v2 BYTES, 6.7 M tiny strings": v2_tiny_strings,
     "/v1/encode, 10 M empty lists": native_empty_lists,
     "/v1/embeddings, 8 M empty strings": openai_tiny_strings,

@@ -447,6 +447,7 @@ class Engine:
             request.return_hidden_states,
             shape,
             size,
+            request.wire_cost.copies,
         )
         return size, work
 

@@ -169,13 +169,15 @@ def work_bytes(
     hidden_states: bool,
     shape: AnswerShape,
     response_bytes: float,
+    copies: float = 1.0,
 ) -> int:
     """The memory an admitted request holds at its peak, beyond its body.
 
     Its decoded inputs [n, d]; the model's outputs kept per sequence until the
     answer is built: the last hidden state, with attention every map [L, H, n, n]
     (that graph returns the hidden states too), with hidden states all L + 1
-    [n, d]; the answer's arrays; and its encoded bytes. Selection and reduction
+    [n, d]; the answer's arrays; and its encoded bytes, times the copies its
+    protocol makes while framing them (``WireCost.copies``). Selection and reduction
     work layer by layer (``postprocess``), so their scratch space is one layer's
     maps, within the outputs' count. Repeated indices are refused, so nothing a
     request names can multiply any of this.
@@ -187,4 +189,4 @@ def work_bytes(
     if attention or hidden_states:
         floats += (cfg.n_layers + 1) * tokens * cfg.d_model
     floats += shape.floats
-    return FLOAT32 * floats + int(response_bytes)
+    return FLOAT32 * floats + int(response_bytes * copies)

@@ -78,6 +78,9 @@ class WireCost:
     per_token: float = 0.0  # a listed token's quotes and separator
     per_char: float = 6.0  # a character of a token or model name (JSON escapes: \uXXXX)
     fixed: float = 0.0  # the answer's envelope, once
+    # Copies of the encoded answer alive at once while the protocol frames it (e.g.
+    # /v2 binary: the re-padded arrays, their bytes, and the joined body).
+    copies: float = 1.0
 
     def bytes(self, shape: AnswerShape, model_name: str) -> float:
         return (
