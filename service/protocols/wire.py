@@ -29,8 +29,8 @@ BASE64_ARRAYS = dict(per_float=16.0 / 3.0, per_array=96.0)
 # numpy for arrays; bench/bench_floods.py): orjson's parser reserves ~13 bytes per body
 # byte while it runs, then each value becomes a Python object in a list slot (a float
 # 24 + 8, and 8 more in a float64 array), each array or object an empty list or dict
-# (56-64), each string ~48 + its text. Within +50%/-8% of the measured peak for floats,
-# ints, texts, empty lists and tiny strings.
+# (56-64), each string ~48 + its text. 1.0-1.4x the measured peak of floats, ints,
+# texts, empty lists and tiny strings (2.1x for small ints, which Python caches).
 DECODED_PER_BYTE = 13
 DECODED_PER_VALUE = 40
 DECODED_PER_CONTAINER = 64

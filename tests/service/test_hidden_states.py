@@ -261,7 +261,7 @@ def test_hidden_states_count_in_the_response_budget(small_budget_url: str) -> No
             assert r.status_code == 413, r.text
             assert r.json()["error_type"] == "payload_too_large"
             assert f"{BUDGET:,} bytes" in r.json()["error"]
-            assert "hidden_states.layers" in r.json()["error"]  # the hint names the way out
+            assert "hidden-state layers" in r.json()["error"]  # the hint names the way out
         # The same request without hidden states is still accepted.
         again = post(client, {**base, "return_hidden_states": False})
         assert again.status_code == 200, again.text

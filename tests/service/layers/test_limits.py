@@ -146,11 +146,11 @@ def test_response_size_limit_is_inclusive(model_repository: Path) -> None:
     assert limits.check_response_size(AnswerShape([(512,)], 1), cost, "", settings) == 1024.0
     with pytest.raises(PayloadTooLarge) as plain:
         limits.check_response_size(AnswerShape([(513,)], 1), cost, "", settings)
-    assert "attention.layers" not in plain.value.message  # no attention asked: no attention hint
+    assert "attention layers" not in plain.value.message  # no attention asked: no attention hint
     with pytest.raises(PayloadTooLarge) as attention:
         shape = AnswerShape([(113,), (1, 1, 20, 20)], 1, attention_floats=400)
         limits.check_response_size(shape, cost, "", settings)
-    assert "attention.layers" in attention.value.message
+    assert "attention layers" in attention.value.message
 
 
 @dataclass(frozen=True)
