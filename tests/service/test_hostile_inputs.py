@@ -28,6 +28,8 @@ from tests.service.raw_http import address, metric, post_head, wait_for
 KiB = 1024
 MAX_HEADER_BYTES = 64 * KiB  # the server's default ATTNSERVE_MAX_HEADER_BYTES
 INFER = f"/v2/models/{MODEL}/infer"
+MiB = 1024 * KiB
+GOOD_BODY = {"inputs": [[[0.25] * D_MODEL] * 3]}
 EMBEDS = {"name": "inputs_embeds", "datatype": "FP32"}
 # The longest error body any of these may produce: messages are capped at 1,000
 # characters, field names at 64.
@@ -229,3 +231,35 @@ def test_an_answer_cut_at_the_send_timeout_is_not_counted_as_200(model_repositor
         assert wait_for(lambda: count("499") == 1, 5.0), server.log()[-2000:]
         assert count("200") == 0
         assert "answer was cut" in server.log()
+
+
+# Bodies of millions of tiny elements: refused by what their first chunks hold.
+TINY_FLOODS = {
+    "/v1/encode": (b'{"inputs":[', b"[],"),
+    "/v1/embeddings": (b'{"input":[', b'"",'),
+    INFER: (b'{"inputs":[{"name":"inputs_embeds","datatype":"FP32","shape":[1],"data":[', b"[],"),
+}
+
+
+@pytest.mark.parametrize("path", list(TINY_FLOODS))
+def test_a_body_of_millions_of_tiny_elements_is_413_before_it_has_arrived(
+    server: ServerProcess, path: str
+) -> None:
+    """Only 1 MiB of a 30 MiB body is sent: it already holds more arrays or strings than
+    any valid request, so the 413 comes without the rest (it never waits to parse)."""
+    head, element = TINY_FLOODS[path]
+    sent = head + element * (MiB // len(element))
+    with socket.create_connection(address(server.url), timeout=10) as sock:
+        sock.sendall(post_head(path, 30 * MiB) + sent)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+    assert b"arrays, objects and strings" in answer
+    # The budget was never spent on it: a good request still runs.
+    assert httpx.post(f"{server.url}/v1/encode", json=GOOD_BODY, timeout=10).status_code == 200
+
+
+def test_a_valid_body_with_as_many_rows_as_tokens_is_accepted(server: ServerProcess) -> None:
+    """The bound leaves room for the most arrays a valid request holds: one row per token."""
+    rows = [[0.0] * D_MODEL] * MODEL_MAX_SEQ_LEN
+    r = httpx.post(f"{server.url}/v1/encode", json={"inputs": [rows, rows]}, timeout=30)
+    assert r.status_code == 200, r.text
