@@ -3,7 +3,9 @@
 No fixed batching window: a fixed window costs its whole length at low load.
 Instead each model's worker takes whatever has queued while the previous run
 was busy (up to ``max_batch_tokens`` real tokens), sorts those sequences by
-length and cuts them into runs of at most ``max_batch_tokens`` padded tokens,
+length and cuts them into the runs of least modelled time (``run_planner``:
+each run within ``max_batch_tokens`` padded tokens and the attention budget,
+its cost fitted per graph from timed shapes at warm-up and every live run),
 so short and long sequences are not padded to each other. Runs execute one at
 a time on a single inference thread: on a small CPU, concurrent onnxruntime
 runs only fight over the same cores. Admission happens above, in the engine.
@@ -33,6 +35,7 @@ import numpy as np
 from model_export.manifest import graph_io
 from service.errors import DeadlineExceeded
 from service.metrics import Metrics
+from service.run_planner import RunCostModel, plan_runs
 from service.runtime import ModelRuntime, pad
 from service.settings import Settings
 
@@ -49,6 +52,9 @@ TOKEN_AXES = {
 }
 
 
+# Shapes (sequences, tokens) timed per graph at warm-up, so the run planner has a cost
+# model before the first request (each is run twice; the first pays allocations).
+CALIBRATION_SHAPES = ((1, 8), (1, 64), (8, 16), (4, 64), (2, 128), (8, 128))
 # Weight of the newest run in the tokens-per-second estimate.
 RATE_SMOOTHING = 0.2
 # Retry-After bounds, in seconds.
@@ -77,19 +83,6 @@ class _Job:
     @property
     def tokens(self) -> int:
         return sum(len(s) for s in self.sequences)
-
-
-def plan_runs(lengths: list[int], fits: Callable[[int, int], bool]) -> list[list[int]]:
-    """Group sequence indices into runs, longest first; ``fits(batch, longest)`` bounds a run."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
-    runs: list[list[int]] = []
-    for i in order:
-        # Sorted descending, so the run's first sequence is its longest.
-        if runs and fits(len(runs[-1]) + 1, lengths[runs[-1][0]]):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
 
 
 def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
@@ -141,6 +134,9 @@ class Batcher:
         self._queued = 0  # jobs waiting for their first run
         self._backlog_tokens = 0  # tokens of jobs not yet finished
         self._tokens_per_second: float | None = None
+        self._costs: dict[tuple[str, str], RunCostModel] = {
+            (name, graph): RunCostModel() for name in runtimes for graph in graph_io.GRAPH_OUTPUTS
+        }
 
     async def start(self) -> None:
         for name in self._runtimes:
@@ -154,6 +150,28 @@ class Batcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def calibrate(self) -> None:
+        """Time ``CALIBRATION_SHAPES`` per model and graph on the inference thread: the
+        run planner's first cost model (every live run refines it)."""
+        loop = asyncio.get_running_loop()
+        for name, runtime in self._runtimes.items():
+            width, most = runtime.info.config.d_model, runtime.info.max_seq_len
+            for graph in runtime.info.manifest.graphs:
+                fits = self._fits(runtime, graph)
+                for batch, longest in CALIBRATION_SHAPES:
+                    longest = min(longest, most)
+                    if not fits(batch, longest):
+                        continue
+                    sequences = [np.zeros((longest, width), np.float32)] * batch
+                    run = partial(_run_and_split, runtime, sequences, graph)
+                    await loop.run_in_executor(self._executor, run)
+                    start = time.monotonic()
+                    await loop.run_in_executor(self._executor, run)
+                    self._costs[name, graph].observe(batch, longest, time.monotonic() - start)
+
+    def cost_model(self, model: str, graph: str) -> RunCostModel:
+        return self._costs[model, graph]
 
     def busy(self) -> bool:
         """Is anything queued or running, so new work would wait for it?"""
@@ -270,20 +288,8 @@ class Batcher:
     ) -> None:
         slots = [(j, i) for j in group for i in range(len(j.sequences))]
         lengths = [len(job.sequences[i]) for job, i in slots]
-        with_attention = graph == graph_io.GRAPH_ATTENTION
-        maps = runtime.info.config.n_layers * runtime.info.config.n_heads
-        settings = self._settings
-
-        def fits(batch: int, longest: int) -> bool:
-            # Padded tokens bound the embeddings; attention grows with longest², so
-            # its floats get their own budget (the graph's memory is mostly these).
-            if batch * longest > settings.max_batch_tokens:
-                return False
-            return not with_attention or (
-                batch * maps * longest * longest <= settings.max_batch_attention_floats
-            )
-
-        for run in plan_runs(lengths, fits):
+        cost = self._costs[runtime.info.name, graph]
+        for run in plan_runs(lengths, self._fits(runtime, graph), cost if cost.fitted else None):
             jobs = list({id(slots[k][0]): slots[k][0] for k in run}.values())
             if all(job.future.done() for job in jobs):
                 continue  # every client of this run went away
@@ -314,6 +320,23 @@ class Batcher:
             if not job.future.done():
                 job.future.set_result([r for r in job.results if r is not None])
 
+    def _fits(self, runtime: ModelRuntime, graph: str) -> Callable[[int, int], bool]:
+        """The memory bounds of one run of ``graph``: (sequences, longest) -> within them."""
+        with_attention = graph == graph_io.GRAPH_ATTENTION
+        maps = runtime.info.config.n_layers * runtime.info.config.n_heads
+        settings = self._settings
+
+        def fits(batch: int, longest: int) -> bool:
+            # Padded tokens bound the embeddings; attention grows with longest², so
+            # its floats get their own budget (the graph's memory is mostly these).
+            if batch * longest > settings.max_batch_tokens:
+                return False
+            return not with_attention or (
+                batch * maps * longest * longest <= settings.max_batch_attention_floats
+            )
+
+        return fits
+
     def _started(self, jobs: list[_Job], now: float) -> None:
         for job in jobs:
             if not job.started:
@@ -335,6 +358,7 @@ class Batcher:
         """Record one run: metrics, each job's compute time, the drain-rate estimate."""
         tokens = sum(lengths[k] for k in run)
         longest = max(lengths[k] for k in run)
+        self._costs[model, graph].observe(len(run), longest, elapsed)
         self._metrics.inference.labels(model, GRAPH_LABELS[graph]).observe(elapsed)
         self._metrics.batch_sequences.observe(len(run))
         self._metrics.batch_fill.observe(tokens / (len(run) * longest))

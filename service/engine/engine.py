@@ -153,6 +153,8 @@ class Engine:
         try:
             for runtime in self.runtimes.values():
                 await asyncio.to_thread(runtime.warmup)
+            if self._batcher is not None:
+                await self._batcher.calibrate()
         except Exception as exc:
             log.exception("warm-up failed: the server will never be ready")
             # Fail liveness too, so an orchestrator restarts it instead of keeping a

@@ -1,4 +1,4 @@
-"""``service.batcher.plan_runs``: how queued sequences are cut into onnxruntime runs.
+"""``service.run_planner``: how queued sequences are cut into onnxruntime runs.
 
 Properties, for any lengths and any token budget (``fits`` as the batcher's
 padded-token bound, ``batch * longest <= budget``):
@@ -8,7 +8,12 @@ padded-token bound, ``batch * longest <= budget``):
   the budget still runs, by itself);
 - runs are longest first: the concatenated runs are in descending length, so
   a run's first element is its longest (the batcher pads to it);
-- runs are greedy: a run is not closed while the next sequence still fits it.
+- greedy (no cost model): a run is not closed while the next sequence still fits it;
+- with a cost model: the same first three, and the partition's modelled cost is the
+  least of every partition into contiguous runs of the sorted order (checked by brute
+  force on small queues);
+- the cost model recovers known coefficients from exact timings and never goes
+  negative on noisy ones.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from service.batcher import plan_runs
+from service.run_planner import RunCostModel, plan_runs
 from tests.service.helpers import MODEL_MAX_SEQ_LEN
 
 # Bounded: each example is microseconds, 200 of them a few tenths of a second.
@@ -86,3 +92,101 @@ def test_every_run_is_within_a_budget_that_covers_each_sequence(
 )
 def test_plan_runs_examples(lengths: list[int], budget: int, expected: list[list[int]]) -> None:
     assert check_plan(lengths, budget) == expected
+
+
+def check_partition(lengths: list[int], runs: list[list[int]], fits: Callable[[int, int], bool]):
+    flat = [i for run in runs for i in run]
+    assert sorted(flat) == list(range(len(lengths))), "each index exactly once"
+    flat_lengths = [lengths[i] for i in flat]
+    assert flat_lengths == sorted(flat_lengths, reverse=True), "descending length order"
+    for run in runs:
+        assert run and (len(run) == 1 or fits(len(run), lengths[run[0]]))
+
+
+def cost_of(runs: list[list[int]], lengths: list[int], cost: Callable[[int, int], float]) -> float:
+    return sum(cost(len(run), lengths[run[0]]) for run in runs)
+
+
+def brute_force_least_cost(
+    lengths: list[int], fits: Callable[[int, int], bool], cost: Callable[[int, int], float]
+) -> float:
+    """Every partition of the sorted order into contiguous runs that fit."""
+    order = sorted(lengths, reverse=True)
+    if not order:
+        return 0.0
+    best = float("inf")
+    for cuts in itertools.product([False, True], repeat=max(len(order) - 1, 0)):
+        runs, current = [], [0]
+        for k, cut in enumerate(cuts, start=1):
+            if cut:
+                runs.append(current)
+                current = [k]
+            else:
+                current.append(k)
+        runs.append(current)
+        if all(len(r) == 1 or fits(len(r), order[r[0]]) for r in runs):
+            best = min(best, sum(cost(len(r), order[r[0]]) for r in runs))
+    return best
+
+
+def attention_like(a: float, b: float, c: float) -> Callable[[int, int], float]:
+    return lambda batch, longest: a + batch * longest * (b + c * longest)
+
+
+@PROPERTY
+@given(
+    lengths=st.lists(st.integers(1, MODEL_MAX_SEQ_LEN), max_size=9),
+    budget=st.integers(1, 1024),
+    a=st.floats(0, 0.01),
+    b=st.floats(0, 1e-4),
+    c=st.floats(0, 1e-6),
+)
+def test_the_planned_partition_is_the_least_costly(
+    lengths: list[int], budget: int, a: float, b: float, c: float
+) -> None:
+    fits, cost = token_budget(budget), attention_like(a, b, c)
+    runs = plan_runs(lengths, fits, cost)
+    check_partition(lengths, runs, fits)
+    least = brute_force_least_cost(lengths, fits, cost)
+    assert cost_of(runs, lengths, cost) == pytest.approx(least, rel=1e-9, abs=1e-15)
+
+
+@PROPERTY
+@given(lengths=lengths_strategy, budget=budget_strategy)
+def test_planned_runs_keep_every_bound_on_long_queues(lengths: list[int], budget: int) -> None:
+    fits = token_budget(budget)
+    check_partition(lengths, plan_runs(lengths, fits, attention_like(2e-3, 1e-5, 1e-8)), fits)
+
+
+def test_padding_is_split_off_only_when_it_costs_more_than_a_run() -> None:
+    lengths = [60, 58, 12, 10, 9, 8]
+    fits = token_budget(4096)
+    greedy = plan_runs(lengths, fits)
+    assert greedy == [[0, 1, 2, 3, 4, 5]]  # one run padded to 60
+    # Per-token work dominates: the short ones run apart from the long ones.
+    assert plan_runs(lengths, fits, attention_like(1e-4, 1e-5, 0)) == [[0, 1], [2, 3, 4, 5]]
+    # A run's fixed cost dominates: one run, as greedy.
+    assert plan_runs(lengths, fits, attention_like(1.0, 1e-5, 0)) == greedy
+
+
+def test_the_cost_model_recovers_known_coefficients() -> None:
+    model = RunCostModel()
+    truth = attention_like(1.5e-3, 2e-6, 3e-9)
+    for batch, longest in [(1, 8), (1, 64), (8, 16), (4, 64), (2, 128), (8, 128)]:
+        model.observe(batch, longest, truth(batch, longest))
+    assert model.fitted and model.coefficients is not None
+    for got, want in zip(model.coefficients, (1.5e-3, 2e-6, 3e-9), strict=True):
+        assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_the_cost_model_waits_for_enough_shapes_and_stays_non_negative() -> None:
+    model = RunCostModel()
+    for _ in range(3):
+        model.observe(1, 16, 0.002)
+    assert not model.fitted  # one shape says nothing about B or T
+    rng = np.random.default_rng(0)
+    for batch, longest in [(1, 8), (8, 16), (4, 64), (2, 128), (16, 16)]:
+        # Larger runs measured as cheaper (noise): a fit must still not go negative.
+        model.observe(batch, longest, float(0.004 * rng.uniform(0.5, 1.5) / batch))
+    assert model.fitted and model.coefficients is not None
+    assert min(model.coefficients) >= 0 and model(8, 128) > 0

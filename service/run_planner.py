@@ -1,0 +1,130 @@
+"""Which queued sequences run together: padding-aware run planning.
+
+A run of B sequences padded to T tokens costs about ``a + b·B·T + c·B·T²``
+seconds: a fixed cost per run (session call, padding, cutting), the work per
+padded token, and attention's quadratic term. Greedy packing (longest first,
+as many as fit) pads every short sequence to the longest in its run; splitting
+costs one more ``a``. :class:`RunCostModel` fits ``a, b, c`` per graph from
+measured runs (timed shapes at warm-up, then every live run), and
+:func:`plan_runs` picks, among the partitions of the length-sorted queue into
+contiguous runs that each fit the memory bounds, the one with the least
+modelled time: for sorted lengths a contiguous partition is optimal, and a
+dynamic programme over the prefixes finds it exactly in O(n·k) (k: the most
+sequences one run may hold).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from itertools import combinations
+
+import numpy as np
+
+# Runs kept per graph for the fit (the newest win: the machine's load changes).
+OBSERVATIONS = 256
+# Runs between refits of a model, once it has its first fit.
+REFIT_EVERY = 16
+# Distinct (B, T) shapes needed before a model is trusted.
+MIN_SHAPES = 4
+
+Fits = Callable[[int, int], bool]  # (sequences in the run, its longest) -> within bounds
+Cost = Callable[[int, int], float]  # (sequences in the run, its longest) -> seconds
+
+
+class RunCostModel:
+    """``seconds ≈ a + b·B·T + c·B·T²``, fitted to relative error, coefficients ≥ 0."""
+
+    def __init__(self) -> None:
+        self._runs: deque[tuple[int, int, float]] = deque(maxlen=OBSERVATIONS)
+        self._since_fit = 0
+        self.coefficients: tuple[float, float, float] | None = None
+
+    def observe(self, batch: int, longest: int, seconds: float) -> None:
+        """One measured run; the model is refitted now and then."""
+        if seconds <= 0:
+            return
+        self._runs.append((batch, longest, seconds))
+        self._since_fit += 1
+        if self.coefficients is None or self._since_fit >= REFIT_EVERY:
+            self.fit()
+
+    def fit(self) -> None:
+        if len({(b, t) for b, t, _ in self._runs}) < MIN_SHAPES:
+            return
+        self._since_fit = 0
+        runs = np.array(self._runs, dtype=np.float64)
+        batch, longest, seconds = runs[:, 0], runs[:, 1], runs[:, 2]
+        features = np.stack([np.ones_like(batch), batch * longest, batch * longest**2], axis=1)
+        self.coefficients = _non_negative_fit(features / seconds[:, None], np.ones_like(seconds))
+
+    def __call__(self, batch: int, longest: int) -> float:
+        if self.coefficients is None:
+            raise RuntimeError("the run cost model has no fit yet")
+        a, b, c = self.coefficients
+        return a + batch * longest * (b + c * longest)
+
+    @property
+    def fitted(self) -> bool:
+        return self.coefficients is not None
+
+
+def _non_negative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Least squares with every coefficient ≥ 0: the best of the fits on each subset of
+    the three features whose own solution is non-negative (8 tiny solves)."""
+    best: tuple[float, np.ndarray] | None = None
+    for size in (3, 2, 1):
+        for subset in combinations(range(3), size):
+            solution, *_ = np.linalg.lstsq(x[:, subset], y, rcond=None)
+            if (solution < 0).any():
+                continue
+            full = np.zeros(3)
+            full[list(subset)] = solution
+            error = float(np.sum((x @ full - y) ** 2))
+            if best is None or error < best[0]:
+                best = (error, full)
+    assert best is not None  # a single feature with positive values fits non-negatively
+    a, b, c = best[1]
+    return float(a), float(b), float(c)
+
+
+def plan_runs(lengths: list[int], fits: Fits, cost: Cost | None = None) -> list[list[int]]:
+    """Sequence indices grouped into runs, longest first.
+
+    Without ``cost``: greedy, each run as full as ``fits`` allows. With it: the
+    partition of the length-sorted sequences into contiguous runs, each within
+    ``fits``, whose summed ``cost(batch, longest)`` is least.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    if cost is None:
+        return _greedy(order, lengths, fits)
+    n = len(order)
+    best = [0.0] + [float("inf")] * n  # best[i]: least cost of the first i sequences
+    cut = [0] * (n + 1)  # where the last run of that best partition starts
+    for end in range(1, n + 1):
+        for start in range(end - 1, -1, -1):
+            batch, longest = end - start, lengths[order[start]]  # sorted: first is longest
+            # A longer run from an earlier start only holds more, longer sequences; one
+            # sequence always runs, alone (its own limits were checked upstream).
+            if batch > 1 and not fits(batch, longest):
+                break
+            total = best[start] + cost(batch, longest)
+            if total < best[end]:
+                best[end], cut[end] = total, start
+    runs: list[list[int]] = []
+    end = n
+    while end > 0:
+        runs.append(order[cut[end] : end])
+        end = cut[end]
+    return runs[::-1]
+
+
+def _greedy(order: list[int], lengths: list[int], fits: Fits) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for i in order:
+        # Sorted descending, so the run's first sequence is its longest.
+        if runs and fits(len(runs[-1]) + 1, lengths[runs[-1][0]]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
