@@ -98,11 +98,18 @@ def _run_and_split(
 ) -> list[SequenceResult]:
     """Pad, run and cut the outputs back per sequence, all on the inference thread.
 
-    Copies, so the run's full [B, L, H, T, T] tensor is freed now, not when the last
-    response is serialised; and none of this copying blocks the event loop.
+    When every sequence fills the run (one sequence, or equal lengths) each gets a
+    view of its row: no copy, and the run's tensors are exactly the answers'. Else
+    each is copied out, cut to its length, so the run's full [B, L, H, T, T] tensor
+    is freed now, not when the last response is serialised; and none of this
+    copying blocks the event loop.
     """
     embeds, mask = pad(sequences)
     outputs = runtime.run(embeds, mask, graph)
+    if all(len(seq) == embeds.shape[1] for seq in sequences):
+        return [
+            {name: value[row] for name, value in outputs.items()} for row in range(len(sequences))
+        ]
     return [
         {name: _trim(value[row], TOKEN_AXES[name], len(seq)) for name, value in outputs.items()}
         for row, seq in enumerate(sequences)

@@ -35,8 +35,11 @@ def lengths_of(mask: np.ndarray) -> list[int]:
 
 def repad(arrays: list[np.ndarray], length: int, token_axes: tuple[int, ...]) -> np.ndarray:
     """Per-sequence arrays -> one [batch, ...] array, zero-padded to ``length`` on the
-    axes that run over tokens (counted without the batch axis)."""
+    axes that run over tokens (counted without the batch axis). One sequence that
+    needs no padding comes back as a view, not a copy."""
     first = arrays[0]
+    if len(arrays) == 1 and all(first.shape[axis] == length for axis in token_axes):
+        return first[None]
     shape = [len(arrays), *first.shape]
     for axis in token_axes:
         shape[axis + 1] = length

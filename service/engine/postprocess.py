@@ -79,6 +79,8 @@ def select_attention(
     selected heads ([H', n, n]) is ever allocated (see ``limits.work_bytes``).
     """
     if reduce == "none":
+        if layers == list(range(attn.shape[0])) and heads == list(range(attn.shape[1])):
+            return attn  # every map, in order: the run's own buffer, no copy
         return np.asarray(attn[np.ix_(layers, heads)])  # (L', H', n, n): the answer itself
     if reduce == "rollout":
         return rollout(attn, layers, heads)

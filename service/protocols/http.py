@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
@@ -165,15 +165,17 @@ async def encode(
     else:
         content = write(result, wire)
     if isinstance(content, Answer):
-        return ChunkedResponse(content.body, content.media_type, content.headers)
-    return ChunkedResponse(content)
+        return ChunkedResponse(content.parts, content.media_type, content.headers)
+    return ChunkedResponse([content])
 
 
 @dataclass(frozen=True)
 class Answer:
-    """A protocol's own framing of an answer (e.g. JSON header + binary tensors)."""
+    """A protocol's own framing of an answer (e.g. JSON header + binary tensors): its
+    parts are sent one after the other, never joined (a tensor's buffer goes out as
+    it is, without a copy into one body)."""
 
-    body: bytes
+    parts: Sequence[bytes | memoryview]
     media_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -191,20 +193,25 @@ class ChunkedResponse(Response):
 
     def __init__(
         self,
-        body: bytes,
+        parts: Sequence[bytes | memoryview],
         media_type: str = "application/json",
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(body, media_type=media_type, headers=headers)
+        self.parts = [memoryview(part).cast("B") for part in parts]
+        size = sum(part.nbytes for part in self.parts)
+        # The parts' own length: Starlette then leaves content-length alone.
+        super().__init__(
+            b"", media_type=media_type, headers={**(headers or {}), "content-length": str(size)}
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        view = memoryview(self.body)
-        for start in range(0, len(view), self.CHUNK):
-            chunk = bytes(view[start : start + self.CHUNK])
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        for part in self.parts:
+            for start in range(0, part.nbytes, self.CHUNK):
+                chunk = part[start : start + self.CHUNK]  # a view: nothing copied here
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
+
 from service.engine import EncodeRequest, EncodeResult, ModelInfo
 from service.errors import InvalidInput, quoted
 from service.protocols import wire
@@ -139,12 +141,13 @@ def _requested_outputs(raw: Any, params: dict[str, Any], info: ModelInfo) -> dic
 
 def infer_response(result: EncodeResult, reply: Reply) -> Answer:
     """The answer: JSON header, then the raw bytes of the binary outputs, in order."""
-    entries, blobs = [], []
+    entries: list[dict[str, Any]] = []
+    blobs: list[memoryview] = []
     for name, datatype, array in tensors.output_arrays(result, reply):
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if reply.outputs[name]:
-            raw = array.tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
+            raw = np.ascontiguousarray(array).data.cast("B")  # its own buffer: no copy
+            entry["parameters"] = {"binary_data_size": raw.nbytes}
             blobs.append(raw)
         else:
             entry["data"] = array.ravel()
@@ -155,9 +158,9 @@ def infer_response(result: EncodeResult, reply: Reply) -> Answer:
     header["outputs"] = entries
     content = wire.dumps(header)
     if not blobs:
-        return Answer(content)
+        return Answer([content])
     return Answer(
-        b"".join([content, *blobs]),
+        [content, *blobs],
         media_type="application/octet-stream",
         headers={"Inference-Header-Content-Length": str(len(content))},
     )

@@ -140,7 +140,7 @@ async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
     body = await http.read_body(request, engine)
     result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body), scope_of(request))
-    return ChunkedResponse(codec.tokenize_response(result, fmt))
+    return ChunkedResponse([codec.tokenize_response(result, fmt)])
 
 
 @metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)
