@@ -37,6 +37,7 @@ def _session_options(settings: Settings) -> ort.SessionOptions:
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = settings.inter_op_threads
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = settings.cpu_mem_arena
     spin = "1" if settings.allow_spinning else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     options.add_session_config_entry("session.inter_op.allow_spinning", spin)

@@ -90,6 +90,13 @@ class Settings(BaseSettings):
         description="Let onnxruntime threads spin while idle: a little more peak throughput "
         "for much more idle CPU.",
     )
+    cpu_mem_arena: bool = Field(
+        True,
+        description="onnxruntime's memory arena for the embeddings and hidden-state graphs "
+        "(the attention graph never has one): allocations are reused, but the arena keeps "
+        "the largest run's memory for good; false returns it after each run "
+        "(bench/bench_shape_churn.py measures both).",
+    )
 
     max_batch_tokens: int = Field(
         4096,
