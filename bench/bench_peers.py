@@ -1013,14 +1013,23 @@ def infinity(bench: Bench, scratch: Path, hf_dir: Path, optimise: bool = True) -
         }
 
     with peer_process(cmd, env, port, ["/health"], log, cwd=hf_dir, timeout=300) as pid:
-        if optimise:
-            bench.note(infinity_optimisations(log, hf_home))
+        bench.note(infinity_optimisations(log, hf_home, optimise))
         yield Server(f"infinity-emb{tag}", pid, port, calls)
 
 
-def infinity_optimisations(log: Path, hf_home: Path) -> str:
+def infinity_optimisations(log: Path, hf_home: Path, optimise: bool = True) -> str:
     """What infinity-emb's optimisation step did, from its log and the graph it saved."""
+    # One line per record: rich wraps them and puts "file.py:NN" at the right edge.
     text = re.sub(r"\s+", " ", log.read_text(errors="replace"))
+    text = re.sub(r"\S+\.py:\d+ ", "", text)
+    if not optimise:
+        ran = "Optimizing model" in text or "Optimized model found" in text
+        return f"{INFINITY_OFF}: the same venv with `--onnx-disable-optimize`, " + (
+            "yet its log shows an optimisation step."
+            if ran
+            else "its log shows no "
+            "optimisation step: it served the plain export, as before the fix."
+        )
     failed = re.search(r"Optimization failed with (.*?)\. Going to use the unoptimized model", text)
     if failed:
         return (
@@ -1036,8 +1045,12 @@ def infinity_optimisations(log: Path, hf_home: Path) -> str:
     ]
     graphs = sorted(hf_home.glob("**/*_optimized.onnx"))
     ops = optimised_ops(graphs[-1]) if graphs else "no *_optimized.onnx found"
+    optimum = sorted((VENVS / "infinity").glob("lib/python3.*/site-packages/optimum-*.dist-info"))
+    version = (
+        optimum[-1].name.removeprefix("optimum-").removesuffix(".dist-info") if optimum else "?"
+    )
     return (
-        "infinity-emb: its optimisation step ran (optimum 1.26.1 ORTOptimizer, "
+        f"infinity-emb: its optimisation step ran (optimum {version} ORTOptimizer, "
         "OptimizationConfig(optimization_level=99, optimize_for_gpu=False, fp16=False): "
         "onnxruntime's transformer fusions, then the session's level-99 graph "
         f"optimisations saved with the graph); its log: fused {', '.join(fusions) or 'nothing'}; "
