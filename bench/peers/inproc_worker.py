@@ -2,10 +2,11 @@
 
 Runs under whichever Python the benchmark picks: our own venv for onnxruntime
 (on our graphs and on the optimum export of the same weights), the optimum venv
-for sentence-transformers. It imports only numpy at the top so any of those
-venvs can run it. The job is a JSON file (plus an .npz of inputs) written by
-bench_peers.py; the answer is a JSON file of timings plus an .npz of outputs
-for the numerical check. Every loop is bounded by count and time.
+for sentence-transformers (on torch, and on its ONNX backend). It imports only
+numpy at the top so any of those venvs can run it. The job is a JSON file (plus
+an .npz of inputs) written by bench_peers.py; the answer is a JSON file of
+timings plus an .npz of outputs (every text batch's) for the numerical check.
+Every loop is bounded by count and time.
 
     python bench/peers/inproc_worker.py JOB.json
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -111,29 +113,51 @@ def run_task(task: dict[str, Any], inputs: Any, outputs: dict[str, np.ndarray]) 
             stats = timed(lambda: text.ids(ids, mask), seconds, runs)
             stats["items"] = int(ids.size)
             return stats
-        batches: list[list[str]] = task["texts"]
-        turn = iter(range(10**9))
-        stats = timed(lambda: text.texts(batches[next(turn) % len(batches)]), seconds, runs)
-        outputs[task["name"]] = text.texts(batches[0])
-        stats["items"] = len(batches[0])
-        return stats
-    if kind == "st":  # sentence-transformers in-process (torch, CPU)
-        import torch
-        from sentence_transformers import SentenceTransformer
-
-        torch.set_num_threads(threads)
-        model = SentenceTransformer(task["model_dir"], device="cpu")
-        batches = task["texts"]
-        turn = iter(range(10**9))
+        return timed_texts(task, text.texts, outputs)
+    if kind in ("st", "st-onnx"):  # sentence-transformers in-process, torch or ONNX backend
+        model = sentence_transformer(task)
 
         def encode(texts: list[str]) -> np.ndarray:
             return model.encode(texts, batch_size=len(texts), convert_to_numpy=True)
 
-        stats = timed(lambda: encode(batches[next(turn) % len(batches)]), seconds, runs)
-        outputs[task["name"]] = encode(batches[0]).astype(np.float32)
-        stats["items"] = len(batches[0])
-        return stats
+        return timed_texts(task, encode, outputs)
     raise ValueError(f"unknown task kind {kind!r}")
+
+
+def timed_texts(
+    task: dict[str, Any], encode: Callable[[list[str]], np.ndarray], outputs: dict[str, Any]
+) -> dict[str, Any]:
+    """The text batches encoded in turn, timed; then every batch's answer, for the check."""
+    batches: list[list[str]] = task["texts"]
+    turn = iter(range(10**9))
+    stats = timed(lambda: encode(batches[next(turn) % len(batches)]), task["seconds"], task["runs"])
+    for j, batch in enumerate(batches):
+        outputs[f"{task['name']}#{j}"] = np.asarray(encode(batch), dtype=np.float32)
+    stats["items"] = len(batches[0])
+    return stats
+
+
+def sentence_transformer(task: dict[str, Any]) -> Any:
+    """sentence-transformers from the local weights (no hub): on torch (``st``, torch's
+    threads set like everyone's), or on its ONNX backend (``st-onnx``, its own defaults:
+    onnxruntime's CPU provider, the graph it exports with optimum, saved once to
+    ``cache_dir`` so later rounds load it instead of exporting again)."""
+    from sentence_transformers import SentenceTransformer
+
+    if task["kind"] == "st":
+        import torch
+
+        torch.set_num_threads(task["threads"])
+        return SentenceTransformer(task["model_dir"], device="cpu")
+    cache = Path(task["cache_dir"])
+    if (cache / "onnx" / "model.onnx").exists():
+        return SentenceTransformer(str(cache), device="cpu", backend="onnx")
+    model = SentenceTransformer(task["model_dir"], device="cpu", backend="onnx")
+    partial = cache.with_name(cache.name + ".tmp")  # the export, made once, kept whole
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(str(partial))
+    partial.rename(cache)
+    return model
 
 
 def main() -> int:

@@ -3,9 +3,17 @@
 Runs in its own venv (bench/peers/setup_pytriton.sh: PyTriton pins numpy < 2).
 Two models: ``<name>`` from ``model.onnx`` (last_hidden_state) and
 ``<name>_attn`` from ``model_attn.onnx`` (plus the full attention tensor), each
-behind Triton's dynamic batcher with a 2 ms window, onnxruntime inside the
-infer function with the same thread settings as our server (2 intra-op threads,
-no spinning), so the comparison is of the serving layers, not of the runtime.
+behind Triton's dynamic batcher, onnxruntime inside the infer function with the
+same thread settings as our server (2 intra-op threads, no spinning), so the
+comparison is of the serving layers, not of the runtime.
+
+The batcher as Triton's docs recommend tuning it (server docs/user_guide/batcher.md,
+"Recommended Configuration Process"): no preferred batch sizes ("should not be
+used for most models"), a queue delay of 0 (Triton's default) unless raising it
+buys throughput within the latency budget, which bench_peers.py measures with one
+server per ``--delay-us``; ``--instances`` binds that many infer functions (PyTriton's
+multi-instance models), each with its own session and ``threads / instances``
+intra-op threads, so the cores are shared, not oversubscribed.
 
     LD_LIBRARY_PATH=$(python -c 'import sys;print(sys.base_prefix)')/lib \\
         bench/peers/.venvs/pytriton/bin/python bench/peers/pytriton_server.py \\
@@ -60,7 +68,10 @@ def main() -> None:
     parser.add_argument("--workspace", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=64)
-    parser.add_argument("--delay-us", type=int, default=2000, help="dynamic batching window")
+    parser.add_argument("--delay-us", type=int, default=0, help="max_queue_delay_microseconds")
+    parser.add_argument(
+        "--instances", type=int, default=1, help="model instances (infer functions)"
+    )
     args = parser.parse_args()
     d_model = json.loads((args.model_dir / "config.json").read_text())["architecture"]["d_model"]
     config = TritonConfig(
@@ -79,12 +90,18 @@ def main() -> None:
     ]
     hidden = Tensor(name="last_hidden_state", dtype=np.float32, shape=(-1, d_model))
     batcher = DynamicBatcher(max_queue_delay_microseconds=args.delay_us)
+    threads = max(1, args.threads // args.instances)
+
+    def instances(graph: str, outputs: list[str]) -> list[Any]:
+        return [
+            infer_function(session(args.model_dir / graph, threads), outputs)
+            for _ in range(args.instances)
+        ]
+
     with Triton(config=config, workspace=str(args.workspace)) as triton:
         triton.bind(
             model_name=args.name,
-            infer_func=infer_function(
-                session(args.model_dir / "model.onnx", args.threads), ["last_hidden_state"]
-            ),
+            infer_func=instances("model.onnx", ["last_hidden_state"]),
             inputs=inputs,
             outputs=[hidden],
             config=ModelConfig(max_batch_size=args.max_batch, batcher=batcher),
@@ -93,10 +110,7 @@ def main() -> None:
         if (args.model_dir / "model_attn.onnx").exists():
             triton.bind(
                 model_name=f"{args.name}_attn",
-                infer_func=infer_function(
-                    session(args.model_dir / "model_attn.onnx", args.threads),
-                    ["last_hidden_state", "attentions"],
-                ),
+                infer_func=instances("model_attn.onnx", ["last_hidden_state", "attentions"]),
                 inputs=inputs,
                 outputs=[
                     hidden,

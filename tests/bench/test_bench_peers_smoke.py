@@ -2,15 +2,24 @@
 
 The real benchmark is run by hand (peers need their own venvs and minutes of
 CPU); this proves the command, its numerical check and its report still work,
-without timing anything against a target.
+without timing anything against a target. Unit tests below hold its bookkeeping:
+rounds paired by id (a failed round shifts nothing), and a wrong answer failing
+the contender's round, before timing or in the sample checked after it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTENDERS = ("ours JSON floats", "ours base64", "ours /v2 binary")
@@ -45,3 +54,131 @@ def test_smoke_run_reports_every_row(tiny_model_dir: Path, tmp_path: Path) -> No
     for contender in CONTENDERS:
         assert f"| W1 | {contender} |" in block
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+# ---------------------------------------------------------------- unit tests, no timing
+
+sys.path.insert(0, str(ROOT / "bench"))
+import bench_peers as bp  # noqa: E402
+
+W1 = next(w for w in bp.WORKLOADS if w.key == "W1")
+
+
+def _bench(seq: np.ndarray | None = None) -> bp.Bench:
+    seqs = {"W1": [seq]} if seq is not None else {}
+    inputs = bp.Inputs(seqs=seqs, texts=[], ids={})
+    bench = bp.Bench(Path("."), 4, "t", inputs, requests=6, seconds=2.0, runs=1, text=False)
+    if seq is not None:
+        bench.reference["W1"] = [{"hidden": [seq * 2]}]
+    return bench
+
+
+def _rounds(row: bp.Row, items: dict[int, float]) -> None:
+    row.rounds += [{"round": r, "items_per_s": v, "p50_ms": 1.0} for r, v in items.items()]
+
+
+def test_a_failed_round_does_not_shift_later_rounds() -> None:
+    bench = _bench()
+    _rounds(bench.row("W1 limit", "batch ×1"), {1: 100.0, 2: 200.0, 3: 400.0})
+    peer = bench.row("W1", "peer")
+    _rounds(peer, {1: 50.0, 3: 200.0})  # its round 2 failed
+    peer.failures.append({"round": 2, "reason": "wrong answer"})
+    # Paired by round id; zip(strict=False) gave [0.5, 1.0]: round 3 against round 2's limit.
+    assert bp.ratios(bench, W1, peer) == [0.5, 0.5]
+    assert bp.cell(bp.ratios(bench, W1, peer), 3) == "0.50 (0.50–0.50) [2/3 rounds]"
+    assert bp.check_summary(peer).startswith("✗ round 2 failed")
+
+
+def test_a_round_without_its_limit_is_dropped_not_paired_with_another() -> None:
+    bench = _bench()
+    _rounds(bench.row("W1 limit", "batch ×1"), {1: 100.0, 2: 200.0, 3: 400.0})
+    _rounds(bench.row("W1 limit", "batch ×2"), {1: 100.0, 3: 800.0})  # lost in round 2
+    peer = bench.row("W1", "peer")
+    _rounds(peer, {1: 50.0, 2: 100.0, 3: 400.0})
+    best, _ = bp.limit_of(bench, W1)
+    assert best == {1: 100.0, 3: 800.0}  # round 2's best would have been ×1 alone
+    assert bp.ratios(bench, W1, peer) == [0.5, 0.5]
+    assert bp.unpaired(bench, W1, peer) == [2]
+
+
+class _Native(BaseHTTPRequestHandler):
+    """/v1/encode answering ``answer`` to the first ``good`` requests, then ``wrong``."""
+
+    protocol_version = "HTTP/1.1"
+    answer = wrong = b""
+    good = 0
+    served = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        cls = type(self)
+        body = cls.answer if cls.served < cls.good else cls.wrong
+        cls.served += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _InProcessLoad:
+    """bench.load for a test: the load generator in this process."""
+
+    def apply(self, fn: Any, args: tuple[Any, ...]) -> Any:
+        return fn(*args)
+
+
+def _native_body(array: np.ndarray) -> bytes:
+    item = {"embeddings": {"shape": list(array.shape), "data": b64(array)}}
+    return json.dumps({"data": [item]}).encode()
+
+
+def b64(array: np.ndarray) -> str:
+    import base64
+
+    return base64.b64encode(array.astype("<f4").tobytes()).decode()
+
+
+@pytest.mark.parametrize("good", [0, 3], ids=["wrong-before-timing", "wrong-under-load"])
+def test_a_wrong_answer_fails_the_round_loudly(good: int, capsys: Any) -> None:
+    seq = np.arange(8, dtype=np.float32).reshape(2, 4)
+    bench = _bench(seq)
+    bench.load = _InProcessLoad()
+    _Native.answer, _Native.wrong = _native_body(seq * 2), _native_body(seq * 2 + 1e-3)
+    _Native.good, _Native.served = good, 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Native)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        call = bp.native_call([seq], "base64", attention=False)
+        target = bp.Server("fake", os.getpid(), server.server_address[1], lambda w: {})
+        bp.measure_contender(bench, target, W1, "peer", [call])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    row = bench.rows[("W1", "peer")]
+    assert row.rounds == []  # not counted
+    assert row.failures == [{"round": 1, "reason": row.failures[0]["reason"]}]
+    assert "max |difference| 1.00e-03 > 0.0001" in row.failures[0]["reason"]
+    assert "round 1 FAILED" in capsys.readouterr().out
+    assert any(n.startswith("✗ W1 peer: round 1 failed") for n in bench.notes)
+    # good == 0: caught before timing, nothing sent beyond the check; good == 3: timed,
+    # then the sample of answers received under load caught it.
+    assert (_Native.served == 1) == (good == 0)
+
+
+def test_right_answers_count_the_round_with_their_check() -> None:
+    seq = np.arange(8, dtype=np.float32).reshape(2, 4)
+    bench = _bench(seq)
+    stats = bp.check_answers(bench, W1, [(0, {"hidden": [seq * 2 + 5e-5]})])
+    assert stats["checked"] == 1 and 4e-5 < stats["check_max_abs"] <= bp.ATOL
+    with pytest.raises(bp.WrongAnswer, match="shape"):
+        bp.check_answers(bench, W1, [(0, {"hidden": [seq[:1] * 2]})])
+    with pytest.raises(bp.WrongAnswer, match="no answer"):
+        bp.check_answers(bench, W1, [])
+    with pytest.raises(bp.WrongAnswer):  # NaN is never within the tolerance
+        bp.check_answers(bench, W1, [(0, {"hidden": [seq * np.nan]})])
