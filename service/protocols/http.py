@@ -208,11 +208,16 @@ class ChunkedResponse(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        for part in self.parts:
-            for start in range(0, part.nbytes, self.CHUNK):
-                chunk = part[start : start + self.CHUNK]  # a view: nothing copied here
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        chunks = [
+            part[start : start + self.CHUNK]  # views: nothing copied here
+            for part in self.parts
+            for start in range(0, part.nbytes, self.CHUNK)
+        ]
+        for k, chunk in enumerate(chunks):
+            last = k == len(chunks) - 1  # a small answer goes out in one message
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+        if not chunks:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def validation_error(exc: RequestValidationError) -> InvalidInput:
