@@ -750,7 +750,11 @@ def run_inprocess(bench: Bench, w: Workload, optimum_dir: Path | None, st: bool)
                 | {"name": "T1 sentence-transformers ONNX", "kind": "st-onnx"}
                 | {"cache_dir": str(OUT / "minilm-st-onnx")},
             ]
-            results |= _worker(VENVS / "optimum" / "bin" / "python", work, "st", st_tasks, {})
+            try:
+                results |= _worker(VENVS / "optimum" / "bin" / "python", work, "st", st_tasks, {})
+            except (subprocess.SubprocessError, OSError) as exc:  # not the limit's round too
+                reason = f"its worker failed: {type(exc).__name__}: {exc}"
+                results |= {task["name"]: {"error": reason} for task in st_tasks}
         _record_inprocess(bench, results, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -795,9 +799,10 @@ def _record_inprocess(bench: Bench, results: dict[str, Any], work: Path) -> None
     for name, stats in results.items():
         stats["round"] = bench.round
         if "error" in stats:
-            bench.note(f"✗ in-process {name}: round {bench.round} failed: {stats['error']}")
             if name.startswith("T1 "):
                 fail_round(bench, t1, name.removeprefix("T1 "), stats["error"])
+            else:  # a limit's run: the round has no limit, every ratio of it is dropped
+                bench.note(f"✗ in-process {name}: round {bench.round} failed: {stats['error']}")
             continue
         stats["items_per_s"] = stats["items"] * stats["runs"] / stats["wall_s"]
         if name.startswith("graph "):
