@@ -7,6 +7,7 @@ compute their expectations from the ONNX files and numpy alone.
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import httpx
@@ -37,6 +38,18 @@ def b64_array(array: np.ndarray) -> dict[str, Any]:
     """The wire form {"shape", "data"} of a float32 array: base64 of little-endian bytes."""
     le = np.ascontiguousarray(array, dtype="<f4")
     return {"shape": list(le.shape), "data": base64.b64encode(le.tobytes()).decode("ascii")}
+
+
+def long_attention_body(seed: int) -> bytes:
+    """/v1/encode of 16 sequences of the model's full length with every attention map, in
+    base64: an answer of megabytes, for tests of slow readers and their memory."""
+    seqs = sequences((MODEL_MAX_SEQ_LEN,) * 16, seed=seed)
+    body = {
+        "inputs": [b64_array(s) for s in seqs],
+        "return_attention": True,
+        "encoding_format": "base64",
+    }
+    return json.dumps(body).encode()
 
 
 def as_array(value: Any) -> np.ndarray:

@@ -34,7 +34,10 @@ import pytest
 
 from service.protocols.wire import DECODED_PER_BYTE, JsonCost
 from tests.conftest import ServerProcess, server_process
-from tests.service.helpers import D_MODEL, MODEL_MAX_SEQ_LEN, b64_array, sequences
+from tests.service.helpers import (
+    D_MODEL,
+    long_attention_body,
+)
 from tests.service.raw_http import address, metric, post_head, wait_for
 
 MiB = 1024 * 1024
@@ -242,14 +245,7 @@ def rss_mb(pid: int) -> float:
 
 
 def test_unread_answers_count_in_the_memory_budget(model_repository: Path) -> None:
-    seqs = sequences((MODEL_MAX_SEQ_LEN,) * 16, seed=7)
-    body = json.dumps(
-        {
-            "inputs": [b64_array(s) for s in seqs],
-            "return_attention": True,
-            "encoding_format": "base64",
-        }
-    ).encode()
+    body = long_attention_body(seed=7)
     with (
         server_process(
             model_repository,

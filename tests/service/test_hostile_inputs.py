@@ -22,7 +22,12 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess, server_process
-from tests.service.helpers import D_MODEL, MODEL, MODEL_MAX_SEQ_LEN, b64_array, sequences
+from tests.service.helpers import (
+    D_MODEL,
+    MODEL,
+    MODEL_MAX_SEQ_LEN,
+    long_attention_body,
+)
 from tests.service.raw_http import address, metric, post_head, wait_for
 
 KiB = 1024
@@ -201,14 +206,7 @@ SEND_TIMEOUT = 2.0
 def test_an_answer_cut_at_the_send_timeout_is_not_counted_as_200(model_repository: Path) -> None:
     """A reader that stalls is dropped after send_timeout: its answer never arrived, so it
     is counted (and logged) as cut, 499, not as the 200 it began as."""
-    seqs = sequences((MODEL_MAX_SEQ_LEN,) * 16, seed=3)
-    body = json.dumps(
-        {
-            "inputs": [b64_array(s) for s in seqs],
-            "return_attention": True,
-            "encoding_format": "base64",
-        }
-    ).encode()
+    body = long_attention_body(seed=3)
     with (
         server_process(
             model_repository, send_timeout=str(SEND_TIMEOUT), log_level="info"
