@@ -19,10 +19,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# Export the default model into the model repository unless it is already there.
+# Export the default model into the model repository unless it is already there in the
+# format this version writes (an older or broken one is exported again).
 export-default: install
-	@test -f $(MODEL_REPOSITORY)/$(DEFAULT_MODEL)/config.json || \
-		$(PY) -m model_export --preset $(DEFAULT_MODEL) --out $(MODEL_REPOSITORY)/$(DEFAULT_MODEL)
+	$(PY) -m model_export --preset $(DEFAULT_MODEL) --out $(MODEL_REPOSITORY)/$(DEFAULT_MODEL) \
+		--unless-current
 
 serve: export-default
 	ATTNSERVE_MODEL_REPOSITORY=$(MODEL_REPOSITORY) ATTNSERVE_DEFAULT_MODEL=$(DEFAULT_MODEL) \

@@ -6,7 +6,13 @@ Why a hidden-states request runs ``model_hidden.onnx`` and not ``model_attn.onnx
 spinning off as the server runs it. Reported: median ms and peak RSS, and each
 graph's time as a ratio of ``model.onnx`` measured in the same run.
 
+``--text-graph``: the one-run text graph (``text_model.onnx``) against the two
+graphs text ran through before it (``embeddings.onnx``, then ``model.onnx``, with
+the per-sequence hand-over the runtime does), interleaved in one process on the
+same token ids; outputs compared first (1e-5).
+
     .venv/bin/python bench/bench_graphs.py --model-dir models/minilm-l6 --seq 128 256
+    .venv/bin/python bench/bench_graphs.py --text-graph --batch 32 --seq 16 64 128
 """
 
 from __future__ import annotations
@@ -48,13 +54,74 @@ def run_graph(path: str, batch: int, seq: int, d_model: int, repeats: int) -> tu
     return statistics.median(times), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def text_graph_ratios(model_dir: Path, batch: int, seq: int, repeats: int) -> tuple[float, float]:
+    """(two graphs ms, text graph ms), medians over interleaved runs, for ``batch``
+    sequences of random token ids with lengths spread over seq/4..seq."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+
+    def open_graph(name: str) -> ort.InferenceSession:
+        return ort.InferenceSession(
+            str(model_dir / name), options, providers=["CPUExecutionProvider"]
+        )
+
+    embeddings, encoder, text = map(
+        open_graph, ("embeddings.onnx", "model.onnx", "text_model.onnx")
+    )
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(max(1, seq // 4), seq + 1, size=batch)
+    lengths[0] = seq
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(1000, 20000, size=(batch, seq), dtype=np.int64) * mask
+    types = np.zeros_like(ids)
+
+    def two_graphs() -> np.ndarray:
+        (embeds,) = embeddings.run(None, {"input_ids": ids, "token_type_ids": types})
+        rows = [embeds[row, :n] for row, n in enumerate(lengths)]  # as embed_tokens hands over
+        padded = np.zeros_like(embeds)
+        for row, value in enumerate(rows):
+            padded[row, : len(value)] = value
+        out: np.ndarray = encoder.run(None, {"inputs_embeds": padded, "attention_mask": mask})[0]
+        return out
+
+    def one_graph() -> np.ndarray:
+        feeds = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+        out: np.ndarray = text.run(None, feeds)[0]
+        return out
+
+    difference = float(np.abs((two_graphs() - one_graph()) * mask[..., None]).max())
+    if difference > 1e-5:
+        raise SystemExit(f"text graph differs from the two graphs by {difference:.3g}")
+    times: dict[str, list[float]] = {"two": [], "one": []}
+    for _ in range(repeats):
+        for name, run in (("two", two_graphs), ("one", one_graph)):
+            start = time.perf_counter()
+            run()
+            times[name].append((time.perf_counter() - start) * 1000)
+    return statistics.median(times["two"]), statistics.median(times["one"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, nargs="+", default=[128, 256])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--text-graph", action="store_true", help="text_model.onnx vs two graphs")
     args = parser.parse_args()
+    if args.text_graph:
+        print(
+            "| token ids [batch, longest] | embeddings.onnx + model.onnx ms | text_model.onnx ms"
+            " | speed-up |"
+        )
+        print("|---|---|---|---|")
+        for seq in args.seq:
+            two, one = text_graph_ratios(args.model_dir, args.batch, seq, args.repeats)
+            print(f"| [{args.batch},{seq}] | {two:.1f} | {one:.1f} | {two / one:.2f}× |")
+        return 0
     d_model = json.loads((args.model_dir / "config.json").read_text())["architecture"]["d_model"]
     ctx = get_context("spawn")
     print("| input | graph | median ms | ÷ model.onnx | peak RSS MB |")

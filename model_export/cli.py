@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the graphs are validated against PyTorch either way",
     )
     exp.add_argument(
+        "--unless-current",
+        action="store_true",
+        help="do nothing when --out already holds a model written in this version's "
+        "format (what `make serve` runs: an older or broken directory is exported again)",
+    )
+    exp.add_argument(
         "--atol",
         type=float,
         default=DEFAULT_ATOL,
@@ -140,7 +146,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def current_model_at(out: Path) -> str | None:
+    """Why ``out`` needs no export (a readable model in this format), or None."""
+    from model_export.manifest import FORMAT_VERSION, Manifest, ManifestError
+
+    if not (out / "config.json").is_file():
+        return None
+    try:
+        manifest = Manifest.read(out)
+        manifest.verify(out)
+    except ManifestError as exc:
+        print(f"attnserve-export: exporting again: {exc}", file=sys.stderr)
+        return None
+    if manifest.format_version < FORMAT_VERSION:
+        print(
+            f"attnserve-export: exporting again: {out} is in format {manifest.format_version},"
+            f" this version writes {FORMAT_VERSION}",
+            file=sys.stderr,
+        )
+        return None
+    return f"{out} already holds {manifest.name!r} in format {FORMAT_VERSION}"
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.unless_current:
+        current = current_model_at(args.out)
+        if current is not None:
+            print(f"attnserve-export: {current}: nothing to do")
+            return 0
     # Imported here so `--help` and argument errors answer without loading torch.
     from model_export.export import export_model
     from model_export.model import Encoder

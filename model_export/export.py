@@ -5,6 +5,9 @@ Layout written::
     <out>/model.onnx        embeddings only (attention weights are computed per
                             layer by softmax but never returned)
     <out>/model_attn.onnx   embeddings and attention weights
+    <out>/embeddings.onnx   token ids -> inputs_embeds (models with a tokenizer)
+    <out>/text_model.onnx   token ids -> last_hidden_state in one run (the same)
+    <out>/tokenizer.json    the checkpoint's tokenizer
     <out>/config.json       the manifest (model_export.manifest): architecture,
                             SHA-256 of each file, pooling recipe, validation
                             results, exporter versions
@@ -46,6 +49,7 @@ from model_export.validate import (
     CheckResult,
     results_json,
     validate_model_dir,
+    validate_text_graph,
     validate_token_embeddings,
 )
 
@@ -98,6 +102,21 @@ class _AttentionGraph(nn.Module):
         return hidden, attn, states
 
 
+class _TextGraph(nn.Module):
+    """Token ids to last_hidden_state in one graph: what text asking only for embeddings
+    runs (no second session, no [B, T, d] hand-over between them)."""
+
+    def __init__(self, embeddings: TokenEmbeddings, encoder: Encoder) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+        self.encoder = encoder
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        embeds = self.embeddings(input_ids, token_type_ids)
+        hidden: Tensor = self.encoder(embeds, attention_mask, need_weights=False)[0]
+        return hidden
+
+
 GRAPH_MODULES = {
     graph_io.GRAPH_EMBEDDINGS: _EmbeddingsGraph,
     graph_io.GRAPH_HIDDEN_STATES: _HiddenStatesGraph,
@@ -107,16 +126,17 @@ GRAPH_MODULES = {
 
 def _export_text_frontend(
     embeddings: TokenEmbeddings,
+    encoder: Encoder,
     tokenizer_file: Path | None,
     staging: Path,
-    opset: int,
-    exporter: Exporter,
-    atol: float,
+    settings: tuple[int, Exporter, bool, float],
     checks: list[CheckResult],
-) -> TextFrontEnd:
-    """Export and validate the token-embedding graph; copy the tokenizer."""
-    path = staging / graph_io.GRAPH_TOKEN_EMBEDDINGS
+) -> tuple[TextFrontEnd, dict[str, int]]:
+    """Export and validate the token-embedding graph and the one-run text graph; copy the
+    tokenizer. Returns the front end and the fusions applied to the text graph."""
+    opset, exporter, optimize, atol = settings
     ids = torch.ones(2, 8, dtype=torch.int64)
+    path = staging / graph_io.GRAPH_TOKEN_EMBEDDINGS
     _export_graph(
         embeddings,
         (ids, torch.zeros_like(ids)),
@@ -127,12 +147,24 @@ def _export_text_frontend(
         [graph_io.INPUT_EMBEDS],
     )
     checks += validate_token_embeddings(embeddings, path, atol=atol)
+    text_path = staging / graph_io.GRAPH_TEXT
+    _export_graph(
+        _TextGraph(embeddings, encoder),
+        (ids, torch.zeros_like(ids), torch.ones_like(ids)),
+        text_path,
+        opset,
+        exporter,
+        list(graph_io.TEXT_GRAPH_INPUTS),
+        list(graph_io.TEXT_GRAPH_OUTPUTS),
+    )
+    fused = optimize_graph(text_path, encoder.config, fuse_attention=True) if optimize else {}
+    checks += validate_text_graph(embeddings, encoder, text_path, atol=atol)
     tokenizer = tokenizer_sha256 = None
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, staging / graph_io.TOKENIZER_FILE)
         tokenizer = graph_io.TOKENIZER_FILE
         tokenizer_sha256 = sha256_file(staging / graph_io.TOKENIZER_FILE)
-    return TextFrontEnd(
+    front_end = TextFrontEnd(
         embeddings_graph=graph_io.GRAPH_TOKEN_EMBEDDINGS,
         embeddings_sha256=sha256_file(path),
         vocab_size=embeddings.word.num_embeddings,
@@ -140,7 +172,10 @@ def _export_text_frontend(
         max_positions=embeddings.position.num_embeddings,
         tokenizer=tokenizer,
         tokenizer_sha256=tokenizer_sha256,
+        graph=graph_io.GRAPH_TEXT,
+        graph_sha256=sha256_file(text_path),
     )
+    return front_end, fused
 
 
 @dataclass(frozen=True)
@@ -153,7 +188,7 @@ class ExportResult:
 
 def _export_graph(
     module: nn.Module,
-    example: tuple[Tensor, Tensor],
+    example: tuple[Tensor, ...],
     path: Path,
     opset: int,
     exporter: Exporter,
@@ -217,7 +252,8 @@ def export_model(
     ``"torchscript"`` is the legacy exporter, sub-second, kept for fast test
     fixtures and for onnxruntime's transformer optimizer, which only fuses its
     patterns. With ``embeddings`` (and a ``tokenizer_file``) the directory also
-    gets the text front end: ``embeddings.onnx`` and ``tokenizer.json``.
+    gets the text front end: ``embeddings.onnx``, ``text_model.onnx`` (ids to
+    ``last_hidden_state`` in one run) and ``tokenizer.json``.
     ``pooling``/``normalize``/``matryoshka_dimensions`` go into the manifest as
     the model's sentence-embedding recipe. ``optimize`` fuses each encoder graph
     with onnxruntime's transformer optimizer (``optimize.py``) before validation;
@@ -256,8 +292,13 @@ def export_model(
         graph_sha = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
         text = None
         if embeddings is not None:
-            text = _export_text_frontend(
-                embeddings, tokenizer_file, staging, opset, exporter, atol, checks
+            text, fused[graph_io.GRAPH_TEXT] = _export_text_frontend(
+                embeddings,
+                encoder,
+                tokenizer_file,
+                staging,
+                (opset, exporter, optimize, atol),
+                checks,
             )
         manifest = Manifest(
             name=name or out_dir.name,

@@ -33,6 +33,11 @@ GRAPH_HIDDEN_STATES: Final = "model_hidden.onnx"  # embeddings and hidden states
 CONFIG_FILE: Final = "config.json"
 GRAPH_TOKEN_EMBEDDINGS: Final = "embeddings.onnx"  # token ids -> inputs_embeds
 TOKENIZER_FILE: Final = "tokenizer.json"  # a `tokenizers` Tokenizer
+# Token ids, token types and mask -> last_hidden_state in one run (format_version 3):
+# text that asks only for embeddings skips embeddings.onnx and its [B, T, d] hand-over.
+GRAPH_TEXT: Final = "text_model.onnx"
+TEXT_GRAPH_INPUTS: Final = (INPUT_IDS, INPUT_TOKEN_TYPES, INPUT_MASK)
+TEXT_GRAPH_OUTPUTS: Final = (OUTPUT_HIDDEN,)
 
 # The graphs an export writes, and their outputs. A graph is chosen per run by what
 # its requests ask for: the attention maps are the costly part (seq² memory), so a

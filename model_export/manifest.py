@@ -10,8 +10,11 @@ Format versions: 1 (the first release: no pooling section, no hidden states) is
 still read, with the defaults of the time (no default pooling, no
 normalisation); 2 adds ``pooling``, ``normalize``, ``matryoshka_dimensions``
 and per-layer hidden states (``model_hidden.onnx``, and a ``hidden_states``
-output of ``model_attn.onnx``). Each graph records its outputs, so a reader
-knows what a directory can answer whatever its version.
+output of ``model_attn.onnx``); 3 adds the text graph (``text.graph``: token
+ids to ``last_hidden_state`` in one run). Each graph records its outputs, so a
+reader knows what a directory can answer whatever its version; a version-2
+directory with a tokenizer still serves text, through ``embeddings.onnx`` and
+then the encoder.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ __all__ = [
     "sha256_file",
 ]
 
-FORMAT_VERSION: Final = 2
-READABLE_VERSIONS: Final = (1, 2)
+FORMAT_VERSION: Final = 3
+READABLE_VERSIONS: Final = (1, 2, 3)
 
 Pooling = Literal["mean", "cls", "max"]
 POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max")
@@ -72,7 +75,8 @@ class GraphFile:
 
 @dataclass(frozen=True)
 class TextFrontEnd:
-    """Token ids -> the encoder's input embeddings (``embeddings.onnx``), and a tokenizer."""
+    """Token ids -> the encoder's input embeddings (``embeddings.onnx``), a tokenizer,
+    and (format 3) ``graph``: ids -> ``last_hidden_state`` in one run."""
 
     embeddings_graph: str
     embeddings_sha256: str
@@ -81,6 +85,8 @@ class TextFrontEnd:
     max_positions: int
     tokenizer: str | None = None
     tokenizer_sha256: str | None = None
+    graph: str | None = None
+    graph_sha256: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "type_vocab_size", "max_positions"):
@@ -89,6 +95,8 @@ class TextFrontEnd:
                 raise ManifestError(f"text.{name} must be a positive integer, got {value!r}")
         if (self.tokenizer is None) != (self.tokenizer_sha256 is None):
             raise ManifestError("text.tokenizer and text.tokenizer_sha256 go together")
+        if (self.graph is None) != (self.graph_sha256 is None):
+            raise ManifestError("text.graph and text.graph_sha256 go together")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TextFrontEnd:
@@ -148,6 +156,11 @@ class Manifest:
         return self.text is not None and self.text.tokenizer is not None
 
     @property
+    def text_graph(self) -> str | None:
+        """The one-run text graph (format 3), if the directory has it."""
+        return None if self.text is None else self.text.graph
+
+    @property
     def has_hidden_states(self) -> bool:
         """Per-layer hidden states (written since format_version 2): both graphs give them."""
         hidden = self.graphs.get(graph_io.GRAPH_HIDDEN_STATES)
@@ -164,6 +177,8 @@ class Manifest:
             files[self.text.embeddings_graph] = self.text.embeddings_sha256
             if self.text.tokenizer is not None and self.text.tokenizer_sha256 is not None:
                 files[self.text.tokenizer] = self.text.tokenizer_sha256
+            if self.text.graph is not None and self.text.graph_sha256 is not None:
+                files[self.text.graph] = self.text.graph_sha256
         return files
 
     def to_dict(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ SUFFIXES = {
     graph_io.GRAPH_HIDDEN_STATES: "_hidden",
     graph_io.GRAPH_ATTENTION: "_attn",
     graph_io.GRAPH_TOKEN_EMBEDDINGS: "_token_embeddings",
+    graph_io.GRAPH_TEXT: "_text",
 }
 MODEL_VERSION = "1"
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -70,12 +71,19 @@ def write_repository(
     """Write every graph of ``model_dir`` as a Triton model under ``repo``; their names."""
     manifest = Manifest.read(model_dir)
     manifest.verify(model_dir)
-    graphs = {name: (graph_io.INPUT_NAMES, g.outputs) for name, g in manifest.graphs.items()}
+    graphs: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+        name: (graph_io.INPUT_NAMES, g.outputs) for name, g in manifest.graphs.items()
+    }
     if manifest.text is not None:
         graphs[manifest.text.embeddings_graph] = (
             graph_io.TEXT_INPUT_NAMES,
             (graph_io.INPUT_EMBEDS,),
         )
+        if manifest.text.graph is not None:
+            graphs[manifest.text.graph] = (
+                graph_io.TEXT_GRAPH_INPUTS,
+                graph_io.TEXT_GRAPH_OUTPUTS,
+            )
     written = []
     for graph, (inputs, outputs) in graphs.items():
         model = manifest.name + SUFFIXES[graph]

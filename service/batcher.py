@@ -125,6 +125,7 @@ GRAPH_LABELS = {
     graph_io.GRAPH_EMBEDDINGS: "embeddings",
     graph_io.GRAPH_HIDDEN_STATES: "hidden_states",
     graph_io.GRAPH_ATTENTION: "attention",
+    graph_io.GRAPH_TEXT: "text",
 }
 
 
@@ -146,7 +147,7 @@ class Batcher:
         self._backlog_tokens = 0  # tokens of jobs not yet finished
         self._tokens_per_second: float | None = None
         self._costs: dict[tuple[str, str], RunCostModel] = {
-            (name, graph): RunCostModel() for name in runtimes for graph in graph_io.GRAPH_OUTPUTS
+            (name, graph): RunCostModel() for name in runtimes for graph in GRAPH_LABELS
         }
 
     async def start(self) -> None:
@@ -167,19 +168,19 @@ class Batcher:
         run planner's first cost model (every live run refines it)."""
         loop = asyncio.get_running_loop()
         for name, runtime in self._runtimes.items():
-            width, most = runtime.info.config.d_model, runtime.info.max_seq_len
-            for graph in runtime.info.manifest.graphs:
+            most = runtime.info.max_seq_len
+            for graph in runtime.graphs:
                 fits = self._fits(runtime, graph)
                 shapes = (
                     CALIBRATION_SHAPES
-                    if graph == graph_io.GRAPH_EMBEDDINGS
+                    if graph in (graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_TEXT)
                     else SMALL_CALIBRATION_SHAPES
                 )
                 for batch, longest in shapes:
                     longest = min(longest, most)
                     if not fits(batch, longest):
                         continue
-                    sequences = [np.zeros((longest, width), np.float32)] * batch
+                    sequences = [runtime.sample_sequence(graph, longest)] * batch
                     run = partial(_run_and_split, runtime, sequences, graph)
                     await loop.run_in_executor(self._executor, run)
                     start = time.monotonic()
@@ -219,7 +220,7 @@ class Batcher:
         yet started skip it. A job still queued at ``deadline`` (``time.monotonic``)
         fails with DeadlineExceeded without running.
         """
-        if graph not in graph_io.GRAPH_OUTPUTS:
+        if graph not in self._runtimes[model].graphs:
             raise ValueError(f"unknown graph {graph!r}")  # it would never be run
         loop = asyncio.get_running_loop()
         job = _Job(
@@ -289,7 +290,7 @@ class Batcher:
                 await wakeup.wait()
                 continue
             jobs = self._in_hand[model] = self._take_batch(queue)
-            for graph in graph_io.GRAPH_OUTPUTS:
+            for graph in GRAPH_LABELS:
                 group = [j for j in jobs if j.graph == graph]
                 if group:
                     await self._run_group(loop, runtime, group, graph)

@@ -2,10 +2,13 @@
 
 A :class:`ModelRuntime` owns the sessions of one model directory
 (``model.onnx`` for embeddings only, ``model_hidden.onnx`` with per-layer hidden
-states, ``model_attn.onnx`` with attention and hidden states) and runs padded
-batches. :func:`load_repository` loads every model of a model
-repository through its manifest, checking each file's SHA-256 first, and
-raises :class:`ModelLoadError` with a clear message on anything wrong.
+states, ``model_attn.onnx`` with attention and hidden states, and for text
+``text_model.onnx``: token ids to embeddings in one run) and runs padded
+batches. A run's sequences are float32 [n, d] input embeddings, or for the
+text graph int64 [n, 2] (token id, token type) pairs. :func:`load_repository`
+loads every model of a model repository through its manifest, checking each
+file's SHA-256 first, and raises :class:`ModelLoadError` with a clear message
+on anything wrong.
 """
 
 from __future__ import annotations
@@ -77,10 +80,14 @@ class ModelRuntime:
             )
             for graph, entry in info.manifest.graphs.items()
         }
+        text = info.manifest.text
+        if text is not None and text.graph is not None:
+            self._sessions[text.graph] = self._open(
+                options, text.graph, graph_io.TEXT_GRAPH_INPUTS, graph_io.TEXT_GRAPH_OUTPUTS
+            )
         self._token_embeddings: ort.InferenceSession | None = None
         self._tokenizer: Tokenizer | None = None
         self._truncating_tokenizer: Tokenizer | None = None
-        text = info.manifest.text
         if text is not None:
             self._token_embeddings = self._open(
                 options,
@@ -150,30 +157,47 @@ class ModelRuntime:
             (embeds,) = self._token_embeddings.run(None, feeds)
         return [embeds[row, :n] for row, n in enumerate(mask.sum(axis=1))]
 
-    def run(self, embeds: np.ndarray, mask: np.ndarray, graph: str) -> dict[str, np.ndarray]:
-        """embeds float32 [B, T, d], mask int64 [B, T] -> the graph's outputs by name.
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        """Every graph a run can use: the manifest's, and the text graph if it has one."""
+        return tuple(self._sessions)
+
+    def sample_sequence(self, graph: str, n: int) -> np.ndarray:
+        """A sequence of ``n`` tokens in ``graph``'s input form (for warm-up and timing)."""
+        if graph == graph_io.GRAPH_TEXT:
+            return np.zeros((n, 2), dtype=np.int64)  # id 0 and type 0: in every vocabulary
+        d = self.info.config.d_model
+        return np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
+
+    def run(self, batch: np.ndarray, mask: np.ndarray, graph: str) -> dict[str, np.ndarray]:
+        """batch (float32 [B, T, d] embeddings, or int64 [B, T, 2] token id and type for
+        the text graph), mask int64 [B, T] -> the graph's outputs by name.
 
         ``last_hidden_state`` [B, T, d]; ``attentions`` [B, L, H, T, T] and
         ``hidden_states`` [B, L + 1, T, d] where the graph has them.
         """
         session = self._sessions[graph]
-        feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+        if graph == graph_io.GRAPH_TEXT:
+            feeds = {
+                graph_io.INPUT_IDS: np.ascontiguousarray(batch[..., 0]),
+                graph_io.INPUT_TOKEN_TYPES: np.ascontiguousarray(batch[..., 1]),
+                graph_io.INPUT_MASK: mask,
+            }
+            names: tuple[str, ...] = graph_io.TEXT_GRAPH_OUTPUTS
+        else:
+            feeds = {graph_io.INPUT_EMBEDS: batch, graph_io.INPUT_MASK: mask}
+            names = self.info.manifest.graphs[graph].outputs
         with _ORT_LOCK:
             outputs = session.run(None, feeds)
-        names = self.info.manifest.graphs[graph].outputs
         return dict(zip(names, outputs, strict=True))
 
     def warmup(self) -> None:
         """One small ragged batch per graph: proves the sessions run before we say ready."""
-        d = self.info.config.d_model
-        embeds, mask = pad(
-            [
-                np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
-                for n in (min(8, self.info.max_seq_len), 1)
-            ]
-        )
         for graph in self._sessions:
-            outputs = self.run(embeds, mask, graph)
+            batch, mask = pad(
+                [self.sample_sequence(graph, n) for n in (min(8, self.info.max_seq_len), 1)]
+            )
+            outputs = self.run(batch, mask, graph)
             if not all(np.isfinite(value).all() for value in outputs.values()):
                 raise ModelLoadError(
                     f"model {self.info.name!r}: warm-up of {graph} produced non-finite output"

@@ -81,10 +81,12 @@ ResolvedOptions = tuple[list[int], list[int], list[int], Pooling]
 
 @dataclass(frozen=True)
 class PreparedEncode:
-    """A checked encode request: decoded arrays and every resolved option."""
+    """A checked encode request: its sequences in the form its graph takes, and every
+    resolved option."""
 
     request: EncodeRequest
     model: ModelInfo
+    # float32 [n, d] input embeddings; int64 [n, 2] (token id, type) for the text graph
     sequences: list[np.ndarray]
     tokens: list[list[str] | None]  # the tokens of text items, None for the others
     layers: list[int]
@@ -93,6 +95,7 @@ class PreparedEncode:
     pooling: Pooling
     response_bytes: float
     work_bytes: int  # memory it holds from here to its answer (limits.work_bytes)
+    by_token_ids: bool = False  # the sequences are token ids, for the text graph
 
     @property
     def graph(self) -> str:
@@ -101,7 +104,7 @@ class PreparedEncode:
             return graph_io.GRAPH_ATTENTION
         if self.request.return_hidden_states:
             return graph_io.GRAPH_HIDDEN_STATES
-        return graph_io.GRAPH_EMBEDDINGS
+        return graph_io.GRAPH_TEXT if self.by_token_ids else graph_io.GRAPH_EMBEDDINGS
 
 
 class Engine:
@@ -323,12 +326,32 @@ class Engine:
         inputs = list(request.inputs)
         tokenized, ids = self._token_front_end(runtime, inputs, request.truncate)
         options = self._resolve_options(info, request)
-        arrays = self._sequences(runtime, inputs, tokenized, ids)
+        # Text and ids asking only for embeddings run as ids in one graph (when the model
+        # has it): no token-embedding run here, and the batcher sees them at once.
+        by_token_ids = (
+            info.manifest.text_graph is not None
+            and not (request.return_attention or request.return_hidden_states)
+            and not any(isinstance(item, ArrayInput) for item in inputs)
+        )
+        if by_token_ids:
+            arrays = self._token_id_pairs(len(inputs), tokenized, ids)
+        else:
+            arrays = self._sequences(runtime, inputs, tokenized, ids)
         tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
         size, work = self._answer_cost(request, info, arrays, tokens, options)
         layers, heads, hidden_layers, pooling = options
         return PreparedEncode(
-            request, info, arrays, tokens, layers, heads, hidden_layers, pooling, size, work
+            request,
+            info,
+            arrays,
+            tokens,
+            layers,
+            heads,
+            hidden_layers,
+            pooling,
+            size,
+            work,
+            by_token_ids,
         )
 
     def _token_front_end(
@@ -385,6 +408,22 @@ class Engine:
         if spec.reduce == "rollout":
             layers = sorted(set(layers))  # rollout multiplies layers bottom-up, each once
         return layers, heads, hidden_layers, self._pooling(info, request)
+
+    @staticmethod
+    def _token_id_pairs(
+        count: int, tokenized: dict[int, Tokenized], ids: dict[int, list[int]]
+    ) -> list[np.ndarray]:
+        """The text graph's input per sequence: int64 [n, 2] of (token id, token type)."""
+        pairs = []
+        for i in range(count):
+            if i in tokenized:
+                _, token_ids, type_ids = tokenized[i]
+                pair = np.array([token_ids, type_ids], dtype=np.int64).T
+            else:  # bare token ids: type 0, as the two-graph path embeds them
+                pair = np.zeros((len(ids[i]), 2), dtype=np.int64)
+                pair[:, 0] = ids[i]
+            pairs.append(pair)
+        return pairs
 
     def _sequences(
         self,

@@ -24,6 +24,7 @@ import torch
 from model_export import graph_io
 from model_export.cli import main
 from model_export.config import EncoderConfig, preset
+from model_export.manifest import Manifest
 from model_export.model import Encoder
 from tests.model_export.reference import ragged_batch
 
@@ -266,3 +267,26 @@ def test_cli_failures_are_one_line_errors(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith("attnserve-export: error: ")
+
+
+def test_unless_current_exports_an_older_format_again_and_skips_a_current_one(
+    tmp_path: Path,
+) -> None:
+    """What `make serve` runs: a model in an older format (or broken) is exported again
+    instead of being served half-working; a current one is left alone."""
+    out = tmp_path / "m"
+    args = ["--preset", "tiny", "--exporter", "torchscript", "--out", str(out), "--unless-current"]
+    assert main(args) == 0
+    config = out / graph_io.CONFIG_FILE
+    raw = json.loads(config.read_text())
+    assert raw["format_version"] == 3
+    written = config.stat().st_mtime_ns
+    assert main(args) == 0
+    assert config.stat().st_mtime_ns == written  # current: nothing done
+    raw["format_version"] = 2
+    config.write_text(json.dumps(raw))
+    assert main(args) == 0
+    assert json.loads(config.read_text())["format_version"] == 3  # older: exported again
+    (out / graph_io.GRAPH_EMBEDDINGS).write_bytes(b"not onnx")
+    assert main(args) == 0
+    assert Manifest.read(out).verify(out) is None  # corrupt: exported again

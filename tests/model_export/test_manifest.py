@@ -51,13 +51,24 @@ def graphs_with(graph: str, outputs: tuple[str, ...]) -> dict[str, Any]:
     return {"graphs": raw_graphs({**graph_io.GRAPH_OUTPUTS, graph: outputs})}
 
 
+TEXT = dict(
+    embeddings_graph="embeddings.onnx",
+    embeddings_sha256="1" * 64,
+    vocab_size=100,
+    type_vocab_size=2,
+    max_positions=128,
+    tokenizer="tokenizer.json",
+    tokenizer_sha256="2" * 64,
+)
+
+
 def manifest(**changes: Any) -> Manifest:
     base = Manifest(name="m", architecture=preset("tiny"), opset=18, graphs=GRAPHS)
     return dataclasses.replace(base, **changes)
 
 
 def test_round_trip_keeps_every_field_and_the_record() -> None:
-    text = TextFrontEnd("embeddings.onnx", "1" * 64, 100, 2, 128, "tokenizer.json", "2" * 64)
+    text = TextFrontEnd(**TEXT, graph="text_model.onnx", graph_sha256="3" * 64)
     written = manifest(
         text=text,
         pooling="mean",
@@ -75,9 +86,20 @@ def test_round_trip_keeps_every_field_and_the_record() -> None:
         **{name: g.sha256 for name, g in GRAPHS.items()},
         "embeddings.onnx": "1" * 64,
         "tokenizer.json": "2" * 64,
+        "text_model.onnx": "3" * 64,
     }
     assert read.has_tokenizer
     assert read.has_hidden_states
+    assert read.text_graph == "text_model.onnx"
+
+
+def test_format_2_text_has_no_text_graph() -> None:
+    """format_version 2 wrote no text graph: its text runs embeddings.onnx, then the encoder."""
+    raw = manifest(text=TextFrontEnd(**TEXT), format_version=2).to_dict()
+    read = Manifest.from_dict(json.loads(json.dumps(raw)))
+    assert read.format_version == 2 and read.has_tokenizer
+    assert read.text_graph is None
+    assert "text_model.onnx" not in read.files()
 
 
 def test_the_first_release_format_is_still_read(tiny_model_dir: Path) -> None:
@@ -118,7 +140,7 @@ def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"format_version": 3}, "format_version 3 is not supported"),
+        ({"format_version": 4}, "format_version 4 is not supported"),
         ({"format_version": None}, "format_version None"),
         ({"pooling": "sum"}, "pooling must be one of"),
         ({"matryoshka_dimensions": [33]}, "1..32"),
@@ -143,6 +165,10 @@ def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
         ),
         ({"architecture": {"d_model": 30, "n_heads": 4}}, "divisible"),
         ({"text": {"embeddings_graph": "e.onnx"}}, "text:"),
+        (  # a text graph without its digest could never be verified
+            {"text": {**TEXT, "graph": "text_model.onnx"}},
+            "text.graph and text.graph_sha256 go together",
+        ),
         ({"opset": "eighteen"}, "eighteen"),
     ],
 )

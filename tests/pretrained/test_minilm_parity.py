@@ -84,6 +84,57 @@ def test_onnx_export_matches_bert(reference: Reference, minilm_repository: Path)
         )
 
 
+def test_text_graph_matches_bert(reference: Reference, minilm_repository: Path) -> None:
+    """text_model.onnx: token ids to last_hidden_state in one run, vs HF (1e-4)."""
+    model_dir = minilm_repository / "minilm-l6"
+    session = ort.InferenceSession(
+        str(model_dir / graph_io.GRAPH_TEXT), providers=["CPUExecutionProvider"]
+    )
+    ids = reference.ids.astype(np.int64)
+    (hidden,) = session.run(
+        None,
+        {
+            graph_io.INPUT_IDS: ids,
+            graph_io.INPUT_TOKEN_TYPES: np.zeros_like(ids),
+            graph_io.INPUT_MASK: reference.mask.astype(np.int64),
+        },
+    )
+    for i in range(len(SENTENCES)):
+        assert_matches_reference(reference, i, hidden[i], None)
+
+
+def _text_runs(url: str) -> float:
+    """How many runs the server's text graph has made (its inference histogram count)."""
+    metrics = httpx.get(f"{url}/metrics").text
+    for line in metrics.splitlines():
+        if line.startswith("attnserve_inference_seconds_count") and 'graph="text"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_served_text_embeddings_run_the_text_graph_and_match_bert(
+    reference: Reference, minilm_server_url: str
+) -> None:
+    """Text asking only for embeddings runs text_model.onnx (one run, not two), and its
+    token and sentence embeddings equal HF's (1e-4, and 1e-5 for the sentence)."""
+    before = _text_runs(minilm_server_url)
+    body = {
+        "inputs": SENTENCES,
+        "return_embeddings": True,
+        "pooling": "mean",
+        "normalize": True,
+        "encoding_format": "base64",
+    }
+    r = httpx.post(f"{minilm_server_url}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert _text_runs(minilm_server_url) > before
+    for i, item in enumerate(r.json()["data"]):
+        assert_matches_reference(reference, i, _decode(item["embeddings"]), None)
+        np.testing.assert_allclose(
+            _decode(item["pooled"]), reference.sentence[i], rtol=0, atol=SENTENCE_ATOL
+        )
+
+
 def _decode(array: dict[str, Any]) -> np.ndarray:
     raw = base64.b64decode(array["data"])
     return np.frombuffer(raw, dtype="<f4").reshape(array["shape"])

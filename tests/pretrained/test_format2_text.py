@@ -1,0 +1,67 @@
+"""A model exported before the text graph (format_version 2) still serves text.
+
+Its text runs embeddings.onnx on the request's thread, then the encoder; the
+current format runs text_model.onnx once. Both answers agree (1e-5: the same
+weights through differently fused graphs; observed ~3e-6).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from model_export import graph_io
+from tests.conftest import running_server
+from tests.pretrained.reference import SENTENCES
+
+AGREEMENT_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def format2_url(minilm_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    repo = tmp_path_factory.mktemp("format2")
+    model_dir = repo / "minilm-l6"
+    shutil.copytree(minilm_repository / "minilm-l6", model_dir)
+    (model_dir / graph_io.GRAPH_TEXT).unlink()
+    config = model_dir / graph_io.CONFIG_FILE
+    raw = json.loads(config.read_text())
+    raw["format_version"] = 2
+    for key in ("graph", "graph_sha256"):
+        raw["text"].pop(key)
+    config.write_text(json.dumps(raw))
+    with running_server(repo, intra_op_threads="2") as url:
+        yield url
+
+
+def _graph_runs(url: str) -> dict[str, float]:
+    runs = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("attnserve_inference_seconds_count"):
+            graph = line.split('graph="', 1)[1].split('"', 1)[0]
+            runs[graph] = float(line.rsplit(" ", 1)[1])
+    return runs
+
+
+def test_format_2_text_runs_two_graphs_and_agrees_with_the_text_graph(
+    format2_url: str, minilm_server_url: str
+) -> None:
+    body = {"inputs": SENTENCES, "pooling": "mean", "normalize": True, "return_embeddings": True}
+    answers = {}
+    for url in (format2_url, minilm_server_url):
+        before = _graph_runs(url)
+        r = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        after = _graph_runs(url)
+        ran = {g for g in after if after[g] > before.get(g, 0.0)}
+        assert ran == ({"embeddings"} if url == format2_url else {"text"})
+        answers[url] = r.json()["data"]
+    for old, new in zip(answers[format2_url], answers[minilm_server_url], strict=True):
+        assert old["tokens"] == new["tokens"]
+        for key in ("embeddings", "pooled"):
+            np.testing.assert_allclose(old[key], new[key], rtol=0, atol=AGREEMENT_ATOL)
