@@ -89,6 +89,7 @@ def server(model_dir: Path) -> Iterator[tuple[str, int]]:
         **os.environ,
         "ATTNSERVE_MODEL_REPOSITORY": str(model_dir),
         "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_GRPC_PORT": "0",
         "ATTNSERVE_LOG_LEVEL": "warning",
     }
     proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, cwd=ROOT)

@@ -186,6 +186,7 @@ def running_server(model_dir: Path, **settings: str) -> Iterator[int]:
         "ATTNSERVE_MODEL_REPOSITORY": str(model_dir.parent),
         "ATTNSERVE_DEFAULT_MODEL": model_dir.name,
         "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_GRPC_PORT": "0",
         "ATTNSERVE_LOG_LEVEL": "warning",
         **{f"ATTNSERVE_{k}": v for k, v in settings.items()},
     }

@@ -62,6 +62,7 @@ def churn(model_dir: Path, arena: bool, seconds: float, clients: int) -> dict[st
         **os.environ,
         "ATTNSERVE_MODEL_REPOSITORY": str(model_dir),
         "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_GRPC_PORT": "0",
         "ATTNSERVE_LOG_LEVEL": "warning",
         "ATTNSERVE_CPU_MEM_ARENA": str(arena).lower(),
     }

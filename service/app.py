@@ -27,6 +27,7 @@ from service.errors import HTTP_ERRORS, ServiceError
 from service.metrics import Metrics
 from service.protocols.context import RequestScopeMiddleware
 from service.protocols.http import validation_error
+from service.protocols.kserve_grpc.server import PROTOCOL as KSERVE_GRPC
 from service.protocols.kserve_v2.routes import PROTOCOL as KSERVE_V2
 from service.protocols.native import errors as native_errors
 from service.protocols.native.routes import PROTOCOL as NATIVE
@@ -36,7 +37,7 @@ from service.settings import Settings
 from service.viewer import add_viewer
 
 HTTP_ERROR_TYPES = {status: kind for status, kind, _ in HTTP_ERRORS}
-PROTOCOLS: tuple[Protocol, ...] = (NATIVE, OPENAI, KSERVE_V2)
+PROTOCOLS: tuple[Protocol, ...] = (NATIVE, OPENAI, KSERVE_V2, KSERVE_GRPC)
 
 
 def _lifespan(engine: Engine) -> Any:

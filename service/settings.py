@@ -24,6 +24,13 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
+    grpc_port: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="TCP port of the Open Inference Protocol over gRPC (Triton's default "
+        "8001), on the same host, engine and limits as HTTP; 0 turns gRPC off.",
+    )
     api_key: SecretStr | None = Field(
         None,
         description="When set, /v1/* and /v2/models/* require 'Authorization: Bearer <key>' "

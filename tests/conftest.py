@@ -95,6 +95,7 @@ def server_process(
         "ATTNSERVE_LOG_LEVEL": "warning",
         "ATTNSERVE_INTRA_OP_THREADS": "1",
         "ATTNSERVE_DRAIN_SECONDS": "0",
+        "ATTNSERVE_GRPC_PORT": "0",  # gRPC only where a test asks for it (a free port)
         **{f"ATTNSERVE_{k.upper()}": v for k, v in settings.items()},
     }
     url = f"http://127.0.0.1:{port}"

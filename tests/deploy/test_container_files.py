@@ -114,6 +114,7 @@ def test_image_commands_serve_and_pass_the_healthcheck(minilm_repository: Path) 
         "ATTNSERVE_MODEL_REPOSITORY": str(minilm_repository),  # the image's /models
         "ATTNSERVE_HOST": "127.0.0.1",  # tests stay on loopback
         "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_GRPC_PORT": "0",
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     cmd = json.loads(instruction("CMD"))
