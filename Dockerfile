@@ -33,9 +33,10 @@ COPY --from=export /models /models
 ENV ATTNSERVE_MODEL_REPOSITORY=/models \
     ATTNSERVE_DEFAULT_MODEL=minilm-l6 \
     ATTNSERVE_HOST=0.0.0.0 \
-    ATTNSERVE_PORT=8000
+    ATTNSERVE_PORT=8000 \
+    ATTNSERVE_GRPC_PORT=8001
 USER 10001
-EXPOSE 8000
+EXPOSE 8000 8001
 # Liveness, not readiness: a replica busy with work must not be marked unhealthy.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["attnserve-healthcheck", "live"]

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve_client import Client
 from tests.containers.conftest import EMBEDDING_ATOL, ROOT, SENTENCES, ok, record, wait_for
@@ -65,11 +67,20 @@ def test_every_probe_endpoint_answers(pod_url: str) -> None:
     (container,) = pod_spec()["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     probes = ("startupProbe", "livenessProbe", "readinessProbe")
+    host = pod_url.removeprefix("http://").rsplit(":", 1)[0]
     for probe in probes:
+        timeout = container[probe]["timeoutSeconds"]
+        if "grpc" in container[probe]:  # grpc.health.v1 Check, as the kubelet asks it
+            with grpc.insecure_channel(f"{host}:{container[probe]['grpc']['port']}") as channel:
+                answer = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=timeout
+                )
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING, probe
+            continue
         get = container[probe]["httpGet"]
         port = ports.get(get["port"], get["port"])  # a named port, as the kubelet resolves it
-        url = pod_url.rsplit(":", 1)[0] + f":{port}{get['path']}"
-        assert httpx.get(url, timeout=container[probe]["timeoutSeconds"]).status_code == 200
+        url = f"http://{host}:{port}{get['path']}"
+        assert httpx.get(url, timeout=timeout).status_code == 200
 
 
 def test_pod_runs_as_the_manifest_says(podman: Podman, pod_url: str) -> None:

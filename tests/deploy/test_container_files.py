@@ -71,10 +71,11 @@ def test_compose_file_is_valid_and_serves_on_loopback() -> None:
     # Replicas are reached through the balancer only, which publishes on loopback.
     assert "ports" not in service
     assert service["deploy"]["replicas"] == 2
-    (port,) = services["balancer"]["ports"]
-    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "8000", 8080)
-    assert "listen 8080;" in (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
-    assert "server attnserve:8000" in (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    published = [(p["host_ip"], p["published"], p["target"]) for p in services["balancer"]["ports"]]
+    assert published == [("127.0.0.1", "8000", 8080), ("127.0.0.1", "8001", 8081)]
+    nginx = (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    assert "listen 8080;" in nginx and "listen 8081 http2;" in nginx
+    assert "server attnserve:8000" in nginx and "server attnserve:8001" in nginx
     assert services["attnserve"]["environment"]["ATTNSERVE_HOST"] == "0.0.0.0"
     assert services["balancer"]["depends_on"]["attnserve"]["condition"] == "service_healthy"
     prometheus = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()

@@ -19,13 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import kubernetes_validate
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.settings import Settings
-from tests.conftest import running_server
+from tests.conftest import free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -94,10 +96,11 @@ def settings_data() -> dict[str, str]:
     return data
 
 
-def custom_predictor() -> Doc:
-    predictor: Doc = one(KSERVE / "inferenceservice-custom.yaml", "InferenceService")["spec"][
-        "predictor"
-    ]
+CUSTOM_PREDICTORS = ("inferenceservice-custom.yaml", "inferenceservice-custom-grpc.yaml")
+
+
+def custom_predictor(name: str = CUSTOM_PREDICTORS[0]) -> Doc:
+    predictor: Doc = one(KSERVE / name, "InferenceService")["spec"]["predictor"]
     return predictor
 
 
@@ -127,7 +130,7 @@ def test_core_resources_valid_against_kubernetes_schema(path: Path) -> None:
 def test_schema_validation_is_strict() -> None:
     # The check above would prove nothing if a misspelt field passed.
     doc = deployment()
-    doc["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["pth"] = "/"
+    doc["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["pth"] = "/"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -191,7 +194,7 @@ def test_service_monitor_has_required_fields() -> None:
     check_service_monitor(one(K8S / "servicemonitor.yaml", "ServiceMonitor"))
 
 
-@pytest.mark.parametrize("name", ["inferenceservice-triton.yaml", "inferenceservice-custom.yaml"])
+@pytest.mark.parametrize("name", ["inferenceservice-triton.yaml", *CUSTOM_PREDICTORS])
 def test_inference_service_has_required_fields(name: str) -> None:
     check_inference_service(one(KSERVE / name, "InferenceService"))
 
@@ -269,19 +272,28 @@ def test_deployment_references_configmap_secret_and_claim() -> None:
 
 
 def test_ports_agree() -> None:
+    """HTTP and gRPC: container, Service, ConfigMap, probes and both KServe predictors."""
     c = container()
-    (port,) = c["ports"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     service = one(K8S / "service.yaml", "Service")
-    (service_port,) = service["spec"]["ports"]
-    assert service_port["name"] == port["name"] == "http"
-    assert container_port(c, service_port["targetPort"]) == port["containerPort"]
-    configured = settings_data().get(f"{ENV_PREFIX}PORT")
-    expected = int(configured) if configured else Settings.model_fields["port"].default
-    assert port["containerPort"] == expected
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container_port(c, c[probe]["httpGet"]["port"]) == expected
+    service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(service_ports) == set(ports) == {"http", "grpc"}
+    for name, service_port in service_ports.items():
+        assert container_port(c, service_port["targetPort"]) == ports[name]
+    assert service_ports["grpc"]["appProtocol"] == "kubernetes.io/h2c"
+    for name, setting in (("http", "port"), ("grpc", "grpc_port")):
+        configured = settings_data().get(f"{ENV_PREFIX}{setting.upper()}")
+        expected = int(configured) if configured else Settings.model_fields[setting].default
+        assert ports[name] == expected, setting
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container_port(c, c[probe]["httpGet"]["port"]) == ports["http"]
+    assert c["readinessProbe"]["grpc"]["port"] == ports["grpc"]
     (custom,) = custom_predictor()["containers"]
-    assert [p["containerPort"] for p in custom["ports"]] == [expected]
+    assert [p["containerPort"] for p in custom["ports"]] == [ports["http"]]
+    (custom_grpc,) = custom_predictor(CUSTOM_PREDICTORS[1])["containers"]
+    assert [(p["name"], p["containerPort"]) for p in custom_grpc["ports"]] == [
+        ("h2c", ports["grpc"])
+    ]
 
 
 def test_selectors_match_the_pods() -> None:
@@ -351,15 +363,16 @@ def test_pod_is_locked_down() -> None:
     assert ctx["seccompProfile"]["type"] == "RuntimeDefault"
 
 
-def test_custom_predictor_runs_the_container_as_the_deployment_does() -> None:
-    predictor = custom_predictor()
+@pytest.mark.parametrize("name", CUSTOM_PREDICTORS)
+def test_custom_predictor_runs_the_container_as_the_deployment_does(name: str) -> None:
+    predictor = custom_predictor(name)
     (custom,) = predictor["containers"]
     c = container()
     assert custom["image"] == c["image"]
     same = ("envFrom", "env", "lifecycle", "resources", "securityContext", "volumeMounts")
     for field in (*same, "startupProbe", "livenessProbe", "readinessProbe"):
         expected = c[field]
-        if field.endswith("Probe"):
+        if field.endswith("Probe") and "httpGet" in expected:
             port = container_port(c, expected["httpGet"]["port"])
             expected = {**expected, "httpGet": {**expected["httpGet"], "port": port}}
         assert custom[field] == expected, field
@@ -371,23 +384,34 @@ def test_custom_predictor_runs_the_container_as_the_deployment_does() -> None:
 def test_probe_and_scrape_paths_answer_on_a_real_server(model_repository: Path) -> None:
     # The ConfigMap's settings, bar those naming this machine's paths and ports, and
     # the drain (which would only slow the server's stop here).
-    local = {"HOST", "PORT", "MODEL_REPOSITORY", "DEFAULT_MODEL", "DRAIN_SECONDS"}
+    local = {"HOST", "PORT", "GRPC_PORT", "MODEL_REPOSITORY", "DEFAULT_MODEL", "DRAIN_SECONDS"}
     settings = {
         key.removeprefix(ENV_PREFIX).lower(): value
         for key, value in settings_data().items()
         if key.removeprefix(ENV_PREFIX) not in local
     }
     c = container()
-    paths = {c[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
-    (custom,) = custom_predictor()["containers"]
-    paths |= {custom[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe")}
-    paths.add(custom["readinessProbe"]["httpGet"]["path"])
+    paths = {c[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe")}
+    for name in CUSTOM_PREDICTORS:
+        (custom,) = custom_predictor(name)["containers"]
+        paths |= {custom[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe")}
+        assert custom["readinessProbe"]["grpc"] == c["readinessProbe"]["grpc"]
     monitor = one(K8S / "servicemonitor.yaml", "ServiceMonitor")["spec"]
     paths |= {e["path"] for e in monitor["endpoints"]}
-    assert paths == {"/health/live", "/health/ready", "/metrics"}
+    assert paths == {"/health/live", "/metrics"}
+    assert set(c["readinessProbe"]["grpc"]) == {"port"}  # the server's overall health
+    grpc_port = free_port()
     # The api key must not close the probes or the scrape.
-    with running_server(model_repository, api_key="k8s-test-key", **settings) as url:
+    with running_server(
+        model_repository, api_key="k8s-test-key", grpc_port=str(grpc_port), **settings
+    ) as url:
         for path in sorted(paths):
             response = httpx.get(f"{url}{path}", timeout=5.0)
             assert response.status_code == 200, (path, response.text)
         assert httpx.get(f"{url}/nope", timeout=5.0).status_code == 404
+        # The readiness probe, as the kubelet asks it: grpc.health.v1 Check, service "".
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=c["readinessProbe"]["timeoutSeconds"]
+            )
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING

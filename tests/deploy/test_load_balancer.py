@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -30,13 +31,24 @@ NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 pytestmark = pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed")
 
 
-def render(tmp: Path, listen: int, upstreams: list[str]) -> Path:
-    """The deployed config, listening on 127.0.0.1:``listen``, balancing ``upstreams``."""
+def render(
+    tmp: Path,
+    listen: int,
+    upstreams: list[str],
+    grpc_listen: int | None = None,
+    grpc_upstreams: tuple[str, ...] = ("127.0.0.1:1",),
+) -> Path:
+    """The deployed config, listening on 127.0.0.1:``listen``, balancing ``upstreams``
+    (and gRPC on ``grpc_listen`` over ``grpc_upstreams``)."""
     text = CONFIG.read_text()
     text, listens = re.subn(r"listen \d+;", f"listen 127.0.0.1:{listen};", text)
-    servers = "\n".join(f"        server {u} max_fails=1 fail_timeout=2s;" for u in upstreams)
-    text, replaced = re.subn(r"^\s*server attnserve:8000[^\n]*$", servers, text, flags=re.M)
-    assert (listens, replaced) == (1, 1), "the config's listen/upstream lines moved"
+    grpc_port = grpc_listen or free_port()
+    text, grpc_listens = re.subn(r"listen \d+ http2;", f"listen 127.0.0.1:{grpc_port} http2;", text)
+    for name, targets in (("8000", upstreams), ("8001", grpc_upstreams)):
+        servers = "\n".join(f"        server {u} max_fails=1 fail_timeout=2s;" for u in targets)
+        text, replaced = re.subn(rf"^\s*server attnserve:{name}[^\n]*$", servers, text, flags=re.M)
+        assert replaced == 1, "the config's upstream lines moved"
+    assert (listens, grpc_listens) == (1, 1), "the config's listen lines moved"
     text = text.replace("/tmp/nginx", str(tmp / "nginx"))
     path = tmp / "nginx.conf"
     path.write_text(text)
@@ -53,9 +65,9 @@ def test_config_passes_nginx_t(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_nginx(tmp: Path, upstreams: list[str]) -> Iterator[str]:
+def running_nginx(tmp: Path, upstreams: list[str], **grpc: Any) -> Iterator[str]:
     port = free_port()
-    conf = render(tmp, port, upstreams)
+    conf = render(tmp, port, upstreams, **grpc)
     errors = tmp / "nginx.err"
     with errors.open("wb") as err:
         proc = subprocess.Popen(
@@ -137,3 +149,32 @@ def test_two_replicas_share_the_load_and_a_sigterm_mid_load_loses_nothing(
         for _ in range(20):
             assert client.post("/v1/encode", json=BODY).status_code == 200
         assert encodes_answered(back.url) > 0
+
+
+def test_grpc_goes_through_the_http2_listener(tmp_path: Path, model_repository: Path) -> None:
+    """tritonclient.grpc through nginx's grpc_pass: the same answer as the replica gives
+    directly, and the request id reaches the replica's scope."""
+    import tritonclient.grpc as tgrpc
+
+    replica_grpc, lb_grpc = free_port(), free_port()
+    embeds = np.random.default_rng(3).standard_normal((2, 5, 32)).astype(np.float32)
+    with ExitStack() as stack:
+        replica = stack.enter_context(server_process(model_repository, grpc_port=str(replica_grpc)))
+        port = replica.url.rsplit(":", 1)[1]
+        stack.enter_context(
+            running_nginx(
+                tmp_path,
+                [f"127.0.0.1:{port}"],
+                grpc_listen=lb_grpc,
+                grpc_upstreams=(f"127.0.0.1:{replica_grpc}",),
+            )
+        )
+        answers = []
+        for address in (f"127.0.0.1:{lb_grpc}", f"127.0.0.1:{replica_grpc}"):
+            client = tgrpc.InferenceServerClient(address)
+            tensor = tgrpc.InferInput("inputs_embeds", [2, 5, 32], "FP32")
+            tensor.set_data_from_numpy(embeds)
+            result = client.infer("tiny", [tensor], headers={"x-request-id": "through-nginx"})
+            answers.append(result.as_numpy("last_hidden_state"))
+            client.close()
+        np.testing.assert_array_equal(answers[0], answers[1])  # tolerance 0: one replica

@@ -215,8 +215,8 @@ def concurrent_calls(engine: Engine) -> int:
 
 
 class ReadinessHealth(health.aio.HealthServicer):
-    """``grpc.health.v1`` following readiness: SERVING once ready, NOT_SERVING while
-    warming up and for good from SIGTERM on. ``Check`` looks at readiness when called;
+    """``grpc.health.v1`` following readiness as ``/health/ready`` does: SERVING when
+    ready, NOT_SERVING while warming up or saturated, and for good from SIGTERM on. ``Check`` looks at readiness when called;
     ``Watch`` streams learn of a change within ``HEALTH_POLL``."""
 
     def __init__(self, engine: Engine) -> None:
@@ -227,8 +227,10 @@ class ReadinessHealth(health.aio.HealthServicer):
         if self.engine.shutting_down:
             await self.enter_graceful_shutdown()
             return
-        ready = health_pb2.HealthCheckResponse.SERVING
-        status = ready if self.engine.ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        ready = _passes(self.engine.check_ready)  # as /health/ready: not while saturated
+        status = health_pb2.HealthCheckResponse.SERVING if ready else (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in ("", SERVICE):
             await self.set(name, status)
 
