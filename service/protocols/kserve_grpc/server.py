@@ -216,8 +216,9 @@ def concurrent_calls(engine: Engine) -> int:
 
 class ReadinessHealth(health.aio.HealthServicer):
     """``grpc.health.v1`` following readiness as ``/health/ready`` does: SERVING when
-    ready, NOT_SERVING while warming up or saturated, and for good from SIGTERM on. ``Check`` looks at readiness when called;
-    ``Watch`` streams learn of a change within ``HEALTH_POLL``."""
+    ready, NOT_SERVING while warming up or saturated, and for good from SIGTERM on.
+    ``Check`` looks at readiness when called; ``Watch`` streams learn of a change
+    within ``HEALTH_POLL``."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__()
