@@ -229,8 +229,10 @@ class ReadinessHealth(health.aio.HealthServicer):
             await self.enter_graceful_shutdown()
             return
         ready = _passes(self.engine.check_ready)  # as /health/ready: not while saturated
-        status = health_pb2.HealthCheckResponse.SERVING if ready else (
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else (health_pb2.HealthCheckResponse.NOT_SERVING)
         )
         for name in ("", SERVICE):
             await self.set(name, status)
