@@ -157,7 +157,18 @@ def minilm_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
+MINILM_GRPC: dict[str, str] = {}  # the MiniLM server's gRPC address, once it runs
+
+
 @pytest.fixture(scope="session")
 def minilm_server_url(minilm_repository: Path) -> Iterator[str]:
-    with running_server(minilm_repository, intra_op_threads="2") as url:
+    grpc_port = free_port()
+    with running_server(minilm_repository, intra_op_threads="2", grpc_port=str(grpc_port)) as url:
+        MINILM_GRPC["address"] = f"127.0.0.1:{grpc_port}"
         yield url
+
+
+@pytest.fixture(scope="session")
+def minilm_grpc_address(minilm_server_url: str) -> str:
+    """The gRPC address (host:port) of the session's MiniLM server."""
+    return MINILM_GRPC["address"]

@@ -299,6 +299,10 @@ assert abs(math.fsum(x * x for x in query) - 1) < 1e-4
 cosine = [math.fsum(a * b for a, b in zip(d, query)) for d in documents]
 assert cosine[0] > cosine[1], cosine  # the guitar sentence is nearer the guitar query
 """,
+    r"import tritonclient\.grpc": """
+assert ready and vectors.shape == (2, 384), vectors.shape
+assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+""",
     r"import tritonclient\.http": """
 assert client.is_server_ready()
 assert vectors.shape == (2, 384) and vectors.dtype == np.float32, (vectors.shape, vectors.dtype)
@@ -390,9 +394,11 @@ def test_page_has_python_examples() -> None:
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.split("\n")[0] for b in PYTHON_BLOCKS])
-def test_python_example_runs(block: str, minilm_server_url: str) -> None:
+def test_python_example_runs(
+    block: str, minilm_server_url: str, minilm_grpc_address: str
+) -> None:
     (pattern,) = matching(PYTHON_CHECKS, block)
-    env = {**os.environ, "ATTNSERVE_URL": minilm_server_url}
+    env = {**os.environ, "ATTNSERVE_URL": minilm_server_url, "ATTNSERVE_GRPC": minilm_grpc_address}
     done = subprocess.run(
         [sys.executable, "-c", block + PYTHON_CHECKS[pattern]],
         env=env,

@@ -394,3 +394,20 @@ def test_sigterm_finishes_calls_in_flight_then_refuses_and_exits_0(
             thread.join(timeout=30)
         assert results == [(4, 6, 12, 128, 128)] * 6  # every accepted call answered
         assert servers.proc.wait(timeout=30) == 0
+
+
+def test_rpcs_not_served_answer_unimplemented(servers: Servers) -> None:
+    from tritonclient.grpc import service_pb2 as pb
+
+    with grpc.insecure_channel(servers.grpc) as channel:
+        stub = tgrpc.service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for call, request in (
+            (stub.RepositoryIndex, pb.RepositoryIndexRequest()),
+            (stub.ModelStatistics, pb.ModelStatisticsRequest(name=MODEL)),
+            (stub.ModelConfig, pb.ModelConfigRequest(name=MODEL)),
+        ):
+            with pytest.raises(grpc.RpcError) as caught:
+                call(request, timeout=5)
+            assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, call
+        # And the server is unharmed.
+        assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
