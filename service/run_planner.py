@@ -27,6 +27,10 @@ OBSERVATIONS = 256
 REFIT_EVERY = 16
 # Distinct (B, T) shapes needed before a model is trusted.
 MIN_SHAPES = 4
+# What a run costs at the least, whatever the fit says (a thread hand-over and a session
+# call): a fit whose fixed cost came out 0 would make every partition of equal sequences
+# cost the same, and the planner would run them one by one.
+MIN_RUN_SECONDS = 1e-4
 
 Fits = Callable[[int, int], bool]  # (sequences in the run, its longest) -> within bounds
 Cost = Callable[[int, int], float]  # (sequences in the run, its longest) -> seconds
@@ -62,7 +66,7 @@ class RunCostModel:
         if self.coefficients is None:
             raise RuntimeError("the run cost model has no fit yet")
         a, b, c = self.coefficients
-        return a + batch * longest * (b + c * longest)
+        return max(a, MIN_RUN_SECONDS) + batch * longest * (b + c * longest)
 
     @property
     def fitted(self) -> bool:

@@ -169,6 +169,16 @@ def test_padding_is_split_off_only_when_it_costs_more_than_a_run() -> None:
     assert plan_runs(lengths, fits, attention_like(1.0, 1e-5, 0)) == greedy
 
 
+def test_a_fit_without_fixed_cost_still_merges_equal_sequences() -> None:
+    """Timings exactly proportional to B·T fit a = 0; equal sequences must still run
+    together (before MIN_RUN_SECONDS every partition tied and each ran alone)."""
+    model = RunCostModel()
+    for batch, longest in [(1, 8), (1, 64), (8, 16), (4, 64), (2, 128), (8, 128)]:
+        model.observe(batch, longest, 1e-6 * batch * longest)
+    assert model.coefficients is not None and model.coefficients[0] == pytest.approx(0, abs=1e-9)
+    assert plan_runs([128] * 8, token_budget(4096), model) == [list(range(8))]
+
+
 def test_the_cost_model_recovers_known_coefficients() -> None:
     model = RunCostModel()
     truth = attention_like(1.5e-3, 2e-6, 3e-9)
