@@ -64,6 +64,8 @@ SAMPLE_PER_RUN = 8  # answers kept from each timed run and checked after it
 PYTRITON = "PyTriton /v2 binary"  # one contender per setting: "PyTriton /v2 binary, 0 ms", …
 PYTRITON_DEFAULT = f"{PYTRITON}, Triton's default (0 ms window)"  # report columns
 PYTRITON_BEST = f"{PYTRITON}, its best setting"
+PYTRITON_GRPC = "PyTriton gRPC"  # "PyTriton gRPC, 0 ms", …
+PYTRITON_GRPC_BEST = f"{PYTRITON_GRPC}, its best setting"
 INFINITY_OFF = "infinity-emb OpenAI base64, optimisation off"
 ORDER = (
     "ours JSON floats",
@@ -71,9 +73,12 @@ ORDER = (
     "ours OpenAI JSON floats",
     "ours OpenAI base64",
     "ours /v2 binary",
+    "ours gRPC",
     PYTRITON_DEFAULT,
     PYTRITON_BEST,
     PYTRITON,
+    PYTRITON_GRPC_BEST,
+    PYTRITON_GRPC,
     "infinity-emb OpenAI JSON floats",
     "infinity-emb OpenAI base64",
     INFINITY_OFF,
@@ -173,11 +178,13 @@ def padded(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class Call:
-    """One HTTP request, ready to send many times, and how to decode its answer."""
+    """One request, ready to send many times, and how to decode its answer: HTTP, or
+    with ``grpc`` a serialised ModelInferRequest for ``path`` (the gRPC method)."""
 
     path: str
     body: bytes
     headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
+    grpc: bool = False
 
     def head(self) -> bytes:
         lines = [f"POST {self.path} HTTP/1.1", "Host: 127.0.0.1"]
@@ -231,6 +238,42 @@ def v2_call(model: str, seqs: list[np.ndarray], attention: bool) -> Call:
             ("Inference-Header-Content-Length", str(len(raw))),
         ),
     )
+
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+GRPC_WORKLOADS = ("W1", "W2", "W4")  # gRPC contenders take these (issue 24)
+# No message size limit on the load generator's side: W4's answers are 4.7 MB (gRPC's
+# default receive limit is 4 MiB); the servers keep their own limits.
+GRPC_OPTIONS = (("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1))
+
+
+def grpc_call(model: str, seqs: list[np.ndarray], attention: bool) -> Call:
+    """The Open Inference Protocol over gRPC: a ModelInferRequest with raw tensors, as
+    tritonclient.grpc builds it, serialised once (ours and Triton's)."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    embeds, mask = padded(seqs)
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="inputs_embeds", datatype="FP32", shape=list(embeds.shape))
+    request.inputs.add(name="attention_mask", datatype="INT64", shape=list(mask.shape))
+    request.raw_input_contents.extend(
+        [embeds.astype("<f4").tobytes(), mask.astype("<i8").tobytes()]
+    )
+    for name in ["last_hidden_state", *(["attentions"] if attention else [])]:
+        request.outputs.add(name=name)
+    return Call(GRPC_INFER, request.SerializeToString(), headers=(), grpc=True)
+
+
+def decode_grpc(body: bytes) -> dict[str, np.ndarray]:
+    """A serialised ModelInferResponse's raw outputs by name."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    answer = pb.ModelInferResponse.FromString(body)
+    out = {}
+    for entry, raw in zip(answer.outputs, answer.raw_output_contents, strict=True):
+        dtype = "<i8" if entry.datatype == "INT64" else "<f4"
+        out[entry.name] = np.frombuffer(raw, dtype=dtype).reshape(list(entry.shape))
+    return out
 
 
 def v2_text_call(model: str, texts: list[str]) -> Call:
@@ -304,6 +347,11 @@ def decode_openai(body: bytes) -> np.ndarray:
 
 def send_once(port: int, call: Call, timeout: float = 120) -> tuple[bytes, dict[str, str]]:
     """One blocking request (for the numerical check; not timed)."""
+    if call.grpc:
+        import grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS) as channel:
+            return channel.unary_unary(call.path)(call.body, timeout=timeout), {}
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}{call.path}", data=call.body, headers=dict(call.headers)
     )
@@ -428,6 +476,61 @@ def load_run(
         "bytes_per_answer": received / max(1, len(latencies)),
     }
     # Spread over connections (first answers, then last ones), bounded in count.
+    kept = sample.answers[:: max(1, len(sample.answers) // SAMPLE_PER_RUN)][:SAMPLE_PER_RUN]
+    return stats, [(i, a.body, a.headers) for i, a in kept]
+
+
+def grpc_load_run(
+    port: int, path: str, bodies: list[bytes], concurrency: int, requests: int, seconds: float
+) -> tuple[dict[str, float], list[tuple[int, bytes, dict[str, str]]]]:
+    """``load_run`` over gRPC: ``concurrency`` callers on one channel (one HTTP/2
+    connection, as a gRPC client holds it), each sending pre-serialised requests in
+    turn; answers stay bytes (no client-side decoding is timed)."""
+    import grpc
+
+    async def main(count: int, limit: float) -> tuple[float, list[float], int, Sample]:
+        latencies: list[float] = []
+        sample = Sample()
+        per_caller = max(1, count // concurrency)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS) as ch:
+            method = ch.unary_unary(path)
+            start = time.perf_counter()
+
+            async def caller() -> int:
+                received, last = 0, None
+                for i in range(per_caller):
+                    if time.perf_counter() > start + limit:
+                        break
+                    sent = time.perf_counter()
+                    body = await method(bodies[i % len(bodies)], timeout=120)
+                    latencies.append(time.perf_counter() - sent)
+                    received += len(body)
+                    answer = (i % len(bodies), Answer(b"200", len(body), body))
+                    if i == 0:
+                        sample.answers.append(answer)
+                    else:
+                        last = answer
+                if last is not None:
+                    sample.answers.append(last)
+                return received
+
+            sizes = await asyncio.gather(*(caller() for _ in range(concurrency)))
+            return time.perf_counter() - start, latencies, sum(sizes), sample
+
+    asyncio.run(main(2 * concurrency, seconds))  # warm: the channel, the batcher
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    wall, latencies, received, sample = asyncio.run(main(requests, seconds))
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    latencies.sort()
+    cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
+    stats = {
+        "requests": len(latencies),
+        "wall_s": wall,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[max(0, int(len(latencies) * 0.99) - 1)],
+        "loadgen_cores": cpu / wall,
+        "bytes_per_answer": received / max(1, len(latencies)),
+    }
     kept = sample.answers[:: max(1, len(sample.answers) // SAMPLE_PER_RUN)][:SAMPLE_PER_RUN]
     return stats, [(i, a.body, a.headers) for i, a in kept]
 
@@ -563,11 +666,18 @@ def measure_server(
 ) -> tuple[dict[str, float], list[tuple[int, bytes, dict[str, str]]]]:
     """Drives one workload against a running server: one round's statistics, and the
     sample of answers kept from the run (not recorded here: the caller checks them)."""
-    raw = [c.head() + c.body for c in calls]
     with Sampler(pid) as sampler:
-        stats, sample = bench.load.apply(
-            load_run, (port, raw, w.concurrency, bench.requests, bench.seconds)
-        )
+        if calls[0].grpc:
+            bodies = [c.body for c in calls]
+            stats, sample = bench.load.apply(
+                grpc_load_run,
+                (port, calls[0].path, bodies, w.concurrency, bench.requests, bench.seconds),
+            )
+        else:
+            raw = [c.head() + c.body for c in calls]
+            stats, sample = bench.load.apply(
+                load_run, (port, raw, w.concurrency, bench.requests, bench.seconds)
+            )
     items = workload_items(bench, w)
     stats |= {
         "round": bench.round,
@@ -834,6 +944,10 @@ class Server:
     pid: int
     port: int
     calls: Callable[[Workload], dict[str, list[Call]]]
+    grpc_port: int = 0  # its gRPC port, for the calls that are gRPC
+
+    def port_of(self, call: Call) -> int:
+        return self.grpc_port if call.grpc else self.port
 
 
 @contextmanager
@@ -844,7 +958,12 @@ def ours(bench: Bench, scratch: Path) -> Iterator[Server]:
     link = repo / bench.model_dir.name
     if not link.exists():
         link.symlink_to(bench.model_dir)  # only this model: RSS is one model's
-    settings = {"INTRA_OP_THREADS": str(THREADS), "LOG_LEVEL": "warning"}
+    grpc_port = free_port()
+    settings = {
+        "INTRA_OP_THREADS": str(THREADS),
+        "LOG_LEVEL": "warning",
+        "GRPC_PORT": str(grpc_port),
+    }
 
     def calls(w: Workload) -> dict[str, list[Call]]:
         if w.text:
@@ -868,11 +987,13 @@ def ours(bench: Bench, scratch: Path) -> Iterator[Server]:
         }
         if w.attention:  # ~25 MB of JSON numbers per answer: not a way anyone uses it
             del variants["ours JSON floats"]
+        if w.key in GRPC_WORKLOADS:
+            variants["ours gRPC"] = [grpc_call(bench.name, seqs, w.attention)]
         return variants
 
     with running_server(link, **settings) as port:
         pid = next(p for p in process_tree(os.getpid()) if _serves(p, port))
-        yield Server("ours", pid, port, calls)
+        yield Server("ours", pid, port, calls, grpc_port)
 
 
 def _serves(pid: int, port: int) -> bool:
@@ -889,9 +1010,9 @@ def decode_answer(
     body: bytes, headers: dict[str, str], call: Call, w: Workload, bench: Bench
 ) -> dict[str, list[np.ndarray]]:
     """Decode one answer of any protocol into the reference's layout (real tokens only)."""
-    if call.path.startswith("/v2/"):
+    if call.path.startswith("/v2/") or call.grpc:
         length = headers.get("inference-header-content-length")
-        out = decode_v2(body, int(length) if length else None)
+        out = decode_grpc(body) if call.grpc else decode_v2(body, int(length) if length else None)
         if w.text:
             return {"pooled": list(out["pooled"])}
         lengths = [len(s) for s in bench.inputs.seqs[w.key]]
@@ -919,6 +1040,10 @@ class TritonSetting:
     @property
     def contender(self) -> str:
         return f"{PYTRITON}, {self.label}"
+
+    @property
+    def grpc_contender(self) -> str:
+        return f"{PYTRITON_GRPC}, {self.label}"
 
 
 def parse_triton_settings(text: str) -> list[TritonSetting]:
@@ -948,7 +1073,11 @@ def pytriton(bench: Bench, scratch: Path, setting: TritonSetting) -> Iterator[Se
         if w.text:
             return {}
         model = "model_attn" if w.attention else "model"
-        return {setting.contender: [v2_call(model, bench.inputs.seqs[w.key], w.attention)]}
+        seqs = bench.inputs.seqs[w.key]
+        variants = {setting.contender: [v2_call(model, seqs, w.attention)]}
+        if w.key in GRPC_WORKLOADS:
+            variants[setting.grpc_contender] = [grpc_call(model, seqs, w.attention)]
+        return variants
 
     for attempt in (1, 2):  # its start-up handshake sometimes races (connection refused)
         port = free_port()
@@ -977,7 +1106,7 @@ def pytriton(bench: Bench, scratch: Path, setting: TritonSetting) -> Iterator[Se
             bench.note(f"PyTriton {setting.label}: start failed ({exc}); started again")
             continue
         with stack:
-            yield Server(f"PyTriton {setting.label}", pid, port, calls)
+            yield Server(f"PyTriton {setting.label}", pid, port, calls, grpc)
         return
 
 
@@ -1129,10 +1258,12 @@ def measure_contender(
     try:
         answers = []
         for index, call in enumerate(calls):
-            body, headers = send_once(server.port, call)
+            body, headers = send_once(server.port_of(call), call)
             answers.append((index, decode_answer(body, headers, call, w, bench)))
         before = check_answers(bench, w, answers)
-        stats, sample = measure_server(bench, server.pid, server.port, w, contender, calls)
+        stats, sample = measure_server(
+            bench, server.pid, server.port_of(calls[0]), w, contender, calls
+        )
         after = check_answers(
             bench,
             w,
@@ -1289,12 +1420,13 @@ def unpaired(bench: Bench, w: Workload, row: Row) -> list[int]:
     return [i for i in sorted(row.by_round()) if not best.get(i)]
 
 
-def best_triton(bench: Bench, w: Workload) -> tuple[str, Row] | None:
-    """PyTriton's setting that served workload ``w`` best: the highest median ratio."""
+def best_triton(bench: Bench, w: Workload, prefix: str = PYTRITON) -> tuple[str, Row] | None:
+    """PyTriton's setting that served workload ``w`` best over ``prefix``'s transport
+    (/v2 binary, or gRPC): the highest median ratio."""
     rows = [
         (c, r)
         for (k, c), r in bench.rows.items()
-        if k == w.key and c.startswith(f"{PYTRITON}, ") and ratios(bench, w, r)
+        if k == w.key and c.startswith(f"{prefix}, ") and ratios(bench, w, r)
     ]
     if not rows:
         return None
@@ -1396,9 +1528,12 @@ def summary_contenders(bench: Bench) -> list[str]:
     """The ratio table's columns: PyTriton as two (its default, its best setting), the
     unoptimised infinity-emb only in the detail table."""
     names = {c for (k, c) in bench.rows if " limit" not in k and k != "graph"}
-    shown = {c for c in names if not c.startswith(f"{PYTRITON}, ") and c != INFINITY_OFF}
+    settings = (f"{PYTRITON}, ", f"{PYTRITON_GRPC}, ")
+    shown = {c for c in names if not c.startswith(settings) and c != INFINITY_OFF}
     if any(c.startswith(f"{PYTRITON}, ") for c in names):
         shown |= {PYTRITON_DEFAULT, PYTRITON_BEST}
+    if any(c.startswith(f"{PYTRITON_GRPC}, ") for c in names):
+        shown.add(PYTRITON_GRPC_BEST)
     return ordered(shown)
 
 
@@ -1406,12 +1541,13 @@ def column(bench: Bench, w: Workload, contender: str) -> tuple[list[float], str]
     """A summary column's ratios on ``w``, and the setting it stands for (PyTriton's best)."""
     if contender == PYTRITON_DEFAULT:
         contender = TritonSetting(0).contender
-    elif contender == PYTRITON_BEST:
-        best = best_triton(bench, w)
+    elif contender in (PYTRITON_BEST, PYTRITON_GRPC_BEST):
+        prefix = PYTRITON if contender == PYTRITON_BEST else PYTRITON_GRPC
+        best = best_triton(bench, w, prefix)
         if best is None:
             return [], ""
         name, best_row = best
-        return ratios(bench, w, best_row), name.removeprefix(f"{PYTRITON}, ")
+        return ratios(bench, w, best_row), name.removeprefix(f"{prefix}, ")
     row = bench.rows.get((w.key, contender))
     return (ratios(bench, w, row) if row else []), ""
 

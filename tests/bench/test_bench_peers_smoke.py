@@ -46,6 +46,10 @@ def test_smoke_run_reports_every_row(tiny_model_dir: Path, tmp_path: Path) -> No
     for contender in ("ours base64", "ours /v2 binary"):  # attention: no JSON floats
         assert rows[("W4", contender)]["ratios"][0] > 0
     assert ("W4", "ours JSON floats") not in rows
+    for workload in ("W1", "W2", "W4"):  # gRPC, its answers checked as any other's
+        row = rows[(workload, "ours gRPC")]
+        assert row["check"].startswith("✓") and row["ratios"][0] > 0, row
+    assert ("W3", "ours gRPC") not in rows
 
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nkept as it is\n")

@@ -394,9 +394,7 @@ def test_page_has_python_examples() -> None:
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.split("\n")[0] for b in PYTHON_BLOCKS])
-def test_python_example_runs(
-    block: str, minilm_server_url: str, minilm_grpc_address: str
-) -> None:
+def test_python_example_runs(block: str, minilm_server_url: str, minilm_grpc_address: str) -> None:
     (pattern,) = matching(PYTHON_CHECKS, block)
     env = {**os.environ, "ATTNSERVE_URL": minilm_server_url, "ATTNSERVE_GRPC": minilm_grpc_address}
     done = subprocess.run(
