@@ -1791,6 +1791,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=600, help="per run, at most")
     parser.add_argument("--seconds", type=float, default=4.0, help="per run, at most")
     parser.add_argument("--only", default="", help="comma list: inproc,ours,pytriton,infinity")
+    parser.add_argument("--workloads", default="", help="comma list, e.g. W1,W2,W4 (default: all)")
     parser.add_argument(
         "--pytriton-settings",
         default="0,500,2000,0x2",
@@ -1891,7 +1892,8 @@ def measure(
     with ExitStack() as stack, get_context("spawn").Pool(1) as pool:
         bench.load = pool  # the load generator's own process
         servers = start_servers(bench, stack, starters, 0.2 if args.smoke else 2.0)
-        workloads = [w for w in WORKLOADS if bench.text or not w.text]
+        chosen = set(filter(None, args.workloads.split(","))) or {w.key for w in WORKLOADS}
+        workloads = [w for w in WORKLOADS if (bench.text or not w.text) and w.key in chosen]
         for r in range(args.rounds):
             bench.round = r + 1
             for w in workloads:

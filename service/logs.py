@@ -23,7 +23,8 @@ class RequestIdFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time, level, logger, message, request_id (+ exception)."""
+    """One JSON object per record: time, level, logger, message, request_id, and for
+    access logs the protocol (``http``: uvicorn's; ``grpc``: ours) (+ exception)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -33,6 +34,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "request_id": getattr(record, "request_id", "-"),
         }
+        protocol = getattr(record, "protocol", "http" if record.name == "uvicorn.access" else None)
+        if protocol is not None:
+            entry["protocol"] = protocol
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

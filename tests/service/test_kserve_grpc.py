@@ -8,6 +8,7 @@ numbers, bitwise (both run one engine; tolerance 0).
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
@@ -26,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from model_export import graph_io
-from tests.conftest import free_port, server_process
+from tests.conftest import ServerProcess, free_port, server_process
 from tests.service.helpers import D_MODEL, MODEL
 
 HIDDEN, ATTENTIONS, STATES = (
@@ -41,8 +42,9 @@ KEY = "grpc-test-key"
 class Servers:
     """One running server: its HTTP URL and its gRPC address."""
 
-    def __init__(self, url: str, grpc_address: str, proc: Any = None) -> None:
-        self.url, self.grpc, self.proc = url, grpc_address, proc
+    def __init__(self, url: str, grpc_address: str, process: ServerProcess) -> None:
+        self.url, self.grpc, self.process = url, grpc_address, process
+        self.proc = process.proc
 
     def http(self) -> thttp.InferenceServerClient:
         return thttp.InferenceServerClient(self.url.removeprefix("http://"))
@@ -55,7 +57,7 @@ class Servers:
 def serving(repository: Path, **settings: str) -> Iterator[Servers]:
     port = free_port()
     with server_process(repository, grpc_port=str(port), **settings) as server:
-        yield Servers(server.url, f"127.0.0.1:{port}", server.proc)
+        yield Servers(server.url, f"127.0.0.1:{port}", server)
 
 
 @pytest.fixture(scope="module")
@@ -411,3 +413,20 @@ def test_rpcs_not_served_answer_unimplemented(servers: Servers) -> None:
             assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, call
         # And the server is unharmed.
         assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
+
+
+def test_calls_are_logged_as_json_with_protocol_and_request_id(model_repository: Path) -> None:
+    with serving(model_repository, log_format="json", log_level="info") as servers:
+        client = servers.client()
+        client.infer(MODEL, grpc_inputs(*ragged(12)), headers={"x-request-id": "grpc-log-1"})
+        client.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            lines = [json.loads(x) for x in servers.process.log().splitlines() if x.startswith("{")]
+            calls = [x for x in lines if x.get("protocol") == "grpc"]
+            if calls:
+                break
+            time.sleep(0.05)
+        (call,) = calls
+        assert call["request_id"] == "grpc-log-1"
+        assert "/inference.GRPCInferenceService/ModelInfer 200" in call["message"]

@@ -106,7 +106,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             status = 500
             raise
         finally:
-            scope.close(route, status)
+            # Logged before the scope closes: the record carries the request id.
             log.info(
                 "grpc %s %d %.1fms",
                 route,
@@ -114,6 +114,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                 (time.monotonic() - start) * 1000,
                 extra={"protocol": "grpc", "status": status},
             )
+            scope.close(route, status)
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext[Any, Any]
