@@ -135,11 +135,12 @@ class BodyTimeout(ServiceError):
 
 class PayloadTooLarge(ServiceError):
     when = (
-        "more sequences than `ATTNSERVE_MAX_SEQUENCES`; more tokens in total than "
-        "`ATTNSERVE_MAX_TOKENS`; a sequence longer than the model's `max_seq_len`; a body "
-        "larger than `ATTNSERVE_MAX_BODY_BYTES`, or holding more JSON arrays, objects and "
-        "strings than any valid request (`ATTNSERVE_MAX_TOKENS` + 4 × "
-        "`ATTNSERVE_MAX_SEQUENCES` + 1024); a response that would exceed "
+        "more sequences than `ATTNSERVE_MAX_SEQUENCES` (`ATTNSERVE_MAX_POOLED_SEQUENCES` "
+        "when only pooled vectors are asked for); more tokens in total than "
+        "`ATTNSERVE_MAX_TOKENS` (`ATTNSERVE_MAX_POOLED_TOKENS`); a sequence longer than the "
+        "model's `max_seq_len`; a body larger than `ATTNSERVE_MAX_BODY_BYTES`, or holding "
+        "more JSON arrays, objects and strings than any valid request (the larger token "
+        "limit + 4 × the larger sequence limit + 1024); a response that would exceed "
         "`ATTNSERVE_MAX_RESPONSE_BYTES` (the message gives the estimated size and how to "
         "shrink it: fewer `attention.layers`/`attention.heads`, a `reduce`, "
         "`encoding_format=base64`, fewer or shorter sequences); a request that alone needs "

@@ -61,8 +61,25 @@ class Settings(BaseSettings):
     max_seq_len: int = Field(
         512, ge=1, description="Longest sequence accepted (also capped by each model's own limit)."
     )
-    max_sequences: int = Field(64, ge=1, description="Most sequences in one request.")
+    max_sequences: int = Field(
+        64,
+        ge=1,
+        description="Most sequences in one request whose answer is per token (embeddings, "
+        "attention, hidden states); also the size of the parts a larger pooled request runs in.",
+    )
     max_tokens: int = Field(16384, ge=1, description="Most tokens (sum of lengths) in one request.")
+    max_pooled_sequences: int = Field(
+        2048,
+        ge=1,
+        description="Most sequences in one request that asks only for pooled vectors (pooling "
+        "set, no per-token embeddings, attention or hidden states): OpenAI accepts 2,048 inputs "
+        "and LangChain sends 1,000. The engine runs it in parts of ATTNSERVE_MAX_SEQUENCES.",
+    )
+    max_pooled_tokens: int = Field(
+        262144,
+        ge=1,
+        description="Most tokens in one request that asks only for pooled vectors.",
+    )
     max_body_bytes: int = Field(32 * MiB, ge=1024, description="Largest request body accepted.")
     max_response_bytes: int = Field(
         128 * MiB,

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -69,6 +71,10 @@ INLINE_HELD_BYTES = 64 * 1024 * 16
 # Up to this many tokens, an embeddings request on an idle server is not watched for
 # its client's disconnect (see Engine.run).
 UNWATCHED_TOKENS = 256
+# A request of more than ATTNSERVE_MAX_SEQUENCES (pooled vectors only) runs in parts of
+# that many sequences, this many queued at once: the batcher always has the next part
+# while one runs, and only their outputs are in memory, never the whole request's.
+PARTS_IN_FLIGHT = 2
 # Out-of-vocabulary token ids named in an error, at most.
 SHOWN_IDS = 10
 
@@ -96,6 +102,7 @@ class PreparedEncode:
     response_bytes: float
     work_bytes: int  # memory it holds from here to its answer (limits.work_bytes)
     by_token_ids: bool = False  # the sequences are token ids, for the text graph
+    first_index: int = 0  # of its first sequence in the request (a part of a large one)
 
     @property
     def graph(self) -> str:
@@ -291,7 +298,9 @@ class Engine:
         else:
             request, wire = parse()
             # The count first: reading the items of a lazy list may cost per item.
-            limits.check_sequence_count(len(request.inputs), self.settings)
+            limits.check_sequence_count(
+                len(request.inputs), self.settings, pooled_only=request.pooled_only
+            )
             if all(isinstance(item, ArrayInput) for item in request.inputs):
                 prepared = self.prepare(request)
             else:  # text and token ids are embedded by onnxruntime: never on the loop
@@ -322,9 +331,11 @@ class Engine:
         info = runtime.info
         if not request.inputs:
             raise InvalidInput("is empty: send at least one sequence", field=("inputs",))
-        limits.check_sequence_count(len(request.inputs), self.settings)  # before reading them
+        pooled_only = request.pooled_only
+        # Before reading them:
+        limits.check_sequence_count(len(request.inputs), self.settings, pooled_only=pooled_only)
         inputs = list(request.inputs)
-        tokenized, ids = self._token_front_end(runtime, inputs, request.truncate)
+        tokenized, ids = self._token_front_end(runtime, inputs, request.truncate, pooled_only)
         options = self._resolve_options(info, request)
         # Text and ids asking only for embeddings run as ids in one graph (when the model
         # has it): no token-embedding run here, and the batcher sees them at once.
@@ -336,7 +347,7 @@ class Engine:
         if by_token_ids:
             arrays = self._token_id_pairs(len(inputs), tokenized, ids)
         else:
-            arrays = self._sequences(runtime, inputs, tokenized, ids)
+            arrays = self._sequences(runtime, inputs, tokenized, ids, pooled_only)
         tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
         size, work = self._answer_cost(request, info, arrays, tokens, options)
         layers, heads, hidden_layers, pooling = options
@@ -355,7 +366,7 @@ class Engine:
         )
 
     def _token_front_end(
-        self, runtime: ModelRuntime, inputs: list[InputItem], truncate: bool
+        self, runtime: ModelRuntime, inputs: list[InputItem], truncate: bool, pooled_only: bool
     ) -> tuple[dict[int, Tokenized], dict[int, list[int]]]:
         """Texts tokenized and token ids checked, by input index; every length known
         before decoding (declared rows for arrays) checked against the limits."""
@@ -382,7 +393,7 @@ class Engine:
             else None
             for i, item in enumerate(inputs)
         ]
-        limits.check_lengths(lengths, info, self.settings, "inputs")
+        limits.check_lengths(lengths, info, self.settings, "inputs", pooled_only=pooled_only)
         return tokenized, ids
 
     def _resolve_options(self, info: ModelInfo, request: EncodeRequest) -> ResolvedOptions:
@@ -431,6 +442,7 @@ class Engine:
         inputs: list[InputItem],
         tokenized: dict[int, Tokenized],
         ids: dict[int, list[int]],
+        pooled_only: bool,
     ) -> list[np.ndarray]:
         """The encoder's input per sequence: arrays decoded, token ids embedded."""
         info = runtime.info
@@ -451,7 +463,9 @@ class Engine:
             sequences.update(zip(order, embedded, strict=True))
         arrays = [sequences[i] for i in range(len(inputs))]
         # Again on what was decoded: a protocol may not know a length before decoding.
-        limits.check_lengths([len(a) for a in arrays], info, self.settings, "inputs")
+        limits.check_lengths(
+            [len(a) for a in arrays], info, self.settings, "inputs", pooled_only=pooled_only
+        )
         return arrays
 
     def _answer_cost(
@@ -481,8 +495,16 @@ class Engine:
             tokens=tokens,
         )
         size = limits.check_response_size(shape, request.wire_cost, info.name, self.settings)
+        lengths = [len(a) for a in arrays]
+        inputs_held = 0
+        part = self.settings.max_sequences
+        if len(lengths) > part:  # it runs in parts, PARTS_IN_FLIGHT at a time
+            parts = [lengths[i : i + part] for i in range(0, len(lengths), part)]
+            running = sorted(parts, key=sum, reverse=True)[:PARTS_IN_FLIGHT]
+            lengths = [n for p in running for n in p]
+            inputs_held = sum(a.nbytes for a in arrays)  # each input waits for its part
         work = limits.work_bytes(
-            [len(a) for a in arrays],
+            lengths,
             cfg,
             request.return_attention,
             request.return_hidden_states,
@@ -490,7 +512,7 @@ class Engine:
             size,
             request.wire_cost.copies,
         )
-        return size, work
+        return size, work + inputs_held
 
     def _pooling(self, info: ModelInfo, request: EncodeRequest) -> Pooling:
         """The pooling to apply; checks normalize and dimensions against it and the model."""
@@ -560,7 +582,48 @@ class Engine:
         until: Disconnected | None = None,
         timing: RunTiming | None = None,
     ) -> EncodeResult:
-        """Queue a prepared request, wait for its runs, and post-process the outputs."""
+        """Queue a prepared request, wait for its runs, and post-process the outputs.
+
+        A request of more sequences than ATTNSERVE_MAX_SEQUENCES (only pooled vectors
+        asked for) runs in parts of that many, ``PARTS_IN_FLIGHT`` queued at a time,
+        each pooled as it finishes; the answer keeps the request's order."""
+        part = self.settings.max_sequences
+        n = len(prepared.sequences)
+        if n <= part:
+            return await self._run_part(prepared, deadline, until, timing)
+        starts = range(0, n, part)
+
+        def part_of(start: int) -> PreparedEncode:
+            return dataclasses.replace(
+                prepared,
+                sequences=prepared.sequences[start : start + part],
+                tokens=prepared.tokens[start : start + part],
+                first_index=start,
+            )
+
+        pending: deque[asyncio.Task[EncodeResult]] = deque()
+        outputs: list[SequenceOutput] = []
+        try:
+            for start in starts:
+                pending.append(
+                    asyncio.ensure_future(self._run_part(part_of(start), deadline, until, timing))
+                )
+                if len(pending) >= PARTS_IN_FLIGHT:
+                    outputs += (await pending.popleft()).outputs
+            while pending:
+                outputs += (await pending.popleft()).outputs
+        finally:
+            for task in pending:  # a part failed, or the caller went away: drop the rest
+                task.cancel()
+        return EncodeResult(prepared.model.name, outputs, prepared.response_bytes)
+
+    async def _run_part(
+        self,
+        prepared: PreparedEncode,
+        deadline: float | None,
+        until: Disconnected | None,
+        timing: RunTiming | None,
+    ) -> EncodeResult:
         batcher = self._batcher
         if batcher is None:  # stopped under it
             raise NotReady("the engine is not running", headers={"Retry-After": "1"})
@@ -640,7 +703,7 @@ class Engine:
                 raise InvalidInput(
                     "overflows the model (non-finite outputs): its values are too large "
                     f"(max |x| {float(np.abs(prepared.sequences[i]).max()):.3g})",
-                    field=("inputs", i),
+                    field=("inputs", prepared.first_index + i),
                 )
             hidden = outputs[graph_io.OUTPUT_HIDDEN]
             attention = None
@@ -702,7 +765,7 @@ class Engine:
         info = runtime.info
         if not request.texts:
             raise InvalidInput("is empty: send at least one string", field=("texts",))
-        limits.check_sequence_count(len(request.texts), self.settings)
+        limits.check_sequence_count(len(request.texts), self.settings, pooled_only=False)
         texts = [
             limits.bound_text(text, info, request.truncate, ("texts", i))
             for i, text in enumerate(request.texts)

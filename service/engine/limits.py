@@ -26,7 +26,8 @@ def max_json_items(settings: Settings) -> int:
     """Arrays, objects and strings a valid JSON request can need: a row per token (arrays
     input), a few per sequence (its list, a base64 object, a text), some for options.
     A text's own brackets and quotes are tokens of their own, so they fit too."""
-    return settings.max_tokens + 4 * settings.max_sequences + 1024
+    most_tokens = max(settings.max_tokens, settings.max_pooled_tokens)
+    return most_tokens + 4 * max(settings.max_sequences, settings.max_pooled_sequences) + 1024
 
 
 def check_json_items(items: int, settings: Settings) -> None:
@@ -40,17 +41,29 @@ def check_json_items(items: int, settings: Settings) -> None:
         )
 
 
-def check_sequence_count(n_sequences: int, settings: Settings) -> None:
-    if n_sequences > settings.max_sequences:
-        raise PayloadTooLarge(
-            f"{n_sequences} sequences in one request; the limit is {settings.max_sequences}"
+def check_sequence_count(n_sequences: int, settings: Settings, *, pooled_only: bool) -> None:
+    """413 beyond ``max_sequences``, or ``max_pooled_sequences`` for a request whose answer
+    is only pooled vectors (small, whatever its count: it runs in parts)."""
+    most = settings.max_pooled_sequences if pooled_only else settings.max_sequences
+    if n_sequences > most:
+        hint = (
+            ""
+            if pooled_only
+            else f" ({settings.max_pooled_sequences} when only pooled vectors are asked for)"
         )
+        raise PayloadTooLarge(f"{n_sequences} sequences in one request; the limit is {most}{hint}")
 
 
 def check_lengths(
-    lengths: list[int | None], model: ModelInfo, settings: Settings, field: str
+    lengths: list[int | None],
+    model: ModelInfo,
+    settings: Settings,
+    field: str,
+    *,
+    pooled_only: bool = False,
 ) -> None:
-    """Each known length within the model's, and their sum within ``max_tokens``."""
+    """Each known length within the model's, and their sum within ``max_tokens`` (or
+    ``max_pooled_tokens``)."""
     for i, n in enumerate(lengths):
         if n is not None and n > model.max_seq_len:
             raise SequenceTooLong(
@@ -58,8 +71,9 @@ def check_lengths(
                 field=(field, i),
             )
     total = sum(n for n in lengths if n is not None)
-    if total > settings.max_tokens:
-        raise PayloadTooLarge(f"{total} tokens in one request; the limit is {settings.max_tokens}")
+    most = settings.max_pooled_tokens if pooled_only else settings.max_tokens
+    if total > most:
+        raise PayloadTooLarge(f"{total} tokens in one request; the limit is {most}")
 
 
 def bound_text(text: str, model: ModelInfo, truncate: bool, field: FieldPath) -> str:

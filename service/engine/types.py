@@ -127,6 +127,13 @@ class EncodeRequest:
     # protocols); None: one array per sequence at its own length. Counted in its size.
     pad_to: int | None = None
 
+    @property
+    def pooled_only(self) -> bool:
+        """Only a pooled vector per sequence is answered: a small answer at any count."""
+        return self.pooling != "none" and not (
+            self.return_embeddings or self.return_attention or self.return_hidden_states
+        )
+
 
 @dataclass(frozen=True)
 class SequenceOutput:

@@ -258,3 +258,28 @@ def test_overload_raises_rate_limit_error_with_retry_after(matryoshka_url: str) 
                     break
             else:
                 pytest.fail("no 429 while the whole memory budget was held")
+
+
+def test_the_openai_client_sends_1500_inputs_in_one_call(minilm_repository: Path) -> None:
+    """OpenAI accepts 2,048 inputs and LangChain sends 1,000: 1,500 texts in one call come
+    back in order, under a memory budget (24 MiB) their hidden states would not fit in
+    at once (~1,500 × 12 tokens × 384 floats × 2 ≈ 55 MB): the request runs in parts of
+    64 and holds two at a time. Spot checks against single calls: cosine ≥ 1 - 1e-6."""
+    words = ("rivers", "engines", "attention", "gardens", "markets", "music", "trains")
+    texts = [
+        f"this is sentence number {i} of a long list, about {words[i % 7]} and {words[i % 5]}"
+        for i in range(1500)
+    ]
+    budget = str(24 * 2**20)
+    with (
+        running_server(minilm_repository, max_inflight_bytes=budget) as url,
+        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client,
+    ):
+        answer = client.embeddings.create(model="minilm-l6", input=texts)
+        assert [d.index for d in answer.data] == list(range(1500))
+        for i in (0, 777, 1499):
+            single = client.embeddings.create(model="minilm-l6", input=[texts[i]])
+            a = np.asarray(answer.data[i].embedding)
+            b = np.asarray(single.data[0].embedding)
+            assert float(a @ b) >= 1 - 1e-6, i
+    assert answer.usage.prompt_tokens > 16384  # beyond ATTNSERVE_MAX_TOKENS: the pooled limit

@@ -1,0 +1,110 @@
+"""Requests of more than ATTNSERVE_MAX_SEQUENCES that ask only for pooled vectors.
+
+Up to ATTNSERVE_MAX_POOLED_SEQUENCES (2,048) inputs run in parts of 64, in order,
+on every protocol; a request whose answer is per token keeps the 64 limit, and
+every limit answers 413 before any work. Vectors are compared with one
+onnxruntime run of the same sequences, masked-mean pooled (tolerance 1e-5: the
+server batches them differently, which changes float summation order only).
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton
+
+from model_export import graph_io
+from tests.service.helpers import D_MODEL, MODEL, TIMEOUT, b64_array, new_session, ort_encode
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def session(tiny_model_dir: Path) -> ort.InferenceSession:
+    return new_session(str(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS))
+
+
+def many(count: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        rng.standard_normal((int(n), D_MODEL)).astype(np.float32)
+        for n in rng.integers(1, 9, size=count)
+    ]
+
+
+def mean_pooled(session: ort.InferenceSession, seqs: list[np.ndarray]) -> np.ndarray:
+    return np.stack([hidden.mean(axis=0) for hidden, _ in ort_encode(session, seqs)])
+
+
+def decode(item: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(item["data"]), "<f4").reshape(item["shape"])
+
+
+def test_a_thousand_pooled_inputs_come_back_in_order(
+    server_url: str, session: ort.InferenceSession
+) -> None:
+    seqs = many(1000, seed=1)
+    body = {
+        "inputs": [b64_array(s) for s in seqs],
+        "pooling": "mean",
+        "return_embeddings": False,
+        "encoding_format": "base64",
+    }
+    r = httpx.post(f"{server_url}/v1/encode", json=body, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    assert len(data) == 1000
+    assert [item["length"] for item in data] == [len(s) for s in seqs]
+    got = np.stack([decode(item["pooled"]) for item in data])
+    np.testing.assert_allclose(got, mean_pooled(session, seqs), rtol=0, atol=ATOL)
+
+
+def test_pooled_text_of_the_open_inference_protocol_too(
+    server_url: str, session: ort.InferenceSession
+) -> None:
+    """A [300, 8, d] tensor asking only for 'pooled' (the /v2 way): 300 vectors."""
+    rng = np.random.default_rng(2)
+    embeds = rng.standard_normal((300, 8, D_MODEL)).astype(np.float32)
+    client = triton.InferenceServerClient(server_url.removeprefix("http://"))
+    tensor = triton.InferInput(graph_io.INPUT_EMBEDS, list(embeds.shape), "FP32")
+    tensor.set_data_from_numpy(embeds, binary_data=True)
+    result = client.infer(
+        MODEL,
+        [tensor],
+        outputs=[triton.InferRequestedOutput("pooled", binary_data=True)],
+        parameters={"pooling": "mean"},
+    )
+    client.close()
+    want = mean_pooled(session, list(embeds))
+    np.testing.assert_allclose(result.as_numpy("pooled"), want, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    ("count", "options", "says"),
+    [
+        (65, {"pooling": "mean"}, "the limit is 64 (2048 when only pooled vectors"),
+        (65, {"return_attention": True, "return_embeddings": False}, "the limit is 64"),
+        (2049, {"pooling": "mean", "return_embeddings": False}, "the limit is 2048"),
+    ],
+)
+def test_limits_still_answer_413_before_any_work(
+    server_url: str, count: int, options: dict[str, Any], says: str
+) -> None:
+    body = {"inputs": [[[0.0] * D_MODEL]] * count, **options}
+    before = httpx.get(f"{server_url}/metrics").text
+    r = httpx.post(f"{server_url}/v1/encode", json=body, timeout=TIMEOUT)
+    assert r.status_code == 413, r.text
+    assert says in r.json()["error"]
+    after = httpx.get(f"{server_url}/metrics").text
+    runs = [
+        line for line in after.splitlines() if line.startswith("attnserve_inference_seconds_count")
+    ]
+    assert runs == [
+        line for line in before.splitlines() if line.startswith("attnserve_inference_seconds_count")
+    ]  # no run was made for it
