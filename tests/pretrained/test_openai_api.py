@@ -203,10 +203,10 @@ def test_unknown_model_raises_not_found(client: openai.OpenAI) -> None:
 
 
 def test_too_many_inputs_is_413(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.APIStatusError) as caught:
-        client.embeddings.create(model=MODEL, input=["hi"] * 65)  # ATTNSERVE_MAX_SEQUENCES 64
+    with pytest.raises(openai.APIStatusError) as caught:  # ATTNSERVE_MAX_POOLED_SEQUENCES
+        client.embeddings.create(model=MODEL, input=["hi"] * 2049)
     assert caught.value.status_code == 413
-    assert "64" in caught.value.message
+    assert "2049 sequences in one request; the limit is 2048" in caught.value.message
 
 
 def test_api_key_raises_authentication_error(minilm_repository: Path) -> None:

@@ -28,12 +28,17 @@ from tests.service.layers.conftest import layer_settings, with_started_engine
 
 
 def test_sequence_count_limit_is_inclusive(model_repository: Path) -> None:
-    settings = layer_settings(model_repository, max_sequences=4)
-    limits.check_sequence_count(4, settings)
+    settings = layer_settings(model_repository, max_sequences=4, max_pooled_sequences=6)
+    limits.check_sequence_count(4, settings, pooled_only=False)
     with pytest.raises(PayloadTooLarge) as info:
-        limits.check_sequence_count(5, settings)
+        limits.check_sequence_count(5, settings, pooled_only=False)
     assert type(info.value) is PayloadTooLarge
     assert "5 sequences" in info.value.message and "limit is 4" in info.value.message
+    assert "6 when only pooled vectors are asked for" in info.value.message
+    limits.check_sequence_count(6, settings, pooled_only=True)  # a small answer: more
+    with pytest.raises(PayloadTooLarge) as info:
+        limits.check_sequence_count(7, settings, pooled_only=True)
+    assert "limit is 6" in info.value.message
 
 
 def test_lengths_at_the_model_limit_pass(tiny_info: ModelInfo, settings: Settings) -> None:
