@@ -89,13 +89,24 @@ class EncodeOptions:
     hidden_layers: Sequence[int] | None
     wire_format: WireFormat | None
     timeout: float | None
+    # Late chunking: per input, its character spans [(start, end), ...] or None.
+    spans: Sequence[Sequence[tuple[int, int]] | None] | None = None
 
 
 def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
     """The JSON body of ``POST /v1/encode``; arrays go as base64 unless "float" is asked."""
     wire_format = "float" if options.wire_format == "float" else "base64"
+    items = split_inputs(inputs)
+    spans = list(options.spans) if options.spans is not None else [None] * len(items)
+    if len(spans) != len(items):
+        raise ValueError(f"spans has {len(spans)} entries for {len(items)} inputs (None: no spans)")
     sequences: list[Any] = []
-    for item in split_inputs(inputs):
+    for item, item_spans in zip(items, spans, strict=True):
+        if item_spans is not None:
+            if not isinstance(item, str):
+                raise ValueError("spans apply to texts only")
+            sequences.append({"text": item, "spans": [[int(a), int(b)] for a, b in item_spans]})
+            continue
         if isinstance(item, str):
             sequences.append(item)
             continue

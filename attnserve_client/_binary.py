@@ -68,7 +68,7 @@ def plan(inputs: list[Any], options: dict[str, Any]) -> Plan | None:
 
 def eligible(arrays: list[Any], options: dict[str, Any]) -> list[np.ndarray] | None:
     """The inputs as float32 arrays when the request can go binary, else None."""
-    if any(isinstance(a, str) for a in arrays):
+    if any(isinstance(a, str) for a in arrays) or options.get("spans") is not None:
         return None
     if options.get("normalize") and options.get("pooling") in (None, "none"):
         return None  # JSON's 422 says what is wrong

@@ -101,6 +101,7 @@ class Client(BaseClient):
         hidden_layers: Sequence[int] | None = None,
         wire_format: WireFormat | None = None,
         timeout: float | None = None,
+        spans: Sequence[Sequence[tuple[int, int]] | None] | None = None,
     ) -> EncodeResult:
         """Contextualized embeddings of ``inputs``: [batch, seq, d] array, or a list of
         [seq_i, d] arrays (ragged) or texts (models with a tokenizer).
@@ -108,7 +109,11 @@ class Client(BaseClient):
         ``wire_format``: None sends arrays as raw float32 over the binary transport
         when the server offers it and the request needs no texts, no selection or
         reduction of attention or hidden states and no truncation, else as base64
-        JSON; "binary", "base64" and "float" choose."""
+        JSON; "binary", "base64" and "float" choose.
+
+        ``spans`` (late chunking): per input, None or the text's character spans
+        [(start, end), ...]; with ``pooling`` mean or max, ``span_embeddings[i]`` is
+        [n_spans, d_model], each span pooled from the text's one run."""
         options = EncodeOptions(
             model=model,
             return_attention=return_attention,
@@ -123,6 +128,7 @@ class Client(BaseClient):
             hidden_layers=hidden_layers,
             wire_format=wire_format,
             timeout=timeout,
+            spans=spans,
         )
         return self._run(self._encode(inputs, options))
 
@@ -253,6 +259,7 @@ class AsyncClient(BaseClient):
         hidden_layers: Sequence[int] | None = None,
         wire_format: WireFormat | None = None,
         timeout: float | None = None,
+        spans: Sequence[Sequence[tuple[int, int]] | None] | None = None,
     ) -> EncodeResult:
         """See :meth:`Client.encode`."""
         options = EncodeOptions(
@@ -269,6 +276,7 @@ class AsyncClient(BaseClient):
             hidden_layers=hidden_layers,
             wire_format=wire_format,
             timeout=timeout,
+            spans=spans,
         )
         return await self._run(self._encode(inputs, options))
 

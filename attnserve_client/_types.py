@@ -62,6 +62,8 @@ class EncodeResult:
     tokens: list[list[str] | None]
     usage: Usage
     hidden_states: list[np.ndarray] | None = None
+    # Late chunking: per input, [n_spans, d_model] for a text sent with spans, else None.
+    span_embeddings: list[np.ndarray | None] | None = None
 
     def __len__(self) -> int:
         return self.usage.sequences
@@ -94,6 +96,7 @@ class EncodeResult:
             pooled=column("pooled"),
             tokens=[item.get("tokens") for item in items],
             usage=Usage.from_json(body["usage"]),
+            span_embeddings=spans_column(items),
         )
 
     @classmethod
@@ -112,9 +115,20 @@ class EncodeResult:
             attention=join("attention"),
             hidden_states=join("hidden_states"),
             pooled=join("pooled"),
+            span_embeddings=None
+            if all(p.span_embeddings is None for p in parts)
+            else [s for p in parts for s in (p.span_embeddings or [None] * len(p.tokens))],
             tokens=[t for p in parts for t in p.tokens],
             usage=Usage(sum(p.usage.sequences for p in parts), sum(p.usage.tokens for p in parts)),
         )
+
+
+def spans_column(items: list[dict[str, Any]]) -> list[np.ndarray | None] | None:
+    """Each item's span vectors (None where it had no spans); None when no item had any."""
+    values = [item.get("span_embeddings") for item in items]
+    if all(v is None for v in values):
+        return None
+    return [None if v is None else decode_array(v) for v in values]
 
 
 @dataclass(frozen=True)

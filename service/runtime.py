@@ -144,6 +144,20 @@ class ModelRuntime:
             raise RuntimeError(f"model {self.info.name!r} has no tokenizer")
         return [(e.tokens, e.ids, e.type_ids) for e in tokenizer.encode_batch(texts)]
 
+    def token_starts(self, texts: list[str], *, truncate: bool) -> list[list[int | None]]:
+        """Each token's first character in its text; None for special tokens. The same
+        tokenization as ``tokenize`` (for late chunking: which tokens a span holds)."""
+        tokenizer = self._truncating_tokenizer if truncate else self._tokenizer
+        if tokenizer is None:
+            raise RuntimeError(f"model {self.info.name!r} has no tokenizer")
+        return [
+            [
+                None if special else start
+                for (start, _), special in zip(e.offsets, e.special_tokens_mask, strict=True)
+            ]
+            for e in tokenizer.encode_batch(texts)
+        ]
+
     def embed_tokens(self, ids: list[list[int]], type_ids: list[list[int]]) -> list[np.ndarray]:
         """Token ids -> the encoder's input embeddings [n_i, d], one array per sequence."""
         if self._token_embeddings is None:

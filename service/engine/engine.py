@@ -35,6 +35,7 @@ from service.engine.types import (
     InputItem,
     Pooling,
     SequenceOutput,
+    SpannedText,
     TokenIds,
     TokenizedText,
     TokenizeRequest,
@@ -103,6 +104,8 @@ class PreparedEncode:
     work_bytes: int  # memory it holds from here to its answer (limits.work_bytes)
     by_token_ids: bool = False  # the sequences are token ids, for the text graph
     first_index: int = 0  # of its first sequence in the request (a part of a large one)
+    # Late chunking: per sequence, the token indices of each of its spans (None: no spans)
+    span_tokens: list[list[list[int]] | None] = dataclasses.field(default_factory=list)
 
     @property
     def graph(self) -> str:
@@ -112,6 +115,10 @@ class PreparedEncode:
         if self.request.return_hidden_states:
             return graph_io.GRAPH_HIDDEN_STATES
         return graph_io.GRAPH_TEXT if self.by_token_ids else graph_io.GRAPH_EMBEDDINGS
+
+
+def text_of(item: str | SpannedText) -> str:
+    return item.text if isinstance(item, SpannedText) else item
 
 
 class Engine:
@@ -344,12 +351,13 @@ class Engine:
             and not (request.return_attention or request.return_hidden_states)
             and not any(isinstance(item, ArrayInput) for item in inputs)
         )
+        span_tokens = self._span_tokens(runtime, inputs, request.truncate, options[3])
         if by_token_ids:
             arrays = self._token_id_pairs(len(inputs), tokenized, ids)
         else:
             arrays = self._sequences(runtime, inputs, tokenized, ids, pooled_only)
         tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
-        size, work = self._answer_cost(request, info, arrays, tokens, options)
+        size, work = self._answer_cost(request, info, arrays, tokens, options, span_tokens)
         layers, heads, hidden_layers, pooling = options
         return PreparedEncode(
             request,
@@ -363,6 +371,7 @@ class Engine:
             size,
             work,
             by_token_ids,
+            span_tokens=span_tokens,
         )
 
     def _token_front_end(
@@ -372,9 +381,9 @@ class Engine:
         before decoding (declared rows for arrays) checked against the limits."""
         info = runtime.info
         texts = {
-            i: limits.bound_text(item, info, truncate, ("inputs", i))
+            i: limits.bound_text(text_of(item), info, truncate, ("inputs", i))
             for i, item in enumerate(inputs)
-            if isinstance(item, str)
+            if isinstance(item, str | SpannedText)
         }
         tokenized: dict[int, Tokenized] = {}
         if texts:
@@ -419,6 +428,39 @@ class Engine:
         if spec.reduce == "rollout":
             layers = sorted(set(layers))  # rollout multiplies layers bottom-up, each once
         return layers, heads, hidden_layers, self._pooling(info, request)
+
+    def _span_tokens(
+        self, runtime: ModelRuntime, inputs: list[InputItem], truncate: bool, pooling: Pooling
+    ) -> list[list[list[int]] | None]:
+        """Late chunking: per input, the tokens of each span (those whose first character
+        lies inside it, special tokens excluded); None for inputs without spans."""
+        spanned = {i: item for i, item in enumerate(inputs) if isinstance(item, SpannedText)}
+        found: list[list[list[int]] | None] = [None] * len(inputs)
+        if not spanned:
+            return found
+        if pooling not in ("mean", "max"):
+            first = next(iter(spanned))
+            raise InvalidInput(
+                "spans are pooled per chunk: set pooling to mean or max",
+                field=("inputs", first, "spans"),
+            )
+        texts = [
+            limits.bound_text(item.text, runtime.info, truncate, ()) for item in spanned.values()
+        ]
+        starts = runtime.token_starts(texts, truncate=truncate)
+        for (i, item), token_starts in zip(spanned.items(), starts, strict=True):
+            per_span = []
+            for k, (begin, end) in enumerate(item.spans):
+                held = [t for t, c in enumerate(token_starts) if c is not None and begin <= c < end]
+                if not held:
+                    raise InvalidInput(
+                        f"span [{begin}, {end}) holds no token (only whitespace, or beyond "
+                        "the truncated text)",
+                        field=("inputs", i, "spans", k),
+                    )
+                per_span.append(held)
+            found[i] = per_span
+        return found
 
     @staticmethod
     def _token_id_pairs(
@@ -475,6 +517,7 @@ class Engine:
         arrays: list[np.ndarray],
         tokens: list[list[str] | None],
         options: ResolvedOptions,
+        span_tokens: list[list[list[int]] | None],
     ) -> tuple[float, int]:
         """The answer's size (413 beyond ATTNSERVE_MAX_RESPONSE_BYTES) and the working
         memory the request holds until it is sent."""
@@ -493,6 +536,7 @@ class Engine:
             pooled_width=None if pooling == "none" else (request.dimensions or cfg.d_model),
             hidden_states=len(hidden_layers) if request.return_hidden_states else 0,
             tokens=tokens,
+            spans=[0 if spans is None else len(spans) for spans in span_tokens],
         )
         size = limits.check_response_size(shape, request.wire_cost, info.name, self.settings)
         lengths = [len(a) for a in arrays]
@@ -598,6 +642,7 @@ class Engine:
                 prepared,
                 sequences=prepared.sequences[start : start + part],
                 tokens=prepared.tokens[start : start + part],
+                span_tokens=prepared.span_tokens[start : start + part],
                 first_index=start,
             )
 
@@ -722,6 +767,17 @@ class Engine:
                 pooled = postprocess.pool(
                     hidden, prepared.pooling, request.normalize, request.dimensions
                 )
+            spans = prepared.span_tokens[i] if prepared.span_tokens else None
+            span_embeddings = None
+            if spans is not None:
+                span_embeddings = np.stack(
+                    [
+                        postprocess.pool(
+                            hidden[held], prepared.pooling, request.normalize, request.dimensions
+                        )
+                        for held in spans
+                    ]
+                )
             answers.append(
                 SequenceOutput(
                     tokens=prepared.tokens[i],
@@ -730,6 +786,7 @@ class Engine:
                     attention=attention,
                     hidden_states=hidden_states,
                     pooled=pooled,
+                    span_embeddings=span_embeddings,
                 )
             )
         return EncodeResult(prepared.model.name, answers, prepared.response_bytes)

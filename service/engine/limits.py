@@ -125,10 +125,15 @@ def answer_shape(
     pooled_width: int | None,
     hidden_states: int = 0,
     tokens: list[list[str] | None] | None = None,
+    spans: list[int] | None = None,
 ) -> AnswerShape:
-    """Every array (and token list) the answer to sequences of ``lengths`` holds."""
+    """Every array (and token list) the answer to sequences of ``lengths`` holds;
+    ``spans``: each sequence's late-chunking span vectors."""
     arrays: list[tuple[int, ...]] = []
     attention_floats = hidden_state_floats = 0
+    for count in spans or []:
+        if count and pooled_width is not None:
+            arrays.append((count, pooled_width))
     for n in lengths:
         if embeddings:
             arrays.append((n, d_model))

@@ -39,7 +39,17 @@ class TokenIds:
     ids: list[int]
 
 
-InputItem = ArrayInput | str | TokenIds
+@dataclass(frozen=True)
+class SpannedText:
+    """A text with character spans [start, end) whose chunk vectors the answer carries
+    (late chunking: the text runs once, its token embeddings are pooled per span).
+    The protocol checks each span's bounds against the text; the engine finds its tokens."""
+
+    text: str
+    spans: tuple[tuple[int, int], ...]
+
+
+InputItem = ArrayInput | str | TokenIds | SpannedText
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,7 @@ class SequenceOutput:
     attention: np.ndarray | None  # [L', H' or 1, n, n] or [1, 1, n, n]
     hidden_states: np.ndarray | None  # [selected of the L + 1, n, d_model]
     pooled: np.ndarray | None  # [d_model] or [dimensions]
+    span_embeddings: np.ndarray | None = None  # [n_spans, d_model or dimensions]
 
 
 @dataclass(frozen=True)

@@ -87,3 +87,28 @@ def test_async_text(minilm_server_url: str) -> None:
     assert encoded.tokens == tokenized.tokens
     assert encoded.pooled is not None
     np.testing.assert_allclose(np.linalg.norm(encoded.pooled[0]), 1.0, rtol=0, atol=ATOL_UNIT)
+
+
+def test_spans_give_late_chunk_vectors_sync_and_async(minilm_server_url: str) -> None:
+    """``spans=``: one vector per span of a text (the text runs once); the other inputs
+    keep None. The same numbers from Client and AsyncClient (tolerance 0: one server,
+    one request each)."""
+    document = "Berlin is the capital of Germany. It has almost four million inhabitants."
+    spans = [(0, 33), (33, len(document))]
+    options = {"pooling": "mean", "normalize": True, "return_embeddings": False}
+    with Client(minilm_server_url) as client:
+        result = client.encode([document, TEXTS[0]], spans=[spans, None], **options)
+        with pytest.raises(ValueError, match="spans has 1 entries for 2 inputs"):
+            client.encode([document, TEXTS[0]], spans=[spans], **options)
+
+    async def run() -> EncodeResult:
+        async with AsyncClient(minilm_server_url) as client:
+            return await client.encode([document, TEXTS[0]], spans=[spans, None], **options)
+
+    awaited = asyncio.run(run())
+    assert result.span_embeddings is not None and awaited.span_embeddings is not None
+    vectors, none = result.span_embeddings
+    assert none is None and vectors is not None and vectors.shape == (2, D_MINILM)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=ATOL_UNIT)
+    assert awaited.span_embeddings[0] is not None
+    np.testing.assert_array_equal(vectors, awaited.span_embeddings[0])

@@ -27,7 +27,7 @@ CASES = [
      "invalid_input", "temperature"),
     ("dimensions-zero", {"model": MODEL, "input": "hi", "dimensions": 0}, None, 400,
      "invalid_input", "dimensions"),
-    ("too-many", {"model": MODEL, "input": ["a"] * 65}, None, 413, "payload_too_large", None),
+    ("too-many", {"model": MODEL, "input": ["a"] * 2049}, None, 413, "payload_too_large", None),
     ("bad-json", b'{"model": ', None, 400, "invalid_json", None),
     ("not-json", b"{}", {"content-type": "text/plain"}, 415, "unsupported_media_type", None),
 ]  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import math
 from functools import partial
 from typing import Any
@@ -21,6 +22,7 @@ from service.engine import (
     EncodeRequest,
     EncodeResult,
     InputItem,
+    SpannedText,
     TokenizeRequest,
     TokenizeResult,
     WireCost,
@@ -85,9 +87,53 @@ def wants_embeddings(options: EncodeOptions) -> bool:
 def _input_item(index: int, item: Any) -> InputItem:
     if isinstance(item, str):
         return item
+    if isinstance(item, dict) and "text" in item:
+        return _spanned_text(item, ("inputs", index))
     if isinstance(item, dict):  # its form is cheap to check: before any length is judged
         _check_base64_object(item, ("inputs", index))
     return ArrayInput(rows=_declared_length(item), decode=partial(_decode_array, item, index))
+
+
+def _spanned_text(item: dict[str, Any], where: tuple[str | int, ...]) -> SpannedText:
+    """``{"text", "spans": [[start, end], ...]}``: character offsets, end exclusive, each
+    within the text, non-empty and not overlapping another (late chunking)."""
+    unknown = set(item) - {"text", "spans"}
+    if unknown:
+        raise InvalidInput(f"unknown keys {sorted(unknown)}", field=where)
+    text, spans = item["text"], item.get("spans")
+    if not isinstance(text, str):
+        raise InvalidInput("must be a string", field=(*where, "text"))
+    if not isinstance(spans, list) or not spans:
+        raise InvalidInput(
+            "must be a non-empty list of [start, end] pairs", field=(*where, "spans")
+        )
+    pairs: list[tuple[int, int]] = []
+    for k, span in enumerate(spans):
+        at = (*where, "spans", k)
+        if (
+            not isinstance(span, list)
+            or len(span) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)
+        ):
+            raise InvalidInput("must be [start, end]: two integers", field=at)
+        begin, end = span
+        if not 0 <= begin < end <= len(text):
+            problem = "is empty or reversed" if begin >= end else "is outside the text"
+            raise InvalidInput(
+                f"[{begin}, {end}) {problem}: spans are character offsets with "
+                f"0 <= start < end <= {len(text)} (the text's length)",
+                field=at,
+            )
+        pairs.append((begin, end))
+    order = sorted(range(len(pairs)), key=lambda k: pairs[k])
+    for before, after in itertools.pairwise(order):
+        if pairs[after][0] < pairs[before][1]:
+            raise InvalidInput(
+                f"[{pairs[after][0]}, {pairs[after][1]}) overlaps span {before} "
+                f"[{pairs[before][0]}, {pairs[before][1]})",
+                field=(*where, "spans", after),
+            )
+    return SpannedText(text, tuple(pairs))
 
 
 def _declared_length(item: Any) -> int | None:
@@ -181,6 +227,7 @@ def encode_response(result: EncodeResult, encoding_format: str) -> bytes:
                     "attention": arr(out.attention),
                     "hidden_states": arr(out.hidden_states),
                     "pooled": arr(out.pooled),
+                    "span_embeddings": arr(out.span_embeddings),
                 }
                 for i, out in enumerate(result.outputs)
             ],

@@ -90,12 +90,27 @@ class EncodeOptions(BaseModel):
     )
 
 
+class SpannedText(BaseModel):
+    """A text whose chunks are pooled after it ran whole (late chunking)."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    spans: list[list[int]] = Field(
+        description="Character spans [start, end) (end exclusive), non-empty, within the "
+        "text, not overlapping; each gets one pooled vector in span_embeddings, from the "
+        "tokens whose first character lies inside it (special tokens excluded). Needs "
+        "pooling mean or max.",
+        min_length=1,
+    )
+
+
 class EncodeRequest(EncodeOptions):
     """``POST /v1/encode``: sequences of token embeddings (or texts), ragged lengths allowed."""
 
-    inputs: list[list[list[float]] | Base64Array | str] = Field(
+    inputs: list[list[list[float]] | Base64Array | str | SpannedText] = Field(
         description="Sequences, each [seq_len_i, d_model] as nested floats or a Base64Array; "
-        "or a text, for models with a tokenizer (tokenized, then embedded by the model)."
+        "or a text, for models with a tokenizer (tokenized, then embedded by the model); or "
+        "a text with spans (late chunking)."
     )
 
 
@@ -138,6 +153,9 @@ class EncodeItem(BaseModel):
         None, description="[L'', seq_len_i, d_model] selected hidden states, or null."
     )
     pooled: list[float] | Base64Array | None = Field(description="[d_model], or null.")
+    span_embeddings: list[list[float]] | Base64Array | None = Field(
+        None, description="[n_spans, d_model]: one pooled vector per span of the item, or null."
+    )
 
 
 class EncodeResponse(BaseModel):
