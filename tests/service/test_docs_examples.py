@@ -299,6 +299,10 @@ assert abs(math.fsum(x * x for x in query) - 1) < 1e-4
 cosine = [math.fsum(a * b for a, b in zip(d, query)) for d in documents]
 assert cosine[0] > cosine[1], cosine  # the guitar sentence is nearer the guitar query
 """,
+    r"late = client\.encode": """
+assert late.shape == (2, 384) and naive.shape == (2, 384)
+assert float(late[1] @ q) > float(naive[1] @ q), (late @ q, naive @ q)
+""",
     r"import tritonclient\.grpc": """
 assert ready and vectors.shape == (2, 384), vectors.shape
 assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
