@@ -120,6 +120,7 @@ EMB = [RNG.standard_normal((n, 3), dtype=np.float32) for n in (2, 1, 3)]  # [n_i
 ATT = [RNG.random((2, 1, n, n), dtype=np.float32) for n in (2, 1, 3)]  # [L', H', n, n]
 POOL = [RNG.standard_normal(3, dtype=np.float32) for _ in range(3)]  # [d]
 HID = [RNG.standard_normal((2, n, 3), dtype=np.float32) for n in (2, 1, 3)]  # [L'', n_i, d]
+SPANS = [RNG.standard_normal((k, 3), dtype=np.float32) for k in (1, 2, 1)]  # [n_spans, d]
 
 
 def b64(array: np.ndarray, *, dtype: bool = True) -> Body:
@@ -144,7 +145,13 @@ def wire(kind: str, array: np.ndarray) -> Any:
 
 def encode_body(kinds: dict[str, str | None], *, tokens: str = "null") -> Body:
     """Three items; ``kinds[field]`` is float, base64, base64-no-dtype, or None for null."""
-    arrays = {"embeddings": EMB, "attention": ATT, "hidden_states": HID, "pooled": POOL}
+    arrays = {
+        "embeddings": EMB,
+        "attention": ATT,
+        "hidden_states": HID,
+        "pooled": POOL,
+        "span_embeddings": SPANS,
+    }
     items = []
     for i in range(3):
         item: Body = {"index": i}
@@ -162,7 +169,13 @@ def encode_body(kinds: dict[str, str | None], *, tokens: str = "null") -> Body:
 
 ENCODE_CASES: dict[str, tuple[dict[str, str | None], str]] = {
     "float": (
-        {"embeddings": "float", "attention": "float", "hidden_states": "float", "pooled": "float"},
+        {
+            "embeddings": "float",
+            "attention": "float",
+            "hidden_states": "float",
+            "pooled": "float",
+            "span_embeddings": "float",
+        },
         "null",
     ),
     "base64": (
@@ -170,9 +183,15 @@ ENCODE_CASES: dict[str, tuple[dict[str, str | None], str]] = {
         "list",
     ),
     "base64-no-dtype": (
-        {"embeddings": "base64-no-dtype", "attention": "base64-no-dtype", "pooled": None},
+        {
+            "embeddings": "base64-no-dtype",
+            "attention": "base64-no-dtype",
+            "pooled": None,
+            "span_embeddings": "base64-no-dtype",
+        },
         "absent",
     ),
+    "spans-base64": ({"pooled": "base64", "span_embeddings": "base64"}, "list"),
     "embeddings-only": ({"embeddings": "float"}, "null"),
     "pooled-only": ({"pooled": "base64"}, "list"),
     "attention-only": ({"attention": "float"}, "absent"),
@@ -197,6 +216,7 @@ def test_encode_response_shapes(components: dict[str, Schema], case: str) -> Non
         ("attention", ATT),
         ("hidden_states", HID),
         ("pooled", POOL),
+        ("span_embeddings", SPANS),
     ):
         got = getattr(result, name)
         if kinds.get(name) is None:
