@@ -33,7 +33,14 @@ from attnserve_client._exceptions import (
     UnprocessableEntityError,
     UnsupportedMediaTypeError,
 )
-from attnserve_client._types import EncodeResult, ModelCard, TokenizeResult, Usage
+from attnserve_client._types import (
+    EncodeResult,
+    ModelCard,
+    SparseResult,
+    SparseVector,
+    TokenizeResult,
+    Usage,
+)
 from attnserve_client.plot import plot_attention
 
 __all__ = [
@@ -54,6 +61,8 @@ __all__ = [
     "OverloadedError",
     "PayloadTooLargeError",
     "ServiceUnavailableError",
+    "SparseResult",
+    "SparseVector",
     "TokenizeResult",
     "UnprocessableEntityError",
     "UnsupportedMediaTypeError",

@@ -32,7 +32,13 @@ from attnserve_client._exceptions import (
     APITimeoutError,
     status_error,
 )
-from attnserve_client._types import EncodeResult, ModelCard, TokenizeResult, encode_array
+from attnserve_client._types import (
+    EncodeResult,
+    ModelCard,
+    SparseResult,
+    TokenizeResult,
+    encode_array,
+)
 
 T = TypeVar("T")
 Reduce = Literal["none", "mean", "max", "rollout"]
@@ -394,6 +400,31 @@ class BaseClient:
         )
         answer = yield from self._request("POST", "/v1/tokenize", json=body, timeout=timeout)
         return parse_body(TokenizeResult.from_json, answer)
+
+    def _embed_sparse(
+        self,
+        texts: str | Sequence[str],
+        *,
+        model: str | None,
+        kind: str,
+        alpha: float | None,
+        return_text: bool,
+        truncate: bool,
+        timeout: float | None,
+    ) -> Flow[SparseResult]:
+        body: dict[str, Any] = {
+            "inputs": [texts] if isinstance(texts, str) else list(texts),
+            "kind": kind,
+            "return_text": return_text,
+        }
+        if model is not None:
+            body["model"] = model
+        if alpha is not None:
+            body["alpha"] = float(alpha)
+        if truncate:
+            body["truncate"] = True
+        answer = yield from self._request("POST", "/v1/embed_sparse", json=body, timeout=timeout)
+        return parse_body(SparseResult.from_json, answer)
 
     def _models(self) -> Flow[list[ModelCard]]:
         return parse_body(ModelCard.list_from_json, (yield from self._request("GET", "/v1/models")))

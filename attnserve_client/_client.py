@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -28,7 +28,7 @@ from attnserve_client._base import (
     WireFormat,
     batches,
 )
-from attnserve_client._types import EncodeResult, ModelCard, TokenizeResult
+from attnserve_client._types import EncodeResult, ModelCard, SparseResult, TokenizeResult
 
 T = TypeVar("T")
 
@@ -175,6 +175,31 @@ class Client(BaseClient):
                 text,
                 model=model,
                 return_embeddings=return_embeddings,
+                truncate=truncate,
+                timeout=timeout,
+            )
+        )
+
+    def embed_sparse(
+        self,
+        texts: str | Sequence[str],
+        *,
+        kind: Literal["document", "query"] = "document",
+        alpha: float | None = None,
+        return_text: bool = False,
+        model: str | None = None,
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> SparseResult:
+        """BM42 sparse vectors of ``texts`` (``POST /v1/embed_sparse``): documents are
+        weighted by the model, queries get 1.0 per stem; indices are fastembed's."""
+        return self._run(
+            self._embed_sparse(
+                texts,
+                model=model,
+                kind=kind,
+                alpha=alpha,
+                return_text=return_text,
                 truncate=truncate,
                 timeout=timeout,
             )
@@ -327,6 +352,30 @@ class AsyncClient(BaseClient):
                 text,
                 model=model,
                 return_embeddings=return_embeddings,
+                truncate=truncate,
+                timeout=timeout,
+            )
+        )
+
+    async def embed_sparse(
+        self,
+        texts: str | Sequence[str],
+        *,
+        kind: Literal["document", "query"] = "document",
+        alpha: float | None = None,
+        return_text: bool = False,
+        model: str | None = None,
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> SparseResult:
+        """See :meth:`Client.embed_sparse`."""
+        return await self._run(
+            self._embed_sparse(
+                texts,
+                model=model,
+                kind=kind,
+                alpha=alpha,
+                return_text=return_text,
                 truncate=truncate,
                 timeout=timeout,
             )

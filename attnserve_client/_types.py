@@ -184,3 +184,38 @@ class ModelCard:
     def list_from_json(cls, body: dict[str, Any]) -> list[ModelCard]:
         """``GET /v1/models``."""
         return [cls.from_json(m) for m in body["data"]]
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """One text's BM42 vector: ``values[k]`` at ``indices[k]``; ``text[k]`` is the stem
+    behind it when asked for (``return_text``)."""
+
+    indices: list[int]
+    values: list[float]
+    text: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class SparseResult:
+    """The answer to ``embed_sparse``: one vector per text, in order."""
+
+    model: str
+    vectors: list[SparseVector]
+    usage: Usage
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SparseResult:
+        items = sorted(body["data"], key=lambda item: item["index"])
+        return cls(
+            model=body["model"],
+            vectors=[
+                SparseVector(
+                    [int(i) for i in item["indices"]],
+                    [float(v) for v in item["values"]],
+                    item.get("text"),
+                )
+                for item in items
+            ],
+            usage=Usage.from_json(body["usage"]),
+        )

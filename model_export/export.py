@@ -25,7 +25,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import onnx
 import onnxruntime
@@ -41,14 +41,16 @@ from model_export.manifest import (
     sha256_file,
     staged_model_dir,
 )
-from model_export.model import Encoder, TokenEmbeddings
+from model_export.model import Encoder, EncoderBlock, TokenEmbeddings, mask_bias
 from model_export.optimize import optimize_graph
+from model_export.stopwords import ENGLISH
 from model_export.validate import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     CheckResult,
     results_json,
     validate_model_dir,
+    validate_sparse_graph,
     validate_text_graph,
     validate_token_embeddings,
 )
@@ -117,6 +119,33 @@ class _TextGraph(nn.Module):
         return hidden
 
 
+class _SparseGraph(nn.Module):
+    """Token ids to the last layer's [CLS] attention row, averaged over heads and zero at
+    padding [B, T]: what BM42 weighs words by. Only that row of the last layer is
+    computed (its [CLS] query against every key), nothing after it."""
+
+    def __init__(self, embeddings: TokenEmbeddings, encoder: Encoder) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+        self.encoder = encoder
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        cfg = self.encoder.config
+        bias = mask_bias(attention_mask, causal=cfg.causal, window=cfg.window)  # (B, 1, T, T)
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.encoder.layers[:-1]:
+            x, _ = layer(x, bias)
+        last = cast(EncoderBlock, self.encoder.layers[-1])
+        if last.pre_norm:
+            x = last.attn_norm(x)
+        attention = last.attn
+        query = attention._split_heads(attention.q_proj(x[:, :1]))  # (B, h, 1, d_k)
+        keys = attention._split_heads(attention.k_proj(x))  # (B, h, T, d_k)
+        weights = torch.softmax(attention.scores(query, keys) + bias[:, :, :1], dim=-1)
+        cls: Tensor = weights[:, :, 0].mean(dim=1) * attention_mask  # (B, T)
+        return cls
+
+
 GRAPH_MODULES = {
     graph_io.GRAPH_EMBEDDINGS: _EmbeddingsGraph,
     graph_io.GRAPH_HIDDEN_STATES: _HiddenStatesGraph,
@@ -159,6 +188,19 @@ def _export_text_frontend(
     )
     fused = optimize_graph(text_path, encoder.config, fuse_attention=True) if optimize else {}
     checks += validate_text_graph(embeddings, encoder, text_path, atol=atol)
+    sparse_path = staging / graph_io.GRAPH_SPARSE
+    _export_graph(
+        _SparseGraph(embeddings, encoder),
+        (ids, torch.zeros_like(ids), torch.ones_like(ids)),
+        sparse_path,
+        opset,
+        exporter,
+        list(graph_io.TEXT_GRAPH_INPUTS),
+        list(graph_io.SPARSE_GRAPH_OUTPUTS),
+    )
+    checks += validate_sparse_graph(embeddings, encoder, sparse_path, atol=atol)
+    stopwords = staging / graph_io.STOPWORDS_FILE
+    stopwords.write_text("\n".join(ENGLISH) + "\n")
     tokenizer = tokenizer_sha256 = None
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, staging / graph_io.TOKENIZER_FILE)
@@ -174,6 +216,10 @@ def _export_text_frontend(
         tokenizer_sha256=tokenizer_sha256,
         graph=graph_io.GRAPH_TEXT,
         graph_sha256=sha256_file(text_path),
+        sparse_graph=graph_io.GRAPH_SPARSE,
+        sparse_graph_sha256=sha256_file(sparse_path),
+        stopwords=graph_io.STOPWORDS_FILE,
+        stopwords_sha256=sha256_file(stopwords),
     )
     return front_end, fused
 

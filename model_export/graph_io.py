@@ -38,6 +38,17 @@ TOKENIZER_FILE: Final = "tokenizer.json"  # a `tokenizers` Tokenizer
 GRAPH_TEXT: Final = "text_model.onnx"
 TEXT_GRAPH_INPUTS: Final = (INPUT_IDS, INPUT_TOKEN_TYPES, INPUT_MASK)
 TEXT_GRAPH_OUTPUTS: Final = (OUTPUT_HIDDEN,)
+# Token ids -> the last layer's [CLS] attention row, averaged over heads [batch, seq]
+# (format_version 4): what BM42 sparse vectors weigh words by. Only that row is computed.
+GRAPH_SPARSE: Final = "sparse_model.onnx"
+OUTPUT_CLS_ATTENTION: Final = "cls_attention"  # float32 [batch, seq], 0 at padding
+SPARSE_GRAPH_OUTPUTS: Final = (OUTPUT_CLS_ATTENTION,)
+STOPWORDS_FILE: Final = "stopwords.txt"  # one word per line: left out of BM42 vectors
+# The graphs that take token ids (int64 [B, T, 2] id and type pairs at run time) -> outputs.
+ID_GRAPHS: Final[dict[str, tuple[str, ...]]] = {
+    GRAPH_TEXT: TEXT_GRAPH_OUTPUTS,
+    GRAPH_SPARSE: SPARSE_GRAPH_OUTPUTS,
+}
 
 # The graphs an export writes, and their outputs. A graph is chosen per run by what
 # its requests ask for: the attention maps are the costly part (seq² memory), so a
@@ -69,6 +80,7 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     OUTPUT_HIDDEN_STATES: {0: BATCH_AXIS, 2: SEQ_AXIS},
     INPUT_IDS: {0: BATCH_AXIS, 1: SEQ_AXIS},
     INPUT_TOKEN_TYPES: {0: BATCH_AXIS, 1: SEQ_AXIS},
+    OUTPUT_CLS_ATTENTION: {0: BATCH_AXIS, 1: SEQ_AXIS},
 }
 
 # Symbolic shapes, for config.json and documentation.

@@ -11,7 +11,9 @@ still read, with the defaults of the time (no default pooling, no
 normalisation); 2 adds ``pooling``, ``normalize``, ``matryoshka_dimensions``
 and per-layer hidden states (``model_hidden.onnx``, and a ``hidden_states``
 output of ``model_attn.onnx``); 3 adds the text graph (``text.graph``: token
-ids to ``last_hidden_state`` in one run). Each graph records its outputs, so a
+ids to ``last_hidden_state`` in one run); 4 adds BM42's sparse graph
+(``text.sparse_graph``: the last layer's [CLS] attention row) and its stopword
+list (``text.stopwords``). Each graph records its outputs, so a
 reader knows what a directory can answer whatever its version; a version-2
 directory with a tokenizer still serves text, through ``embeddings.onnx`` and
 then the encoder.
@@ -46,8 +48,8 @@ __all__ = [
     "sha256_file",
 ]
 
-FORMAT_VERSION: Final = 3
-READABLE_VERSIONS: Final = (1, 2, 3)
+FORMAT_VERSION: Final = 4
+READABLE_VERSIONS: Final = (1, 2, 3, 4)
 
 Pooling = Literal["mean", "cls", "max"]
 POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max")
@@ -87,6 +89,10 @@ class TextFrontEnd:
     tokenizer_sha256: str | None = None
     graph: str | None = None
     graph_sha256: str | None = None
+    sparse_graph: str | None = None  # format 4: ids -> the last layer's [CLS] attention row
+    sparse_graph_sha256: str | None = None
+    stopwords: str | None = None  # format 4: words left out of BM42 vectors, one per line
+    stopwords_sha256: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "type_vocab_size", "max_positions"):
@@ -95,8 +101,9 @@ class TextFrontEnd:
                 raise ManifestError(f"text.{name} must be a positive integer, got {value!r}")
         if (self.tokenizer is None) != (self.tokenizer_sha256 is None):
             raise ManifestError("text.tokenizer and text.tokenizer_sha256 go together")
-        if (self.graph is None) != (self.graph_sha256 is None):
-            raise ManifestError("text.graph and text.graph_sha256 go together")
+        for name in ("graph", "sparse_graph", "stopwords"):
+            if (getattr(self, name) is None) != (getattr(self, f"{name}_sha256") is None):
+                raise ManifestError(f"text.{name} and text.{name}_sha256 go together")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TextFrontEnd:
@@ -177,8 +184,10 @@ class Manifest:
             files[self.text.embeddings_graph] = self.text.embeddings_sha256
             if self.text.tokenizer is not None and self.text.tokenizer_sha256 is not None:
                 files[self.text.tokenizer] = self.text.tokenizer_sha256
-            if self.text.graph is not None and self.text.graph_sha256 is not None:
-                files[self.text.graph] = self.text.graph_sha256
+            for name in ("graph", "sparse_graph", "stopwords"):
+                file, digest = getattr(self.text, name), getattr(self.text, f"{name}_sha256")
+                if file is not None and digest is not None:
+                    files[file] = digest
         return files
 
     def to_dict(self) -> dict[str, Any]:

@@ -208,6 +208,39 @@ def validate_text_graph(
     return results
 
 
+def validate_sparse_graph(
+    embeddings: TokenEmbeddings, encoder: Encoder, path: Path, *, atol: float = DEFAULT_ATOL
+) -> list[CheckResult]:
+    """Compare the BM42 graph with the last layer's [CLS] attention row of the PyTorch
+    encoder (all weights computed), averaged over heads, zero at padding."""
+    session = new_session(path)
+    vocab, types = embeddings.word.num_embeddings, embeddings.token_type.num_embeddings
+    most = min(encoder.config.max_seq_len, embeddings.position.num_embeddings)
+    results = []
+    for i, case in enumerate(default_cases(most)):
+        rng = np.random.default_rng(i)
+        _, mask = make_inputs(case.lengths, 1, seed=i)
+        ids = rng.integers(0, vocab, size=mask.shape, dtype=np.int64) * mask
+        type_ids = rng.integers(0, types, size=mask.shape, dtype=np.int64) * mask
+        with torch.no_grad():
+            embeds = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
+            _, attn = encoder(embeds, torch.from_numpy(mask))
+        assert attn is not None
+        want = attn[:, -1, :, 0, :].mean(dim=1).numpy() * mask
+        feeds = {
+            graph_io.INPUT_IDS: ids,
+            graph_io.INPUT_TOKEN_TYPES: type_ids,
+            graph_io.INPUT_MASK: mask,
+        }
+        (got,) = session.run(None, feeds)
+        diff, excess = differences(got, want)
+        name = graph_io.OUTPUT_CLS_ATTENTION
+        results.append(CheckResult(path.name, case.name, name, list(got.shape), diff, atol, excess))
+        if not results[-1].passed:
+            raise ValidationError(path.name, name, got.shape, diff, atol)
+    return results
+
+
 def results_table(results: list[CheckResult]) -> str:
     """A plain-text table of the checks, for the CLI."""
     header = f"{'graph':<16} {'case':<26} {'output':<18} {'shape':<22} {'max|diff|':>10}  ok"

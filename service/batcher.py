@@ -49,6 +49,7 @@ TOKEN_AXES = {
     graph_io.OUTPUT_HIDDEN: (0,),
     graph_io.OUTPUT_ATTENTIONS: (2, 3),
     graph_io.OUTPUT_HIDDEN_STATES: (1,),
+    graph_io.OUTPUT_CLS_ATTENTION: (0,),
 }
 
 
@@ -126,6 +127,7 @@ GRAPH_LABELS = {
     graph_io.GRAPH_HIDDEN_STATES: "hidden_states",
     graph_io.GRAPH_ATTENTION: "attention",
     graph_io.GRAPH_TEXT: "text",
+    graph_io.GRAPH_SPARSE: "sparse",
 }
 
 

@@ -85,7 +85,20 @@ class ModelRuntime:
             self._sessions[text.graph] = self._open(
                 options, text.graph, graph_io.TEXT_GRAPH_INPUTS, graph_io.TEXT_GRAPH_OUTPUTS
             )
+        # BM42 (format 4): the [CLS] attention row graph and the words left out.
+        self.stopwords: frozenset[str] = frozenset()
+        if text is not None and text.sparse_graph is not None:
+            self._sessions[text.sparse_graph] = self._open(
+                options,
+                text.sparse_graph,
+                graph_io.TEXT_GRAPH_INPUTS,
+                graph_io.SPARSE_GRAPH_OUTPUTS,
+            )
+        if text is not None and text.stopwords is not None:
+            words = (info.path / text.stopwords).read_text(encoding="utf-8").split()
+            self.stopwords = frozenset(words)
         self._token_embeddings: ort.InferenceSession | None = None
+        self.special_tokens: frozenset[str] = frozenset()  # [CLS], [SEP], [PAD], ...
         self._tokenizer: Tokenizer | None = None
         self._truncating_tokenizer: Tokenizer | None = None
         if text is not None:
@@ -98,6 +111,11 @@ class ModelRuntime:
             if text.tokenizer is not None:
                 path = info.path / text.tokenizer
                 self._tokenizer = self._load_tokenizer(path, None)
+                self.special_tokens = frozenset(
+                    token.content
+                    for token in self._tokenizer.get_added_tokens_decoder().values()
+                    if token.special
+                )
                 # A second instance, so no request ever flips shared truncation state.
                 self._truncating_tokenizer = self._load_tokenizer(path, info.max_seq_len)
 
@@ -178,26 +196,26 @@ class ModelRuntime:
 
     def sample_sequence(self, graph: str, n: int) -> np.ndarray:
         """A sequence of ``n`` tokens in ``graph``'s input form (for warm-up and timing)."""
-        if graph == graph_io.GRAPH_TEXT:
+        if graph in graph_io.ID_GRAPHS:
             return np.zeros((n, 2), dtype=np.int64)  # id 0 and type 0: in every vocabulary
         d = self.info.config.d_model
         return np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
 
     def run(self, batch: np.ndarray, mask: np.ndarray, graph: str) -> dict[str, np.ndarray]:
         """batch (float32 [B, T, d] embeddings, or int64 [B, T, 2] token id and type for
-        the text graph), mask int64 [B, T] -> the graph's outputs by name.
+        the text and sparse graphs), mask int64 [B, T] -> the graph's outputs by name.
 
         ``last_hidden_state`` [B, T, d]; ``attentions`` [B, L, H, T, T] and
         ``hidden_states`` [B, L + 1, T, d] where the graph has them.
         """
         session = self._sessions[graph]
-        if graph == graph_io.GRAPH_TEXT:
+        if graph in graph_io.ID_GRAPHS:
             feeds = {
                 graph_io.INPUT_IDS: np.ascontiguousarray(batch[..., 0]),
                 graph_io.INPUT_TOKEN_TYPES: np.ascontiguousarray(batch[..., 1]),
                 graph_io.INPUT_MASK: mask,
             }
-            names: tuple[str, ...] = graph_io.TEXT_GRAPH_OUTPUTS
+            names: tuple[str, ...] = graph_io.ID_GRAPHS[graph]
         else:
             feeds = {graph_io.INPUT_EMBEDS: batch, graph_io.INPUT_MASK: mask}
             names = self.info.manifest.graphs[graph].outputs

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -25,7 +26,7 @@ import numpy as np
 
 from model_export.manifest import graph_io
 from service.batcher import Batcher, RunTiming, SequenceResult
-from service.engine import limits, postprocess
+from service.engine import limits, postprocess, sparse
 from service.engine.admission import Admission, Ticket
 from service.engine.scope import Caller, Disconnected, RequestScope
 from service.engine.types import (
@@ -36,6 +37,8 @@ from service.engine.types import (
     Pooling,
     SequenceOutput,
     SpannedText,
+    SparseRequest,
+    SparseResult,
     TokenIds,
     TokenizedText,
     TokenizeRequest,
@@ -76,6 +79,9 @@ UNWATCHED_TOKENS = 256
 # that many sequences, this many queued at once: the batcher always has the next part
 # while one runs, and only their outputs are in memory, never the whole request's.
 PARTS_IN_FLIGHT = 2
+# What a BM42 request holds per token: its ids and types, its weight, its tokens and the
+# words, stems and vector built from them (Python objects: generous).
+SPARSE_BYTES_PER_TOKEN = 512
 # Out-of-vocabulary token ids named in an error, at most.
 SHOWN_IDS = 10
 
@@ -790,6 +796,103 @@ class Engine:
                 )
             )
         return EncodeResult(prepared.model.name, answers, prepared.response_bytes)
+
+    # -- sparse vectors (BM42) --------------------------------------------------------------
+
+    async def embed_sparse(
+        self, parse: Callable[[], tuple[SparseRequest, W]], scope: RequestScope
+    ) -> tuple[SparseResult, W]:
+        """BM42 vectors: texts tokenized off the loop; documents run the sparse graph (the
+        last layer's [CLS] attention row) in parts like a large pooled request, queries
+        run nothing. Admission, deadline and disconnects as ``encode``."""
+        ticket = scope.admitted()
+        ticket.take_slot()
+        self._check_deadline(scope.deadline, "before its work began")
+        request, wire = parse()
+        limits.check_sequence_count(len(request.texts), self.settings, pooled_only=True)
+        runtime, encoded = await self.off_loop(self._prepare_sparse, request)
+        tokens = sum(len(t) for t, _, _ in encoded)
+        ticket.hold(ticket.bytes + SPARSE_BYTES_PER_TOKEN * tokens, "this request")
+        special, stopwords = runtime.special_tokens, runtime.stopwords
+        if request.kind == "query":
+            vectors = [sparse.query_vector(t, special, stopwords) for t, _, _ in encoded]
+        else:
+            pairs = self._token_id_pairs(len(encoded), dict(enumerate(encoded)), {})
+            graph = graph_io.GRAPH_SPARSE  # _prepare_sparse checked the model has it
+            results = await self._results_in_parts(runtime.info.name, pairs, graph, scope)
+            vectors = [
+                sparse.document_vector(
+                    t, result[graph_io.OUTPUT_CLS_ATTENTION], special, stopwords, request.alpha
+                )
+                for (t, _, _), result in zip(encoded, results, strict=True)
+            ]
+            self.metrics.tokens.labels(runtime.info.name).inc(tokens)
+        return SparseResult(runtime.info.name, vectors, tokens), wire
+
+    def _prepare_sparse(self, request: SparseRequest) -> tuple[ModelRuntime, list[Tokenized]]:
+        """Check the request against the model and tokenize its texts."""
+        runtime = self._runtime(request.model)
+        info = runtime.info
+        if not request.texts:
+            raise InvalidInput("is empty: send at least one string", field=("inputs",))
+        if not (math.isfinite(request.alpha) and request.alpha > 0):
+            raise InvalidInput(
+                f"must be a positive number, got {request.alpha!r}", field=("alpha",)
+            )
+        text = info.manifest.text
+        if request.kind == "document" and (text is None or text.sparse_graph is None):
+            raise UnsupportedByModel(
+                f"model {info.name!r} has no BM42 graph: re-export it with this version of "
+                "model_export (a checkpoint with a tokenizer)",
+                field=("model",),
+            )
+        texts = [
+            limits.bound_text(t, info, request.truncate, ("inputs", i))
+            for i, t in enumerate(request.texts)
+        ]
+        encoded = self._tokenize(runtime, texts, request.truncate)
+        lengths: list[int | None] = [len(tokens) for tokens, _, _ in encoded]
+        limits.check_lengths(lengths, info, self.settings, "inputs", pooled_only=True)
+        return runtime, encoded
+
+    async def _results_in_parts(
+        self, model: str, sequences: list[np.ndarray], graph: str, scope: RequestScope
+    ) -> list[SequenceResult]:
+        """Per-sequence outputs of ``graph``, queued in parts of ATTNSERVE_MAX_SEQUENCES,
+        ``PARTS_IN_FLIGHT`` at a time, in order; dropped when the caller leaves or the
+        deadline passes (504 with Retry-After)."""
+        batcher = self._batcher
+        if batcher is None:
+            raise NotReady("the engine is not running", headers={"Retry-After": "1"})
+        part = self.settings.max_sequences
+
+        async def run(start: int) -> list[SequenceResult]:
+            work = batcher.submit(
+                model,
+                sequences[start : start + part],
+                graph=graph,
+                deadline=scope.deadline,
+                timing=scope.timing,
+            )
+            try:
+                return await self._unless_gone(work, scope.cancelled, scope.deadline)
+            except DeadlineExceeded as exc:
+                exc.headers = {"Retry-After": self.retry_after()}
+                raise
+
+        pending: deque[asyncio.Task[list[SequenceResult]]] = deque()
+        results: list[SequenceResult] = []
+        try:
+            for start in range(0, len(sequences), part):
+                pending.append(asyncio.ensure_future(run(start)))
+                if len(pending) >= PARTS_IN_FLIGHT:
+                    results += await pending.popleft()
+            while pending:
+                results += await pending.popleft()
+        finally:
+            for task in pending:
+                task.cancel()
+        return results
 
     # -- tokenize ---------------------------------------------------------------------------
 

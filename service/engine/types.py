@@ -13,6 +13,8 @@ from typing import Literal
 
 import numpy as np
 
+from service.engine.sparse import SparseVector
+
 Pooling = Literal["none", "mean", "cls", "max"]
 Reduce = Literal["none", "mean", "max", "rollout"]
 # "model": the model's own sentence-embedding pooling (its manifest), else mean.
@@ -193,3 +195,21 @@ class TokenizeResult:
     @property
     def tokens(self) -> int:
         return sum(len(t.tokens) for t in self.items)
+
+
+@dataclass(frozen=True)
+class SparseRequest:
+    """BM42 sparse vectors of texts: ``document`` runs the model, ``query`` does not."""
+
+    texts: list[str]
+    model: str | None = None
+    kind: str = "document"  # "document" | "query"
+    alpha: float = 0.5
+    truncate: bool = False
+
+
+@dataclass(frozen=True)
+class SparseResult:
+    model: str
+    vectors: list[SparseVector]
+    tokens: int  # over every text, special tokens included

@@ -112,3 +112,23 @@ def test_spans_give_late_chunk_vectors_sync_and_async(minilm_server_url: str) ->
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=ATOL_UNIT)
     assert awaited.span_embeddings[0] is not None
     np.testing.assert_array_equal(vectors, awaited.span_embeddings[0])
+
+
+def test_embed_sparse_documents_and_queries(minilm: Client) -> None:
+    """BM42 through the SDK: the stems and values the raw API gives, queries at 1.0."""
+    documents = minilm.embed_sparse(
+        ["The running runners ran past the lighthouse!"], return_text=True
+    )
+    (vector,) = documents.vectors
+    assert vector.text is not None and sorted(vector.text) == [
+        "lighthous",
+        "past",
+        "ran",
+        "run",
+        "runner",
+    ]
+    assert len(vector.indices) == len(vector.values) == 5 and min(vector.values) > 0
+    assert documents.usage.sequences == 1
+    query = minilm.embed_sparse("lighthouse runners", kind="query")
+    assert query.vectors[0].values == [1.0, 1.0] and query.vectors[0].text is None
+    assert set(query.vectors[0].indices) <= set(vector.indices)

@@ -24,7 +24,7 @@ import torch
 from model_export import graph_io
 from model_export.cli import main
 from model_export.config import EncoderConfig, preset
-from model_export.manifest import Manifest
+from model_export.manifest import FORMAT_VERSION, Manifest
 from model_export.model import Encoder
 from tests.model_export.reference import ragged_batch
 
@@ -279,14 +279,14 @@ def test_unless_current_exports_an_older_format_again_and_skips_a_current_one(
     assert main(args) == 0
     config = out / graph_io.CONFIG_FILE
     raw = json.loads(config.read_text())
-    assert raw["format_version"] == 3
+    assert raw["format_version"] == FORMAT_VERSION
     written = config.stat().st_mtime_ns
     assert main(args) == 0
     assert config.stat().st_mtime_ns == written  # current: nothing done
     raw["format_version"] = 2
     config.write_text(json.dumps(raw))
     assert main(args) == 0
-    assert json.loads(config.read_text())["format_version"] == 3  # older: exported again
+    assert json.loads(config.read_text())["format_version"] == FORMAT_VERSION  # exported again
     (out / graph_io.GRAPH_EMBEDDINGS).write_bytes(b"not onnx")
     assert main(args) == 0
     assert Manifest.read(out).verify(out) is None  # corrupt: exported again

@@ -140,7 +140,7 @@ def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"format_version": 4}, "format_version 4 is not supported"),
+        ({"format_version": 5}, "format_version 5 is not supported"),
         ({"format_version": None}, "format_version None"),
         ({"pooling": "sum"}, "pooling must be one of"),
         ({"matryoshka_dimensions": [33]}, "1..32"),

@@ -28,12 +28,14 @@ def format2_url(minilm_repository: Path, tmp_path_factory: pytest.TempPathFactor
     repo = tmp_path_factory.mktemp("format2")
     model_dir = repo / "minilm-l6"
     shutil.copytree(minilm_repository / "minilm-l6", model_dir)
-    (model_dir / graph_io.GRAPH_TEXT).unlink()
+    for name in (graph_io.GRAPH_TEXT, graph_io.GRAPH_SPARSE, graph_io.STOPWORDS_FILE):
+        (model_dir / name).unlink()
     config = model_dir / graph_io.CONFIG_FILE
     raw = json.loads(config.read_text())
     raw["format_version"] = 2
-    for key in ("graph", "graph_sha256"):
+    for key in ("graph", "sparse_graph", "stopwords"):
         raw["text"].pop(key)
+        raw["text"].pop(f"{key}_sha256")
     config.write_text(json.dumps(raw))
     with running_server(repo, intra_op_threads="2") as url:
         yield url
@@ -65,3 +67,16 @@ def test_format_2_text_runs_two_graphs_and_agrees_with_the_text_graph(
         assert old["tokens"] == new["tokens"]
         for key in ("embeddings", "pooled"):
             np.testing.assert_allclose(old[key], new[key], rtol=0, atol=AGREEMENT_ATOL)
+
+
+def test_format_2_has_no_bm42_documents_but_takes_queries(format2_url: str) -> None:
+    """A model exported before BM42: documents are 422 unsupported_by_model (re-export),
+    queries (tokenizer only) still work, keeping stopwords (it has no list)."""
+    url = f"{format2_url}/v1/embed_sparse"
+    r = httpx.post(url, json={"inputs": ["the capital of Germany"]}, timeout=60)
+    assert r.status_code == 422, r.text
+    assert r.json()["error_type"] == "unsupported_by_model" and "re-export" in r.json()["error"]
+    body = {"inputs": ["the capital of Germany"], "kind": "query", "return_text": True}
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert sorted(r.json()["data"][0]["text"]) == ["capit", "germani", "of", "the"]

@@ -250,7 +250,14 @@ def openapi_paths(answer: Answer, session: ort.InferenceSession) -> None:
     )
 
 
+def sparse_vector(answer: Answer, session: ort.InferenceSession) -> None:
+    (item,) = ok(answer)["data"]
+    assert sorted(item["text"]) == ["lighthous", "past", "ran", "run", "runner"], item
+    assert len(item["indices"]) == len(item["values"]) == 5 and min(item["values"]) > 0
+
+
 BASH_CHECKS: dict[str, Check] = {
+    path("/v1/embed_sparse"): sparse_vector,
     r"random\.seed\(0\)": two_sequences,
     r"random\.seed\(1\)": attention_maps(1, 2, 3),
     r'"reduce": "mean"': attention_maps(N_LAYERS, 1, 4),

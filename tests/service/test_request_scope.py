@@ -31,11 +31,12 @@ ROW = [0.25] * D_MODEL
 # A valid body per work route, and a concrete path per template.
 # The tiny test model has no tokenizer: text and token ids are refused (after the scope's
 # rules), with these statuses.
-REFUSED_BY_MODEL = {"/v1/embeddings": 400, "/v1/tokenize": 422}
+REFUSED_BY_MODEL = {"/v1/embeddings": 400, "/v1/tokenize": 422, "/v1/embed_sparse": 422}
 BODIES = {
     "/v1/encode": {"inputs": [[ROW, ROW]]},
     "/v1/embeddings": {"input": [[1, 2, 3]], "model": MODEL},
     "/v1/tokenize": {"inputs": ["a few words"]},
+    "/v1/embed_sparse": {"inputs": ["a few words"]},
     "/v2/models/{model}/infer": {
         "inputs": [{"name": "inputs_embeds", "datatype": "FP32", "shape": [1, 2, D_MODEL],
                     "data": ROW + ROW}],

@@ -23,13 +23,15 @@ from service.engine import (
     EncodeResult,
     InputItem,
     SpannedText,
+    SparseRequest,
+    SparseResult,
     TokenizeRequest,
     TokenizeResult,
     WireCost,
 )
 from service.errors import InvalidInput
 from service.protocols import wire
-from service.protocols.native.schemas import EncodeOptions
+from service.protocols.native.schemas import EmbedSparseRequest, EncodeOptions
 from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
 
 ARRAYS = {"float": wire.JSON_ARRAYS, "base64": wire.BASE64_ARRAYS}
@@ -232,6 +234,37 @@ def encode_response(result: EncodeResult, encoding_format: str) -> bytes:
                 for i, out in enumerate(result.outputs)
             ],
             "usage": {"sequences": len(result.outputs), "tokens": result.tokens},
+        }
+    )
+
+
+def sparse_request(body: bytes) -> tuple[SparseRequest, bool]:
+    """An embed_sparse body -> (SparseRequest, whether the answer names the stems)."""
+    options = wire.parse_options(EmbedSparseRequest, wire.parse_json_object(body))
+    request = SparseRequest(
+        texts=options.inputs,
+        model=options.model,
+        kind=options.kind,
+        alpha=options.alpha,
+        truncate=options.truncate,
+    )
+    return request, options.return_text
+
+
+def sparse_response(result: SparseResult, return_text: bool) -> bytes:
+    return wire.dumps(
+        {
+            "model": result.model,
+            "data": [
+                {
+                    "index": i,
+                    "indices": vector.indices,
+                    "values": vector.values,
+                    **({"text": vector.stems} if return_text else {}),
+                }
+                for i, vector in enumerate(result.vectors)
+            ],
+            "usage": {"sequences": len(result.vectors), "tokens": result.tokens},
         }
     )
 

@@ -26,6 +26,8 @@ from service.protocols.http import (
 from service.protocols.native import codec
 from service.protocols.native.errors import render
 from service.protocols.native.schemas import (
+    EmbedSparseRequest,
+    EmbedSparseResponse,
     EncodeRequest,
     EncodeResponse,
     ErrorBody,
@@ -143,6 +145,21 @@ async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
     return ChunkedResponse([codec.tokenize_response(result, fmt)])
 
 
+@encode.post(
+    "/embed_sparse",
+    response_model=None,
+    responses={200: {"model": EmbedSparseResponse}},
+    openapi_extra=json_request_body("EmbedSparseRequest"),
+)
+async def embed_sparse(request: Request, engine: EngineDep) -> Response:
+    """BM42 sparse vectors (hybrid search; fastembed's indices) of texts."""
+    body = await http.read_body(request, engine)
+    result, return_text = await engine.embed_sparse(
+        lambda: codec.sparse_request(body), scope_of(request)
+    )
+    return ChunkedResponse([codec.sparse_response(result, return_text)])
+
+
 @metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)
 async def prometheus_metrics(engine: EngineDep) -> Response:
     """Prometheus text exposition."""
@@ -152,7 +169,7 @@ async def prometheus_metrics(engine: EngineDep) -> Response:
 def openapi_components() -> dict[str, Any]:
     """Schemas referenced by hand (the encode body is parsed by the codec, not FastAPI)."""
     components: dict[str, Any] = {}
-    for model in (EncodeRequest, TokenizeRequest):
+    for model in (EncodeRequest, TokenizeRequest, EmbedSparseRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema

@@ -114,6 +114,37 @@ class EncodeRequest(EncodeOptions):
     )
 
 
+class EmbedSparseRequest(BaseModel):
+    """``POST /v1/embed_sparse``: BM42 sparse vectors of texts (models with a BM42 graph)."""
+
+    model_config = ConfigDict(extra="forbid")
+    inputs: list[str] = Field(description="The texts, one vector each, in order.")
+    model: str | None = Field(None, description="Model name; the server's default if omitted.")
+    kind: Literal["document", "query"] = Field(
+        "document",
+        description="document: weighted by the last layer's [CLS] attention (a model run); "
+        "query: 1.0 per stem, no model run.",
+    )
+    alpha: float = Field(
+        0.5, gt=0, le=10, description="Exponent of a document's values: log(1 + weight) ** alpha."
+    )
+    return_text: bool = Field(False, description="Also return the stem behind each index.")
+    truncate: bool = Field(False, description="Cut texts to the model's max_seq_len (else 413).")
+
+
+class SparseItem(BaseModel):
+    index: int = Field(description="Position of the text in the request.")
+    indices: list[int] = Field(description="abs(MurmurHash3-32(stem)), as fastembed's BM42.")
+    values: list[float] = Field(description="One value per index.")
+    text: list[str] | None = Field(None, description="The stem behind each index (return_text).")
+
+
+class EmbedSparseResponse(BaseModel):
+    model: str
+    data: list[SparseItem]
+    usage: Usage
+
+
 class TokenizeRequest(BaseModel):
     """``POST /v1/tokenize``: texts -> tokens, ids and the encoder's input embeddings."""
 

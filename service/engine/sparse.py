@@ -1,0 +1,101 @@
+"""BM42 sparse vectors from the last layer's [CLS] attention row (Qdrant's BM42, as
+fastembed computes it for ``Qdrant/bm42-all-minilm-l6-v2-attentions``).
+
+A document's WordPiece tokens are merged back into words (``##`` continuations
+appended, special tokens skipped), a word weighing the sum of its tokens' [CLS]
+attention; stopwords and single punctuation characters are dropped, the rest
+stemmed (English Snowball); each stem keeps its largest weight, and becomes
+index ``abs(mmh3.hash(stem))`` (MurmurHash3 32-bit, seed 0) with value
+``log(1 + weight) ** alpha``. A query weighs 1.0 per stem and needs no model run.
+The same indices as fastembed's, so a Qdrant collection (sparse vectors with the
+``idf`` modifier) can mix both.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import mmh3
+import numpy as np
+from py_rust_stemmers import SnowballStemmer
+
+PUNCTUATION = frozenset(string.punctuation)
+CONTINUATION = "##"  # WordPiece's prefix of a word's later pieces
+DEFAULT_ALPHA = 0.5
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """One text's vector: ``indices[k]`` holds ``values[k]``; ``stems[k]`` is the stem
+    behind it (kept for ``return_text``)."""
+
+    indices: list[int]
+    values: list[float]
+    stems: list[str]
+
+
+def words(tokens: Sequence[str], special: frozenset[str]) -> list[tuple[str, list[int]]]:
+    """WordPiece tokens -> (word, the token positions it came from), special tokens skipped."""
+    merged: list[tuple[str, list[int]]] = []
+    for position, token in enumerate(tokens):
+        if token in special:
+            continue
+        if not token.startswith(CONTINUATION):
+            merged.append((token, [position]))
+        elif merged:
+            word, positions = merged[-1]
+            merged[-1] = (word + token[len(CONTINUATION) :], [*positions, position])
+        else:  # a text that starts mid-word: the piece is a word of its own
+            merged.append((token[len(CONTINUATION) :], [position]))
+    return merged
+
+
+def stems(
+    merged: Iterable[tuple[str, list[int]]], stopwords: frozenset[str]
+) -> list[tuple[str, list[int]]]:
+    """Stopwords and punctuation dropped, the rest stemmed (English Snowball)."""
+    stemmer = SnowballStemmer("english")
+    return [
+        (stemmer.stem_word(word), positions)
+        for word, positions in merged
+        if word not in stopwords and word not in PUNCTUATION
+    ]
+
+
+def index_of(stem: str) -> int:
+    return abs(mmh3.hash(stem))
+
+
+def document_vector(
+    tokens: Sequence[str],
+    weights: np.ndarray,
+    special: frozenset[str],
+    stopwords: frozenset[str],
+    alpha: float,
+) -> SparseVector:
+    """A document's BM42 vector from its tokens and their [CLS] attention weights."""
+    best: dict[str, float] = {}
+    for stem, positions in stems(words(tokens, special), stopwords):
+        weight = sum(float(weights[p]) for p in positions)
+        best[stem] = max(best.get(stem, 0.0), weight)
+    return _vector({stem: math.log(1.0 + w) ** alpha for stem, w in best.items()})
+
+
+def query_vector(
+    tokens: Sequence[str], special: frozenset[str], stopwords: frozenset[str]
+) -> SparseVector:
+    """A query's vector: 1.0 per stem (BM25's query side; no model run)."""
+    return _vector({stem: 1.0 for stem, _ in stems(words(tokens, special), stopwords)})
+
+
+def _vector(by_stem: dict[str, float]) -> SparseVector:
+    # Two stems with one hash: the later wins, as a dict keyed by index keeps it.
+    by_index: dict[int, tuple[float, str]] = {}
+    for stem, value in by_stem.items():
+        by_index[index_of(stem)] = (value, stem)
+    return SparseVector(
+        list(by_index), [v for v, _ in by_index.values()], [s for _, s in by_index.values()]
+    )
