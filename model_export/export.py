@@ -88,7 +88,8 @@ class _HiddenStatesGraph(nn.Module):
 
 
 class _AttentionGraph(nn.Module):
-    """Everything: attention weights and hidden states (a request for both runs once)."""
+    """Everything: attention weights, hidden states and the value norms that turn weights
+    into norms (a request for any of them runs once)."""
 
     def __init__(self, encoder: Encoder) -> None:
         super().__init__()
@@ -96,12 +97,16 @@ class _AttentionGraph(nn.Module):
 
     def forward(
         self, inputs_embeds: Tensor, attention_mask: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        hidden, attn, states = self.encoder.forward_all(
-            inputs_embeds, attention_mask, need_weights=True, need_hidden_states=True
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        hidden, attn, states, norms = self.encoder.forward_with_norms(
+            inputs_embeds,
+            attention_mask,
+            need_weights=True,
+            need_hidden_states=True,
+            need_value_norms=True,
         )
-        assert attn is not None and states is not None
-        return hidden, attn, states
+        assert attn is not None and states is not None and norms is not None
+        return hidden, attn, states, norms
 
 
 class _TextGraph(nn.Module):
@@ -134,7 +139,7 @@ class _SparseGraph(nn.Module):
         bias = mask_bias(attention_mask, causal=cfg.causal, window=cfg.window)  # (B, 1, T, T)
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.encoder.layers[:-1]:
-            x, _ = layer(x, bias)
+            x, _, _ = layer(x, bias)
         last = cast(EncoderBlock, self.encoder.layers[-1])
         if last.pre_norm:
             x = last.attn_norm(x)

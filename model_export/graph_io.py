@@ -15,6 +15,9 @@ OUTPUT_HIDDEN: Final = "last_hidden_state"  # float32 [batch, seq, d_model]
 OUTPUT_ATTENTIONS: Final = "attentions"  # float32 [batch, layers, heads, seq, seq]
 # transformers' output_hidden_states: the input embeddings, then each layer's output.
 OUTPUT_HIDDEN_STATES: Final = "hidden_states"  # float32 [batch, layers + 1, seq, d_model]
+# ‖f_h(x_j)‖ per layer, head and token (Kobayashi et al., 2020): weights times these are
+# the attention norms. float32 [batch, layers, heads, seq], 0 at padding.
+OUTPUT_VALUE_NORMS: Final = "value_norms"
 
 # The optional text front end (models imported from a checkpoint with a tokenizer).
 INPUT_IDS: Final = "input_ids"  # int64 [batch, seq]
@@ -56,7 +59,7 @@ ID_GRAPHS: Final[dict[str, tuple[str, ...]]] = {
 GRAPH_OUTPUTS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_EMBEDDINGS: (OUTPUT_HIDDEN,),
     GRAPH_HIDDEN_STATES: (OUTPUT_HIDDEN, OUTPUT_HIDDEN_STATES),
-    GRAPH_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_ATTENTIONS, OUTPUT_HIDDEN_STATES),
+    GRAPH_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_ATTENTIONS, OUTPUT_HIDDEN_STATES, OUTPUT_VALUE_NORMS),
 }
 # Graphs every model directory has; the first release wrote only these, without
 # hidden states (such models answer hidden-state requests with 422).
@@ -81,6 +84,7 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     INPUT_IDS: {0: BATCH_AXIS, 1: SEQ_AXIS},
     INPUT_TOKEN_TYPES: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_CLS_ATTENTION: {0: BATCH_AXIS, 1: SEQ_AXIS},
+    OUTPUT_VALUE_NORMS: {0: BATCH_AXIS, 3: SEQ_AXIS},
 }
 
 # Symbolic shapes, for config.json and documentation.
@@ -90,6 +94,7 @@ SHAPES: Final[dict[str, list[str]]] = {
     OUTPUT_HIDDEN: [BATCH_AXIS, SEQ_AXIS, "d_model"],
     OUTPUT_ATTENTIONS: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, SEQ_AXIS],
     OUTPUT_HIDDEN_STATES: [BATCH_AXIS, "layers + 1", SEQ_AXIS, "d_model"],
+    OUTPUT_VALUE_NORMS: [BATCH_AXIS, "layers", "heads", SEQ_AXIS],
     INPUT_IDS: [BATCH_AXIS, SEQ_AXIS],
     INPUT_TOKEN_TYPES: [BATCH_AXIS, SEQ_AXIS],
 }

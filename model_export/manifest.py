@@ -12,8 +12,8 @@ normalisation); 2 adds ``pooling``, ``normalize``, ``matryoshka_dimensions``
 and per-layer hidden states (``model_hidden.onnx``, and a ``hidden_states``
 output of ``model_attn.onnx``); 3 adds the text graph (``text.graph``: token
 ids to ``last_hidden_state`` in one run); 4 adds BM42's sparse graph
-(``text.sparse_graph``: the last layer's [CLS] attention row) and its stopword
-list (``text.stopwords``). Each graph records its outputs, so a
+(``text.sparse_graph``: the last layer's [CLS] attention row), its stopword
+list (``text.stopwords``) and the attention graph's ``value_norms`` output. Each graph records its outputs, so a
 reader knows what a directory can answer whatever its version; a version-2
 directory with a tokenizer still serves text, through ``embeddings.onnx`` and
 then the encoder.
@@ -166,6 +166,11 @@ class Manifest:
     def text_graph(self) -> str | None:
         """The one-run text graph (format 3), if the directory has it."""
         return None if self.text is None else self.text.graph
+
+    @property
+    def has_value_norms(self) -> bool:
+        """The attention graph gives value norms (format 4): attention norms can be asked."""
+        return graph_io.OUTPUT_VALUE_NORMS in self.graphs[graph_io.GRAPH_ATTENTION].outputs
 
     @property
     def has_hidden_states(self) -> bool:

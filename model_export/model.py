@@ -94,8 +94,11 @@ class MultiHeadSelfAttention(nn.Module):
         hidden = torch.tanh(wq[:, :, :, None, :] + wk[:, :, None, :, :])  # (B, h, T, T, d_k)
         return torch.einsum("bhije,he->bhij", hidden, self.add_v)  # (B, h, T, T)
 
-    def forward(self, x: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
-        """x (B, T, d), additive mask ``bias`` -> output (B, T, d), weights (B, h, T, T)."""
+    def forward(
+        self, x: Tensor, bias: Tensor, *, need_norms: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """x (B, T, d), additive mask ``bias`` -> output (B, T, d), weights (B, h, T, T),
+        and with ``need_norms`` each head's transformed value norms (B, h, T)."""
         b, t, d = x.shape
         q = self._split_heads(self.q_proj(x))  # (B, h, T, d_k)
         k = self._split_heads(self.k_proj(x))  # (B, h, T, d_k)
@@ -104,7 +107,22 @@ class MultiHeadSelfAttention(nn.Module):
         weights = torch.softmax(scores, dim=-1)  # (B, h, T, T); masked keys exactly 0
         context = self.dropout(weights) @ v  # (B, h, T, d_k)
         context = context.transpose(1, 2).reshape(b, t, d)  # (B, T, d_model)
-        return self.out_proj(context), weights
+        norms = self.value_norms(v) if need_norms else None
+        return self.out_proj(context), weights, norms
+
+    def value_norms(self, v: Tensor) -> Tensor:
+        """‖f_h(x_j)‖ with f_h(x) = (x W_V^h + b_V^h) W_O^h, head h's slice of the output
+        projection, its bias excluded (Kobayashi et al., 2020): (B, h, T, d_k) -> (B, h, T).
+        ``α_ij ‖f_h(x_j)‖`` is then how much token j moves token i through head h."""
+        d = self.out_proj.weight.shape[0]
+        # (d, h, d_k) -> (h, d_k, d): head h's rows of W_O, as a matmul (no einsum: the
+        # exported MatMul keeps onnxruntime's shape inference and fusions working).
+        per_head = self.out_proj.weight.view(d, self.n_heads, self.head_dim).permute(1, 2, 0)
+        transformed = v @ per_head  # (B, h, T, d)
+        # sqrt(sum(x²)), not vector_norm: its ReduceL2 export has no shape for onnxruntime's
+        # symbolic shape inference, which then skips the attention graph's fusions.
+        norms: Tensor = transformed.square().sum(dim=-1).sqrt()
+        return norms
 
 
 class FeedForward(nn.Module):
@@ -141,16 +159,18 @@ class EncoderBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, bias: Tensor, *, need_norms: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         if self.pre_norm:
-            attn_out, weights = self.attn(self.attn_norm(x), bias)
+            attn_out, weights, norms = self.attn(self.attn_norm(x), bias, need_norms=need_norms)
             x = x + self.dropout(attn_out)
             x = x + self.ffn(self.ffn_norm(x))
         else:
-            attn_out, weights = self.attn(x, bias)
+            attn_out, weights, norms = self.attn(x, bias, need_norms=need_norms)
             x = self.attn_norm(x + self.dropout(attn_out))
             x = self.ffn_norm(x + self.ffn(x))
-        return x, weights
+        return x, weights, norms
 
 
 class Encoder(nn.Module):
@@ -200,7 +220,26 @@ class Encoder(nn.Module):
         need_weights: bool = True,
         need_hidden_states: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """(hidden, attention weights, hidden states); the last two only when asked.
+        """(hidden, attention weights, hidden states); the last two only when asked."""
+        hidden, attn, states, _ = self.forward_with_norms(
+            inputs_embeds,
+            attention_mask,
+            need_weights=need_weights,
+            need_hidden_states=need_hidden_states,
+        )
+        return hidden, attn, states
+
+    def forward_with_norms(
+        self,
+        inputs_embeds: Tensor,
+        attention_mask: Tensor,
+        *,
+        need_weights: bool = True,
+        need_hidden_states: bool = False,
+        need_value_norms: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """(hidden, attention weights, hidden states, value norms); the last three only
+        when asked. Value norms are (B, L, h, T): ``MultiHeadSelfAttention.value_norms``.
 
         Hidden states are transformers' ``output_hidden_states``: the input embeddings,
         then each layer's output, (B, L + 1, T, d_model); the last equals ``hidden``
@@ -211,10 +250,13 @@ class Encoder(nn.Module):
         token = attention_mask.bool()  # (B, T)
         x = inputs_embeds
         per_layer: list[Tensor] = []
+        per_layer_norms: list[Tensor] = []
         states: list[Tensor] = [x]
         for layer in self.layers:
-            x, weights = layer(x, bias)
+            x, weights, layer_norms = layer(x, bias, need_norms=need_value_norms)
             per_layer.append(weights)
+            if layer_norms is not None:
+                per_layer_norms.append(layer_norms)
             states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -228,7 +270,11 @@ class Encoder(nn.Module):
         if need_hidden_states:
             stacked = torch.stack(states, dim=1)  # (B, L + 1, T, d_model)
             hidden_states = torch.where(token[:, None, :, None], stacked, torch.zeros_like(stacked))
-        return hidden, attn, hidden_states
+        value_norms = None
+        if need_value_norms:
+            norms = torch.stack(per_layer_norms, dim=1)  # (B, L, h, T)
+            value_norms = torch.where(token[:, None, None, :], norms, torch.zeros_like(norms))
+        return hidden, attn, hidden_states, value_norms
 
     def load_weights(self, path: str | Path) -> None:
         """Load a PyTorch state_dict (``.pt``/``.pth``/``.bin``) or a ``.safetensors`` file."""

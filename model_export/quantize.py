@@ -63,6 +63,7 @@ def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[st
                 staging / graph,
                 weight_type=QuantType.QInt8,
                 per_channel=True,
+                nodes_to_exclude=batched_matmuls(src / graph),
                 # Shape inference does not know the fused contrib operators' outputs.
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
@@ -102,6 +103,22 @@ def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[st
 
 
 Batch = tuple[np.ndarray, np.ndarray]
+
+
+def batched_matmuls(path: Path) -> list[str]:
+    """MatMul nodes whose constant operand is not a 2-D matrix (the value norms' per-head
+    output projection, [h, d_k, d]): int8's DynamicQuantizeMatMul takes 2-D weights only,
+    so these stay fp32."""
+    model = onnx.load(str(path), load_external_data=False)
+    ranks = {init.name: len(init.dims) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            ranks[node.output[0]] = len(node.attribute[0].t.dims)
+    return [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "MatMul" and any(ranks.get(i, 2) != 2 for i in node.input[1:])
+    ]
 
 
 def _inputs(model_dir: Path, manifest: Manifest) -> dict[str, list[Batch]]:

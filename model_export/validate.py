@@ -121,14 +121,18 @@ def validate_model_dir(
     for i, case in enumerate(cases):
         embeds, mask = make_inputs(case.lengths, encoder.config.d_model, seed=i)
         with torch.no_grad():
-            hidden, attn, states = encoder.forward_all(
-                torch.from_numpy(embeds), torch.from_numpy(mask), need_hidden_states=True
+            hidden, attn, states, norms = encoder.forward_with_norms(
+                torch.from_numpy(embeds),
+                torch.from_numpy(mask),
+                need_hidden_states=True,
+                need_value_norms=True,
             )
-        assert attn is not None and states is not None
+        assert attn is not None and states is not None and norms is not None
         expected = {
             graph_io.OUTPUT_HIDDEN: hidden.numpy(),
             graph_io.OUTPUT_ATTENTIONS: attn.numpy(),
             graph_io.OUTPUT_HIDDEN_STATES: states.numpy(),
+            graph_io.OUTPUT_VALUE_NORMS: norms.numpy(),
         }
         for graph, session in sessions.items():
             names = list(graph_io.GRAPH_OUTPUTS[graph])

@@ -42,7 +42,8 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 # One sequence's outputs by name, trimmed to its n tokens: last_hidden_state [n, d],
-# attentions [L, H, n, n], hidden_states [L + 1, n, d] (the last two when its graph has them).
+# attentions [L, H, n, n], hidden_states [L + 1, n, d], value_norms [L, H, n] (the last
+# three when its graph has them).
 SequenceResult = dict[str, np.ndarray]
 # The axes of each output that run over tokens (after the batch axis is dropped).
 TOKEN_AXES = {
@@ -50,6 +51,7 @@ TOKEN_AXES = {
     graph_io.OUTPUT_ATTENTIONS: (2, 3),
     graph_io.OUTPUT_HIDDEN_STATES: (1,),
     graph_io.OUTPUT_CLS_ATTENTION: (0,),
+    graph_io.OUTPUT_VALUE_NORMS: (2,),  # [L, H, n]
 }
 
 

@@ -65,19 +65,24 @@ TOKEN_AXIS = {
     graph_io.OUTPUT_HIDDEN: 1,  # (B, T, d)
     graph_io.OUTPUT_ATTENTIONS: 3,  # (B, L, h, T, T): query rows
     graph_io.OUTPUT_HIDDEN_STATES: 2,  # (B, L + 1, T, d)
+    graph_io.OUTPUT_VALUE_NORMS: 3,  # (B, L, h, T)
 }
 
 
 def torch_outputs(encoder: Encoder, embeds: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     with torch.no_grad():
-        hidden, attn, states = encoder.forward_all(
-            torch.from_numpy(embeds), torch.from_numpy(mask), need_hidden_states=True
+        hidden, attn, states, norms = encoder.forward_with_norms(
+            torch.from_numpy(embeds),
+            torch.from_numpy(mask),
+            need_hidden_states=True,
+            need_value_norms=True,
         )
-    assert attn is not None and states is not None
+    assert attn is not None and states is not None and norms is not None
     return {
         graph_io.OUTPUT_HIDDEN: hidden.numpy(),
         graph_io.OUTPUT_ATTENTIONS: attn.numpy(),
         graph_io.OUTPUT_HIDDEN_STATES: states.numpy(),
+        graph_io.OUTPUT_VALUE_NORMS: norms.numpy(),
     }
 
 
@@ -188,7 +193,7 @@ def test_graph_opset_and_names(tiny_model_dir: Path, graph: str) -> None:
     assert default_domain == [read_config(tiny_model_dir)["opset"]]
     assert [i.name for i in model.graph.input] == list(graph_io.INPUT_NAMES)
     # model.onnx has only last_hidden_state; model_hidden.onnx adds hidden_states;
-    # model_attn.onnx has all three, attentions before hidden_states.
+    # model_attn.onnx has all three, attentions before hidden_states, then value norms.
     assert [o.name for o in model.graph.output] == list(graph_io.GRAPH_OUTPUTS[graph])
     assert [o.name for o in model.graph.output] == {
         graph_io.GRAPH_EMBEDDINGS: [graph_io.OUTPUT_HIDDEN],
@@ -197,6 +202,7 @@ def test_graph_opset_and_names(tiny_model_dir: Path, graph: str) -> None:
             graph_io.OUTPUT_HIDDEN,
             graph_io.OUTPUT_ATTENTIONS,
             graph_io.OUTPUT_HIDDEN_STATES,
+            graph_io.OUTPUT_VALUE_NORMS,
         ],
     }[graph]
 
@@ -248,7 +254,7 @@ def test_validate_model_dir_checks_all_three_graphs_on_every_case(
     tiny_model_dir: Path, tiny_encoder: Encoder
 ) -> None:
     results = validate_model_dir(tiny_encoder, tiny_model_dir)
-    assert len(results) == 5 * 6  # five default cases x (1 + 2 + 3) outputs
+    assert len(results) == 5 * 7  # five default cases x (1 + 2 + 4) outputs
     assert all(r.passed and r.max_abs_diff <= DEFAULT_ATOL for r in results)
     shapes = {(r.output, tuple(r.shape)) for r in results}
     assert (graph_io.OUTPUT_HIDDEN, (1, 1, 32)) in shapes  # batch 1, seq 1

@@ -113,13 +113,14 @@ def test_the_first_release_format_is_still_read(tiny_model_dir: Path) -> None:
     # Nor per-layer hidden states: two graphs, the attention graph without them.
     raw["graphs"].pop(graph_io.GRAPH_HIDDEN_STATES)
     raw["graphs"][graph_io.GRAPH_ATTENTION]["outputs"].pop(graph_io.OUTPUT_HIDDEN_STATES)
+    raw["graphs"][graph_io.GRAPH_ATTENTION]["outputs"].pop(graph_io.OUTPUT_VALUE_NORMS)
     read = Manifest.from_dict(raw)
     assert list(read.graphs) == [graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION]
     assert read.graphs[graph_io.GRAPH_ATTENTION].outputs == (
         graph_io.OUTPUT_HIDDEN,
         graph_io.OUTPUT_ATTENTIONS,
     )
-    assert not read.has_hidden_states
+    assert not read.has_hidden_states and not read.has_value_norms
     assert set(read.files()) == {graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION}
 
 

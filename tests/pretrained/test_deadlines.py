@@ -157,6 +157,9 @@ PROTOCOLS = {
         {"text": [SHORT], "return_embeddings": True},
         lambda body: body["error_type"],
     ),
+    "native-sparse": Protocol(
+        "/v1/embed_sparse", {"inputs": [SHORT]}, lambda body: body["error_type"]
+    ),
     "openai": Protocol(
         "/v1/embeddings", {"model": MODEL, "input": [SHORT]}, lambda body: body["error"]["code"]
     ),

@@ -82,6 +82,7 @@ TOKEN_AXES = {
     graph_io.OUTPUT_HIDDEN: (0,),  # [n, d]
     graph_io.OUTPUT_ATTENTIONS: (2, 3),  # [L, H, n, n]
     graph_io.OUTPUT_HIDDEN_STATES: (1,),  # [L + 1, n, d]
+    graph_io.OUTPUT_VALUE_NORMS: (2,),  # [L, H, n]
 }
 
 

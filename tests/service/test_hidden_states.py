@@ -278,7 +278,8 @@ def export_without_hidden_states(source: Path, target: Path) -> None:
     (target / graph_io.GRAPH_HIDDEN_STATES).unlink()
     attention = target / graph_io.GRAPH_ATTENTION
     model = onnx.load(str(attention))
-    kept = [o for o in model.graph.output if o.name != graph_io.OUTPUT_HIDDEN_STATES]
+    later = (graph_io.OUTPUT_HIDDEN_STATES, graph_io.OUTPUT_VALUE_NORMS)
+    kept = [o for o in model.graph.output if o.name not in later]
     assert [o.name for o in kept] == [graph_io.OUTPUT_HIDDEN, graph_io.OUTPUT_ATTENTIONS]
     del model.graph.output[:]
     model.graph.output.extend(kept)
