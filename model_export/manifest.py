@@ -13,8 +13,9 @@ and per-layer hidden states (``model_hidden.onnx``, and a ``hidden_states``
 output of ``model_attn.onnx``); 3 adds the text graph (``text.graph``: token
 ids to ``last_hidden_state`` in one run); 4 adds BM42's sparse graph
 (``text.sparse_graph``: the last layer's [CLS] attention row), its stopword
-list (``text.stopwords``) and the attention graph's ``value_norms`` output. Each graph records its outputs, so a
-reader knows what a directory can answer whatever its version; a version-2
+list (``text.stopwords``) and the attention graph's ``value_norms`` output.
+Each graph records its outputs, so a reader knows what a directory can answer
+whatever its version; a version-2
 directory with a tokenizer still serves text, through ``embeddings.onnx`` and
 then the encoder.
 """
