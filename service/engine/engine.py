@@ -431,6 +431,16 @@ class Engine:
                 "re-export it with this version of model_export",
                 field=("return_hidden_states",),
             )
+        if (
+            spec.measure == "norms"
+            and request.return_attention
+            and not info.manifest.has_value_norms
+        ):
+            raise UnsupportedByModel(
+                f"model {info.name!r} was exported without value norms: re-export it with "
+                "this version of model_export",
+                field=("attention", "measure"),
+            )
         if spec.reduce == "rollout":
             layers = sorted(set(layers))  # rollout multiplies layers bottom-up, each once
         return layers, heads, hidden_layers, self._pooling(info, request)
@@ -764,6 +774,9 @@ class Engine:
                     prepared.layers,
                     prepared.heads,
                     request.attention.reduce,
+                    outputs[graph_io.OUTPUT_VALUE_NORMS]
+                    if request.attention.measure == "norms"
+                    else None,
                 )
             hidden_states = None
             if request.return_hidden_states:

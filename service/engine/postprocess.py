@@ -49,45 +49,74 @@ def _shown(values: list[int]) -> str:
 
 
 def rollout(
-    attn: np.ndarray, layers: list[int] | None = None, heads: list[int] | None = None
+    attn: np.ndarray,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+    norms: np.ndarray | None = None,
 ) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema, 2020) of [L, H, n, n] -> [1, 1, n, n].
 
     The chosen heads (default all) of the chosen layers (default all, bottom-up) are
     averaged, each layer mixed with the identity
     for the residual path (0.5 A + 0.5 I, rows renormalised) and the layers
-    multiplied in order: R = Â_L ... Â_1. One layer at a time, so the float64 work
-    is a few [n, n] matrices whatever the depth.
+    multiplied in order: R = Â_L ... Â_1. With ``norms`` [L, H, n] the maps are
+    attention norms (``scaled``), each averaged map's rows normalised to sum to 1
+    before the mixing. One layer at a time, so the float64 work is a few [n, n]
+    matrices whatever the depth.
     """
     n = attn.shape[-1]
     eye = np.eye(n, dtype=np.float64)
     result = eye
     for index in range(len(attn)) if layers is None else layers:
-        chosen = attn[index] if heads is None else attn[index, heads]  # (H', n, n)
-        mixed = 0.5 * chosen.mean(axis=0, dtype=np.float64) + 0.5 * eye
+        chosen = scaled(attn, norms, index, heads)  # (H', n, n)
+        averaged = chosen.mean(axis=0, dtype=np.float64)
+        if norms is not None:
+            averaged /= np.maximum(averaged.sum(axis=-1, keepdims=True), 1e-30)
+        mixed = 0.5 * averaged + 0.5 * eye
         mixed /= mixed.sum(axis=-1, keepdims=True)
         result = mixed @ result
     return result.astype(np.float32)[None, None]
 
 
-def select_attention(
-    attn: np.ndarray, layers: list[int], heads: list[int], reduce: str
+def scaled(
+    attn: np.ndarray, norms: np.ndarray | None, layer: int, heads: list[int] | None
 ) -> np.ndarray:
-    """[L, H, n, n] -> the selected layers/heads, reduced as asked.
+    """One layer's chosen maps [H', n, n]: weights α_ij, or with ``norms`` [L, H, n] the
+    attention norms α_ij · ‖f_h(x_j)‖ (Kobayashi et al., 2020): how far token j moves
+    token i through head h, not only how much i looks at j."""
+    chosen: np.ndarray = attn[layer] if heads is None else attn[layer, heads]
+    if norms is None:
+        return chosen
+    row = norms[layer] if heads is None else norms[layer, heads]  # (H', n)
+    product: np.ndarray = chosen * row[:, None, :]
+    return product
+
+
+def select_attention(
+    attn: np.ndarray,
+    layers: list[int],
+    heads: list[int],
+    reduce: str,
+    norms: np.ndarray | None = None,
+) -> np.ndarray:
+    """[L, H, n, n] -> the selected layers/heads, reduced as asked; with ``norms`` the
+    attention norms instead of the weights (``scaled``).
 
     Reductions go layer by layer, so nothing bigger than the answer plus one layer's
     selected heads ([H', n, n]) is ever allocated (see ``limits.work_bytes``).
     """
     if reduce == "none":
-        if layers == list(range(attn.shape[0])) and heads == list(range(attn.shape[1])):
-            return attn  # every map, in order: the run's own buffer, no copy
-        return np.asarray(attn[np.ix_(layers, heads)])  # (L', H', n, n): the answer itself
+        if norms is None:
+            if layers == list(range(attn.shape[0])) and heads == list(range(attn.shape[1])):
+                return attn  # every map, in order: the run's own buffer, no copy
+            return np.asarray(attn[np.ix_(layers, heads)])  # (L', H', n, n): the answer itself
+        return np.stack([scaled(attn, norms, layer, heads) for layer in layers])
     if reduce == "rollout":
-        return rollout(attn, layers, heads)
+        return rollout(attn, layers, heads, norms)
     n = attn.shape[-1]
     out = np.empty((len(layers), 1, n, n), dtype=np.float32)
     for row, layer in enumerate(layers):
-        chosen = attn[layer, heads]  # (H', n, n)
+        chosen = scaled(attn, norms, layer, heads)  # (H', n, n)
         out[row, 0] = chosen.mean(axis=0) if reduce == "mean" else chosen.max(axis=0)
     return out
 

@@ -113,6 +113,7 @@ class AttentionSpec:
     layers: list[int] | None = None
     heads: list[int] | None = None
     reduce: Reduce = "none"
+    measure: str = "weights"  # "weights" (α_ij) or "norms" (α_ij · ‖f_h(x_j)‖)
 
 
 @dataclass(frozen=True)

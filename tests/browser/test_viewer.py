@@ -123,6 +123,30 @@ def test_deep_link_renders_one_head_with_labels_hover_and_highlight(
     assert_only_local_requests(browser, minilm)
 
 
+def test_the_norms_toggle_asks_for_attention_norms_and_keeps_the_url_in_step(
+    browser: webdriver.Chrome, minilm: str
+) -> None:
+    """A deep link with measure=norms draws α·‖f(x)‖ (the hovered value equals the API's
+    norms); unticking goes back to weights, and the URL follows."""
+    open_view(
+        browser, minilm, text=TEXT, model="minilm-l6", layer="1", head="0", view="head",
+        measure="norms",
+    )  # fmt: skip
+    assert browser.find_element(By.ID, "norms").is_selected()
+    (body,) = posted_bodies(browser, "/v1/encode")
+    assert body["attention"] == {"layers": [1], "heads": [0], "reduce": "none", "measure": "norms"}
+    selection = {"layers": [1], "heads": [0], "measure": "norms"}
+    want = api_attention(minilm, [TEXT], selection, "minilm-l6")[0, 0]
+    read = hover_cell(browser, browser.find_element(By.ID, "heatmap"), 1, 2)
+    assert abs(float(read["weight"]) - want[1, 2]) <= WEIGHT_TOLERANCE * max(1.0, want.max())
+    assert url_params(browser)["measure"] == "norms"
+    browser.find_element(By.ID, "norms").click()
+    wait_until(browser, "!location.search.includes('measure')")
+    wait_until(browser, RENDERED)
+    bodies = posted_bodies(browser, "/v1/encode")
+    assert bodies[-1]["attention"] == {"layers": [1], "heads": [0], "reduce": "none"}
+
+
 def test_grid_click_to_enlarge_then_mean_and_rollout_keep_the_url_in_step(
     browser: webdriver.Chrome, minilm: str
 ) -> None:

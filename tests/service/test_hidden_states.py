@@ -372,3 +372,22 @@ def test_a_model_without_hidden_states_refuses_them_with_422(
     assert "re-export" in error["error"]
     # The server serves on.
     assert encode(first_release_client, [seq])["data"][0]["embeddings"] is not None
+
+
+def test_a_model_without_value_norms_refuses_attention_norms(
+    first_release_client: httpx.Client,
+) -> None:
+    """Attention norms need the attention graph's value_norms (format 4): 422 naming the
+    field and the fix, while weights are still served."""
+    seqs = sequences(RAGGED, seed=69)
+    body = {
+        "inputs": [s.tolist() for s in seqs],
+        "return_attention": True,
+        "attention": {"measure": "norms"},
+    }
+    r = first_release_client.post("/v1/encode", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error_type"] == "unsupported_by_model"
+    assert r.json()["error"].startswith("attention.measure: ") and "re-export" in r.json()["error"]
+    body["attention"] = {"measure": "weights"}
+    assert first_release_client.post("/v1/encode", json=body).status_code == 200

@@ -56,6 +56,9 @@ def infer_request(
         pooling=_typed(params.get("pooling", "none"), str, "pooling"),
         normalize=_typed(params.get("normalize", False), bool, "normalize"),
         truncate=_typed(params.get("truncate", False), bool, "truncate"),
+        attention_measure=_typed(
+            params.get("attention_measure", "weights"), str, "attention_measure"
+        ),
     )
     return tensors.encode_request(inputs, outputs, options, info, version, request.id or None)
 

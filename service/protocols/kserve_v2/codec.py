@@ -77,6 +77,7 @@ def infer_request(
         pooling=params.get("pooling", "none"),
         normalize=_bool(params.get("normalize", False), "parameters.normalize"),
         truncate=_bool(params.get("truncate", False), "parameters.truncate"),
+        attention_measure=params.get("attention_measure", "weights"),
     )
     return tensors.encode_request(inputs, outputs, options, info, version, request_id)
 

@@ -48,6 +48,7 @@ OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text 
 NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
 MASK_TYPES = ("INT64", "INT32", "BOOL")
 POOLINGS = ("mean", "cls", "max")
+MEASURES = ("weights", "norms")
 # Dimensions a tensor may declare (ours have at most 3); data is nested no deeper.
 MAX_RANK = 8
 # Upper bounds of an answer: raw float32 bytes, or flat JSON data lists; each output's
@@ -79,6 +80,7 @@ class Options:
     pooling: str = "none"
     normalize: bool = False
     truncate: bool = False
+    attention_measure: str = "weights"  # "weights" or "norms" (attention norms)
 
 
 @dataclass(frozen=True)
@@ -174,13 +176,18 @@ def encode_request(
         )
     if OUTPUT_POOLED in outputs and options.pooling == "none":
         raise InvalidInput("output 'pooled' needs parameters.pooling (mean, cls or max)")
+    if options.attention_measure not in MEASURES:
+        raise InvalidInput(
+            f"parameters.attention_measure must be one of {MEASURES}, "
+            f"got {quoted(options.attention_measure)}"
+        )
     items, rows, pad_to = _items(tensors)
     request = EncodeRequest(
         inputs=items,
         wire_cost=COST[all(outputs.values())],
         model=info.name,
         return_attention=graph_io.OUTPUT_ATTENTIONS in outputs,
-        attention=AttentionSpec(),
+        attention=AttentionSpec(measure=options.attention_measure),
         return_hidden_states=graph_io.OUTPUT_HIDDEN_STATES in outputs,
         pooling=options.pooling,  # type: ignore[arg-type]  # checked above
         normalize=options.normalize,

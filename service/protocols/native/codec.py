@@ -67,7 +67,10 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         model=options.model,
         return_attention=options.return_attention,
         attention=AttentionSpec(
-            options.attention.layers, options.attention.heads, options.attention.reduce
+            options.attention.layers,
+            options.attention.heads,
+            options.attention.reduce,
+            options.attention.measure,
         ),
         return_hidden_states=options.return_hidden_states,
         hidden_layers=options.hidden_states.layers,

@@ -47,6 +47,12 @@ class AttentionOptions(BaseModel):
         "rollout (Abnar & Zuidema 2020) of head-averaged, identity-mixed maps multiplied "
         "through the selected layers: [1, 1, n, n].",
     )
+    measure: Literal["weights", "norms"] = Field(
+        "weights",
+        description="weights: α_ij; norms: α_ij · ‖f_h(x_j)‖ (Kobayashi et al. 2020), how "
+        "much token j moves token i through head h, not only how much i attends to j "
+        "(rollout normalises each averaged map's rows first). Same shapes either way.",
+    )
 
 
 class HiddenStatesOptions(BaseModel):

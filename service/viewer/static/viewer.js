@@ -39,12 +39,14 @@ function inputKey() {
   return state.npy ? `npy:${state.npy.id}` : `text:${$("text").value}`;
 }
 
-/** The attention selection of a view: only the maps it draws. */
+/** The attention selection of a view: only the maps it draws, weights or norms. */
 function selectionFor(view, layer, head) {
-  if (view === "grid") return { layers: [layer], reduce: "none" };
-  if (view === "head") return { layers: [layer], heads: [head], reduce: "none" };
-  if (view === "mean") return { layers: [layer], reduce: "mean" };
-  return { layers: [...Array(layer + 1).keys()], reduce: "rollout" }; // first layer up to this one
+  const norms = $("norms").checked ? { measure: "norms" } : {};
+  if (view === "grid") return { layers: [layer], reduce: "none", ...norms };
+  if (view === "head") return { layers: [layer], heads: [head], reduce: "none", ...norms };
+  if (view === "mean") return { layers: [layer], reduce: "mean", ...norms };
+  // first layer up to this one
+  return { layers: [...Array(layer + 1).keys()], reduce: "rollout", ...norms };
 }
 
 /** The cache's key of a request: everything its answer depends on. */
@@ -326,6 +328,7 @@ function readUrl() {
   state.layer = indexIn(params.get("layer"), state.model.layers);
   state.head = indexIn(params.get("head"), state.model.heads);
   state.view = VIEWS.includes(params.get("view")) ? params.get("view") : "head";
+  $("norms").checked = params.get("measure") === "norms";
 }
 
 /** A layer or head index from the URL: negative counts from the end; anything else is 0. */
@@ -342,6 +345,7 @@ function writeUrl() {
   params.set("layer", state.layer);
   params.set("head", state.head);
   params.set("view", state.view);
+  if ($("norms").checked) params.set("measure", "norms");
   history.replaceState(null, "", `?${params}`);
 }
 
@@ -435,6 +439,7 @@ function wire() {
     });
   }
   $("truncate").addEventListener("change", show);
+  $("norms").addEventListener("change", show);
   $("npy").addEventListener("change", () => $("npy").files[0] && chooseFile($("npy").files[0]));
   $("clear-npy").addEventListener("click", () => {
     state.npy = null;
