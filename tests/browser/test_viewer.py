@@ -147,6 +147,23 @@ def test_the_norms_toggle_asks_for_attention_norms_and_keeps_the_url_in_step(
     assert bodies[-1]["attention"] == {"layers": [1], "heads": [0], "reduce": "none"}
 
 
+def test_bm42_weights_of_the_text_as_the_api_gives_them(
+    browser: webdriver.Chrome, minilm: str
+) -> None:
+    open_view(browser, minilm, text=TEXT, model="minilm-l6", view="head")
+    browser.find_element(By.ID, "show-bm42").click()
+    wait_until(browser, "!document.getElementById('bm42').hidden")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#bm42-rows tr")
+    shown = [r.get_attribute("data-stem") for r in rows]
+    body = {"model": "minilm-l6", "inputs": [TEXT], "return_text": True, "truncate": True}
+    (item,) = httpx.post(f"{minilm}/v1/embed_sparse", json=body, timeout=60).json()["data"]
+    order = sorted(range(len(item["text"])), key=lambda k: -item["values"][k])
+    assert shown == [item["text"][k] for k in order]  # largest weight first
+    (posted,) = posted_bodies(browser, "/v1/embed_sparse")
+    assert posted == body
+    assert_only_local_requests(browser, minilm)
+
+
 def test_grid_click_to_enlarge_then_mean_and_rollout_keep_the_url_in_step(
     browser: webdriver.Chrome, minilm: str
 ) -> None:

@@ -56,6 +56,12 @@ export async function encodeAttention(model, input, attention, truncate) {
   return { tokens: item.tokens, shape: item.attention.shape, values: fromBase64(item.attention.data) };
 }
 
+/** A text's BM42 sparse vector with the stem behind each index. */
+export async function embedSparse(model, text, truncate) {
+  const body = { model, inputs: [text], return_text: true, truncate };
+  return (await call("v1/embed_sparse", body)).data[0];
+}
+
 // Base64Array: standard base64 of little-endian float32. DataView keeps it right on any host.
 function fromBase64(text) {
   const binary = atob(text);

@@ -3,7 +3,7 @@
 // One-way flow: controls and the URL set `state`; show() asks the server for exactly the
 // maps the view needs (cached per input), then draw() renders them.
 
-import { apiKey, encodeAttention, listModels, setApiKey } from "./api.js";
+import { apiKey, embedSparse, encodeAttention, listModels, setApiKey } from "./api.js";
 import { colourOf, drawMap, drawScale, drawThumbnail, maxOf, viewImage } from "./heatmap.js";
 import { parseNpy } from "./npy.js";
 
@@ -113,6 +113,42 @@ async function show() {
   } catch (error) {
     if (mine === asked) status(error.message, "error");
   }
+}
+
+/** The text's BM42 weights as a table, largest first, each with a bar of its share. */
+async function showBm42() {
+  if (!state.model?.tokenizer || state.npy) {
+    return status("BM42 weights need a text and a model with a tokenizer", "error");
+  }
+  status("asking the server…", "busy");
+  try {
+    const vector = await embedSparse(state.model.id, $("text").value, $("truncate").checked);
+    const rows = vector.text.map((stem, k) => ({ stem, value: vector.values[k], index: vector.indices[k] }));
+    rows.sort((a, b) => b.value - a.value);
+    const top = rows.length ? rows[0].value : 1;
+    $("bm42-rows").replaceChildren(
+      ...rows.map(({ stem, value, index }) => {
+        const row = element("tr");
+        const bar = element("span", "bar");
+        bar.style.width = `${Math.round((100 * value) / top)}%`;
+        const weight = element("td");
+        weight.append(bar, ` ${value.toFixed(4)}`);
+        row.append(cell(stem), weight, cell(String(index)));
+        row.dataset.stem = stem;
+        return row;
+      }),
+    );
+    $("bm42").hidden = false;
+    status(`BM42: ${rows.length} stems`, "ready");
+  } catch (error) {
+    status(error.message, "error");
+  }
+}
+
+function cell(text) {
+  const td = element("td");
+  td.textContent = text;
+  return td;
 }
 
 function status(text, kind) {
@@ -448,6 +484,7 @@ function wire() {
     show();
   });
   $("download").addEventListener("click", download);
+  $("show-bm42").addEventListener("click", showBm42);
   $("api-key").value = apiKey();
   $("api-key").addEventListener("change", () => {
     setApiKey($("api-key").value.trim());
