@@ -74,7 +74,7 @@ def test_onnx_export_matches_bert(reference: Reference, minilm_repository: Path)
         },
     )
     hidden, attn, states = run[graph_io.GRAPH_ATTENTION].run(
-        None,
+        [graph_io.OUTPUT_HIDDEN, graph_io.OUTPUT_ATTENTIONS, graph_io.OUTPUT_HIDDEN_STATES],
         {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: reference.mask.astype(np.int64)},
     )
     for i, n in enumerate(reference.lengths):
