@@ -47,13 +47,13 @@ def session(path: Path, threads: int) -> ort.InferenceSession:
 
 def infer_function(sess: ort.InferenceSession, outputs: list[str]) -> Any:
     """A batched infer function: Triton concatenates same-shaped requests along axis 0."""
-    names = [o.name for o in sess.get_outputs()]
-    wanted = [names.index(o) for o in outputs]
 
     @batch
     def infer(inputs_embeds: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
-        result = sess.run(None, {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask})
-        return {outputs[k]: result[i] for k, i in enumerate(wanted)}
+        # Only the outputs served: onnxruntime then skips the graph's other branches
+        # (model_attn.onnx also has hidden states and value norms).
+        feeds = {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask}
+        return dict(zip(outputs, sess.run(outputs, feeds), strict=True))
 
     return infer
 
