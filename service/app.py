@@ -33,11 +33,12 @@ from service.protocols.native import errors as native_errors
 from service.protocols.native.routes import PROTOCOL as NATIVE
 from service.protocols.openai.routes import PROTOCOL as OPENAI
 from service.protocols.protocol import Protocol
+from service.protocols.tei.routes import PROTOCOL as TEI
 from service.settings import Settings
 from service.viewer import add_viewer
 
 HTTP_ERROR_TYPES = {status: kind for status, kind, _ in HTTP_ERRORS}
-PROTOCOLS: tuple[Protocol, ...] = (NATIVE, OPENAI, KSERVE_V2, KSERVE_GRPC)
+PROTOCOLS: tuple[Protocol, ...] = (NATIVE, OPENAI, KSERVE_V2, KSERVE_GRPC, TEI)
 
 
 def _lifespan(engine: Engine) -> Any:
@@ -73,6 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     add_viewer(app)
     app.state.engine = engine
     for protocol in PROTOCOLS:
+        if not protocol.enabled(settings):
+            continue
         for router in protocol.routers:
             app.include_router(router)
 

@@ -24,6 +24,11 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
+    tei: bool = Field(
+        True,
+        description="Serve Hugging Face text-embeddings-inference's API (POST / and /embed, "
+        "/embed_all, /embed_sparse, /similarity, GET /info, /health) for its clients.",
+    )
     grpc_port: int = Field(
         8001,
         ge=0,

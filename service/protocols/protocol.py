@@ -16,10 +16,15 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.engine import Engine
+from service.settings import Settings
 
 
 def _no_components() -> dict[str, Any]:
     return {}
+
+
+def _always(settings: Settings) -> bool:
+    return True
 
 
 @dataclass(frozen=True)
@@ -28,3 +33,4 @@ class Protocol:
     routers: Sequence[APIRouter] = ()
     openapi_components: Callable[[], dict[str, Any]] = _no_components
     serve: Callable[[Engine], AbstractAsyncContextManager[None]] | None = None
+    enabled: Callable[[Settings], bool] = _always  # a setting may turn the protocol off

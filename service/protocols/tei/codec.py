@@ -1,0 +1,141 @@
+"""TEI bodies <-> the engine's requests and results (no limit or model logic here).
+
+Vectors are the model's own pooling, L2-normalised unless ``normalize: false`` —
+the same numbers as ``/v1/encode`` with ``pooling: model``. Answers are JSON arrays
+with one row per input, even for a single string (huggingface_hub reads them with
+``np.array(..., dtype=float32)`` and expects two dimensions).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from service.engine import EncodeRequest, EncodeResult, SparseRequest, SparseResult, WireCost
+from service.errors import InvalidInput
+from service.protocols import wire
+from service.protocols.tei.schemas import (
+    EmbedAllRequest,
+    EmbedRequest,
+    EmbedSparseRequest,
+    SimilarityRequest,
+    Texts,
+)
+
+# JSON float lists: one array per input (and per token for embed_all), a few bytes
+# of brackets and separators.
+COST = WireCost(**wire.JSON_ARRAYS, per_sequence=8.0, fixed=64.0)
+LEFT = ("Left", "left")
+
+
+def _texts(inputs: Texts) -> list[str]:
+    """The texts; TEI refuses an empty one (400 Empty) where the engine would embed its
+    special tokens alone."""
+    texts = [inputs] if isinstance(inputs, str) else list(inputs)
+    for i, text in enumerate(texts):
+        if not text:
+            raise InvalidInput("is empty: send some text", field=("inputs", i))
+    return texts
+
+
+def _common(truncate: bool | None, direction: str, prompt_name: str | None) -> bool:
+    """TEI's shared options: truncation (this server's default is off) and prompts."""
+    if direction in LEFT:
+        raise InvalidInput("only Right truncation is supported", field=("truncation_direction",))
+    if prompt_name is not None:
+        raise InvalidInput(
+            f"prompt {prompt_name!r} is not defined: this model declares no prompts",
+            field=("prompt_name",),
+        )
+    return bool(truncate)
+
+
+def embed_request(body: bytes) -> tuple[EncodeRequest, None]:
+    options = wire.parse_options(EmbedRequest, wire.parse_json_object(body))
+    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    request = EncodeRequest(
+        inputs=_texts(options.inputs),
+        wire_cost=COST,
+        pooling="model",
+        normalize=options.normalize,
+        dimensions=options.dimensions,
+        return_embeddings=False,
+        truncate=truncate,
+    )
+    return request, None
+
+
+def embed_response(result: EncodeResult, _: None) -> bytes:
+    return wire.dumps([out.pooled for out in result.outputs])
+
+
+def embed_all_request(body: bytes) -> tuple[EncodeRequest, None]:
+    options = wire.parse_options(EmbedAllRequest, wire.parse_json_object(body))
+    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    request = EncodeRequest(
+        inputs=_texts(options.inputs), wire_cost=COST, return_embeddings=True, truncate=truncate
+    )
+    return request, None
+
+
+def embed_all_response(result: EncodeResult, _: None) -> bytes:
+    return wire.dumps([out.embeddings for out in result.outputs])
+
+
+def sparse_request(body: bytes) -> tuple[SparseRequest, None]:
+    options = wire.parse_options(EmbedSparseRequest, wire.parse_json_object(body))
+    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    return SparseRequest(texts=_texts(options.inputs), truncate=truncate), None
+
+
+def sparse_response(result: SparseResult) -> bytes:
+    return wire.dumps(
+        [
+            [{"index": i, "value": v} for i, v in zip(vec.indices, vec.values, strict=True)]
+            for vec in result.vectors
+        ]
+    )
+
+
+def similarity_request(body: bytes) -> tuple[EncodeRequest, None]:
+    options = wire.parse_options(SimilarityRequest, wire.parse_json_object(body))
+    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    if not options.inputs.sentences:
+        raise InvalidInput("is empty: send at least one sentence", field=("inputs", "sentences"))
+    texts = [options.inputs.source_sentence, *options.inputs.sentences]
+    request = EncodeRequest(
+        inputs=texts,
+        wire_cost=COST,
+        pooling="model",
+        normalize=True,
+        return_embeddings=False,
+        truncate=truncate,
+    )
+    return request, None
+
+
+def similarity_response(result: EncodeResult, _: None) -> bytes:
+    """Cosine of the source (first) with every other vector (all unit length)."""
+    vectors = np.stack([out.pooled for out in result.outputs if out.pooled is not None])
+    return wire.dumps([float(x) for x in vectors[1:] @ vectors[0]])
+
+
+def info(model: Any, settings: Any, pooling: str) -> dict[str, Any]:
+    """``GET /info`` in TEI's shape, with the limits that really apply here."""
+    return {
+        "model_id": model.name,
+        "model_sha": None,
+        "model_dtype": "float32",
+        "model_type": {"embedding": {"pooling": pooling}},
+        "max_concurrent_requests": settings.max_queued_requests,
+        "max_input_length": model.max_seq_len,
+        "max_batch_tokens": settings.max_batch_tokens,
+        "max_batch_requests": None,
+        "max_client_batch_size": settings.max_pooled_sequences,
+        "auto_truncate": False,
+        "tokenization_workers": settings.max_concurrent_codecs,
+        "version": "attnserve 0.1.0",
+        "sha": None,
+        "docker_label": None,
+    }
