@@ -256,7 +256,42 @@ def sparse_vector(answer: Answer, session: ort.InferenceSession) -> None:
     assert len(item["indices"]) == len(item["values"]) == 5 and min(item["values"]) > 0
 
 
+def tei_vectors(answer: Answer, session: ort.InferenceSession) -> None:
+    vectors = np.asarray(ok(answer), dtype=np.float32)
+    assert vectors.shape == (2, MINILM_WIDTH)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=0, atol=1e-5)
+
+
+def tei_tokens(answer: Answer, session: ort.InferenceSession) -> None:
+    assert np.asarray(ok(answer), dtype=np.float32).shape == (1, 4, MINILM_WIDTH)
+
+
+def tei_sparse(answer: Answer, session: ort.InferenceSession) -> None:
+    (vector,) = ok(answer)
+    assert len(vector) == 5 and all(set(e) == {"index", "value"} for e in vector)
+
+
+def tei_similarity(answer: Answer, session: ort.InferenceSession) -> None:
+    scores = ok(answer)
+    assert len(scores) == 2 and scores[0] > scores[1] + 0.3, scores
+
+
+def tei_info(answer: Answer, session: ort.InferenceSession) -> None:
+    info = ok(answer)
+    assert info["model_id"] == "minilm-l6" and info["max_client_batch_size"] == 2048
+
+
+def tei_health(answer: Answer, session: ort.InferenceSession) -> None:
+    assert answer.status == 200 and answer.stdout == "", answer
+
+
 BASH_CHECKS: dict[str, Check] = {
+    path("/embed"): tei_vectors,
+    path("/embed_all"): tei_tokens,
+    path("/embed_sparse"): tei_sparse,
+    path("/similarity"): tei_similarity,
+    path("/info"): tei_info,
+    path("/health"): tei_health,
     path("/v1/embed_sparse"): sparse_vector,
     r"random\.seed\(0\)": two_sequences,
     r"random\.seed\(1\)": attention_maps(1, 2, 3),
@@ -305,6 +340,9 @@ assert len(documents) == 2 and all(len(d) == 384 for d in documents) and len(que
 assert abs(math.fsum(x * x for x in query) - 1) < 1e-4
 cosine = [math.fsum(a * b for a, b in zip(d, query)) for d in documents]
 assert cosine[0] > cosine[1], cosine  # the guitar sentence is nearer the guitar query
+""",
+    r"from huggingface_hub import InferenceClient": """
+assert vectors.shape == (2, 384), vectors.shape
 """,
     r"late = client\.encode": """
 assert late.shape == (2, 384) and naive.shape == (2, 384)

@@ -32,6 +32,8 @@ ROW = [0.25] * D_MODEL
 # The tiny test model has no tokenizer: text and token ids are refused (after the scope's
 # rules), with these statuses.
 REFUSED_BY_MODEL = {"/v1/embeddings": 400, "/v1/tokenize": 422, "/v1/embed_sparse": 422}
+TEI_TEXT_ROUTES = ("/", "/embed", "/embed/", "//embed", "/embed_all", "/embed_sparse")
+REFUSED_BY_MODEL |= dict.fromkeys((*TEI_TEXT_ROUTES, "/similarity"), 422)
 BODIES = {
     "/v1/encode": {"inputs": [[ROW, ROW]]},
     "/v1/embeddings": {"input": [[1, 2, 3]], "model": MODEL},
@@ -43,6 +45,8 @@ BODIES = {
     },
 }  # fmt: skip
 BODIES["/v2/models/{model}/versions/{version}/infer"] = BODIES["/v2/models/{model}/infer"]
+BODIES |= {route: {"inputs": "a few words"} for route in TEI_TEXT_ROUTES}
+BODIES["/similarity"] = {"inputs": {"source_sentence": "a", "sentences": ["b"]}}
 PATH_PARAMS = {"{name}": MODEL, "{model}": MODEL, "{version}": "1"}
 
 
@@ -76,11 +80,13 @@ def send(client: httpx.Client, method: str, template: str, **headers: str) -> ht
 
 def test_every_route_of_the_app_is_a_protocol_route_or_named_here() -> None:
     app = create_app(Settings(_env_file=None))
-    protocol_paths = {path for _, path, _ in ROUTES}
+    protocol_routes = {(method, path) for method, path, _ in ROUTES}
     others = {
         route.path
         for route in app.routes
-        if getattr(route, "path", None) is not None and route.path not in protocol_paths
+        if getattr(route, "path", None) is not None
+        and not {(m, route.path) for m in getattr(route, "methods", None) or {"GET"}}
+        & protocol_routes
     }
     assert others == UNSCOPED, "a new route must go through a protocol's scope"
     assert {access for *_, access in ROUTES} == set(Access)
@@ -98,7 +104,13 @@ def keyed(keyed_url: str) -> Iterator[httpx.Client]:
         yield client
 
 
-@pytest.mark.parametrize(("method", "template", "access"), ROUTES, ids=lambda v: str(v))
+# "//embed" (LlamaIndex's path with a trailing slash in its base URL) is not a path an
+# HTTP client can be given relative to a base URL; test_tei.py calls it by full URL.
+@pytest.mark.parametrize(
+    ("method", "template", "access"),
+    [r for r in ROUTES if not r[1].startswith("//")],
+    ids=lambda v: str(v),
+)
 def test_the_scope_applies_key_then_timeout_then_deadline(
     keyed: httpx.Client, keyed_url: str, method: str, template: str, access: Access
 ) -> None:

@@ -31,7 +31,12 @@ work = routed(Access.WORK)
 routers = (health, work)
 
 
-@health.get("/health", response_model=None)
+@health.get(
+    "/health",
+    response_model=None,
+    response_class=Response,
+    responses={200: {"description": "Ready: an empty body, as TEI answers", "content": {}}},
+)
 async def tei_health(engine: EngineDep) -> Response:
     """200 (empty) when ready to serve, else 503 ``Unhealthy``."""
     engine.check_ready()
@@ -47,7 +52,9 @@ async def tei_info(engine: EngineDep) -> JSONResponse:
     return JSONResponse(codec.info(model, engine.settings, pooling))
 
 
-@work.post("/", response_model=None)
+# POST / is /embed under another name (huggingface_hub posts there); not in the OpenAPI
+# schema, where "/" would meet the viewer's GET / (one Allow header for two routes).
+@work.post("/", response_model=None, include_in_schema=False)
 @work.post("/embed", response_model=None)
 @work.post("/embed/", response_model=None, include_in_schema=False)
 @work.post("//embed", response_model=None, include_in_schema=False)
