@@ -446,6 +446,9 @@ def test_page_has_python_examples() -> None:
 def test_python_example_runs(block: str, minilm_server_url: str, minilm_grpc_address: str) -> None:
     (pattern,) = matching(PYTHON_CHECKS, block)
     env = {**os.environ, "ATTNSERVE_URL": minilm_server_url, "ATTNSERVE_GRPC": minilm_grpc_address}
+    # The pretrained tests set HF_HUB_OFFLINE=1 for this process (no weights from a hub);
+    # huggingface_hub applies it to every URL, so the examples' own 127.0.0.1 too.
+    env["HF_HUB_OFFLINE"] = "0"
     done = subprocess.run(
         [sys.executable, "-c", block + PYTHON_CHECKS[pattern]],
         env=env,
