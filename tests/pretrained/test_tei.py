@@ -121,26 +121,3 @@ def test_routes_in_teis_shapes(minilm_server_url: str) -> None:
     assert (r.status_code, r.json()["error_type"]) == (400, "Empty")
     r = httpx.post(f"{url}/embed", json={"inputs": "x", "prompt_name": "query"}, timeout=60)
     assert (r.status_code, r.json()["error_type"]) == (422, "Validation")
-
-
-def test_llamaindex_batches_of_ten_with_a_trailing_slash(minilm_server_url: str) -> None:
-    """LlamaIndex's TextEmbeddingsInference posts {"inputs", "truncate"} in batches of
-    10 to f"{base_url}/embed": with a trailing slash that is //embed, which TEI answers
-    404 and we answer. 12 texts: two requests, the vectors of /v1/encode (1e-6)."""
-    from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
-
-    def posts() -> float:
-        pattern = 'attnserve_requests_total{route="//embed",status="200"} '
-        for line in httpx.get(f"{minilm_server_url}/metrics").text.splitlines():
-            if line.startswith(pattern):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    texts = [f"text number {i} about rivers" for i in range(12)]
-    embedder = TextEmbeddingsInference(
-        base_url=minilm_server_url + "/", model_name="minilm-l6", embed_batch_size=10
-    )
-    before = posts()
-    vectors = np.array(embedder.get_text_embedding_batch(texts), dtype=np.float32)
-    assert posts() - before == 2
-    np.testing.assert_allclose(vectors, native(minilm_server_url, texts), rtol=0, atol=ATOL)
