@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -461,6 +461,18 @@ def load_run(
         )
         return time.perf_counter() - start, latencies, sum(sizes), sample
 
+    return timed_run(main, concurrency, requests, seconds)
+
+
+# One timed run of a load generator: (count, seconds) -> (wall, latencies, bytes, sample).
+RunOnce = Callable[[int, float], Coroutine[Any, Any, tuple[float, list[float], int, Sample]]]
+
+
+def timed_run(
+    main: RunOnce, concurrency: int, requests: int, seconds: float
+) -> tuple[dict[str, float], list[tuple[int, bytes, dict[str, str]]]]:
+    """A short warm-up, then the bounded measured run: its statistics and a sample of
+    its answers (at most ``SAMPLE_PER_RUN``: the first and last of each connection)."""
     asyncio.run(main(2 * concurrency, seconds))  # warm: connections, caches, batcher
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     wall, latencies, received, sample = asyncio.run(main(requests, seconds))
@@ -517,22 +529,7 @@ def grpc_load_run(
             sizes = await asyncio.gather(*(caller() for _ in range(concurrency)))
             return time.perf_counter() - start, latencies, sum(sizes), sample
 
-    asyncio.run(main(2 * concurrency, seconds))  # warm: the channel, the batcher
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    wall, latencies, received, sample = asyncio.run(main(requests, seconds))
-    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    latencies.sort()
-    cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
-    stats = {
-        "requests": len(latencies),
-        "wall_s": wall,
-        "p50_ms": 1000 * latencies[len(latencies) // 2],
-        "p99_ms": 1000 * latencies[max(0, int(len(latencies) * 0.99) - 1)],
-        "loadgen_cores": cpu / wall,
-        "bytes_per_answer": received / max(1, len(latencies)),
-    }
-    kept = sample.answers[:: max(1, len(sample.answers) // SAMPLE_PER_RUN)][:SAMPLE_PER_RUN]
-    return stats, [(i, a.body, a.headers) for i, a in kept]
+    return timed_run(main, concurrency, requests, seconds)
 
 
 # ---------------------------------------------------------------- process accounting

@@ -166,8 +166,9 @@ def _export_text_frontend(
     settings: tuple[int, Exporter, bool, float],
     checks: list[CheckResult],
 ) -> tuple[TextFrontEnd, dict[str, int]]:
-    """Export and validate the token-embedding graph and the one-run text graph; copy the
-    tokenizer. Returns the front end and the fusions applied to the text graph."""
+    """Export and validate the token-embedding graph, the one-run text graph and the BM42
+    graph; write the stopwords, copy the tokenizer. Returns the front end and the
+    fusions applied to the text graph."""
     opset, exporter, optimize, atol = settings
     ids = torch.ones(2, 8, dtype=torch.int64)
     path = staging / graph_io.GRAPH_TOKEN_EMBEDDINGS
@@ -181,27 +182,22 @@ def _export_text_frontend(
         [graph_io.INPUT_EMBEDS],
     )
     checks += validate_token_embeddings(embeddings, path, atol=atol)
-    text_path = staging / graph_io.GRAPH_TEXT
-    _export_graph(
-        _TextGraph(embeddings, encoder),
-        (ids, torch.zeros_like(ids), torch.ones_like(ids)),
-        text_path,
-        opset,
-        exporter,
-        list(graph_io.TEXT_GRAPH_INPUTS),
-        list(graph_io.TEXT_GRAPH_OUTPUTS),
+
+    def export_id_graph(module: nn.Module, name: str, outputs: tuple[str, ...]) -> Path:
+        """A graph taking token ids, types and mask, as the text and BM42 graphs do."""
+        path = staging / name
+        example = (ids, torch.zeros_like(ids), torch.ones_like(ids))
+        inputs = list(graph_io.TEXT_GRAPH_INPUTS)
+        _export_graph(module, example, path, opset, exporter, inputs, list(outputs))
+        return path
+
+    text_path = export_id_graph(
+        _TextGraph(embeddings, encoder), graph_io.GRAPH_TEXT, graph_io.TEXT_GRAPH_OUTPUTS
     )
     fused = optimize_graph(text_path, encoder.config, fuse_attention=True) if optimize else {}
     checks += validate_text_graph(embeddings, encoder, text_path, atol=atol)
-    sparse_path = staging / graph_io.GRAPH_SPARSE
-    _export_graph(
-        _SparseGraph(embeddings, encoder),
-        (ids, torch.zeros_like(ids), torch.ones_like(ids)),
-        sparse_path,
-        opset,
-        exporter,
-        list(graph_io.TEXT_GRAPH_INPUTS),
-        list(graph_io.SPARSE_GRAPH_OUTPUTS),
+    sparse_path = export_id_graph(
+        _SparseGraph(embeddings, encoder), graph_io.GRAPH_SPARSE, graph_io.SPARSE_GRAPH_OUTPUTS
     )
     checks += validate_sparse_graph(embeddings, encoder, sparse_path, atol=atol)
     stopwords = staging / graph_io.STOPWORDS_FILE

@@ -8,12 +8,14 @@ sequences) and compared output by output with PyTorch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import torch
+from torch import Tensor
 
 from model_export import graph_io
 from model_export.model import Encoder, TokenEmbeddings
@@ -179,11 +181,16 @@ def validate_token_embeddings(
     return results
 
 
-def validate_text_graph(
-    embeddings: TokenEmbeddings, encoder: Encoder, path: Path, *, atol: float = DEFAULT_ATOL
+def _validate_id_graph(
+    embeddings: TokenEmbeddings,
+    encoder: Encoder,
+    path: Path,
+    output: str,
+    expected: Callable[[Tensor, Tensor], np.ndarray],
+    atol: float,
 ) -> list[CheckResult]:
-    """Compare the one-run text graph with PyTorch's embeddings then encoder, on the
-    same cases as the encoder graphs (random ids, ragged batches zero-padded)."""
+    """Compare a graph taking token ids (ids, types, mask) with ``expected(embeds, mask)``
+    computed by PyTorch, on the encoder graphs' cases (random ids, ragged, zero-padded)."""
     session = new_session(path)
     vocab, types = embeddings.word.num_embeddings, embeddings.token_type.num_embeddings
     most = min(encoder.config.max_seq_len, embeddings.position.num_embeddings)
@@ -195,7 +202,7 @@ def validate_text_graph(
         type_ids = rng.integers(0, types, size=mask.shape, dtype=np.int64) * mask
         with torch.no_grad():
             embeds = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
-            want = encoder(embeds, torch.from_numpy(mask), need_weights=False)[0].numpy()
+            want = expected(embeds, torch.from_numpy(mask))
         feeds = {
             graph_io.INPUT_IDS: ids,
             graph_io.INPUT_TOKEN_TYPES: type_ids,
@@ -203,13 +210,23 @@ def validate_text_graph(
         }
         (got,) = session.run(None, feeds)
         diff, excess = differences(got, want)
-        result = CheckResult(
-            path.name, case.name, graph_io.OUTPUT_HIDDEN, list(got.shape), diff, atol, excess
-        )
+        result = CheckResult(path.name, case.name, output, list(got.shape), diff, atol, excess)
         results.append(result)
         if not result.passed:
-            raise ValidationError(path.name, graph_io.OUTPUT_HIDDEN, got.shape, diff, atol)
+            raise ValidationError(path.name, output, got.shape, diff, atol)
     return results
+
+
+def validate_text_graph(
+    embeddings: TokenEmbeddings, encoder: Encoder, path: Path, *, atol: float = DEFAULT_ATOL
+) -> list[CheckResult]:
+    """Compare the one-run text graph with PyTorch's embeddings then encoder."""
+
+    def hidden(embeds: Tensor, mask: Tensor) -> np.ndarray:
+        out: np.ndarray = encoder(embeds, mask, need_weights=False)[0].numpy()
+        return out
+
+    return _validate_id_graph(embeddings, encoder, path, graph_io.OUTPUT_HIDDEN, hidden, atol)
 
 
 def validate_sparse_graph(
@@ -217,32 +234,15 @@ def validate_sparse_graph(
 ) -> list[CheckResult]:
     """Compare the BM42 graph with the last layer's [CLS] attention row of the PyTorch
     encoder (all weights computed), averaged over heads, zero at padding."""
-    session = new_session(path)
-    vocab, types = embeddings.word.num_embeddings, embeddings.token_type.num_embeddings
-    most = min(encoder.config.max_seq_len, embeddings.position.num_embeddings)
-    results = []
-    for i, case in enumerate(default_cases(most)):
-        rng = np.random.default_rng(i)
-        _, mask = make_inputs(case.lengths, 1, seed=i)
-        ids = rng.integers(0, vocab, size=mask.shape, dtype=np.int64) * mask
-        type_ids = rng.integers(0, types, size=mask.shape, dtype=np.int64) * mask
-        with torch.no_grad():
-            embeds = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
-            _, attn = encoder(embeds, torch.from_numpy(mask))
+
+    def cls_row(embeds: Tensor, mask: Tensor) -> np.ndarray:
+        _, attn = encoder(embeds, mask)
         assert attn is not None
-        want = attn[:, -1, :, 0, :].mean(dim=1).numpy() * mask
-        feeds = {
-            graph_io.INPUT_IDS: ids,
-            graph_io.INPUT_TOKEN_TYPES: type_ids,
-            graph_io.INPUT_MASK: mask,
-        }
-        (got,) = session.run(None, feeds)
-        diff, excess = differences(got, want)
-        name = graph_io.OUTPUT_CLS_ATTENTION
-        results.append(CheckResult(path.name, case.name, name, list(got.shape), diff, atol, excess))
-        if not results[-1].passed:
-            raise ValidationError(path.name, name, got.shape, diff, atol)
-    return results
+        row: np.ndarray = (attn[:, -1, :, 0, :].mean(dim=1) * mask).numpy()
+        return row
+
+    name = graph_io.OUTPUT_CLS_ATTENTION
+    return _validate_id_graph(embeddings, encoder, path, name, cls_row, atol)
 
 
 def results_table(results: list[CheckResult]) -> str:

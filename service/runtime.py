@@ -153,21 +153,23 @@ class ModelRuntime:
             tokenizer.enable_truncation(max_length=truncate_at)
         return tokenizer
 
+    def _tokenizer_for(self, truncate: bool) -> Tokenizer:
+        tokenizer = self._truncating_tokenizer if truncate else self._tokenizer
+        if tokenizer is None:
+            raise RuntimeError(f"model {self.info.name!r} has no tokenizer")
+        return tokenizer
+
     def tokenize(
         self, texts: list[str], *, truncate: bool
     ) -> list[tuple[list[str], list[int], list[int]]]:
         """Texts -> (tokens, ids, type ids) each, special tokens included."""
-        tokenizer = self._truncating_tokenizer if truncate else self._tokenizer
-        if tokenizer is None:
-            raise RuntimeError(f"model {self.info.name!r} has no tokenizer")
+        tokenizer = self._tokenizer_for(truncate)
         return [(e.tokens, e.ids, e.type_ids) for e in tokenizer.encode_batch(texts)]
 
     def token_starts(self, texts: list[str], *, truncate: bool) -> list[list[int | None]]:
         """Each token's first character in its text; None for special tokens. The same
         tokenization as ``tokenize`` (for late chunking: which tokens a span holds)."""
-        tokenizer = self._truncating_tokenizer if truncate else self._tokenizer
-        if tokenizer is None:
-            raise RuntimeError(f"model {self.info.name!r} has no tokenizer")
+        tokenizer = self._tokenizer_for(truncate)
         return [
             [
                 None if special else start

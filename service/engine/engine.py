@@ -62,6 +62,7 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+P = TypeVar("P")  # what one part of a large request yields, per sequence
 W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 
 # Answers estimated larger than this are finished on a worker thread, so a big
@@ -651,7 +652,6 @@ class Engine:
         n = len(prepared.sequences)
         if n <= part:
             return await self._run_part(prepared, deadline, until, timing)
-        starts = range(0, n, part)
 
         def part_of(start: int) -> PreparedEncode:
             return dataclasses.replace(
@@ -662,21 +662,31 @@ class Engine:
                 first_index=start,
             )
 
-        pending: deque[asyncio.Task[EncodeResult]] = deque()
-        outputs: list[SequenceOutput] = []
-        try:
-            for start in starts:
-                pending.append(
-                    asyncio.ensure_future(self._run_part(part_of(start), deadline, until, timing))
-                )
-                if len(pending) >= PARTS_IN_FLIGHT:
-                    outputs += (await pending.popleft()).outputs
-            while pending:
-                outputs += (await pending.popleft()).outputs
-        finally:
-            for task in pending:  # a part failed, or the caller went away: drop the rest
-                task.cancel()
+        async def outputs_of(start: int) -> list[SequenceOutput]:
+            return (await self._run_part(part_of(start), deadline, until, timing)).outputs
+
+        outputs = await self._in_parts(n, outputs_of)
         return EncodeResult(prepared.model.name, outputs, prepared.response_bytes)
+
+    async def _in_parts(
+        self, count: int, run_part: Callable[[int], Coroutine[Any, Any, list[P]]]
+    ) -> list[P]:
+        """``run_part(start)`` for each part of ATTNSERVE_MAX_SEQUENCES of ``count``
+        sequences, ``PARTS_IN_FLIGHT`` queued at a time, results joined in order. A part
+        that fails (or a caller gone) cancels the parts not yet awaited."""
+        pending: deque[asyncio.Task[list[P]]] = deque()
+        results: list[P] = []
+        try:
+            for start in range(0, count, self.settings.max_sequences):
+                pending.append(asyncio.ensure_future(run_part(start)))
+                if len(pending) >= PARTS_IN_FLIGHT:
+                    results += await pending.popleft()
+            while pending:
+                results += await pending.popleft()
+        finally:
+            for task in pending:
+                task.cancel()
+        return results
 
     async def _run_part(
         self,
@@ -893,19 +903,7 @@ class Engine:
                 exc.headers = {"Retry-After": self.retry_after()}
                 raise
 
-        pending: deque[asyncio.Task[list[SequenceResult]]] = deque()
-        results: list[SequenceResult] = []
-        try:
-            for start in range(0, len(sequences), part):
-                pending.append(asyncio.ensure_future(run(start)))
-                if len(pending) >= PARTS_IN_FLIGHT:
-                    results += await pending.popleft()
-            while pending:
-                results += await pending.popleft()
-        finally:
-            for task in pending:
-                task.cancel()
-        return results
+        return await self._in_parts(len(sequences), run)
 
     # -- tokenize ---------------------------------------------------------------------------
 
