@@ -70,8 +70,10 @@ RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
 
 @dataclass
 class RunTiming:
-    """Where one request's time went, filled in by the batcher (seconds)."""
+    """Where one request's time went (seconds): preparing by the engine, the rest by
+    the batcher."""
 
+    prepare: float = 0.0  # parsing, tokenizing, checking: before it was queued
     queue: float = 0.0  # from submission to its first run
     compute: float = 0.0  # the runs that held its sequences (shared with their batch)
 

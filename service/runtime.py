@@ -160,23 +160,33 @@ class ModelRuntime:
         return tokenizer
 
     def tokenize(
-        self, texts: list[str], *, truncate: bool
+        self, texts: list[str], *, truncate: bool, special_tokens: bool = True
     ) -> list[tuple[list[str], list[int], list[int]]]:
-        """Texts -> (tokens, ids, type ids) each, special tokens included."""
+        """Texts -> (tokens, ids, type ids) each, special tokens included unless
+        ``special_tokens`` is false."""
         tokenizer = self._tokenizer_for(truncate)
-        return [(e.tokens, e.ids, e.type_ids) for e in tokenizer.encode_batch(texts)]
+        encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+        return [(e.tokens, e.ids, e.type_ids) for e in encoded]
 
-    def token_starts(self, texts: list[str], *, truncate: bool) -> list[list[int | None]]:
-        """Each token's first character in its text; None for special tokens. The same
-        tokenization as ``tokenize`` (for late chunking: which tokens a span holds)."""
+    def token_spans(
+        self, texts: list[str], *, truncate: bool, special_tokens: bool = True
+    ) -> list[list[tuple[int, int] | None]]:
+        """Each token's [start, stop) characters in its text; None for special tokens.
+        The same tokenization as ``tokenize`` (late chunking: which tokens a span
+        holds; TEI's /tokenize: where each token came from)."""
         tokenizer = self._tokenizer_for(truncate)
         return [
             [
-                None if special else start
-                for (start, _), special in zip(e.offsets, e.special_tokens_mask, strict=True)
+                None if special else offsets
+                for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
             ]
-            for e in tokenizer.encode_batch(texts)
+            for e in tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         ]
+
+    def decode(self, ids: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
+        """Token ids -> text, one string per sequence."""
+        tokenizer = self._tokenizer_for(False)
+        return list(tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
 
     def embed_tokens(self, ids: list[list[int]], type_ids: list[list[int]]) -> list[np.ndarray]:
         """Token ids -> the encoder's input embeddings [n_i, d], one array per sequence."""

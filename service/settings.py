@@ -27,7 +27,8 @@ class Settings(BaseSettings):
     tei: bool = Field(
         True,
         description="Serve Hugging Face text-embeddings-inference's API (POST / and /embed, "
-        "/embed_all, /embed_sparse, /similarity, GET /info, /health) for its clients.",
+        "/embed_all, /embed_sparse, /similarity, /tokenize, /decode, GET /info, /health) "
+        "for its clients.",
     )
     grpc_port: int = Field(
         8001,

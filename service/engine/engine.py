@@ -31,6 +31,8 @@ from service.engine.admission import Admission, Ticket
 from service.engine.scope import Caller, Disconnected, RequestScope
 from service.engine.types import (
     ArrayInput,
+    DecodeRequest,
+    DecodeResult,
     EncodeRequest,
     EncodeResult,
     InputItem,
@@ -307,6 +309,7 @@ class Engine:
             request, wire = parse()
             return self.prepare(request), wire
 
+        began = time.monotonic()
         if ticket.bytes > INLINE_HELD_BYTES:
             prepared, wire = await self.off_loop(prepare)
         else:
@@ -319,6 +322,7 @@ class Engine:
                 prepared = self.prepare(request)
             else:  # text and token ids are embedded by onnxruntime: never on the loop
                 prepared = await self.off_loop(self.prepare, request)
+        scope.timing.prepare = time.monotonic() - began
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
         result = await self.run(
             prepared, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
@@ -464,11 +468,12 @@ class Engine:
         texts = [
             limits.bound_text(item.text, runtime.info, truncate, ()) for item in spanned.values()
         ]
-        starts = runtime.token_starts(texts, truncate=truncate)
-        for (i, item), token_starts in zip(spanned.items(), starts, strict=True):
+        token_spans = runtime.token_spans(texts, truncate=truncate)
+        for (i, item), spans in zip(spanned.items(), token_spans, strict=True):
+            starts = [None if span is None else span[0] for span in spans]
             per_span = []
             for k, (begin, end) in enumerate(item.spans):
-                held = [t for t, c in enumerate(token_starts) if c is not None and begin <= c < end]
+                held = [t for t, c in enumerate(starts) if c is not None and begin <= c < end]
                 if not held:
                     raise InvalidInput(
                         f"span [{begin}, {end}) holds no token (only whitespace, or beyond "
@@ -603,16 +608,20 @@ class Engine:
                 raise InvalidInput("applies to pooled vectors", field=("dimensions",))
         return pooling
 
-    def _tokenize(self, runtime: ModelRuntime, texts: list[str], truncate: bool) -> list[Tokenized]:
+    def _tokenize(
+        self, runtime: ModelRuntime, texts: list[str], truncate: bool, special_tokens: bool = True
+    ) -> list[Tokenized]:
         if not runtime.info.has_tokenizer:
             raise UnsupportedByModel(
                 f"model {runtime.info.name!r} has no tokenizer: send token embeddings as "
                 "arrays, or use a model exported from a checkpoint with a tokenizer "
                 "(e.g. minilm-l6)"
             )
-        return runtime.tokenize(texts, truncate=truncate)
+        return runtime.tokenize(texts, truncate=truncate, special_tokens=special_tokens)
 
-    def _check_token_ids(self, info: ModelInfo, ids: dict[int, list[int]]) -> None:
+    def _check_token_ids(
+        self, info: ModelInfo, ids: dict[int, list[int]], field: str = "inputs"
+    ) -> None:
         """Token ids must be the model's own: it has a tokenizer and each id is in range."""
         text = info.manifest.text
         if text is None or not info.has_tokenizer:
@@ -622,7 +631,7 @@ class Engine:
             )
         for i, seq in ids.items():
             if not seq:
-                raise InvalidInput("holds no token ids", field=("inputs", i))
+                raise InvalidInput("holds no token ids", field=(field, i))
             bad = sorted({t for t in seq if not 0 <= t < text.vocab_size})
             if bad:
                 shown = ", ".join(map(str, bad[:SHOWN_IDS])) + (
@@ -632,7 +641,7 @@ class Engine:
                     f"token ids {shown} are outside the vocabulary of model {info.name!r} "
                     f"(0..{text.vocab_size - 1}): send ids of this model's own tokenizer "
                     "(e.g. from /v1/tokenize), or send text",
-                    field=("inputs", i),
+                    field=(field, i),
                 )
 
     async def run(
@@ -831,9 +840,11 @@ class Engine:
         ticket = scope.admitted()
         ticket.take_slot()
         self._check_deadline(scope.deadline, "before its work began")
+        began = time.monotonic()
         request, wire = parse()
         limits.check_sequence_count(len(request.texts), self.settings, pooled_only=True)
         runtime, encoded = await self.off_loop(self._prepare_sparse, request)
+        scope.timing.prepare = time.monotonic() - began
         tokens = sum(len(t) for t, _, _ in encoded)
         ticket.hold(ticket.bytes + SPARSE_BYTES_PER_TOKEN * tokens, "this request")
         special, stopwords = runtime.special_tokens, runtime.stopwords
@@ -936,14 +947,16 @@ class Engine:
         info = runtime.info
         if not request.texts:
             raise InvalidInput("is empty: send at least one string", field=("texts",))
-        limits.check_sequence_count(len(request.texts), self.settings, pooled_only=False)
+        # Tokens alone are a small answer (like pooled vectors): the larger limits apply.
+        small = not request.return_embeddings
+        limits.check_sequence_count(len(request.texts), self.settings, pooled_only=small)
         texts = [
             limits.bound_text(text, info, request.truncate, ("texts", i))
             for i, text in enumerate(request.texts)
         ]
-        encoded = self._tokenize(runtime, texts, request.truncate)
+        encoded = self._tokenize(runtime, texts, request.truncate, request.special_tokens)
         lengths = [len(tokens) for tokens, _, _ in encoded]
-        limits.check_lengths(list(lengths), info, self.settings, "texts")
+        limits.check_lengths(list(lengths), info, self.settings, "texts", pooled_only=small)
         embeddings: list[np.ndarray | None] = [None] * len(encoded)
         if request.return_embeddings:
             shape = limits.answer_shape(
@@ -958,10 +971,46 @@ class Engine:
             embeddings = list(
                 runtime.embed_tokens([ids for _, ids, _ in encoded], [t for _, _, t in encoded])
             )
+        spans: list[list[tuple[int, int] | None] | None] = [None] * len(encoded)
+        if request.spans:
+            spans = list(
+                runtime.token_spans(
+                    texts, truncate=request.truncate, special_tokens=request.special_tokens
+                )
+            )
         return TokenizeResult(
             info.name,
             [
-                TokenizedText(tokens, ids, emb)
-                for (tokens, ids, _), emb in zip(encoded, embeddings, strict=True)
+                TokenizedText(tokens, ids, emb, span)
+                for (tokens, ids, _), emb, span in zip(encoded, embeddings, spans, strict=True)
             ],
         )
+
+    # -- decode -----------------------------------------------------------------------------
+
+    async def decode(
+        self, parse: Callable[[], tuple[DecodeRequest, W]], scope: RequestScope
+    ) -> tuple[DecodeResult, W]:
+        """Token ids back to text, off the event loop, within the scope's deadline."""
+        self.require_ready()
+        scope.admitted().take_slot()
+        self._check_deadline(scope.deadline, "before it could be decoded")
+
+        def decode() -> tuple[DecodeResult, W]:
+            request, wire = parse()
+            return self.decode_now(request), wire
+
+        return await self._unless_gone(self.off_loop(decode), scope.cancelled, scope.deadline)
+
+    def decode_now(self, request: DecodeRequest) -> DecodeResult:
+        runtime = self._runtime(request.model)
+        info = runtime.info
+        if not request.ids:
+            raise InvalidInput("is empty: send at least one list of ids", field=("ids",))
+        limits.check_sequence_count(len(request.ids), self.settings, pooled_only=True)
+        limits.check_lengths(
+            [len(ids) for ids in request.ids], info, self.settings, "ids", pooled_only=True
+        )
+        self._check_token_ids(info, dict(enumerate(request.ids)), field="ids")
+        texts = runtime.decode(request.ids, skip_special_tokens=request.skip)
+        return DecodeResult(info.name, texts)

@@ -179,6 +179,8 @@ class TokenizeRequest:
     model: str | None = None
     return_embeddings: bool = False
     truncate: bool = False
+    special_tokens: bool = True  # the model's [CLS], [SEP]... around each text
+    spans: bool = False  # each token's [start, stop) characters in its text
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,7 @@ class TokenizedText:
     tokens: list[str]
     ids: list[int]
     embeddings: np.ndarray | None  # [n, d_model], the encoder's input
+    spans: list[tuple[int, int] | None] | None = None  # None per special token
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,21 @@ class TokenizeResult:
     @property
     def tokens(self) -> int:
         return sum(len(t.tokens) for t in self.items)
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """Token ids back to text."""
+
+    ids: list[list[int]]
+    model: str | None = None
+    skip: bool = True  # leave the model's special tokens out of the text
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    model: str
+    texts: list[str]
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ The middleware (no per-request task) turns the headers into a
 :class:`~service.engine.scope.Caller`, opens the request's
 :class:`~service.engine.scope.RequestScope` and keeps it in the ASGI scope; on
 the way out it adds ``x-request-id``, ``x-queue-time`` and ``x-compute-time``
-to the response, and closes the scope once the last byte is sent (or the
-request failed), labelled by route template and status: 499 for a client that
-went away or stopped reading, never 500. Routes enter the scope with their
-access (``http.protocol_route``); nothing else here is a rule of the engine.
+(seconds; unless the route sent its own) to the response, and closes the scope
+once the last byte is sent (or the request failed), labelled by route template
+and status: 499 for a client that went away or stopped reading, never 500. Routes
+enter the scope with their access (``http.protocol_route``); nothing else here is
+a rule of the engine.
 """
 
 from __future__ import annotations
@@ -67,12 +68,13 @@ class RequestScopeMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 timing = request_scope.timing
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (b"x-request-id", request_scope.request_id.encode()),
-                    (b"x-queue-time", f"{timing.queue:.6f}".encode()),
-                    (b"x-compute-time", f"{timing.compute:.6f}".encode()),
-                ]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_scope.request_id.encode()))
+                if not any(name == b"x-queue-time" for name, _ in headers):
+                    # (TEI's routes send their own, in TEI's milliseconds.)
+                    headers.append((b"x-queue-time", f"{timing.queue:.6f}".encode()))
+                    headers.append((b"x-compute-time", f"{timing.compute:.6f}".encode()))
+                message["headers"] = headers
             await send(message)
 
         try:

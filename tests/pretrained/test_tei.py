@@ -121,3 +121,58 @@ def test_routes_in_teis_shapes(minilm_server_url: str) -> None:
     assert (r.status_code, r.json()["error_type"]) == (400, "Empty")
     r = httpx.post(f"{url}/embed", json={"inputs": "x", "prompt_name": "query"}, timeout=60)
     assert (r.status_code, r.json()["error_type"]) == (422, "Validation")
+
+
+def test_tokenize_and_decode(minilm_server_url: str) -> None:
+    url = minilm_server_url
+    text = "Héllo, wörld!"
+    r = httpx.post(f"{url}/tokenize", json={"inputs": text}, timeout=60)
+    assert r.status_code == 200, r.text
+    (tokens,) = r.json()  # always nested, even for one string
+    ours = httpx.post(f"{url}/v1/tokenize", json={"text": [text]}, timeout=60).json()
+    assert [t["id"] for t in tokens] == ours["data"][0]["ids"]
+    assert tokens[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
+    assert tokens[-1]["special"] and tokens[-1]["text"] == "[SEP]"
+    for token in tokens[1:-1]:  # character offsets: each token's text is its slice
+        assert not token["special"]
+        assert token["text"] == text[token["start"] : token["stop"]]
+    assert "".join(t["text"] for t in tokens[1:-1]) == text.replace(" ", "")
+    bare = httpx.post(
+        f"{url}/tokenize", json={"inputs": [text, "Hi!"], "add_special_tokens": False}, timeout=60
+    ).json()
+    assert len(bare) == 2 and bare[0] == tokens[1:-1]
+    ids = [t["id"] for t in tokens]
+    decoded = httpx.post(f"{url}/decode", json={"ids": ids}, timeout=60).json()
+    assert decoded == ["hello, world!"]  # MiniLM's tokenizer is uncased and strips accents
+    both = httpx.post(
+        f"{url}/decode", json={"ids": [ids, ids[:2]], "skip_special_tokens": False}, timeout=60
+    ).json()
+    assert both == ["[CLS] hello, world! [SEP]", "[CLS] hello"]
+    r = httpx.post(f"{url}/decode", json={"ids": [[1, 10**6]]}, timeout=60)
+    assert (r.status_code, r.json()["error_type"]) == (422, "Validation")
+    assert "outside the vocabulary" in r.json()["error"]
+    r = httpx.post(f"{url}/tokenize", json={"inputs": []}, timeout=60)
+    assert (r.status_code, r.json()["error_type"]) == (400, "Empty")
+
+
+def test_sagemaker_routes_and_timing_headers(minilm_server_url: str) -> None:
+    url = minilm_server_url
+    assert httpx.get(f"{url}/ping").status_code == 200
+    r = httpx.post(f"{url}/invocations", json={"inputs": TEXTS}, timeout=60)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(np.array(r.json(), np.float32), native(url, TEXTS), atol=ATOL)
+    # TEI's headers, in its units: whole milliseconds, token and character counts.
+    for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
+        assert r.headers[name].isdigit(), (name, r.headers[name])
+    assert r.headers["x-compute-time"] == r.headers["x-total-time"]
+    assert int(r.headers["x-total-time"]) >= int(r.headers["x-inference-time"])
+    tokenized = httpx.post(f"{url}/v1/tokenize", json={"text": TEXTS}, timeout=60).json()
+    tokens = sum(len(item["ids"]) for item in tokenized["data"])
+    assert int(r.headers["x-compute-tokens"]) == tokens
+    assert int(r.headers["x-compute-characters"]) == sum(len(t) for t in TEXTS)
+    assert r.headers.get_list("x-queue-time") == [r.headers["x-queue-time"]]  # one, TEI's
+    sparse = httpx.post(f"{url}/embed_sparse", json={"inputs": TEXTS}, timeout=60)
+    assert int(sparse.headers["x-compute-tokens"]) == tokens
+    # The other protocols keep their seconds.
+    native_answer = httpx.post(f"{url}/v1/encode", json={"inputs": TEXTS}, timeout=60)
+    assert "." in native_answer.headers["x-queue-time"]

@@ -276,6 +276,16 @@ def tei_similarity(answer: Answer, session: ort.InferenceSession) -> None:
     assert len(scores) == 2 and scores[0] > scores[1] + 0.3, scores
 
 
+def tei_tokenize(answer: Answer, session: ort.InferenceSession) -> None:
+    (tokens,) = ok(answer)
+    assert [t["text"] for t in tokens] == ["[CLS]", "Héllo", ",", "wörld", "!", "[SEP]"]
+    assert (tokens[1]["start"], tokens[1]["stop"]) == (0, 5) and tokens[0]["start"] is None
+
+
+def tei_decode(answer: Answer, session: ort.InferenceSession) -> None:
+    assert ok(answer) == ["hello, world!"]
+
+
 def tei_info(answer: Answer, session: ort.InferenceSession) -> None:
     info = ok(answer)
     assert info["model_id"] == "minilm-l6" and info["max_client_batch_size"] == 2048
@@ -290,6 +300,8 @@ BASH_CHECKS: dict[str, Check] = {
     path("/embed_all"): tei_tokens,
     path("/embed_sparse"): tei_sparse,
     path("/similarity"): tei_similarity,
+    path("/tokenize"): tei_tokenize,
+    path("/decode"): tei_decode,
     path("/info"): tei_info,
     path("/health"): tei_health,
     path("/v1/embed_sparse"): sparse_vector,

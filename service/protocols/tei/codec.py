@@ -8,13 +8,24 @@ with one row per input, even for a single string (huggingface_hub reads them wit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from service.engine import EncodeRequest, EncodeResult, SparseRequest, SparseResult, WireCost
+from service.engine import (
+    DecodeRequest,
+    DecodeResult,
+    EncodeRequest,
+    EncodeResult,
+    SparseRequest,
+    SparseResult,
+    TokenizeRequest,
+    TokenizeResult,
+    WireCost,
+)
 from service.errors import InvalidInput
 from service.protocols import wire
+from service.protocols.tei import schemas
 from service.protocols.tei.schemas import (
     EmbedAllRequest,
     EmbedRequest,
@@ -22,6 +33,8 @@ from service.protocols.tei.schemas import (
     SimilarityRequest,
     Texts,
 )
+
+Characters = int  # what a codec keeps for the answer: the inputs' length, for a header
 
 # JSON float lists: one array per input (and per token for embed_all), a few bytes
 # of brackets and separators.
@@ -39,6 +52,10 @@ def _texts(inputs: Texts) -> list[str]:
     return texts
 
 
+def _characters(texts: list[str]) -> Characters:
+    return sum(len(text) for text in texts)
+
+
 def _common(truncate: bool | None, direction: str, prompt_name: str | None) -> bool:
     """TEI's shared options: truncation (this server's default is off) and prompts."""
     if direction in LEFT:
@@ -51,11 +68,12 @@ def _common(truncate: bool | None, direction: str, prompt_name: str | None) -> b
     return bool(truncate)
 
 
-def embed_request(body: bytes) -> tuple[EncodeRequest, None]:
+def embed_request(body: bytes) -> tuple[EncodeRequest, Characters]:
     options = wire.parse_options(EmbedRequest, wire.parse_json_object(body))
     truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    texts = _texts(options.inputs)
     request = EncodeRequest(
-        inputs=_texts(options.inputs),
+        inputs=texts,
         wire_cost=COST,
         pooling="model",
         normalize=options.normalize,
@@ -63,30 +81,30 @@ def embed_request(body: bytes) -> tuple[EncodeRequest, None]:
         return_embeddings=False,
         truncate=truncate,
     )
-    return request, None
+    return request, _characters(texts)
 
 
-def embed_response(result: EncodeResult, _: None) -> bytes:
+def embed_response(result: EncodeResult, _: Characters) -> bytes:
     return wire.dumps([out.pooled for out in result.outputs])
 
 
-def embed_all_request(body: bytes) -> tuple[EncodeRequest, None]:
+def embed_all_request(body: bytes) -> tuple[EncodeRequest, Characters]:
     options = wire.parse_options(EmbedAllRequest, wire.parse_json_object(body))
     truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
-    request = EncodeRequest(
-        inputs=_texts(options.inputs), wire_cost=COST, return_embeddings=True, truncate=truncate
-    )
-    return request, None
+    texts = _texts(options.inputs)
+    request = EncodeRequest(inputs=texts, wire_cost=COST, return_embeddings=True, truncate=truncate)
+    return request, _characters(texts)
 
 
-def embed_all_response(result: EncodeResult, _: None) -> bytes:
+def embed_all_response(result: EncodeResult, _: Characters) -> bytes:
     return wire.dumps([out.embeddings for out in result.outputs])
 
 
-def sparse_request(body: bytes) -> tuple[SparseRequest, None]:
+def sparse_request(body: bytes) -> tuple[SparseRequest, Characters]:
     options = wire.parse_options(EmbedSparseRequest, wire.parse_json_object(body))
     truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
-    return SparseRequest(texts=_texts(options.inputs), truncate=truncate), None
+    texts = _texts(options.inputs)
+    return SparseRequest(texts=texts, truncate=truncate), _characters(texts)
 
 
 def sparse_response(result: SparseResult) -> bytes:
@@ -98,7 +116,7 @@ def sparse_response(result: SparseResult) -> bytes:
     )
 
 
-def similarity_request(body: bytes) -> tuple[EncodeRequest, None]:
+def similarity_request(body: bytes) -> tuple[EncodeRequest, Characters]:
     options = wire.parse_options(SimilarityRequest, wire.parse_json_object(body))
     truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
     if not options.inputs.sentences:
@@ -112,13 +130,62 @@ def similarity_request(body: bytes) -> tuple[EncodeRequest, None]:
         return_embeddings=False,
         truncate=truncate,
     )
-    return request, None
+    return request, _characters(texts)
 
 
-def similarity_response(result: EncodeResult, _: None) -> bytes:
+def similarity_response(result: EncodeResult, _: Characters) -> bytes:
     """Cosine of the source (first) with every other vector (all unit length)."""
     vectors = np.stack([out.pooled for out in result.outputs if out.pooled is not None])
     return wire.dumps([float(x) for x in vectors[1:] @ vectors[0]])
+
+
+def tokenize_request(body: bytes) -> tuple[TokenizeRequest, list[str]]:
+    """The texts are kept: each token's ``text`` is its slice of them."""
+    options = wire.parse_options(schemas.TokenizeRequest, wire.parse_json_object(body))
+    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    texts = _texts(options.inputs)
+    request = TokenizeRequest(
+        texts=texts,
+        wire_cost=COST,
+        truncate=truncate,
+        special_tokens=options.add_special_tokens,
+        spans=True,
+    )
+    return request, texts
+
+
+def tokenize_response(result: TokenizeResult, texts: list[str]) -> bytes:
+    """``[[{id, text, special, start, stop}]]``, always nested; a special token's text is
+    the token itself and it has no start or stop (TEI's shape)."""
+    answer = []
+    for text, item in zip(texts, result.items, strict=True):
+        assert item.spans is not None  # asked for in tokenize_request
+        answer.append(
+            [
+                {"id": i, "text": token, "special": True, "start": None, "stop": None}
+                if span is None
+                else {
+                    "id": i,
+                    "text": text[span[0] : span[1]],
+                    "special": False,
+                    "start": span[0],
+                    "stop": span[1],
+                }
+                for i, token, span in zip(item.ids, item.tokens, item.spans, strict=True)
+            ]
+        )
+    return wire.dumps(answer)
+
+
+def decode_request(body: bytes) -> tuple[DecodeRequest, None]:
+    options = wire.parse_options(schemas.DecodeRequest, wire.parse_json_object(body))
+    ids = options.ids
+    nested = [ids] if not ids or isinstance(ids[0], int) else ids
+    return DecodeRequest(ids=cast(list[list[int]], nested), skip=options.skip_special_tokens), None
+
+
+def decode_response(result: DecodeResult) -> bytes:
+    return wire.dumps(result.texts)
 
 
 def info(model: Any, settings: Any, pooling: str) -> dict[str, Any]:

@@ -1,13 +1,24 @@
 """TEI's routes: ``POST /`` and ``/embed`` (also ``//embed`` and ``/embed/``, which
-LlamaIndex posts to with a trailing slash in its base URL), ``/embed_all``,
-``/embed_sparse``, ``/similarity``, ``GET /info`` and ``GET /health``. ``GET /``
-stays the viewer; a TEI health probe calls ``GET /health``."""
+LlamaIndex posts to with a trailing slash in its base URL, and SageMaker's
+``/invocations``), ``/embed_all``, ``/embed_sparse``, ``/similarity``,
+``/tokenize``, ``/decode``, ``GET /info`` and ``GET /health`` (and SageMaker's
+``GET /ping``). ``GET /`` stays the viewer; a TEI health probe calls ``GET /health``.
+
+Answers that ran the model carry TEI's timing headers, in its units (whole
+milliseconds): ``x-total-time`` (= ``x-compute-time``), ``x-tokenization-time``,
+``x-queue-time``, ``x-inference-time``, and ``x-compute-tokens``,
+``x-compute-characters``, ``x-compute-type``.
+"""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from service.engine import EncodeRequest, EncodeResult, Engine
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.context import scope_of
@@ -31,12 +42,33 @@ work = routed(Access.WORK)
 routers = (health, work)
 
 
+def timed(response: Response, request: Request, characters: int, tokens: int) -> Response:
+    """TEI's timing headers on an answer (whole milliseconds, as TEI sends them)."""
+    scope = scope_of(request)
+    timing = scope.timing
+    total = f"{(time.monotonic() - scope.arrival) * 1000:.0f}"
+    response.headers.update(
+        {
+            "x-compute-type": "cpu",
+            "x-compute-time": total,
+            "x-total-time": total,
+            "x-tokenization-time": f"{timing.prepare * 1000:.0f}",
+            "x-queue-time": f"{timing.queue * 1000:.0f}",
+            "x-inference-time": f"{timing.compute * 1000:.0f}",
+            "x-compute-tokens": str(tokens),
+            "x-compute-characters": str(characters),
+        }
+    )
+    return response
+
+
 @health.get(
     "/health",
     response_model=None,
     response_class=Response,
     responses={200: {"description": "Ready: an empty body, as TEI answers", "content": {}}},
 )
+@health.get("/ping", include_in_schema=False)
 async def tei_health(engine: EngineDep) -> Response:
     """200 (empty) when ready to serve, else 503 ``Unhealthy``."""
     engine.check_ready()
@@ -58,29 +90,66 @@ async def tei_info(engine: EngineDep) -> JSONResponse:
 @work.post("/embed", response_model=None)
 @work.post("/embed/", response_model=None, include_in_schema=False)
 @work.post("//embed", response_model=None, include_in_schema=False)
+@work.post("/invocations", response_model=None, include_in_schema=False)
 async def tei_embed(request: Request, engine: EngineDep) -> Response:
     """One vector per input (the model's pooling; L2-normalised unless normalize is false)."""
-    return await http.encode(request, engine, codec.embed_request, codec.embed_response)
+    return await _encode(request, engine, codec.embed_request, codec.embed_response)
 
 
 @work.post("/embed_all", response_model=None)
 async def tei_embed_all(request: Request, engine: EngineDep) -> Response:
     """Every token's embedding of every input, special tokens included."""
-    return await http.encode(request, engine, codec.embed_all_request, codec.embed_all_response)
+    return await _encode(request, engine, codec.embed_all_request, codec.embed_all_response)
+
+
+@work.post("/similarity", response_model=None)
+async def tei_similarity(request: Request, engine: EngineDep) -> Response:
+    """Cosine of ``source_sentence`` with each of ``sentences``."""
+    return await _encode(request, engine, codec.similarity_request, codec.similarity_response)
+
+
+async def _encode(
+    request: Request,
+    engine: Engine,
+    parse: Callable[[bytes], tuple[EncodeRequest, codec.Characters]],
+    write: Callable[[EncodeResult, codec.Characters], bytes],
+) -> Response:
+    kept: list[tuple[int, int]] = []  # (characters, tokens), seen on the way out
+
+    def keep(result: EncodeResult, characters: codec.Characters) -> bytes:
+        kept.append((characters, result.tokens))
+        return write(result, characters)
+
+    response = await http.encode(request, engine, parse, keep)
+    return timed(response, request, *kept[0])
 
 
 @work.post("/embed_sparse", response_model=None)
 async def tei_embed_sparse(request: Request, engine: EngineDep) -> Response:
     """BM42 sparse vectors as ``[[{"index", "value"}]]``."""
     body = await http.read_body(request, engine)
-    result, _ = await engine.embed_sparse(lambda: codec.sparse_request(body), scope_of(request))
-    return ChunkedResponse([codec.sparse_response(result)])
+    result, characters = await engine.embed_sparse(
+        lambda: codec.sparse_request(body), scope_of(request)
+    )
+    response = ChunkedResponse([codec.sparse_response(result)])
+    return timed(response, request, characters, result.tokens)
 
 
-@work.post("/similarity", response_model=None)
-async def tei_similarity(request: Request, engine: EngineDep) -> Response:
-    """Cosine of ``source_sentence`` with each of ``sentences``."""
-    return await http.encode(request, engine, codec.similarity_request, codec.similarity_response)
+@work.post("/tokenize", response_model=None)
+async def tei_tokenize(request: Request, engine: EngineDep) -> Response:
+    """Each text's tokens: ``[[{"id", "text", "special", "start", "stop"}]]`` (character
+    offsets into the text; a special token has none)."""
+    body = await http.read_body(request, engine)
+    result, texts = await engine.tokenize(lambda: codec.tokenize_request(body), scope_of(request))
+    return ChunkedResponse([codec.tokenize_response(result, texts)])
+
+
+@work.post("/decode", response_model=None)
+async def tei_decode(request: Request, engine: EngineDep) -> Response:
+    """Token ids back to text, one string per list of ids."""
+    body = await http.read_body(request, engine)
+    result, _ = await engine.decode(lambda: codec.decode_request(body), scope_of(request))
+    return ChunkedResponse([codec.decode_response(result)])
 
 
 PROTOCOL = Protocol("tei", routers, enabled=lambda settings: settings.tei)

@@ -43,6 +43,20 @@ class EmbedSparseRequest(TextOptions):
     """``POST /embed_sparse``: BM42 vectors in TEI's ``[[{index, value}]]`` shape."""
 
 
+class TokenizeRequest(TextOptions):
+    """``POST /tokenize``: each text's tokens, with where they came from."""
+
+    add_special_tokens: bool = Field(True, description="Include the model's [CLS], [SEP]...")
+
+
+class DecodeRequest(BaseModel):
+    """``POST /decode``: token ids back to text."""
+
+    model_config = ConfigDict(extra="ignore")
+    ids: list[int] | list[list[int]] = Field(description="One list of ids, or several.")
+    skip_special_tokens: bool = True
+
+
 class SimilarityInputs(BaseModel):
     source_sentence: str
     sentences: list[str]
