@@ -207,14 +207,20 @@ def test_text_longer_than_the_model_is_refused_or_truncated(minilm_server_url: s
 
 
 def test_tokenize_obeys_the_request_limits(minilm_server_url: str) -> None:
-    """The same limits as /v1/encode: too long (413) unless truncating, too many (413)."""
+    """The limits of /v1/encode: too long (413) unless truncating; too many (413) past
+    ATTNSERVE_MAX_SEQUENCES (64) with embeddings, past the small-answer limit
+    ATTNSERVE_MAX_POOLED_SEQUENCES (2048) without (tokens alone are a small answer)."""
     url = f"{minilm_server_url}/v1/tokenize"
     r = httpx.post(url, json={"text": ["word " * 300]})
     assert r.status_code == 413, r.status_code
     assert r.json()["error_type"] == "payload_too_large" and "truncate" in r.json()["error"]
     r = httpx.post(url, json={"text": ["word " * 300], "truncate": True})
     assert r.status_code == 200 and len(r.json()["data"][0]["ids"]) == 256
-    r = httpx.post(url, json={"text": ["hi"] * 65})  # ATTNSERVE_MAX_SEQUENCES is 64
+    r = httpx.post(url, json={"text": ["hi"] * 65, "return_embeddings": True})
+    assert r.status_code == 413, r.status_code
+    r = httpx.post(url, json={"text": ["hi"] * 65})
+    assert r.status_code == 200 and len(r.json()["data"]) == 65
+    r = httpx.post(url, json={"text": ["hi"] * 2049})
     assert r.status_code == 413, r.status_code
 
 

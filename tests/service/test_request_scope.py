@@ -32,8 +32,10 @@ ROW = [0.25] * D_MODEL
 # The tiny test model has no tokenizer: text and token ids are refused (after the scope's
 # rules), with these statuses.
 REFUSED_BY_MODEL = {"/v1/embeddings": 400, "/v1/tokenize": 422, "/v1/embed_sparse": 422}
-TEI_TEXT_ROUTES = ("/", "/embed", "/embed/", "//embed", "/embed_all", "/embed_sparse")
-REFUSED_BY_MODEL |= dict.fromkeys((*TEI_TEXT_ROUTES, "/similarity"), 422)
+TEI_TEXT_ROUTES = (
+    "/", "/embed", "/embed/", "//embed", "/invocations", "/embed_all", "/embed_sparse", "/tokenize"
+)  # fmt: skip
+REFUSED_BY_MODEL |= dict.fromkeys((*TEI_TEXT_ROUTES, "/similarity", "/decode"), 422)
 BODIES = {
     "/v1/encode": {"inputs": [[ROW, ROW]]},
     "/v1/embeddings": {"input": [[1, 2, 3]], "model": MODEL},
@@ -47,6 +49,7 @@ BODIES = {
 BODIES["/v2/models/{model}/versions/{version}/infer"] = BODIES["/v2/models/{model}/infer"]
 BODIES |= {route: {"inputs": "a few words"} for route in TEI_TEXT_ROUTES}
 BODIES["/similarity"] = {"inputs": {"source_sentence": "a", "sentences": ["b"]}}
+BODIES["/decode"] = {"ids": [101, 102]}
 PATH_PARAMS = {"{name}": MODEL, "{model}": MODEL, "{version}": "1"}
 
 
