@@ -14,7 +14,7 @@ import pytest
 from huggingface_hub import AsyncInferenceClient, InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 
-from tests.conftest import running_server
+from tests.conftest import running_server, server_process
 
 TEXTS = ["A man is playing a guitar.", "Stock markets fell sharply.", "Hi!"]
 
@@ -93,6 +93,34 @@ def test_a_key_is_required_and_never_echoed(minilm_repository: Path) -> None:
         vector = InferenceClient(model=url, token="tei-key").feature_extraction("hi")
         assert vector.shape == (1, 384)
         assert httpx.get(f"{url}/health").status_code == 200  # probes stay open
+
+
+def test_authorization_values_never_reach_logs_metrics_or_errors(minilm_repository: Path) -> None:
+    """Clients send tokens meant for other services (huggingface_hub sends the user's own
+    Hugging Face token to any URL): a wrong one and the right one, on every kind of
+    answer (401, 200, 422, 404), must appear in no log line (debug, JSON, access
+    lines), metric label or body."""
+    foreign, ours = "hf_SECRETforeigntoken123", "SECRETourkey456"
+    with server_process(
+        minilm_repository, api_key=ours, log_level="debug", log_format="json"
+    ) as server:
+        url = server.url
+        for token in (foreign, ours):
+            headers = {"Authorization": f"Bearer {token}", "x-request-id": "audit"}
+            answers = [
+                httpx.post(f"{url}/embed", json={"inputs": "hi"}, headers=headers, timeout=60),
+                httpx.post(f"{url}/embed", json={"inputs": "word " * 400}, headers=headers),
+                httpx.post(f"{url}/nowhere", json={}, headers=headers),
+                httpx.post(f"{url}/v1/encode", json={"inputs": 1}, headers=headers),
+            ]
+            for answer in answers:
+                assert token not in answer.text and token not in str(answer.headers)
+        assert [a.status_code for a in answers] == [200, 422, 404, 422]  # the right key's
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        log = server.log()
+    assert '"audit"' in log  # the requests were logged, with their request id
+    for token in (foreign, ours):
+        assert token not in log and token not in metrics
 
 
 def test_routes_in_teis_shapes(minilm_server_url: str) -> None:

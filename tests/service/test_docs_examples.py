@@ -356,6 +356,17 @@ assert cosine[0] > cosine[1], cosine  # the guitar sentence is nearer the guitar
     r"from huggingface_hub import InferenceClient": """
 assert vectors.shape == (2, 384), vectors.shape
 """,
+    r"HuggingFaceAPIDocumentEmbedder\(": """
+assert len(documents) == 1 and len(documents[0].embedding) == 384
+assert abs(sum(x * x for x in documents[0].embedding) - 1) < 1e-4  # normalize=True honoured
+""",
+    r"TextEmbeddingsInference\(": """
+assert len(batch) == 12 and all(len(v) == 384 for v in batch)
+""",
+    r"HuggingFaceEndpointEmbeddings\(": """
+assert len(passages) == 100 and all(len(v) == 384 for v in passages)
+assert passages[0] != passages[1]
+""",
     r"late = client\.encode": """
 assert late.shape == (2, 384) and naive.shape == (2, 384)
 assert float(late[1] @ q) > float(naive[1] @ q), (late @ q, naive @ q)
