@@ -80,6 +80,7 @@ class RunTiming:
 
 @dataclass
 class _Job:
+    runtime: ModelRuntime  # the version it was prepared for: a swap never changes it
     sequences: list[np.ndarray]
     graph: str
     future: asyncio.Future[list[SequenceResult]]
@@ -141,13 +142,14 @@ class Batcher:
     def __init__(
         self, runtimes: dict[str, ModelRuntime], settings: Settings, metrics: Metrics
     ) -> None:
-        self._runtimes = runtimes
+        self._runtimes = dict(runtimes)  # the serving version of each model
         self._settings = settings
         self._metrics = metrics
-        self._queues: dict[str, deque[_Job]] = {name: deque() for name in runtimes}
-        self._in_hand: dict[str, list[_Job]] = {name: [] for name in runtimes}
+        self._queues: dict[str, deque[_Job]] = {}
+        self._in_hand: dict[str, list[_Job]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
+        self._started_workers = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._queued = 0  # jobs waiting for their first run
         self._backlog_tokens = 0  # tokens of jobs not yet finished
@@ -157,9 +159,29 @@ class Batcher:
         }
 
     async def start(self) -> None:
+        self._started_workers = True
         for name in self._runtimes:
-            self._wakeups[name] = asyncio.Event()
-            self._workers.append(asyncio.create_task(self._supervise(name), name=f"batcher-{name}"))
+            self._add_worker(name)
+
+    def _add_worker(self, name: str) -> None:
+        self._queues[name] = deque()
+        self._in_hand[name] = []
+        self._wakeups[name] = asyncio.Event()
+        self._workers.append(asyncio.create_task(self._supervise(name), name=f"batcher-{name}"))
+
+    def serve(self, runtime: ModelRuntime) -> None:
+        """Make ``runtime`` the version its model's new work runs on (a load or a swap).
+        Jobs already queued keep the version they were prepared for."""
+        name = runtime.info.name
+        self._runtimes[name] = runtime
+        if self._started_workers and name not in self._queues:
+            self._add_worker(name)
+        for graph in GRAPH_LABELS:
+            self._costs.setdefault((name, graph), RunCostModel())
+
+    def retire(self, name: str) -> None:
+        """No new work for ``name`` (unloaded); what is queued still runs."""
+        self._runtimes.pop(name, None)
 
     async def stop(self) -> None:
         for task in self._workers:
@@ -169,11 +191,13 @@ class Batcher:
                 await task
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def calibrate(self) -> None:
-        """Time ``CALIBRATION_SHAPES`` per model and graph on the inference thread: the
-        run planner's first cost model (every live run refines it)."""
+    async def calibrate(self, runtimes: list[ModelRuntime] | None = None) -> None:
+        """Time ``CALIBRATION_SHAPES`` per model (every served one, or ``runtimes``) and
+        graph on the inference thread: the run planner's first cost model (every live run
+        refines it)."""
         loop = asyncio.get_running_loop()
-        for name, runtime in self._runtimes.items():
+        for runtime in list(self._runtimes.values()) if runtimes is None else runtimes:
+            name = runtime.info.name
             most = runtime.info.max_seq_len
             for graph in runtime.graphs:
                 fits = self._fits(runtime, graph)
@@ -191,7 +215,8 @@ class Batcher:
                     await loop.run_in_executor(self._executor, run)
                     start = time.monotonic()
                     await loop.run_in_executor(self._executor, run)
-                    self._costs[name, graph].observe(batch, longest, time.monotonic() - start)
+                    cost = self._costs.setdefault((name, graph), RunCostModel())
+                    cost.observe(batch, longest, time.monotonic() - start)
 
     def cost_model(self, model: str, graph: str) -> RunCostModel:
         return self._costs[model, graph]
@@ -219,17 +244,21 @@ class Batcher:
         graph: str,
         deadline: float | None = None,
         timing: RunTiming | None = None,
+        runtime: ModelRuntime | None = None,
     ) -> list[SequenceResult]:
-        """Queue one request's sequences and wait for their per-sequence results.
+        """Queue one request's sequences and wait for their per-sequence results, run on
+        ``runtime`` (the version the request was prepared for; default: the serving one).
 
         Cancelling the caller (a client that went away) cancels the job: runs not
         yet started skip it. A job still queued at ``deadline`` (``time.monotonic``)
         fails with DeadlineExceeded without running.
         """
-        if graph not in self._runtimes[model].graphs:
+        runtime = runtime or self._runtimes[model]
+        if graph not in runtime.graphs:
             raise ValueError(f"unknown graph {graph!r}")  # it would never be run
         loop = asyncio.get_running_loop()
         job = _Job(
+            runtime,
             sequences,
             graph,
             loop.create_future(),
@@ -288,7 +317,6 @@ class Batcher:
     async def _work(self, model: str) -> None:
         queue = self._queues[model]
         wakeup = self._wakeups[model]
-        runtime = self._runtimes[model]
         loop = asyncio.get_running_loop()
         while True:
             if not queue:
@@ -296,10 +324,13 @@ class Batcher:
                 await wakeup.wait()
                 continue
             jobs = self._in_hand[model] = self._take_batch(queue)
-            for graph in GRAPH_LABELS:
-                group = [j for j in jobs if j.graph == graph]
-                if group:
-                    await self._run_group(loop, runtime, group, graph)
+            # Around a swap, jobs of two versions may share a batch: each runs on its own.
+            runtimes = {id(job.runtime): job.runtime for job in jobs}
+            for runtime in runtimes.values():
+                for graph in GRAPH_LABELS:
+                    group = [j for j in jobs if j.graph == graph and j.runtime is runtime]
+                    if group:
+                        await self._run_group(loop, runtime, group, graph)
             self._in_hand[model] = []
 
     async def _run_group(

@@ -10,6 +10,7 @@ its own field names::
     ServiceError (500 internal_error)
     ├── InvalidJSON (400 invalid_json)
     ├── InvalidHeader (400 invalid_header)
+    ├── LoadFailed (400 load_failed: a repository load; the serving version is untouched)
     ├── Unauthorized (401 unauthorized)
     ├── ModelNotFound (404 model_not_found)
     ├── BodyTimeout (408 request_timeout)
@@ -105,9 +106,10 @@ class InvalidHeader(ServiceError):
 class Unauthorized(ServiceError):
     when = (
         "the server has an API key and the request to `/v1/*` or `/v2/models/*` lacks "
-        "`Authorization: Bearer <key>` or has a wrong key"
+        "`Authorization: Bearer <key>` or has a wrong key; on `/v2/repository/*`: no admin "
+        "key of `ATTNSERVE_ADMIN_KEYS` (none is accepted when only an API key is set)"
     )
-    raised_on = frozenset({"guarded", "work"})
+    raised_on = frozenset({"guarded", "work", "admin"})
     status_code = 401
     error_type = "unauthorized"
 
@@ -115,9 +117,10 @@ class Unauthorized(ServiceError):
 class ModelNotFound(ServiceError):
     when = (
         "`model` (or the `{name}` of `/v1/models/{name}`, the `{model}` or `{version}` of "
-        "`/v2/models/...`) is not served here"
+        "`/v2/models/...`) is not served here (or not loaded), or no such model directory "
+        "for the repository API"
     )
-    raised_on = frozenset({"guarded", "work"})
+    raised_on = frozenset({"guarded", "work", "admin"})
     status_code = 404
     error_type = "model_not_found"
 
@@ -178,7 +181,7 @@ class InvalidInput(ServiceError):
         "an empty list of them; an unknown `pooling`, `reduce` or `encoding_format`; an "
         "unknown field"
     )
-    raised_on = frozenset({"guarded", "work"})  # guarded: a path parameter FastAPI refuses
+    raised_on = frozenset({"guarded", "work", "admin"})  # guarded: a path parameter FastAPI refuses
     status_code = 422
     error_type = "invalid_input"
 
@@ -189,6 +192,19 @@ class UnsupportedByModel(InvalidInput):
     when = "text sent to a model without a tokenizer"
     raised_on = frozenset({"work"})
     error_type = "unsupported_by_model"
+
+
+class LoadFailed(ServiceError):
+    """A repository load or unload that could not be done; what served before still does."""
+
+    when = (
+        "`POST /v2/repository/models/{name}/load` of a directory that is not a valid model "
+        "(manifest, file hashes, warm-up), does not fit `ATTNSERVE_MODEL_MEMORY_BYTES`, or "
+        "with `ATTNSERVE_MODEL_CONTROL=none`; the version serving before still serves"
+    )
+    raised_on = frozenset({"admin"})
+    status_code = 400
+    error_type = "load_failed"
 
 
 class Overloaded(ServiceError):
@@ -220,7 +236,7 @@ class NotReady(ServiceError):
         " `Retry-After` seconds. On `/health/live`: the warm-up failed and the process can "
         "never serve (restart it)"
     )
-    raised_on = frozenset({"open", "guarded", "work"})
+    raised_on = frozenset({"open", "guarded", "work", "admin"})
     status_code = 503
     error_type = "not_ready"
 

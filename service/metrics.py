@@ -55,6 +55,19 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.model_versions = Gauge(
+            "attnserve_model_versions_in_memory",
+            "Versions of each model held in memory: the serving one, and one being swapped "
+            "out until its last run ends.",
+            ["model"],
+            registry=self.registry,
+        )
+        self.model_loads = Counter(
+            "attnserve_model_loads",
+            "Model loads (start-up, repository API, poll), by outcome: loaded, failed, refused.",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
         self.worker_restarts = Counter(
             "attnserve_batcher_restarts",
             "Batcher workers restarted after an unexpected error.",

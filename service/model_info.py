@@ -22,6 +22,7 @@ class ModelInfo:
     path: Path
     max_seq_len: int  # the model's own length, capped by the server's setting
     created: int  # Unix time its manifest was written (OpenAI's model "created")
+    version: str = "1"  # its version in the repository (<name>/<version>/, or "1")
 
     @property
     def name(self) -> str:
@@ -36,7 +37,7 @@ class ModelInfo:
         return self.manifest.has_tokenizer
 
 
-def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
+def read_model_info(model_dir: Path, settings: Settings, version: str = "1") -> ModelInfo:
     """Read the manifest and check every file's SHA-256 against it."""
     try:
         manifest = Manifest.read(model_dir)
@@ -48,4 +49,5 @@ def read_model_info(model_dir: Path, settings: Settings) -> ModelInfo:
         path=model_dir,
         max_seq_len=min(manifest.architecture.max_seq_len, settings.max_seq_len),
         created=int((model_dir / graph_io.CONFIG_FILE).stat().st_mtime),
+        version=version,
     )

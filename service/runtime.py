@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 from model_export.manifest import graph_io
 from service.errors import ModelLoadError
 from service.model_info import ModelInfo, read_model_info
+from service.repository import ModelVersion, latest, model_directories
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -260,22 +261,41 @@ def check_providers(providers: list[str]) -> None:
         )
 
 
-def load_repository(settings: Settings) -> dict[str, ModelRuntime]:
-    """Load every model directory under the repository; refuse an empty or broken one."""
+def load_version(found: ModelVersion, settings: Settings) -> ModelRuntime:
+    """One export, checked (manifest, hashes, the name its directory promises) and opened."""
+    info = read_model_info(found.path, settings, found.version)
+    if info.name != found.name:
+        raise ModelLoadError(
+            f"directory {found.name!r} holds a model named {info.name!r}: name the "
+            "directory after its model (the repository API addresses models by directory)"
+        )
+    runtime = ModelRuntime(info, settings)
+    log.info("loaded model %s version %s from %s", info.name, found.version, found.path)
+    return runtime
+
+
+def load_repository(settings: Settings, names: list[str] | None = None) -> dict[str, ModelRuntime]:
+    """Load the highest version of every model directory (or of ``names``); refuse an
+    empty or broken one."""
     repo = settings.model_repository
     if not repo.is_dir():
         raise ModelLoadError(f"model repository {repo} does not exist or is not a directory")
     check_providers(settings.provider_list)
-    model_dirs = sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
+    model_dirs = model_directories(repo)
+    if names is not None:
+        model_dirs = [d for d in model_dirs if d.name in names]
+        missing = sorted(set(names) - {d.name for d in model_dirs})
+        if missing:
+            raise ModelLoadError(f"no model directory {', '.join(missing)} in {repo}")
     if not model_dirs:
         raise ModelLoadError(f"model repository {repo} holds no model directories")
     runtimes: dict[str, ModelRuntime] = {}
     for model_dir in model_dirs:
-        info = read_model_info(model_dir, settings)
-        if info.name in runtimes:
-            raise ModelLoadError(f"two model directories declare the name {info.name!r}")
-        runtimes[info.name] = ModelRuntime(info, settings)
-        log.info("loaded model %s from %s", info.name, model_dir)
+        found = latest(model_dir)
+        if found is None:
+            raise ModelLoadError(f"{model_dir} holds neither an export nor numbered versions")
+        runtime = load_version(found, settings)
+        runtimes[runtime.info.name] = runtime
     if settings.default_model is not None and settings.default_model not in runtimes:
         raise ModelLoadError(
             f"default model {settings.default_model!r} is not in {repo} "

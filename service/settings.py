@@ -22,6 +22,29 @@ class Settings(BaseSettings):
     default_model: str | None = Field(
         None, description="Model used when a request names none; the only/first model if unset."
     )
+    model_control: Literal["none", "explicit", "poll"] = Field(
+        "none",
+        description="none: every model directory loads at start, for good. explicit: the "
+        "default model and ATTNSERVE_LOAD_MODELS load at start, others on "
+        "POST /v2/repository/models/{name}/load (and unload). poll: the repository is "
+        "rescanned every ATTNSERVE_POLL_SECONDS; a new or changed model directory is loaded "
+        "beside the serving one and swapped in.",
+    )
+    load_models: str = Field(
+        "",
+        description="explicit mode: comma-separated model directories loaded at start, "
+        "besides the default model ('*': all of them).",
+    )
+    poll_seconds: float = Field(
+        15.0, gt=0, description="poll mode: seconds between two scans of the repository."
+    )
+    model_memory_bytes: int = Field(
+        8192 * MiB,
+        ge=16 * MiB,
+        description="Memory budget of the loaded models (estimated from their files); a load "
+        "that would exceed it is refused with the reason. A swap holds both versions until "
+        "the old one's last run ends.",
+    )
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     tei: bool = Field(
@@ -43,16 +66,31 @@ class Settings(BaseSettings):
         "(health, metrics and server metadata stay open for probes and scrapers).",
     )
 
-    @field_validator("api_key")
+    admin_keys: SecretStr | None = Field(
+        None,
+        description="Comma-separated keys for the model repository API (/v2/repository/*). "
+        "When set, those calls need 'Authorization: Bearer <admin key>'; when unset and "
+        "ATTNSERVE_API_KEY is set, the repository API is refused (inference keys never "
+        "manage models).",
+    )
+
+    @property
+    def admin_key_list(self) -> list[str]:
+        if self.admin_keys is None:
+            return []
+        return [k.strip() for k in self.admin_keys.get_secret_value().split(",") if k.strip()]
+
+    @field_validator("api_key", "admin_keys")
     @classmethod
     def _empty_key_is_no_key(cls, value: SecretStr | None) -> SecretStr | None:
         # ATTNSERVE_API_KEY="" must not mean "any Bearer token passes".
-        if value is None or not value.get_secret_value():
+        if value is None or not value.get_secret_value().strip(", "):
             return None
-        key = value.get_secret_value()
         # A header carries a token as visible ASCII: any other key could never match.
-        if not key.isascii() or not key.isprintable() or " " in key:
-            raise ValueError("must be printable ASCII without spaces (it travels in a header)")
+        for key in value.get_secret_value().split(","):
+            key = key.strip()
+            if key and (not key.isascii() or not key.isprintable() or " " in key):
+                raise ValueError("must be printable ASCII without spaces (it travels in a header)")
         return value
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(

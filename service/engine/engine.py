@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from service.errors import (
     ClientClosedRequest,
     DeadlineExceeded,
     InvalidInput,
+    LoadFailed,
     ModelLoadError,
     ModelNotFound,
     NotReady,
@@ -59,7 +61,8 @@ from service.errors import (
 )
 from service.metrics import Metrics
 from service.model_info import ModelInfo
-from service.runtime import ModelRuntime, load_repository
+from service.repository import ModelVersion, latest, model_directories
+from service.runtime import ModelRuntime, load_repository, load_version
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,6 +118,8 @@ class PreparedEncode:
     first_index: int = 0  # of its first sequence in the request (a part of a large one)
     # Late chunking: per sequence, the token indices of each of its spans (None: no spans)
     span_tokens: list[list[list[int]] | None] = dataclasses.field(default_factory=list)
+    # The version it was prepared on: it runs there even if another is swapped in meanwhile.
+    runtime: ModelRuntime | None = None
 
     @property
     def graph(self) -> str:
@@ -136,8 +141,16 @@ class Engine:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.runtimes: dict[str, ModelRuntime] = {}
+        self.runtimes: dict[str, ModelRuntime] = {}  # the serving version of each model
         self.default_model = ""
+        # Model control: why a model directory is not serving (index), one load at a time,
+        # what each loaded export was (poll mode reloads a changed one), and memory held.
+        self.reasons: dict[str, str] = {}
+        self._loading = asyncio.Lock()
+        self._loaded_from: dict[str, tuple[str, int, int]] = {}
+        self._model_bytes: dict[int, int] = {}  # id(runtime) -> estimate, while alive
+        self._poll: asyncio.Task[None] | None = None
+        self._loading_now: set[str] = set()
         self.ready = False
         self.failure: str | None = None  # set when the process can never serve (fails liveness)
         self._batcher: Batcher | None = None
@@ -153,13 +166,22 @@ class Engine:
     # -- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load every model (ModelLoadError: refuse to start), then warm up in the background."""
+        """Load the models to serve from the start (every one, or in explicit mode the
+        default and ATTNSERVE_LOAD_MODELS; ModelLoadError: refuse to start), then warm up
+        in the background."""
         try:
-            runtimes = await asyncio.to_thread(load_repository, self.settings)
+            runtimes = await asyncio.to_thread(
+                load_repository, self.settings, self._models_at_start()
+            )
         except ModelLoadError as exc:
             log.error("attnserve cannot start: %s", exc)
             raise
+        for runtime in runtimes.values():
+            self._hold(runtime)
         self.runtimes = runtimes
+        for model_dir in model_directories(self.settings.model_repository):
+            if model_dir.name not in runtimes:
+                self.reasons[model_dir.name] = "not loaded"
         self.default_model = self.settings.default_model or sorted(runtimes)[0]
         self._batcher = Batcher(runtimes, self.settings, self.metrics)
         await self._batcher.start()
@@ -167,9 +189,27 @@ class Engine:
             self._warm_up = asyncio.create_task(self._warm())
         else:
             self.ready = True
+        if self.settings.model_control == "poll":
+            self._poll = asyncio.create_task(self._poll_repository(), name="repository-poll")
+
+    def _models_at_start(self) -> list[str] | None:
+        """None: every model directory (control none or poll)."""
+        settings = self.settings
+        if settings.model_control != "explicit":
+            return None
+        listed = [n.strip() for n in settings.load_models.split(",") if n.strip()]
+        if "*" in listed:
+            return None
+        default = settings.default_model
+        if default is None:
+            dirs = model_directories(settings.model_repository)
+            default = dirs[0].name if dirs else ""
+        return sorted({default, *listed})
 
     async def stop(self) -> None:
         self.ready = False
+        if self._poll is not None:
+            self._poll.cancel()
         if self._warm_up is not None:
             self._warm_up.cancel()
         if self._batcher is not None:
@@ -255,16 +295,162 @@ class Engine:
         return self._runtime(name).info
 
     def _runtime(self, name: str | None) -> ModelRuntime:
-        if not self.runtimes:
+        if not self.runtimes and not self.reasons:
             raise NotReady("models are loading", headers={"Retry-After": "1"})
         key = self.default_model if name is None else name
         try:
             return self.runtimes[key]
         except KeyError:
+            why = f" ({self.reasons[key]})" if key in self.reasons else ""
             raise ModelNotFound(
-                f"{quoted(key)} is not served here (available: {', '.join(sorted(self.runtimes))})",
+                f"{quoted(key)} is not served here{why} (available: "
+                f"{', '.join(sorted(self.runtimes)) or 'none'})",
                 field=("model",),
             ) from None
+
+    # -- model control (ATTNSERVE_MODEL_CONTROL) ----------------------------------------------
+
+    def _hold(self, runtime: ModelRuntime) -> None:
+        """Count a loaded version's memory until the last reference to it goes (a swapped
+        out version lives on while runs that started on it finish)."""
+        key, name = id(runtime), runtime.info.name
+        self._model_bytes[key] = self._export_of(runtime).estimated_bytes()
+        self.metrics.model_versions.labels(name).inc()
+
+        def freed() -> None:
+            self._model_bytes.pop(key, None)
+            self.metrics.model_versions.labels(name).dec()
+
+        weakref.finalize(runtime, freed)
+
+    def repository_index(self) -> list[dict[str, str]]:
+        """Every model directory: its serving version and state, or why it is not serving."""
+        entries = []
+        for model_dir in model_directories(self.settings.model_repository):
+            name = model_dir.name
+            runtime = self.runtimes.get(name)
+            if runtime is not None:
+                entries.append(
+                    {"name": name, "version": runtime.info.version, "state": "READY", "reason": ""}
+                )
+                continue
+            found = latest(model_dir)
+            entries.append(
+                {
+                    "name": name,
+                    "version": found.version if found else "",
+                    "state": "LOADING" if name in self._loading_now else "UNAVAILABLE",
+                    "reason": self.reasons.get(name, "not loaded"),
+                }
+            )
+        return entries
+
+    @staticmethod
+    def _export_of(runtime: ModelRuntime) -> ModelVersion:
+        info = runtime.info
+        return ModelVersion(info.name, info.version, info.path)
+
+    async def load_model(self, name: str) -> ModelInfo:
+        """Load ``name``'s highest version beside what serves, check it (manifest, hashes,
+        warm-up, memory budget), then swap it in: new requests go to it, requests already
+        prepared finish on the version they started on. A failure leaves serving as it
+        was and says why (LoadFailed)."""
+        if self.settings.model_control == "none":
+            raise LoadFailed(
+                "models are fixed at start (ATTNSERVE_MODEL_CONTROL=none): set it to "
+                "explicit or poll to load models while serving"
+            )
+        async with self._loading:
+            self._loading_now.add(name)
+            try:
+                return await self._load(name)
+            finally:
+                self._loading_now.discard(name)
+
+    async def _load(self, name: str) -> ModelInfo:
+        model_dir = self.settings.model_repository / name
+        if name.startswith(".") or "/" in name or not model_dir.is_dir():
+            raise ModelNotFound(f"no model directory {quoted(name)} in the repository")
+        found = latest(model_dir)
+        if found is None:
+            return self._load_failed(name, "it holds neither an export nor numbered versions")
+        need = found.estimated_bytes()
+        held = sum(self._model_bytes.values())
+        budget = self.settings.model_memory_bytes
+        if held + need > budget:
+            self.metrics.model_loads.labels(name, "refused").inc()
+            raise LoadFailed(
+                f"{name!r} version {found.version} needs about {need / 2**20:,.0f} MiB; "
+                f"{held / 2**20:,.0f} of the {budget / 2**20:,.0f} MiB budget "
+                "(ATTNSERVE_MODEL_MEMORY_BYTES) are held: unload a model first"
+            )
+        try:
+            runtime = await asyncio.to_thread(load_version, found, self.settings)
+            await asyncio.to_thread(runtime.warmup)
+        except ModelLoadError as exc:
+            return self._load_failed(name, str(exc))
+        except Exception as exc:  # a graph that loads but cannot run (warm-up)
+            log.exception("loading model %s failed", name)
+            return self._load_failed(name, f"warm-up failed: {exc}")
+        self._hold(runtime)
+        batcher = self.require_ready()
+        await batcher.calibrate([runtime])
+        batcher.serve(runtime)
+        self.runtimes[name] = runtime  # the swap: one assignment on the event loop
+        self.reasons.pop(name, None)
+        self._loaded_from[name] = found.fingerprint()
+        self.metrics.model_loads.labels(name, "loaded").inc()
+        log.info("serving model %s version %s", name, found.version)
+        return runtime.info
+
+    def _load_failed(self, name: str, reason: str) -> ModelInfo:
+        self.metrics.model_loads.labels(name, "failed").inc()
+        serving = self.runtimes.get(name)
+        if serving is None:
+            self.reasons[name] = f"load failed: {reason}"
+        log.warning("loading model %s failed: %s", name, reason)
+        still = f"; version {serving.info.version} still serves" if serving else ""
+        raise LoadFailed(f"{name!r} was not loaded: {reason}{still}")
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving ``name``: new requests get 404, requests already prepared finish
+        (its sessions are freed when their last run ends). Other models are untouched."""
+        if self.settings.model_control == "none":
+            raise LoadFailed(
+                "models are fixed at start (ATTNSERVE_MODEL_CONTROL=none): set it to "
+                "explicit or poll to unload models while serving"
+            )
+        async with self._loading:
+            if name not in self.runtimes:
+                raise ModelNotFound(f"{quoted(name)} is not loaded")
+            del self.runtimes[name]
+            if self._batcher is not None:
+                self._batcher.retire(name)
+            self._loaded_from.pop(name, None)
+            self.reasons[name] = "unloaded"
+            log.info("unloaded model %s", name)
+
+    async def _poll_repository(self) -> None:
+        """Poll mode: load new or changed model directories beside what serves and swap
+        them in; a failed load leaves the serving version and is retried when it changes."""
+        for name, runtime in self.runtimes.items():
+            self._loaded_from[name] = self._export_of(runtime).fingerprint()
+        tried: dict[str, tuple[str, int, int]] = {}
+        while True:
+            await asyncio.sleep(self.settings.poll_seconds)
+            if not self.ready or self.shutting_down:
+                continue
+            for model_dir in model_directories(self.settings.model_repository):
+                found = latest(model_dir)
+                if found is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    mark = found.fingerprint()
+                    if mark in (self._loaded_from.get(model_dir.name), tried.get(model_dir.name)):
+                        continue
+                    tried[model_dir.name] = mark
+                    with contextlib.suppress(LoadFailed, ModelNotFound):
+                        await self.load_model(model_dir.name)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -324,6 +510,7 @@ class Engine:
                 prepared = await self.off_loop(self.prepare, request)
         scope.timing.prepare = time.monotonic() - began
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
+        scope.model_version = prepared.model.version
         result = await self.run(
             prepared, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
         )
@@ -347,6 +534,12 @@ class Engine:
         """
         runtime = self._runtime(request.model)
         info = runtime.info
+        if request.model_version is not None and request.model_version != info.version:
+            raise ModelNotFound(
+                f"model {info.name!r} has no version {quoted(request.model_version)} loaded "
+                f"(serving version {info.version})",
+                field=("model",),
+            )
         if not request.inputs:
             raise InvalidInput("is empty: send at least one sequence", field=("inputs",))
         pooled_only = request.pooled_only
@@ -383,6 +576,7 @@ class Engine:
             work,
             by_token_ids,
             span_tokens=span_tokens,
+            runtime=runtime,
         )
 
     def _token_front_end(
@@ -675,7 +869,9 @@ class Engine:
             return (await self._run_part(part_of(start), deadline, until, timing)).outputs
 
         outputs = await self._in_parts(n, outputs_of)
-        return EncodeResult(prepared.model.name, outputs, prepared.response_bytes)
+        return EncodeResult(
+            prepared.model.name, outputs, prepared.response_bytes, prepared.model.version
+        )
 
     async def _in_parts(
         self, count: int, run_part: Callable[[int], Coroutine[Any, Any, list[P]]]
@@ -719,7 +915,12 @@ class Engine:
             or sum(map(len, prepared.sequences)) > UNWATCHED_TOKENS
         )
         work = batcher.submit(
-            name, prepared.sequences, graph=prepared.graph, deadline=deadline, timing=timing
+            name,
+            prepared.sequences,
+            graph=prepared.graph,
+            deadline=deadline,
+            timing=timing,
+            runtime=prepared.runtime,
         )
         try:
             results = await self._unless_gone(work, until if watch else None, deadline)
@@ -827,7 +1028,9 @@ class Engine:
                     span_embeddings=span_embeddings,
                 )
             )
-        return EncodeResult(prepared.model.name, answers, prepared.response_bytes)
+        return EncodeResult(
+            prepared.model.name, answers, prepared.response_bytes, prepared.model.version
+        )
 
     # -- sparse vectors (BM42) --------------------------------------------------------------
 
@@ -845,6 +1048,7 @@ class Engine:
         limits.check_sequence_count(len(request.texts), self.settings, pooled_only=True)
         runtime, encoded = await self.off_loop(self._prepare_sparse, request)
         scope.timing.prepare = time.monotonic() - began
+        scope.model_version = runtime.info.version
         tokens = sum(len(t) for t, _, _ in encoded)
         ticket.hold(ticket.bytes + SPARSE_BYTES_PER_TOKEN * tokens, "this request")
         special, stopwords = runtime.special_tokens, runtime.stopwords
@@ -853,7 +1057,7 @@ class Engine:
         else:
             pairs = self._token_id_pairs(len(encoded), dict(enumerate(encoded)), {})
             graph = graph_io.GRAPH_SPARSE  # _prepare_sparse checked the model has it
-            results = await self._results_in_parts(runtime.info.name, pairs, graph, scope)
+            results = await self._results_in_parts(runtime, pairs, graph, scope)
             vectors = [
                 sparse.document_vector(
                     t, result[graph_io.OUTPUT_CLS_ATTENTION], special, stopwords, request.alpha
@@ -890,7 +1094,7 @@ class Engine:
         return runtime, encoded
 
     async def _results_in_parts(
-        self, model: str, sequences: list[np.ndarray], graph: str, scope: RequestScope
+        self, runtime: ModelRuntime, sequences: list[np.ndarray], graph: str, scope: RequestScope
     ) -> list[SequenceResult]:
         """Per-sequence outputs of ``graph``, queued in parts of ATTNSERVE_MAX_SEQUENCES,
         ``PARTS_IN_FLIGHT`` at a time, in order; dropped when the caller leaves or the
@@ -902,11 +1106,12 @@ class Engine:
 
         async def run(start: int) -> list[SequenceResult]:
             work = batcher.submit(
-                model,
+                runtime.info.name,
                 sequences[start : start + part],
                 graph=graph,
                 deadline=scope.deadline,
                 timing=scope.timing,
+                runtime=runtime,
             )
             try:
                 return await self._unless_gone(work, scope.cancelled, scope.deadline)

@@ -52,6 +52,7 @@ class Access(enum.Enum):
     OPEN = "open"  # health, metrics, server metadata: anyone, even while not ready
     GUARDED = "guarded"  # model metadata: the API key, when the server has one
     WORK = "work"  # inference: the API key, a valid deadline and an admission ticket
+    ADMIN = "admin"  # the model repository API: an admin key (ATTNSERVE_ADMIN_KEYS)
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,16 @@ class RequestScope:
         self.ticket: Ticket | None = None
         self.cancelled: Disconnected | None = None  # set by the transport, if it can tell
         self.timing = RunTiming()
+        self.model_version: str | None = None  # of the model that answered, once known
         self.closed = False
         self._log_token = request_id_var.set(self.request_id)
 
     def enter(self, access: Access) -> None:
         """Apply the engine's rules for ``access``: 401, 400 (timeout), 503 (not ready)."""
         if access is Access.OPEN:
+            return
+        if access is Access.ADMIN:
+            self._authorize_admin()
             return
         self._authorize()
         if access is Access.WORK:
@@ -107,6 +112,28 @@ class RequestScope:
         if scheme.lower() != "bearer" or not secrets.compare_digest(given, expected):
             raise Unauthorized(
                 "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def _authorize_admin(self) -> None:
+        """Admin keys when set; with only an inference key set, nobody: a key that may
+        run the model may not replace it."""
+        settings = self._engine.settings
+        keys = settings.admin_key_list
+        if not keys:
+            if settings.api_key is None:
+                return  # no keys at all: the repository API is as open as the rest
+            raise Unauthorized(
+                "the model repository API needs an admin key, and this server has none "
+                "(ATTNSERVE_ADMIN_KEYS): inference keys cannot manage models",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        scheme, _, token = (self.caller.authorization or "").partition(" ")
+        given = token.strip().encode("utf-8", "surrogateescape")
+        matches = [secrets.compare_digest(given, key.encode()) for key in keys]
+        if scheme.lower() != "bearer" or not any(matches):
+            raise Unauthorized(
+                "missing or wrong admin key: send 'Authorization: Bearer <admin key>'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
 

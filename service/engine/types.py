@@ -127,6 +127,7 @@ class EncodeRequest:
     inputs: Sequence[InputItem]  # read once its length has passed the limits
     wire_cost: WireCost
     model: str | None = None
+    model_version: str | None = None  # a version the caller named: must be the serving one
     return_attention: bool = False
     attention: AttentionSpec = field(default_factory=AttentionSpec)
     return_hidden_states: bool = False
@@ -166,6 +167,7 @@ class EncodeResult:
     model: str
     outputs: list[SequenceOutput]
     response_bytes: float  # the engine's estimate of the answer's size
+    version: str = "1"  # of the model that produced it
 
     @property
     def tokens(self) -> int:

@@ -404,7 +404,6 @@ def test_rpcs_not_served_answer_unimplemented(servers: Servers) -> None:
     with grpc.insecure_channel(servers.grpc) as channel:
         stub = tgrpc.service_pb2_grpc.GRPCInferenceServiceStub(channel)
         for call, request in (
-            (stub.RepositoryIndex, pb.RepositoryIndexRequest()),
             (stub.ModelStatistics, pb.ModelStatisticsRequest(name=MODEL)),
             (stub.ModelConfig, pb.ModelConfigRequest(name=MODEL)),
         ):

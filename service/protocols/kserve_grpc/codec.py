@@ -37,7 +37,7 @@ def parameter(value: pb.InferParameter) -> Any:
 
 
 def infer_request(
-    request: pb.ModelInferRequest, info: ModelInfo, version: str
+    request: pb.ModelInferRequest, info: ModelInfo, version: str | None
 ) -> tuple[EncodeRequest, Reply]:
     """A ModelInferRequest -> (EncodeRequest, what the answer needs)."""
     params = {key: parameter(value) for key, value in request.parameters.items()}
@@ -109,7 +109,7 @@ def _requested_outputs(
 def infer_response(result: EncodeResult, reply: Reply) -> pb.ModelInferResponse:
     """Every requested output as raw little-endian bytes, in the order asked."""
     response = pb.ModelInferResponse(
-        model_name=reply.model, model_version=reply.version, id=reply.request_id or ""
+        model_name=reply.model, model_version=result.version, id=reply.request_id or ""
     )
     for name, datatype, array in tensors.output_arrays(result, reply):
         response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))

@@ -30,7 +30,6 @@ from service.protocols.kserve_grpc import codec, errors
 from service.protocols.kserve_v2 import tensors
 from service.protocols.kserve_v2.routes import (
     EXTENSIONS,
-    MODEL_VERSION,
     PLATFORM,
     SERVER_NAME,
     SERVER_VERSION,
@@ -159,7 +158,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             tensor = pb.ModelMetadataResponse.TensorMetadata
             return pb.ModelMetadataResponse(
                 name=info.name,
-                versions=[MODEL_VERSION],
+                versions=[info.version],
                 platform=PLATFORM,
                 inputs=[
                     tensor(name=n, datatype=d, shape=s) for n, d, s in tensors.model_inputs(info)
@@ -181,7 +180,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             # The message is in memory already (bounded by the receive limit): hold it
             # and what decoding it makes against the request's ticket, as HTTP bodies are.
             scope.admitted().hold(MESSAGE_EXPANSION * request.ByteSize(), "this request's message")
-            version = request.model_version or MODEL_VERSION
+            version = request.model_version or None
             result, reply = await engine.encode(
                 lambda: codec.infer_request(request, info, version), scope
             )
@@ -190,6 +189,41 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             return codec.infer_response(result, reply)
 
         return await self._call(context, "ModelInfer", Access.WORK, infer)
+
+    # Triton's model repository extension (ATTNSERVE_MODEL_CONTROL explicit or poll).
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RepositoryIndexResponse:
+        async def index(scope: RequestScope) -> pb.RepositoryIndexResponse:
+            entries = self.engine.repository_index()
+            if request.ready:
+                entries = [e for e in entries if e["state"] == "READY"]
+            return pb.RepositoryIndexResponse(
+                models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries]
+            )
+
+        return await self._call(context, "RepositoryIndex", Access.ADMIN, index)
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RepositoryModelLoadResponse:
+        async def load(scope: RequestScope) -> pb.RepositoryModelLoadResponse:
+            await self.engine.load_model(request.model_name)
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._call(context, "RepositoryModelLoad", Access.ADMIN, load)
+
+    async def RepositoryModelUnload(
+        self,
+        request: pb.RepositoryModelUnloadRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.RepositoryModelUnloadResponse:
+        async def unload(scope: RequestScope) -> pb.RepositoryModelUnloadResponse:
+            await self.engine.unload_model(request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await self._call(context, "RepositoryModelUnload", Access.ADMIN, unload)
 
 
 def _text(value: str | bytes | None) -> str | None:

@@ -52,7 +52,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
 
 
 def infer_request(
-    body: bytes, header_length: str | None, info: ModelInfo, version: str
+    body: bytes, header_length: str | None, info: ModelInfo, version: str | None
 ) -> tuple[EncodeRequest, Reply]:
     """An infer body -> (EncodeRequest, what the answer needs)."""
     header, binary = split_body(body, header_length)
@@ -153,7 +153,7 @@ def infer_response(result: EncodeResult, reply: Reply) -> Answer:
         else:
             entry["data"] = array.ravel()
         entries.append(entry)
-    header: dict[str, Any] = {"model_name": reply.model, "model_version": reply.version}
+    header: dict[str, Any] = {"model_name": reply.model, "model_version": result.version}
     if reply.request_id is not None:
         header["id"] = reply.request_id
     header["outputs"] = entries

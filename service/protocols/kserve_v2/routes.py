@@ -1,5 +1,7 @@
 """The Open Inference Protocol's routes under ``/v2``: server and model metadata, health,
-readiness, and ``infer`` (with and without ``/versions/{version}``)."""
+readiness, ``infer`` (with and without ``/versions/{version}``), and Triton's model
+repository extension (``/v2/repository/index``, ``.../models/{model}/load`` and
+``/unload``: ATTNSERVE_MODEL_CONTROL explicit or poll, admin keys)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from service.protocols.kserve_v2.schemas import (
     ModelMetadata,
     ModelReady,
     Ready,
+    RepositoryIndexRequest,
+    RepositoryModel,
     ServerMetadata,
     TensorMetadata,
 )
@@ -30,9 +34,8 @@ from service.protocols.protocol import Protocol
 
 SERVER_NAME = "attnserve"
 SERVER_VERSION = "0.1.0"
-MODEL_VERSION = "1"  # a model directory is one version
 PLATFORM = "onnxruntime_onnx"
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
 
 
 # What the statuses mean in this protocol's terms (the OpenAPI's error descriptions).
@@ -56,7 +59,8 @@ def routed(access: Access) -> APIRouter:
 health = routed(Access.OPEN)
 models = routed(Access.GUARDED)
 infer_router = routed(Access.WORK)
-routers = (health, models, infer_router)
+repository = routed(Access.ADMIN)
+routers = (health, models, infer_router, repository)
 
 
 @health.get("", response_model=ServerMetadata)
@@ -78,10 +82,12 @@ async def ready(engine: EngineDep) -> Ready:
 
 
 def model_of(engine: Engine, name: str, version: str | None) -> ModelInfo:
+    """The serving version of ``name``; 404 for a version named that does not serve."""
     info = engine.model(name)
-    if version is not None and version != MODEL_VERSION:
+    if version is not None and version != info.version:
         raise ModelNotFound(
-            f"model {quoted(name)} has no version {quoted(version)} (versions: {MODEL_VERSION})"
+            f"model {quoted(name)} has no version {quoted(version)} loaded (serving version "
+            f"{info.version})"
         )
     return info
 
@@ -101,7 +107,7 @@ async def model_metadata(
     info = model_of(engine, model, version)
     return ModelMetadata(
         name=info.name,
-        versions=[MODEL_VERSION],
+        versions=[info.version],
         platform=PLATFORM,
         inputs=_tensors(tensors.model_inputs(info)),
         outputs=_tensors(tensors.available_outputs(info)),
@@ -150,11 +156,35 @@ async def infer(
     return await http.encode(
         request,
         engine,
-        lambda body: codec.infer_request(body, header_length, info, version or MODEL_VERSION),
+        lambda body: codec.infer_request(body, header_length, info, version),
         codec.infer_response,
         json_only=False,
         json_bytes=codec.json_prefix(header_length),
     )
+
+
+@repository.post("/repository/index", response_model=list[RepositoryModel])
+async def repository_index(
+    engine: EngineDep, body: RepositoryIndexRequest | None = None
+) -> list[RepositoryModel]:
+    """Every model directory: its version and state, and why it does not serve."""
+    entries = [RepositoryModel.model_validate(e) for e in engine.repository_index()]
+    return [e for e in entries if e.state == "READY"] if body and body.ready else entries
+
+
+@repository.post("/repository/models/{model}/load", response_model=None)
+async def repository_load(model: str, engine: EngineDep) -> Response:
+    """Load the directory's highest version beside what serves, check it, swap it in (a
+    failure leaves serving untouched: 400 with the reason)."""
+    await engine.load_model(model)
+    return Response(status_code=200)
+
+
+@repository.post("/repository/models/{model}/unload", response_model=None)
+async def repository_unload(model: str, engine: EngineDep) -> Response:
+    """Stop serving the model; requests in progress on it finish."""
+    await engine.unload_model(model)
+    return Response(status_code=200)
 
 
 def openapi_components() -> dict[str, Any]:

@@ -33,6 +33,20 @@ class ModelMetadata(BaseModel):
     outputs: list[TensorMetadata]
 
 
+class RepositoryModel(BaseModel):
+    """One model directory in ``POST /v2/repository/index`` (Triton's repository extension)."""
+
+    name: str
+    version: str = Field(description="The serving version, or the one a load would serve.")
+    state: Literal["READY", "UNAVAILABLE", "LOADING"]
+    reason: str = Field(description="Why it does not serve ('unloaded', a failed load...).")
+
+
+class RepositoryIndexRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    ready: bool = Field(False, description="Only the models that serve.")
+
+
 class ModelReady(BaseModel):
     name: str
     ready: bool

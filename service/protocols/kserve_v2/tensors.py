@@ -88,7 +88,6 @@ class Reply:
     """What the answer needs from the request: names, framing and padding."""
 
     model: str
-    version: str
     request_id: str | None
     outputs: dict[str, bool]  # requested output -> as raw bytes
     rows: Rows | None  # the embeds rows, whose lengths pad the answer (None for text)
@@ -157,7 +156,7 @@ def encode_request(
     outputs: dict[str, bool],
     options: Options,
     info: ModelInfo,
-    version: str,
+    version: str | None,
     request_id: str | None,
 ) -> tuple[EncodeRequest, Reply]:
     """Decoded input tensors and requested outputs -> (EncodeRequest, what the answer needs)."""
@@ -186,6 +185,7 @@ def encode_request(
         inputs=items,
         wire_cost=COST[all(outputs.values())],
         model=info.name,
+        model_version=version,
         return_attention=graph_io.OUTPUT_ATTENTIONS in outputs,
         attention=AttentionSpec(measure=options.attention_measure),
         return_hidden_states=graph_io.OUTPUT_HIDDEN_STATES in outputs,
@@ -195,7 +195,7 @@ def encode_request(
         truncate=options.truncate,
         pad_to=pad_to,
     )
-    return request, Reply(info.name, version, request_id, outputs, rows, pad_to)
+    return request, Reply(info.name, request_id, outputs, rows, pad_to)
 
 
 def _items(

@@ -1,0 +1,232 @@
+"""Models loaded, swapped and unloaded while serving (ATTNSERVE_MODEL_CONTROL), through
+Triton's repository API with tritonclient (HTTP and gRPC) and raw HTTP, on real servers.
+
+Versions are the tiny model exported with two seeds, so every answer says which
+version made it: each is checked against onnxruntime on that version's own graph
+(tolerance 1e-5: another batch composition, the same weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+
+from model_export.config import EncoderConfig
+from model_export.export import export_model
+from model_export.manifest import Manifest, graph_io
+from model_export.model import Encoder
+from tests.conftest import free_port, server_process
+from tests.service.helpers import D_MODEL, ort_encode
+from tests.service.raw_http import metric
+
+ATOL = 1e-5
+ADMIN = "admin-key"
+SEEDS = {"1": 1234, "2": 98765}
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory, tiny_config: EncoderConfig) -> Path:
+    """The tiny model's two versions, exported once: ``<dir>/<version>/``."""
+    root = tmp_path_factory.mktemp("versions")
+    for version, seed in SEEDS.items():
+        export_model(Encoder(tiny_config, seed=seed), root / version, name="tiny", seed=seed)
+    return root
+
+
+def repository(tmp_path: Path, exports: Path, versions: tuple[str, ...]) -> Path:
+    """A repository whose ``tiny`` holds ``versions`` in Triton's layout."""
+    repo = tmp_path / "repo"
+    for version in versions:
+        shutil.copytree(exports / version, repo / "tiny" / version)
+    return repo
+
+
+def renamed(source: Path, target: Path, name: str) -> None:
+    """A copy of an export under another model name (its directory's)."""
+    shutil.copytree(source, target)
+    manifest = Manifest.read(target)
+    dataclasses.replace(manifest, name=name).write(target)
+
+
+def expected(exports: Path) -> dict[str, np.ndarray]:
+    """Each version's last_hidden_state for INPUT, from onnxruntime on its own graph."""
+    answers = {}
+    for version in SEEDS:
+        session = ort.InferenceSession(str(exports / version / graph_io.GRAPH_EMBEDDINGS))
+        answers[version] = ort_encode(session, [INPUT])[0][0]
+    return answers
+
+
+INPUT = np.random.default_rng(7).standard_normal((6, D_MODEL)).astype(np.float32)
+
+
+def infer(url: str, model: str = "tiny", version: str | None = None) -> httpx.Response:
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    body = {
+        "inputs": [
+            {"name": graph_io.INPUT_EMBEDS, "datatype": "FP32", "shape": [1, 6, D_MODEL],
+             "data": INPUT.ravel().tolist()},
+        ],
+        "outputs": [{"name": graph_io.OUTPUT_HIDDEN}],
+    }  # fmt: skip
+    return httpx.post(url + path, json=body, timeout=30)
+
+
+def hidden_of(answer: httpx.Response) -> tuple[str, np.ndarray]:
+    body = answer.json()
+    (output,) = body["outputs"]
+    return body["model_version"], np.asarray(output["data"], np.float32).reshape(6, D_MODEL)
+
+
+@pytest.fixture
+def admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN}"}
+
+
+def test_a_version_swap_under_load_mixes_nothing(tmp_path: Path, exports: Path) -> None:
+    """64 clients for 30 s while version 2 is loaded beside 1 and swapped in: every answer
+    is 200 and equals the graph of the version it claims; the old version's memory goes
+    once its last run ends."""
+    repo = repository(tmp_path, exports, ("1",))
+    want = expected(exports)
+    with server_process(repo, model_control="explicit") as server:
+        url = server.url
+        seen: dict[str, int] = {"1": 0, "2": 0}
+        errors: list[str] = []
+        stop = time.monotonic() + 30
+
+        def client() -> None:
+            with httpx.Client(base_url=url, timeout=30) as http:
+                while time.monotonic() < stop and not errors:
+                    answer = infer(str(http.base_url).rstrip("/"))
+                    if answer.status_code != 200:
+                        errors.append(f"{answer.status_code}: {answer.text}")
+                        return
+                    version, hidden = hidden_of(answer)
+                    if answer.headers["x-model-version"] != version:
+                        errors.append("header and body disagree")
+                    if not np.allclose(hidden, want[version], rtol=0, atol=ATOL):
+                        errors.append(f"answer of version {version} is not its graph's")
+                    seen[version] += 1
+
+        threads = [threading.Thread(target=client) for _ in range(64)]
+        for thread in threads:
+            thread.start()
+        time.sleep(8)
+        shutil.copytree(exports / "2", repo / "tiny" / "2")
+        loaded = httpx.post(f"{url}/v2/repository/models/tiny/load", timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == []
+        assert seen["1"] > 0 and seen["2"] > 0, seen
+        assert hidden_of(infer(url))[0] == "2"  # new requests go to the new version
+        give_up = time.monotonic() + 10
+        while metric(url, "attnserve_model_versions_in_memory", model="tiny") != 1:
+            assert time.monotonic() < give_up, "version 1 was never freed"
+            time.sleep(0.1)
+
+
+def test_repository_api_through_tritonclient(
+    tmp_path: Path, exports: Path, admin: dict[str, str]
+) -> None:
+    """Explicit mode: the default model loads at start, another on a load call (HTTP
+    client), is unloaded (gRPC client) while the first keeps serving; keys are
+    admin keys, never the inference key."""
+    repo = repository(tmp_path, exports, ("1",))
+    renamed(exports / "2", repo / "other", "other")
+    grpc_port = free_port()
+    with server_process(
+        repo,
+        model_control="explicit",
+        default_model="tiny",
+        api_key="inference-key",
+        admin_keys=f"first-admin, {ADMIN}",
+        grpc_port=str(grpc_port),
+    ) as server:
+        url = server.url
+        http = thttp.InferenceServerClient(url.removeprefix("http://"))
+        grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        keyed = {"Authorization": "Bearer inference-key"}
+        with pytest.raises(InferenceServerException, match="admin key"):
+            http.get_model_repository_index(headers=keyed)
+        index = http.get_model_repository_index(headers=admin)
+        assert {(m["name"], m["state"]) for m in index} == {
+            ("tiny", "READY"),
+            ("other", "UNAVAILABLE"),
+        }
+        assert next(m for m in index if m["name"] == "other")["reason"] == "not loaded"
+        refused = httpx.post(f"{url}/v1/encode", json={"model": "other",
+                             "inputs": [INPUT.tolist()]}, headers=keyed)  # fmt: skip
+        assert refused.status_code == 404 and "not loaded" in refused.text
+
+        http.load_model("other", headers=admin)
+        assert http.is_model_ready("other", headers=keyed)
+        answer = httpx.post(f"{url}/v1/encode", json={"model": "other",
+                            "inputs": [INPUT.tolist()]}, headers=keyed)  # fmt: skip
+        assert answer.status_code == 200 and answer.headers["x-model-version"] == "1"
+
+        metadata = {"authorization": admin["Authorization"]}  # gRPC keys are lower case
+        grpc.unload_model("other", headers=metadata)
+        index = grpc.get_model_repository_index(headers=metadata, as_json=True)["models"]
+        states = {m["name"]: (m.get("state"), m.get("reason")) for m in index}
+        assert states == {"tiny": ("READY", None), "other": ("UNAVAILABLE", "unloaded")}
+        assert infer(url).status_code == 401  # the inference key is still needed for work
+        with httpx.Client(headers=keyed) as client:
+            served = client.post(f"{url}/v1/encode", json={"inputs": [INPUT.tolist()]})
+        assert served.status_code == 200  # the default model never stopped
+
+
+def test_a_broken_or_oversized_load_leaves_service_unchanged(tmp_path: Path, exports: Path) -> None:
+    repo = repository(tmp_path, exports, ("1",))
+    want = expected(exports)
+    with server_process(repo, model_control="explicit", model_memory_bytes=str(16 * 2**20)) as s:
+        url = s.url
+        broken = repo / "tiny" / "2"
+        shutil.copytree(exports / "2", broken)
+        with (broken / graph_io.GRAPH_EMBEDDINGS).open("ab") as graph:
+            graph.write(b"not what the manifest hashed")
+        answer = httpx.post(f"{url}/v2/repository/models/tiny/load", timeout=60)
+        assert answer.status_code == 400, answer.text
+        assert "SHA-256" in answer.json()["error"] and "version 1 still serves" in answer.text
+        version, hidden = hidden_of(infer(url))
+        assert version == "1" and np.allclose(hidden, want["1"], rtol=0, atol=ATOL)
+
+        shutil.rmtree(broken)
+        shutil.copytree(exports / "2", broken)
+        (broken / "padding.bin").write_bytes(b"\0" * (17 * 2**20))  # counts as model files
+        answer = httpx.post(f"{url}/v2/repository/models/tiny/load", timeout=60)
+        assert answer.status_code == 400 and "ATTNSERVE_MODEL_MEMORY_BYTES" in answer.text
+        assert hidden_of(infer(url))[0] == "1"
+        assert infer(url, version="2").status_code == 404
+        assert metric(url, "attnserve_model_loads_total", model="tiny", outcome="failed") == 1
+        assert metric(url, "attnserve_model_loads_total", model="tiny", outcome="refused") == 1
+
+
+def test_poll_mode_swaps_in_a_new_version(tmp_path: Path, exports: Path) -> None:
+    repo = repository(tmp_path, exports, ("1",))
+    with server_process(repo, model_control="poll", poll_seconds="0.2") as server:
+        assert hidden_of(infer(server.url))[0] == "1"
+        shutil.copytree(exports / "2", repo / "tiny" / "2")
+        give_up = time.monotonic() + 30
+        while hidden_of(infer(server.url))[0] != "2":
+            assert time.monotonic() < give_up, "the new version never served"
+            time.sleep(0.1)
+
+
+def test_without_model_control_the_repository_is_fixed(server_url: str) -> None:
+    answer = httpx.post(f"{server_url}/v2/repository/models/tiny/load", timeout=30)
+    assert answer.status_code == 400 and "ATTNSERVE_MODEL_CONTROL" in answer.text
+    index = httpx.post(f"{server_url}/v2/repository/index", timeout=30).json()
+    assert index == [{"name": "tiny", "version": "1", "state": "READY", "reason": ""}]
