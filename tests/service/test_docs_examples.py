@@ -286,6 +286,10 @@ def tei_decode(answer: Answer, session: ort.InferenceSession) -> None:
     assert ok(answer) == ["hello, world!"]
 
 
+def repository_index(answer: Answer, session: ort.InferenceSession) -> None:
+    assert ok(answer) == [{"name": "tiny", "version": "1", "state": "READY", "reason": ""}]
+
+
 def tei_info(answer: Answer, session: ort.InferenceSession) -> None:
     info = ok(answer)
     assert info["model_id"] == "minilm-l6" and info["max_client_batch_size"] == 2048
@@ -300,6 +304,7 @@ BASH_CHECKS: dict[str, Check] = {
     path("/embed_all"): tei_tokens,
     path("/embed_sparse"): tei_sparse,
     path("/similarity"): tei_similarity,
+    path("/v2/repository/index"): repository_index,
     path("/tokenize"): tei_tokenize,
     path("/decode"): tei_decode,
     path("/info"): tei_info,
@@ -313,11 +318,17 @@ BASH_CHECKS: dict[str, Check] = {
     r"random\.seed\(4\)": base64_both_ways,
     r"order-1234": deadline_and_request_id,
     r"no-such-model": Refused(404, "model_not_found"),
+    path("/v2/repository/models/tiny/load"): Refused(400, "load_failed"),
+    path("/v2/repository/models/tiny/unload"): Refused(400, "load_failed"),
     path("/v1/tokenize"): Refused(422, "unsupported_by_model"),
     r"Someone plays the guitar": openai_embeddings,
     r'"word " \* 300': Refused(400, "context_length_exceeded", openai_param="input[0]"),
     path("/v2"): equals(
-        {"name": "attnserve", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
+        {
+            "name": "attnserve",
+            "version": "0.1.0",
+            "extensions": ["binary_tensor_data", "model_repository"],
+        }
     ),
     path("/v2/health/live"): equals({"live": True}),
     path("/v2/health/ready"): equals({"ready": True}),

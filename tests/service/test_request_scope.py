@@ -25,6 +25,7 @@ from tests.service.helpers import D_MODEL, MODEL, TIMEOUT
 from tests.service.raw_http import metric
 
 KEY = "scope-test-key"
+ADMIN_KEY = "scope-test-admin-key"  # the repository API's (ATTNSERVE_ADMIN_KEYS)
 # Routes that belong to no protocol: the API docs and the attention viewer's page.
 UNSCOPED = {"/openapi.json", "/docs", "/docs-assets", "/redoc", "/", "/viewer", "/viewer/static"}
 ROW = [0.25] * D_MODEL
@@ -36,6 +37,10 @@ TEI_TEXT_ROUTES = (
     "/", "/embed", "/embed/", "//embed", "/invocations", "/embed_all", "/embed_sparse", "/tokenize"
 )  # fmt: skip
 REFUSED_BY_MODEL |= dict.fromkeys((*TEI_TEXT_ROUTES, "/similarity", "/decode"), 422)
+# The server's models are fixed (ATTNSERVE_MODEL_CONTROL=none): loads are refused.
+REFUSED_BY_MODEL |= dict.fromkeys(
+    ("/v2/repository/models/{model}/load", "/v2/repository/models/{model}/unload"), 400
+)
 BODIES = {
     "/v1/encode": {"inputs": [[ROW, ROW]]},
     "/v1/embeddings": {"input": [[1, 2, 3]], "model": MODEL},
@@ -97,7 +102,7 @@ def test_every_route_of_the_app_is_a_protocol_route_or_named_here() -> None:
 
 @pytest.fixture(scope="module")
 def keyed_url(model_repository: Path) -> Iterator[str]:
-    with running_server(model_repository, api_key=KEY) as url:
+    with running_server(model_repository, api_key=KEY, admin_keys=ADMIN_KEY) as url:
         yield url
 
 
@@ -118,7 +123,7 @@ def test_the_scope_applies_key_then_timeout_then_deadline(
     keyed: httpx.Client, keyed_url: str, method: str, template: str, access: Access
 ) -> None:
     before = metric(keyed_url, "attnserve_requests_total", route=template)
-    bearer = f"Bearer {KEY}"
+    bearer = f"Bearer {ADMIN_KEY if access is Access.ADMIN else KEY}"
 
     anonymous = send(keyed, method, template, **{"x-request-timeout": "abc"})
     if access is Access.OPEN:
@@ -135,8 +140,9 @@ def test_the_scope_applies_key_then_timeout_then_deadline(
         assert "X-Request-Timeout" in malformed.text
         assert passed.status_code == 504, passed.text
         assert "retry-after" in passed.headers
-    else:
-        assert malformed.status_code == passed.status_code == 200
+    else:  # no timeout rule: the answer is the route's own
+        answer = REFUSED_BY_MODEL.get(template, 200)
+        assert malformed.status_code == passed.status_code == answer
     assert fine.status_code == REFUSED_BY_MODEL.get(template, 200), fine.text
 
     counted = metric(keyed_url, "attnserve_requests_total", route=template) - before
