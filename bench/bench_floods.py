@@ -90,6 +90,8 @@ def server(model_dir: Path) -> Iterator[tuple[str, int]]:
         "ATTNSERVE_MODEL_REPOSITORY": str(model_dir),
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_GRPC_PORT": "0",
+        # Every request computed: the cache would answer repeats (bench_cache measures it).
+        "ATTNSERVE_RESPONSE_CACHE_BYTES": "0",
         "ATTNSERVE_LOG_LEVEL": "warning",
     }
     proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, cwd=ROOT)

@@ -187,6 +187,8 @@ def running_server(model_dir: Path, **settings: str) -> Iterator[int]:
         "ATTNSERVE_DEFAULT_MODEL": model_dir.name,
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_GRPC_PORT": "0",
+        # Every request computed: the cache would answer repeats (bench_cache measures it).
+        "ATTNSERVE_RESPONSE_CACHE_BYTES": "0",
         "ATTNSERVE_LOG_LEVEL": "warning",
         **{f"ATTNSERVE_{k}": v for k, v in settings.items()},
     }

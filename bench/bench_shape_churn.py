@@ -63,6 +63,8 @@ def churn(model_dir: Path, arena: bool, seconds: float, clients: int) -> dict[st
         "ATTNSERVE_MODEL_REPOSITORY": str(model_dir),
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_GRPC_PORT": "0",
+        # Every request computed: the cache would answer repeats (bench_cache measures it).
+        "ATTNSERVE_RESPONSE_CACHE_BYTES": "0",
         "ATTNSERVE_LOG_LEVEL": "warning",
         "ATTNSERVE_CPU_MEM_ARENA": str(arena).lower(),
     }

@@ -55,6 +55,23 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.cache_requests = Counter(
+            "attnserve_response_cache_requests",
+            "Encode requests looked up in the response cache, by result: hit (also a twin "
+            "in flight) or miss.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.cache_evictions = Counter(
+            "attnserve_response_cache_evictions",
+            "Answers evicted from the response cache (least recently used first).",
+            registry=self.registry,
+        )
+        self.cache_bytes = Gauge(
+            "attnserve_response_cache_bytes",
+            "Bytes held by the response cache (at most ATTNSERVE_RESPONSE_CACHE_BYTES).",
+            registry=self.registry,
+        )
         self.model_versions = Gauge(
             "attnserve_model_versions_in_memory",
             "Versions of each model held in memory: the serving one, and one being swapped "

@@ -45,6 +45,12 @@ class Settings(BaseSettings):
         "that would exceed it is refused with the reason. A swap holds both versions until "
         "the old one's last run ends.",
     )
+    response_cache_bytes: int = Field(
+        64 * MiB,
+        ge=0,
+        description="Bytes of answers kept for requests that come again (keyed by model "
+        "version, exact inputs and options, and API key); 0 turns the cache off.",
+    )
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     tei: bool = Field(

@@ -96,6 +96,9 @@ def server_process(
         "ATTNSERVE_INTRA_OP_THREADS": "1",
         "ATTNSERVE_DRAIN_SECONDS": "0",
         "ATTNSERVE_GRPC_PORT": "0",  # gRPC only where a test asks for it (a free port)
+        # Every request computed (the tests of limits, deadlines and batching count runs);
+        # the response cache has its own tests (tests/service/test_response_cache.py).
+        "ATTNSERVE_RESPONSE_CACHE_BYTES": "0",
         **{f"ATTNSERVE_{k.upper()}": v for k, v in settings.items()},
     }
     url = f"http://127.0.0.1:{port}"

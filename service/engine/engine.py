@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
+import itertools
 import logging
 import math
 import time
@@ -29,6 +31,7 @@ from model_export.manifest import graph_io
 from service.batcher import Batcher, RunTiming, SequenceResult
 from service.engine import limits, postprocess, sparse
 from service.engine.admission import Admission, Ticket
+from service.engine.response_cache import ResponseCache, request_key
 from service.engine.scope import Caller, Disconnected, RequestScope
 from service.engine.types import (
     ArrayInput,
@@ -149,6 +152,9 @@ class Engine:
         self._loading = asyncio.Lock()
         self._loaded_from: dict[str, tuple[str, int, int]] = {}
         self._model_bytes: dict[int, int] = {}  # id(runtime) -> estimate, while alive
+        self._load_serial: dict[int, int] = {}  # id(runtime) -> its load's number, while alive
+        self._serials = itertools.count()
+        self.cache = ResponseCache(settings.response_cache_bytes, metrics)
         self._poll: asyncio.Task[None] | None = None
         self._loading_now: set[str] = set()
         self.ready = False
@@ -315,10 +321,12 @@ class Engine:
         out version lives on while runs that started on it finish)."""
         key, name = id(runtime), runtime.info.name
         self._model_bytes[key] = self._export_of(runtime).estimated_bytes()
+        self._load_serial[key] = next(self._serials)
         self.metrics.model_versions.labels(name).inc()
 
         def freed() -> None:
             self._model_bytes.pop(key, None)
+            self._load_serial.pop(key, None)
             self.metrics.model_versions.labels(name).dec()
 
         weakref.finalize(runtime, freed)
@@ -397,6 +405,7 @@ class Engine:
         await batcher.calibrate([runtime])
         batcher.serve(runtime)
         self.runtimes[name] = runtime  # the swap: one assignment on the event loop
+        self.cache.drop_model(name)
         self.reasons.pop(name, None)
         self._loaded_from[name] = found.fingerprint()
         self.metrics.model_loads.labels(name, "loaded").inc()
@@ -424,6 +433,7 @@ class Engine:
             if name not in self.runtimes:
                 raise ModelNotFound(f"{quoted(name)} is not loaded")
             del self.runtimes[name]
+            self.cache.drop_model(name)
             if self._batcher is not None:
                 self._batcher.retire(name)
             self._loaded_from.pop(name, None)
@@ -511,10 +521,37 @@ class Engine:
         scope.timing.prepare = time.monotonic() - began
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
         scope.model_version = prepared.model.version
-        result = await self.run(
-            prepared, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
-        )
+
+        def run() -> Coroutine[Any, Any, EncodeResult]:
+            return self.run(
+                prepared, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
+            )
+
+        if not self.cache.enabled:
+            return await run(), wire
+        key = self._cache_key(prepared, scope)
+        result, hit = await self.cache.get_or_run(key, prepared.model.name, run)
+        scope.cache = "hit" if hit else "miss"
         return result, wire
+
+    def _cache_key(self, prepared: PreparedEncode, scope: RequestScope) -> bytes:
+        """What decides the answer: the loaded model, the graph's inputs, every resolved
+        option, the wire's cost, and the caller's key when the server has keys."""
+        runtime = prepared.runtime
+        serial = self._load_serial.get(id(runtime), -1)
+        options = dataclasses.replace(prepared.request, inputs=())
+        parts: list[bytes | str] = [
+            prepared.model.name,
+            prepared.model.version,
+            str(serial),
+            repr(options),
+            repr((prepared.graph, prepared.layers, prepared.heads, prepared.hidden_layers)),
+            repr((prepared.pooling, prepared.span_tokens, prepared.by_token_ids)),
+        ]
+        if self.settings.api_key is not None:
+            token = (scope.caller.authorization or "").encode("utf-8", "surrogateescape")
+            parts.append(hashlib.sha256(token).digest())
+        return request_key(parts, prepared.sequences)
 
     async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` on a worker thread, at most ATTNSERVE_MAX_CONCURRENT_CODECS at once.

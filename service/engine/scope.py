@@ -80,6 +80,7 @@ class RequestScope:
         self.cancelled: Disconnected | None = None  # set by the transport, if it can tell
         self.timing = RunTiming()
         self.model_version: str | None = None  # of the model that answered, once known
+        self.cache: str | None = None  # "hit" or "miss" when the response cache is on
         self.closed = False
         self._log_token = request_id_var.set(self.request_id)
 

@@ -4,12 +4,12 @@ The middleware (no per-request task) turns the headers into a
 :class:`~service.engine.scope.Caller`, opens the request's
 :class:`~service.engine.scope.RequestScope` and keeps it in the ASGI scope; on
 the way out it adds ``x-request-id``, ``x-model-version`` (of the model that
-answered), ``x-queue-time`` and ``x-compute-time`` (seconds; unless the route
-sent its own) to the response, and closes the scope
-once the last byte is sent (or the request failed), labelled by route template
-and status: 499 for a client that went away or stopped reading, never 500. Routes
-enter the scope with their access (``http.protocol_route``); nothing else here is
-a rule of the engine.
+answered), ``x-cache`` (``hit``/``miss``, with the response cache on),
+``x-queue-time`` and ``x-compute-time`` (seconds; unless the route sent its
+own) to the response, and closes the scope once the last byte is sent (or the
+request failed), labelled by route template and status: 499 for a client that
+went away or stopped reading, never 500. Routes enter the scope with their
+access (``http.protocol_route``); nothing else here is a rule of the engine.
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class RequestScopeMiddleware:
                 headers.append((b"x-request-id", request_scope.request_id.encode()))
                 if request_scope.model_version is not None:
                     headers.append((b"x-model-version", request_scope.model_version.encode()))
+                if request_scope.cache is not None:
+                    headers.append((b"x-cache", request_scope.cache.encode()))
                 if not any(name == b"x-queue-time" for name, _ in headers):
                     # (TEI's routes send their own, in TEI's milliseconds.)
                     headers.append((b"x-queue-time", f"{timing.queue:.6f}".encode()))
