@@ -207,6 +207,19 @@ def retry_after_seconds(response: httpx.Response | None) -> float | None:
     return seconds if 0 <= seconds <= C.MAX_RETRY_AFTER else None
 
 
+def trace_context(kwargs: dict[str, Any]) -> None:
+    """The caller's current trace (W3C ``traceparent``/``tracestate``), when OpenTelemetry
+    is installed and a span is active: the server's span of the request becomes its child."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:  # optional: the SDK needs only httpx and numpy
+        return
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if carrier:
+        kwargs["headers"] = {**kwargs.get("headers", {}), **carrier}
+
+
 def retry_delay(attempt: int, response: httpx.Response | None) -> float:
     """Seconds to wait before retry number ``attempt`` (0-based): Retry-After, else backoff."""
     server = retry_after_seconds(response)
@@ -331,6 +344,7 @@ class BaseClient:
         """Send with retries on connection errors, 408, 429 and 5xx; the last answer.
         The one place the retry policy is applied."""
         self._deadline(kwargs, timeout)
+        trace_context(kwargs)
         wait: float | None = None
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries

@@ -74,6 +74,12 @@ class RunTiming:
     the batcher."""
 
     prepare: float = 0.0  # parsing, tokenizing, checking: before it was queued
+    # When (time.monotonic()) each phase began and ended, for traces; None: never reached.
+    prepare_began: float | None = None
+    prepare_ended: float | None = None
+    queued: float | None = None  # first submitted to the batcher
+    started: float | None = None  # its first run began
+    finished: float | None = None  # its last run ended
     queue: float = 0.0  # from submission to its first run
     compute: float = 0.0  # the runs that held its sequences (shared with their batch)
 
@@ -396,6 +402,8 @@ class Batcher:
             if not job.started:
                 job.started = True
                 job.timing.queue = now - job.submitted
+                job.timing.queued = job.timing.queued or job.submitted
+                job.timing.started = job.timing.started or now
                 self._queued -= 1
                 self._metrics.queue_time.observe(job.timing.queue)
         self._metrics.queue_depth.set(self._queued)
@@ -416,8 +424,10 @@ class Batcher:
         self._metrics.inference.labels(model, GRAPH_LABELS[graph]).observe(elapsed)
         self._metrics.batch_sequences.observe(len(run))
         self._metrics.batch_fill.observe(tokens / (len(run) * longest))
+        now = time.monotonic()
         for job in jobs:
             job.timing.compute += elapsed
+            job.timing.finished = now
         rate = tokens / max(elapsed, 1e-6)
         previous = self._tokens_per_second
         self._tokens_per_second = (

@@ -293,7 +293,10 @@ def load_repository(settings: Settings, names: list[str] | None = None) -> dict[
     for model_dir in model_dirs:
         found = latest(model_dir)
         if found is None:
-            raise ModelLoadError(f"{model_dir} holds neither an export nor numbered versions")
+            raise ModelLoadError(
+                f"{model_dir} holds neither an export ({graph_io.CONFIG_FILE}) nor numbered "
+                f"versions (<version>/{graph_io.CONFIG_FILE})"
+            )
         runtime = load_version(found, settings)
         runtimes[runtime.info.name] = runtime
     if settings.default_model is not None and settings.default_model not in runtimes:

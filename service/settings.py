@@ -51,6 +51,12 @@ class Settings(BaseSettings):
         description="Bytes of answers kept for requests that come again (keyed by model "
         "version, exact inputs and options, and API key); 0 turns the cache off.",
     )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry: the OTLP/HTTP collector's base URL (e.g. "
+        "http://otel-collector:4318); one span per request, with its phases, is sent to "
+        "<endpoint>/v1/traces. Unset: no traces are made or sent.",
+    )
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     tei: bool = Field(

@@ -67,6 +67,7 @@ from service.model_info import ModelInfo
 from service.repository import ModelVersion, latest, model_directories
 from service.runtime import ModelRuntime, load_repository, load_version
 from service.settings import Settings
+from service.tracing import Tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -155,6 +156,7 @@ class Engine:
         self._load_serial: dict[int, int] = {}  # id(runtime) -> its load's number, while alive
         self._serials = itertools.count()
         self.cache = ResponseCache(settings.response_cache_bytes, metrics)
+        self.tracing = Tracing(settings.otlp_endpoint)
         self._poll: asyncio.Task[None] | None = None
         self._loading_now: set[str] = set()
         self.ready = False
@@ -220,6 +222,7 @@ class Engine:
             self._warm_up.cancel()
         if self._batcher is not None:
             await self._batcher.stop()
+        self.tracing.shutdown()  # what is still buffered goes to the collector
 
     async def _warm(self) -> None:
         try:
@@ -381,7 +384,9 @@ class Engine:
             raise ModelNotFound(f"no model directory {quoted(name)} in the repository")
         found = latest(model_dir)
         if found is None:
-            return self._load_failed(name, "it holds neither an export nor numbered versions")
+            return self._load_failed(
+                name, "it holds neither an export (config.json) nor numbered versions"
+            )
         need = found.estimated_bytes()
         held = sum(self._model_bytes.values())
         budget = self.settings.model_memory_bytes
@@ -519,8 +524,9 @@ class Engine:
             else:  # text and token ids are embedded by onnxruntime: never on the loop
                 prepared = await self.off_loop(self.prepare, request)
         scope.timing.prepare = time.monotonic() - began
+        scope.timing.prepare_began, scope.timing.prepare_ended = began, time.monotonic()
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
-        scope.model_version = prepared.model.version
+        scope.served(prepared.model.name, prepared.model.version)
 
         def run() -> Coroutine[Any, Any, EncodeResult]:
             return self.run(
@@ -1085,7 +1091,8 @@ class Engine:
         limits.check_sequence_count(len(request.texts), self.settings, pooled_only=True)
         runtime, encoded = await self.off_loop(self._prepare_sparse, request)
         scope.timing.prepare = time.monotonic() - began
-        scope.model_version = runtime.info.version
+        scope.timing.prepare_began, scope.timing.prepare_ended = began, time.monotonic()
+        scope.served(runtime.info.name, runtime.info.version)
         tokens = sum(len(t) for t, _, _ in encoded)
         ticket.hold(ticket.bytes + SPARSE_BYTES_PER_TOKEN * tokens, "this request")
         special, stopwords = runtime.special_tokens, runtime.stopwords

@@ -63,6 +63,8 @@ class Caller:
     request_id: str | None = None  # the client's own id (X-Request-Id, metadata)
     authorization: str | None = None  # "Bearer <key>"
     timeout: str | None = None  # seconds the client will wait (X-Request-Timeout)
+    traceparent: str | None = None  # W3C trace context of the caller's span
+    tracestate: str | None = None
     arrival: float = field(default_factory=time.monotonic)
 
 
@@ -79,10 +81,16 @@ class RequestScope:
         self.ticket: Ticket | None = None
         self.cancelled: Disconnected | None = None  # set by the transport, if it can tell
         self.timing = RunTiming()
-        self.model_version: str | None = None  # of the model that answered, once known
+        self.model: str | None = None  # the model that answered, once known
+        self.model_version: str | None = None
         self.cache: str | None = None  # "hit" or "miss" when the response cache is on
         self.closed = False
         self._log_token = request_id_var.set(self.request_id)
+        self.span = engine.tracing.start(caller.traceparent, caller.tracestate, self.arrival)
+
+    def served(self, model: str, version: str) -> None:
+        """The model (and version) answering this request."""
+        self.model, self.model_version = model, version
 
     def enter(self, access: Access) -> None:
         """Apply the engine's rules for ``access``: 401, 400 (timeout), 503 (not ready)."""
@@ -154,6 +162,19 @@ class RequestScope:
             status = CLIENT_CLOSED
         elif status == CLIENT_CLOSED:
             log.info("%s: the client closed the connection", route)
+        if self.span is not None:
+            attributes: dict[str, str | int] = {
+                "attnserve.protocol": self.caller.protocol,
+                "attnserve.route": route,
+                "attnserve.status": status,
+                "attnserve.request_id": self.request_id,
+            }
+            if self.model is not None and self.model_version is not None:
+                attributes |= {"attnserve.model": self.model}
+                attributes |= {"attnserve.model_version": self.model_version}
+            if self.cache is not None:
+                attributes["attnserve.cache"] = self.cache
+            self._engine.tracing.finish(self.span, self.timing, attributes, status)
         metrics = self._engine.metrics
         metrics.requests.labels(route, str(status)).inc()
         metrics.latency.labels(route).observe(time.monotonic() - self.arrival)

@@ -47,6 +47,8 @@ def caller(headers: list[tuple[bytes, bytes]]) -> Caller:
         request_id=header(b"x-request-id"),
         authorization=header(b"authorization"),
         timeout=header(b"x-request-timeout"),
+        traceparent=header(b"traceparent"),
+        tracestate=header(b"tracestate"),
     )
 
 

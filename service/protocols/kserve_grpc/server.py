@@ -77,6 +77,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             authorization=_text(metadata.get("authorization")),
             # A deadline already passed is the smallest positive timeout: refused as passed.
             timeout=None if remaining is None else f"{max(remaining, 1e-6):.6f}",
+            traceparent=_text(metadata.get("traceparent")),
+            tracestate=_text(metadata.get("tracestate")),
         )
         scope = self.engine.open_scope(caller)
         route = f"/{SERVICE}/{method}"

@@ -43,7 +43,7 @@ class RepositoryModel(BaseModel):
 
 
 class RepositoryIndexRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     ready: bool = Field(False, description="Only the models that serve.")
 
 
