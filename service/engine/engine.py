@@ -21,7 +21,7 @@ import math
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -536,7 +536,14 @@ class Engine:
         if not self.cache.enabled:
             return await run(), wire
         key = self._cache_key(prepared, scope)
-        result, hit = await self.cache.get_or_run(key, prepared.model.name, run)
+
+        async def wait(twin: Awaitable[EncodeResult]) -> EncodeResult:
+            async def waiting() -> EncodeResult:
+                return await twin
+
+            return await self._unless_gone(waiting(), scope.cancelled, scope.deadline)
+
+        result, hit = await self.cache.get_or_run(key, prepared.model.name, run, wait)
         scope.cache = "hit" if hit else "miss"
         return result, wire
 

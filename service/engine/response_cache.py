@@ -65,9 +65,14 @@ class ResponseCache:
         return self.max_bytes > 0
 
     async def get_or_run(
-        self, key: bytes, model: str, run: Callable[[], Awaitable[EncodeResult]]
+        self,
+        key: bytes,
+        model: str,
+        run: Callable[[], Awaitable[EncodeResult]],
+        wait: Callable[[Awaitable[EncodeResult]], Awaitable[EncodeResult]],
     ) -> tuple[EncodeResult, bool]:
-        """The answer for ``key`` and whether it came from the cache (or a twin in flight)."""
+        """The answer for ``key`` and whether it came from the cache (or a twin in flight).
+        ``wait`` bounds waiting for a twin by this request's own deadline and caller."""
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
@@ -76,9 +81,11 @@ class ResponseCache:
         twin = self._running.get(key)
         if twin is not None:
             try:
-                result = await asyncio.shield(twin)
+                result = await wait(asyncio.shield(twin))
             except Exception:
-                pass  # the first failed (its deadline, its client gone): run our own
+                if not (twin.done() and twin.exception() is not None):
+                    raise  # our own deadline or caller, not the twin's failure
+                # the first failed (its deadline, its client gone): run our own
             else:
                 self.metrics.cache_requests.labels("hit").inc()
                 return result, True

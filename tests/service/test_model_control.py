@@ -230,3 +230,16 @@ def test_without_model_control_the_repository_is_fixed(server_url: str) -> None:
     assert answer.status_code == 400 and "ATTNSERVE_MODEL_CONTROL" in answer.text
     index = httpx.post(f"{server_url}/v2/repository/index", timeout=30).json()
     assert index == [{"name": "tiny", "version": "1", "state": "READY", "reason": ""}]
+
+
+def test_explicit_mode_loads_the_start_up_list(tmp_path: Path, exports: Path) -> None:
+    """ATTNSERVE_LOAD_MODELS, as Triton's --load-model: those and the default at start."""
+    repo = repository(tmp_path, exports, ("1",))
+    renamed(exports / "2", repo / "other", "other")
+    renamed(exports / "2", repo / "third", "third")
+    with server_process(repo, model_control="explicit", default_model="tiny",
+                        load_models="third") as server:  # fmt: skip
+        index = httpx.post(f"{server.url}/v2/repository/index", json={"ready": True}).json()
+        assert sorted(m["name"] for m in index) == ["third", "tiny"]
+        assert infer(server.url, model="third").status_code == 200
+        assert infer(server.url, model="other").status_code == 404
