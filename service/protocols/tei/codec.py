@@ -8,7 +8,7 @@ with one row per input, even for a single string (huggingface_hub reads them wit
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -31,9 +31,11 @@ from service.protocols.tei.schemas import (
     EmbedRequest,
     EmbedSparseRequest,
     SimilarityRequest,
+    TextOptions,
     Texts,
 )
 
+Options = TypeVar("Options", bound=TextOptions)
 Characters = int  # what a codec keeps for the answer: the inputs' length, for a header
 
 # JSON float lists: one array per input (and per token for embed_all), a few bytes
@@ -50,6 +52,13 @@ def _texts(inputs: Texts) -> list[str]:
         if not text:
             raise InvalidInput("is empty: send some text", field=("inputs", i))
     return texts
+
+
+def _text_request(schema: type[Options], body: bytes) -> tuple[Options, list[str], bool]:
+    """A TEI text request's options, its texts and whether to truncate them."""
+    options = wire.parse_options(schema, wire.parse_json_object(body))
+    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    return options, _texts(options.inputs), truncate
 
 
 def _characters(texts: list[str]) -> Characters:
@@ -69,9 +78,7 @@ def _common(truncate: bool | None, direction: str, prompt_name: str | None) -> b
 
 
 def embed_request(body: bytes) -> tuple[EncodeRequest, Characters]:
-    options = wire.parse_options(EmbedRequest, wire.parse_json_object(body))
-    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
-    texts = _texts(options.inputs)
+    options, texts, truncate = _text_request(EmbedRequest, body)
     request = EncodeRequest(
         inputs=texts,
         wire_cost=COST,
@@ -89,9 +96,7 @@ def embed_response(result: EncodeResult, _: Characters) -> bytes:
 
 
 def embed_all_request(body: bytes) -> tuple[EncodeRequest, Characters]:
-    options = wire.parse_options(EmbedAllRequest, wire.parse_json_object(body))
-    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
-    texts = _texts(options.inputs)
+    _, texts, truncate = _text_request(EmbedAllRequest, body)
     request = EncodeRequest(inputs=texts, wire_cost=COST, return_embeddings=True, truncate=truncate)
     return request, _characters(texts)
 
@@ -101,9 +106,7 @@ def embed_all_response(result: EncodeResult, _: Characters) -> bytes:
 
 
 def sparse_request(body: bytes) -> tuple[SparseRequest, Characters]:
-    options = wire.parse_options(EmbedSparseRequest, wire.parse_json_object(body))
-    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
-    texts = _texts(options.inputs)
+    _, texts, truncate = _text_request(EmbedSparseRequest, body)
     return SparseRequest(texts=texts, truncate=truncate), _characters(texts)
 
 
@@ -141,9 +144,7 @@ def similarity_response(result: EncodeResult, _: Characters) -> bytes:
 
 def tokenize_request(body: bytes) -> tuple[TokenizeRequest, list[str]]:
     """The texts are kept: each token's ``text`` is its slice of them."""
-    options = wire.parse_options(schemas.TokenizeRequest, wire.parse_json_object(body))
-    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
-    texts = _texts(options.inputs)
+    options, texts, truncate = _text_request(schemas.TokenizeRequest, body)
     request = TokenizeRequest(
         texts=texts,
         wire_cost=COST,
