@@ -186,6 +186,8 @@ def test_repository_api_through_tritonclient(
         with httpx.Client(headers=keyed) as client:
             served = client.post(f"{url}/v1/encode", json={"inputs": [INPUT.tolist()]})
         assert served.status_code == 200  # the default model never stopped
+        http.close()
+        grpc.close()
 
 
 def test_a_broken_or_oversized_load_leaves_service_unchanged(tmp_path: Path, exports: Path) -> None:

@@ -77,6 +77,7 @@ def receiver() -> Iterator[Receiver]:
     receiving = Receiver()
     yield receiving
     receiving.server.shutdown()
+    receiving.server.server_close()  # its listening socket too
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,7 @@ def test_grpc_metadata_and_the_sdk_propagate_too(traced: Any, receiver: Receiver
     inputs = [tgrpc.InferInput(graph_io.INPUT_EMBEDS, list(ROWS.shape), "FP32")]
     inputs[0].set_data_from_numpy(ROWS)
     client.infer("tiny", inputs, headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+    client.close()
     root, children = request_and_phases(receiver.trace(trace_id, 1 + len(PHASES)))
     assert root.parent_span_id.hex() == parent and set(children) == PHASES
     assert attributes(root)["attnserve.protocol"] == "grpc"
