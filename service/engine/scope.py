@@ -81,6 +81,7 @@ class RequestScope:
         self.ticket: Ticket | None = None
         self.cancelled: Disconnected | None = None  # set by the transport, if it can tell
         self.timing = RunTiming()
+        self.protocol = caller.protocol  # the transport, until a protocol names itself
         self.model: str | None = None  # the model that answered, once known
         self.model_version: str | None = None
         self.cache: str | None = None  # "hit" or "miss" when the response cache is on
@@ -164,7 +165,8 @@ class RequestScope:
             log.info("%s: the client closed the connection", route)
         if self.span is not None:
             attributes: dict[str, str | int] = {
-                "attnserve.protocol": self.caller.protocol,
+                "attnserve.protocol": self.protocol,
+                "attnserve.transport": self.caller.protocol,
                 "attnserve.route": route,
                 "attnserve.status": status,
                 "attnserve.request_id": self.request_id,

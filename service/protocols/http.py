@@ -228,9 +228,10 @@ def validation_error(exc: RequestValidationError) -> InvalidInput:
     return InvalidInput(str(err.get("msg")), field=loc or None)
 
 
-def protocol_route(render: ErrorRenderer, access: Access) -> type[APIRoute]:
-    """An APIRoute that enters each request's scope with ``access`` before its handler
-    (dependencies included) runs, and answers ServiceErrors via ``render``."""
+def protocol_route(render: ErrorRenderer, access: Access, protocol: str) -> type[APIRoute]:
+    """An APIRoute that names its ``protocol`` in each request's scope (traces), enters
+    the scope with ``access`` before its handler (dependencies included) runs, and
+    answers ServiceErrors via ``render``."""
 
     class ProtocolRoute(APIRoute):
         route_access = access
@@ -241,6 +242,7 @@ def protocol_route(render: ErrorRenderer, access: Access) -> type[APIRoute]:
             async def handle(request: Request) -> Response:
                 try:
                     scope = scope_of(request)
+                    scope.protocol = protocol
                     scope.enter(access)
                     if access is Access.WORK:
                         scope.cancelled = disconnected(request)

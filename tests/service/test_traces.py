@@ -119,7 +119,8 @@ def test_an_http_request_continues_the_callers_trace(traced: Any, receiver: Rece
     root, children = request_and_phases(receiver.trace(TRACE_ID, 1 + len(PHASES)))
     assert root.parent_span_id.hex() == PARENT_ID
     assert attributes(root) == {
-        "attnserve.protocol": "http",
+        "attnserve.protocol": "native",
+        "attnserve.transport": "http",
         "attnserve.route": "/v1/encode",
         "attnserve.status": 200,
         "attnserve.request_id": "traced-1",
@@ -131,6 +132,19 @@ def test_an_http_request_continues_the_callers_trace(traced: Any, receiver: Rece
         assert root.start_time_unix_nano <= child.start_time_unix_nano
         assert child.start_time_unix_nano <= child.end_time_unix_nano <= root.end_time_unix_nano
     assert children["queue"].end_time_unix_nano <= children["run"].end_time_unix_nano
+
+
+def test_each_protocol_names_itself_and_refusals_are_traced(
+    traced: Any, receiver: Receiver
+) -> None:
+    """TEI's /embed on the tiny model (no tokenizer): refused 422, still one span."""
+    trace_id = "22222222222222222222222222222222"
+    headers = {"traceparent": f"00-{trace_id}-{PARENT_ID}-01"}
+    answer = httpx.post(f"{traced.url}/embed", json={"inputs": "hi"}, headers=headers)
+    assert answer.status_code == 422
+    (root,) = receiver.trace(trace_id, 1)
+    assert attributes(root)["attnserve.protocol"] == "tei"
+    assert attributes(root)["attnserve.status"] == 422
 
 
 def test_grpc_metadata_and_the_sdk_propagate_too(traced: Any, receiver: Receiver) -> None:

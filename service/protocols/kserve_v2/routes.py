@@ -51,7 +51,7 @@ def routed(access: Access) -> APIRouter:
     return APIRouter(
         prefix="/v2",
         tags=["kserve-v2"],
-        route_class=protocol_route(render, access),
+        route_class=protocol_route(render, access, "kserve_v2"),
         responses=error_responses(ErrorBody, access, notes=NOTES),
     )
 

@@ -43,7 +43,7 @@ from service.protocols.protocol import Protocol
 def routed(access: Access, **router: Any) -> APIRouter:
     """A router whose routes enter the scope with ``access`` and document its errors."""
     return APIRouter(
-        route_class=protocol_route(render, access),
+        route_class=protocol_route(render, access, "native"),
         responses=error_responses(ErrorBody, access),
         **router,
     )

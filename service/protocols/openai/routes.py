@@ -19,7 +19,7 @@ from service.protocols.protocol import Protocol
 router = APIRouter(
     prefix="/v1",
     tags=["openai"],
-    route_class=protocol_route(render, Access.WORK),
+    route_class=protocol_route(render, Access.WORK, "openai"),
     responses=error_responses(OpenAIError, Access.WORK, status_for),
 )
 routers = (router,)

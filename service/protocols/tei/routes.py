@@ -32,7 +32,7 @@ from service.protocols.tei.schemas import ErrorBody
 def routed(access: Access) -> APIRouter:
     return APIRouter(
         tags=["tei"],
-        route_class=protocol_route(render, access),
+        route_class=protocol_route(render, access, "tei"),
         responses=error_responses(ErrorBody, access, status_for),
     )
 
