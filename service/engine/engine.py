@@ -366,17 +366,20 @@ class Engine:
         warm-up, memory budget), then swap it in: new requests go to it, requests already
         prepared finish on the version they started on. A failure leaves serving as it
         was and says why (LoadFailed)."""
-        if self.settings.model_control == "none":
-            raise LoadFailed(
-                "models are fixed at start (ATTNSERVE_MODEL_CONTROL=none): set it to "
-                "explicit or poll to load models while serving"
-            )
+        self._check_control("load")
         async with self._loading:
             self._loading_now.add(name)
             try:
                 return await self._load(name)
             finally:
                 self._loading_now.discard(name)
+
+    def _check_control(self, what: str) -> None:
+        if self.settings.model_control == "none":
+            raise LoadFailed(
+                "models are fixed at start (ATTNSERVE_MODEL_CONTROL=none): set it to "
+                f"explicit or poll to {what} models while serving"
+            )
 
     async def _load(self, name: str) -> ModelInfo:
         model_dir = self.settings.model_repository / name
@@ -429,11 +432,7 @@ class Engine:
     async def unload_model(self, name: str) -> None:
         """Stop serving ``name``: new requests get 404, requests already prepared finish
         (its sessions are freed when their last run ends). Other models are untouched."""
-        if self.settings.model_control == "none":
-            raise LoadFailed(
-                "models are fixed at start (ATTNSERVE_MODEL_CONTROL=none): set it to "
-                "explicit or poll to unload models while serving"
-            )
+        self._check_control("unload")
         async with self._loading:
             if name not in self.runtimes:
                 raise ModelNotFound(f"{quoted(name)} is not loaded")
@@ -455,17 +454,22 @@ class Engine:
             await asyncio.sleep(self.settings.poll_seconds)
             if not self.ready or self.shutting_down:
                 continue
-            for model_dir in model_directories(self.settings.model_repository):
-                found = latest(model_dir)
-                if found is None:
-                    continue
-                with contextlib.suppress(OSError):
-                    mark = found.fingerprint()
-                    if mark in (self._loaded_from.get(model_dir.name), tried.get(model_dir.name)):
-                        continue
-                    tried[model_dir.name] = mark
-                    with contextlib.suppress(LoadFailed, ModelNotFound):
-                        await self.load_model(model_dir.name)
+            try:
+                await self._poll_once(tried)
+            except Exception:  # the repository moved under us, or a bug: poll again later
+                log.exception("scanning the model repository failed")
+
+    async def _poll_once(self, tried: dict[str, tuple[str, int, int]]) -> None:
+        for model_dir in model_directories(self.settings.model_repository):
+            found = latest(model_dir)
+            if found is None:
+                continue
+            mark = found.fingerprint()
+            if mark in (self._loaded_from.get(model_dir.name), tried.get(model_dir.name)):
+                continue
+            tried[model_dir.name] = mark
+            with contextlib.suppress(LoadFailed, ModelNotFound):
+                await self.load_model(model_dir.name)
 
     # -- requests ---------------------------------------------------------------------------
 
