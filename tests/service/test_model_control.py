@@ -245,3 +245,21 @@ def test_explicit_mode_loads_the_start_up_list(tmp_path: Path, exports: Path) ->
         assert sorted(m["name"] for m in index) == ["third", "tiny"]
         assert infer(server.url, model="third").status_code == 200
         assert infer(server.url, model="other").status_code == 404
+
+
+def test_the_poll_survives_a_repository_that_vanishes_for_a_while(
+    tmp_path: Path, exports: Path
+) -> None:
+    """A scan that fails (the volume unmounted, a rename) is logged and tried again; it
+    once ended the poll for good."""
+    repo = repository(tmp_path, exports, ("1",))
+    with server_process(repo, model_control="poll", poll_seconds="0.1") as server:
+        away = repo.rename(tmp_path / "away")
+        time.sleep(0.5)  # a few failed scans
+        assert hidden_of(infer(server.url))[0] == "1"  # serving from memory meanwhile
+        shutil.copytree(exports / "2", away / "tiny" / "2")
+        away.rename(repo)
+        give_up = time.monotonic() + 30
+        while hidden_of(infer(server.url))[0] != "2":
+            assert time.monotonic() < give_up, "the poll stopped"
+            time.sleep(0.1)
