@@ -30,6 +30,12 @@ class Settings(BaseSettings):
         "rescanned every ATTNSERVE_POLL_SECONDS; a new or changed model directory is loaded "
         "beside the serving one and swapped in.",
     )
+    version_policy: Literal["latest", "all"] = Field(
+        "latest",
+        description="Which versions of a model directory (<name>/<version>/) are loaded: "
+        "latest, the highest (a new one replaces it, the old is freed after its last run); "
+        "all, every one, the highest serving unless a request names another.",
+    )
     load_models: str = Field(
         "",
         description="explicit mode: comma-separated model directories loaded at start, "

@@ -64,7 +64,7 @@ from service.errors import (
 )
 from service.metrics import Metrics
 from service.model_info import ModelInfo
-from service.repository import ModelVersion, latest, model_directories
+from service.repository import ModelVersion, latest, model_directories, versions
 from service.runtime import ModelRuntime, load_repository, load_version
 from service.settings import Settings
 from service.tracing import Tracing
@@ -146,6 +146,9 @@ class Engine:
         self.settings = settings
         self.metrics = metrics
         self.runtimes: dict[str, ModelRuntime] = {}  # the serving version of each model
+        # Every loaded version by model and version (ATTNSERVE_VERSION_POLICY=all keeps
+        # older ones beside the serving one; latest keeps that one only).
+        self.versions: dict[str, dict[str, ModelRuntime]] = {}
         self.default_model = ""
         # Model control: why a model directory is not serving (index), one load at a time,
         # what each loaded export was (poll mode reloads a changed one), and memory held.
@@ -181,11 +184,14 @@ class Engine:
             runtimes = await asyncio.to_thread(
                 load_repository, self.settings, self._models_at_start()
             )
+            for runtime in runtimes.values():
+                self._hold(runtime)
+                self.versions[runtime.info.name] = {runtime.info.version: runtime}
+                if self.settings.version_policy == "all":
+                    await self._load_older_versions(runtime)
         except ModelLoadError as exc:
             log.error("attnserve cannot start: %s", exc)
             raise
-        for runtime in runtimes.values():
-            self._hold(runtime)
         self.runtimes = runtimes
         for model_dir in model_directories(self.settings.model_repository):
             if model_dir.name not in runtimes:
@@ -199,6 +205,14 @@ class Engine:
             self.ready = True
         if self.settings.model_control == "poll":
             self._poll = asyncio.create_task(self._poll_repository(), name="repository-poll")
+
+    async def _load_older_versions(self, serving: ModelRuntime) -> None:
+        """ATTNSERVE_VERSION_POLICY=all at start: every version below the serving one."""
+        name = serving.info.name
+        for older in versions(self.settings.model_repository / name)[:-1]:
+            runtime = await asyncio.to_thread(load_version, older, self.settings)
+            self._hold(runtime)
+            self.versions[name][older.version] = runtime
 
     def _models_at_start(self) -> list[str] | None:
         """None: every model directory (control none or poll)."""
@@ -226,8 +240,9 @@ class Engine:
 
     async def _warm(self) -> None:
         try:
-            for runtime in self.runtimes.values():
-                await asyncio.to_thread(runtime.warmup)
+            for loaded in self.versions.values():
+                for runtime in loaded.values():
+                    await asyncio.to_thread(runtime.warmup)
             if self._batcher is not None:
                 await self._batcher.calibrate()
         except Exception as exc:
@@ -300,10 +315,27 @@ class Engine:
             raise NotReady("models are loading", headers={"Retry-After": "1"})
         return [rt.info for rt in self.runtimes.values()]
 
-    def model(self, name: str | None) -> ModelInfo:
-        return self._runtime(name).info
+    def model(self, name: str | None, version: str | None = None) -> ModelInfo:
+        return self._runtime(name, version).info
 
-    def _runtime(self, name: str | None) -> ModelRuntime:
+    def model_versions(self, name: str) -> list[str]:
+        """The loaded versions of ``name``, lowest first."""
+        return sorted(self.versions.get(name, {}), key=int)
+
+    def _runtime(self, name: str | None, version: str | None = None) -> ModelRuntime:
+        serving = self._serving(name)
+        if version is None or version == serving.info.version:
+            return serving
+        loaded = self.versions.get(serving.info.name, {})
+        if version not in loaded:
+            raise ModelNotFound(
+                f"model {serving.info.name!r} has no version {quoted(version)} loaded "
+                f"(loaded: {', '.join(self.model_versions(serving.info.name))})",
+                field=("model",),
+            )
+        return loaded[version]
+
+    def _serving(self, name: str | None) -> ModelRuntime:
         if not self.runtimes and not self.reasons:
             raise NotReady("models are loading", headers={"Retry-After": "1"})
         key = self.default_model if name is None else name
@@ -340,10 +372,11 @@ class Engine:
         for model_dir in model_directories(self.settings.model_repository):
             name = model_dir.name
             runtime = self.runtimes.get(name)
-            if runtime is not None:
-                entries.append(
-                    {"name": name, "version": runtime.info.version, "state": "READY", "reason": ""}
-                )
+            if runtime is not None:  # every loaded version (policy all: older ones too)
+                entries += [
+                    {"name": name, "version": version, "state": "READY", "reason": ""}
+                    for version in self.model_versions(name)
+                ]
                 continue
             found = latest(model_dir)
             entries.append(
@@ -385,40 +418,52 @@ class Engine:
         model_dir = self.settings.model_repository / name
         if name.startswith(".") or "/" in name or not model_dir.is_dir():
             raise ModelNotFound(f"no model directory {quoted(name)} in the repository")
-        found = latest(model_dir)
-        if found is None:
+        found = versions(model_dir)
+        if not found:
             return self._load_failed(
                 name, "it holds neither an export (config.json) nor numbered versions"
             )
-        need = found.estimated_bytes()
+        # latest: the highest, always read again; all: it too, and every version not loaded.
+        loaded = self.versions.get(name, {})
+        wanted = found if self.settings.version_policy == "all" else found[-1:]
+        to_load = [v for v in wanted if v is found[-1] or v.version not in loaded]
+        need = sum(v.estimated_bytes() for v in to_load)
         held = sum(self._model_bytes.values())
         budget = self.settings.model_memory_bytes
         if held + need > budget:
             self.metrics.model_loads.labels(name, "refused").inc()
+            shown = ", ".join(v.version for v in to_load)
             raise LoadFailed(
-                f"{name!r} version {found.version} needs about {need / 2**20:,.0f} MiB; "
+                f"{name!r} version {shown} needs about {need / 2**20:,.0f} MiB; "
                 f"{held / 2**20:,.0f} of the {budget / 2**20:,.0f} MiB budget "
                 "(ATTNSERVE_MODEL_MEMORY_BYTES) are held: unload a model first"
             )
-        try:
-            runtime = await asyncio.to_thread(load_version, found, self.settings)
-            await asyncio.to_thread(runtime.warmup)
-        except ModelLoadError as exc:
-            return self._load_failed(name, str(exc))
-        except Exception as exc:  # a graph that loads but cannot run (warm-up)
-            log.exception("loading model %s failed", name)
-            return self._load_failed(name, f"warm-up failed: {exc}")
-        self._hold(runtime)
+        opened: dict[str, ModelRuntime] = {}
+        for version in to_load:
+            try:
+                runtime = await asyncio.to_thread(load_version, version, self.settings)
+                await asyncio.to_thread(runtime.warmup)
+            except ModelLoadError as exc:
+                return self._load_failed(name, str(exc))
+            except Exception as exc:  # a graph that loads but cannot run (warm-up)
+                log.exception("loading model %s failed", name)
+                return self._load_failed(name, f"version {version.version}: warm-up failed: {exc}")
+            self._hold(runtime)
+            opened[version.version] = runtime
         batcher = self.require_ready()
-        await batcher.calibrate([runtime])
-        batcher.serve(runtime)
-        self.runtimes[name] = runtime  # the swap: one assignment on the event loop
+        await batcher.calibrate(list(opened.values()))
+        on_disk = {v.version for v in wanted}
+        kept = {v: rt for v, rt in loaded.items() if v in on_disk and v not in opened}
+        self.versions[name] = {**kept, **opened}
+        serving = self.versions[name][found[-1].version]
+        batcher.serve(serving)
+        self.runtimes[name] = serving  # the swap: one assignment on the event loop
         self.cache.drop_model(name)
         self.reasons.pop(name, None)
-        self._loaded_from[name] = found.fingerprint()
+        self._loaded_from[name] = found[-1].fingerprint()
         self.metrics.model_loads.labels(name, "loaded").inc()
-        log.info("serving model %s version %s", name, found.version)
-        return runtime.info
+        log.info("serving model %s version %s", name, serving.info.version)
+        return serving.info
 
     def _load_failed(self, name: str, reason: str) -> ModelInfo:
         self.metrics.model_loads.labels(name, "failed").inc()
@@ -437,6 +482,7 @@ class Engine:
             if name not in self.runtimes:
                 raise ModelNotFound(f"{quoted(name)} is not loaded")
             del self.runtimes[name]
+            self.versions.pop(name, None)
             self.cache.drop_model(name)
             if self._batcher is not None:
                 self._batcher.retire(name)
@@ -586,14 +632,8 @@ class Engine:
         options, and only then are arrays decoded and token ids embedded; the answer's
         size and working memory are judged before anything is queued.
         """
-        runtime = self._runtime(request.model)
+        runtime = self._runtime(request.model, request.model_version)
         info = runtime.info
-        if request.model_version is not None and request.model_version != info.version:
-            raise ModelNotFound(
-                f"model {info.name!r} has no version {quoted(request.model_version)} loaded "
-                f"(serving version {info.version})",
-                field=("model",),
-            )
         if not request.inputs:
             raise InvalidInput("is empty: send at least one sequence", field=("inputs",))
         pooled_only = request.pooled_only

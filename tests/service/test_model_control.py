@@ -263,3 +263,30 @@ def test_the_poll_survives_a_repository_that_vanishes_for_a_while(
         while hidden_of(infer(server.url))[0] != "2":
             assert time.monotonic() < give_up, "the poll stopped"
             time.sleep(0.1)
+
+
+def test_version_policy_all_serves_the_highest_unless_a_request_names_another(
+    tmp_path: Path, exports: Path
+) -> None:
+    repo = repository(tmp_path, exports, ("1", "2"))
+    want = expected(exports)
+    with server_process(repo, model_control="explicit", version_policy="all") as server:
+        url = server.url
+        assert hidden_of(infer(url))[0] == "2"
+        for version in ("1", "2"):  # each named version answers with its own graph
+            answer = infer(url, version=version)
+            named, hidden = hidden_of(answer)
+            assert named == version == answer.headers["x-model-version"]
+            assert np.allclose(hidden, want[version], rtol=0, atol=ATOL)
+        metadata = httpx.get(f"{url}/v2/models/tiny").json()
+        assert metadata["versions"] == ["1", "2"]
+        assert infer(url, version="3").status_code == 404
+        # A new version joins on a load; a version gone from disk leaves on the next.
+        shutil.copytree(exports / "1", repo / "tiny" / "3")
+        shutil.rmtree(repo / "tiny" / "1")
+        assert httpx.post(f"{url}/v2/repository/models/tiny/load", timeout=60).status_code == 200
+        assert httpx.get(f"{url}/v2/models/tiny").json()["versions"] == ["2", "3"]
+        named, hidden = hidden_of(infer(url))
+        assert named == "3" and np.allclose(hidden, want["1"], rtol=0, atol=ATOL)
+        index = httpx.post(f"{url}/v2/repository/index").json()
+        assert [(m["version"], m["state"]) for m in index] == [("2", "READY"), ("3", "READY")]

@@ -160,7 +160,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             tensor = pb.ModelMetadataResponse.TensorMetadata
             return pb.ModelMetadataResponse(
                 name=info.name,
-                versions=[info.version],
+                versions=self.engine.model_versions(info.name),
                 platform=PLATFORM,
                 inputs=[
                     tensor(name=n, datatype=d, shape=s) for n, d, s in tensors.model_inputs(info)

@@ -12,7 +12,6 @@ from fastapi.responses import Response
 
 from service.engine import Engine, ModelInfo
 from service.engine.scope import Access
-from service.errors import ModelNotFound, quoted
 from service.protocols import http
 from service.protocols.http import EngineDep, error_responses, protocol_route
 from service.protocols.kserve_v2 import codec, tensors
@@ -82,14 +81,8 @@ async def ready(engine: EngineDep) -> Ready:
 
 
 def model_of(engine: Engine, name: str, version: str | None) -> ModelInfo:
-    """The serving version of ``name``; 404 for a version named that does not serve."""
-    info = engine.model(name)
-    if version is not None and version != info.version:
-        raise ModelNotFound(
-            f"model {quoted(name)} has no version {quoted(version)} loaded (serving version "
-            f"{info.version})"
-        )
-    return info
+    """``name`` at ``version`` (the serving one if None); 404 for one not loaded."""
+    return engine.model(name, version)
 
 
 def _tensors(items: list[tuple[str, str, list[int]]]) -> list[TensorMetadata]:
@@ -107,7 +100,7 @@ async def model_metadata(
     info = model_of(engine, model, version)
     return ModelMetadata(
         name=info.name,
-        versions=[info.version],
+        versions=engine.model_versions(info.name),
         platform=PLATFORM,
         inputs=_tensors(tensors.model_inputs(info)),
         outputs=_tensors(tensors.available_outputs(info)),
