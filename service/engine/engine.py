@@ -573,7 +573,6 @@ class Engine:
                 prepared = self.prepare(request)
             else:  # text and token ids are embedded by onnxruntime: never on the loop
                 prepared = await self.off_loop(self.prepare, request)
-        scope.timing.prepare = time.monotonic() - began
         scope.timing.prepare_began, scope.timing.prepare_ended = began, time.monotonic()
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
         scope.served(prepared.model.name, prepared.model.version)
@@ -1141,7 +1140,6 @@ class Engine:
         request, wire = parse()
         limits.check_sequence_count(len(request.texts), self.settings, pooled_only=True)
         runtime, encoded = await self.off_loop(self._prepare_sparse, request)
-        scope.timing.prepare = time.monotonic() - began
         scope.timing.prepare_began, scope.timing.prepare_ended = began, time.monotonic()
         scope.served(runtime.info.name, runtime.info.version)
         tokens = sum(len(t) for t, _, _ in encoded)
