@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import numpy as np
 
@@ -24,17 +24,18 @@ from service.engine.types import EncodeResult
 from service.metrics import Metrics
 
 
-def result_bytes(result: EncodeResult) -> int:
-    """What an entry holds: its arrays, and a little per output."""
-    total = 256
+def _arrays(result: EncodeResult) -> Iterator[np.ndarray]:
     for out in result.outputs:
-        total += 128
-        for value in vars(out).values():
-            if isinstance(value, np.ndarray):
-                total += value.nbytes
-            elif isinstance(value, list):
-                total += 16 * len(value)
-    return total
+        yield from (v for v in vars(out).values() if isinstance(v, np.ndarray))
+
+
+def result_bytes(result: EncodeResult) -> int:
+    """What an entry holds: its arrays, and a little per output (and per token string)."""
+    bookkeeping = sum(
+        128 + sum(16 * len(v) for v in vars(out).values() if isinstance(v, list))
+        for out in result.outputs
+    )
+    return 256 + bookkeeping + sum(array.nbytes for array in _arrays(result))
 
 
 def request_key(parts: list[bytes | str], sequences: list[np.ndarray]) -> bytes:
@@ -110,10 +111,8 @@ class ResponseCache:
         size = result_bytes(result)
         if size > self.max_bytes:
             return  # larger than the whole cache: never kept
-        for out in result.outputs:  # shared from now on: nobody may write into them
-            for value in vars(out).values():
-                if isinstance(value, np.ndarray):
-                    value.flags.writeable = False
+        for array in _arrays(result):  # shared from now on: nobody may write into them
+            array.flags.writeable = False
         old = self._entries.pop(key, None)
         if old is not None:
             self.bytes -= old[2]
