@@ -33,7 +33,6 @@ from service.protocols.kserve_v2.routes import (
     PLATFORM,
     SERVER_NAME,
     SERVER_VERSION,
-    model_of,
 )
 from service.protocols.protocol import Protocol
 
@@ -147,7 +146,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ModelReadyResponse:
         async def ready(scope: RequestScope) -> pb.ModelReadyResponse:
-            model_of(self.engine, request.name, request.version or None)
+            self.engine.model(request.name, request.version or None)
             return pb.ModelReadyResponse(ready=_passes(self.engine.require_ready))
 
         return await self._call(context, "ModelReady", Access.GUARDED, ready)
@@ -156,7 +155,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ModelMetadataResponse:
         async def metadata(scope: RequestScope) -> pb.ModelMetadataResponse:
-            info = model_of(self.engine, request.name, request.version or None)
+            info = self.engine.model(request.name, request.version or None)
             tensor = pb.ModelMetadataResponse.TensorMetadata
             return pb.ModelMetadataResponse(
                 name=info.name,
@@ -178,7 +177,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     ) -> pb.ModelInferResponse:
         async def infer(scope: RequestScope) -> pb.ModelInferResponse:
             engine = self.engine
-            info = model_of(engine, request.model_name, request.model_version or None)
+            info = engine.model(request.model_name, request.model_version or None)
             # The message is in memory already (bounded by the receive limit): hold it
             # and what decoding it makes against the request's ticket, as HTTP bodies are.
             scope.admitted().hold(MESSAGE_EXPANSION * request.ByteSize(), "this request's message")

@@ -10,7 +10,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from service.engine import Engine, ModelInfo
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.http import EngineDep, error_responses, protocol_route
@@ -80,11 +79,6 @@ async def ready(engine: EngineDep) -> Ready:
     return Ready(ready=True)
 
 
-def model_of(engine: Engine, name: str, version: str | None) -> ModelInfo:
-    """``name`` at ``version`` (the serving one if None); 404 for one not loaded."""
-    return engine.model(name, version)
-
-
 def _tensors(items: list[tuple[str, str, list[int]]]) -> list[TensorMetadata]:
     return [
         TensorMetadata.model_validate({"name": n, "datatype": d, "shape": s}) for n, d, s in items
@@ -97,7 +91,7 @@ async def model_metadata(
     model: str, engine: EngineDep, version: str | None = None
 ) -> ModelMetadata:
     """Inputs and outputs with datatypes and shapes (-1: dynamic)."""
-    info = model_of(engine, model, version)
+    info = engine.model(model, version)
     return ModelMetadata(
         name=info.name,
         versions=engine.model_versions(info.name),
@@ -110,7 +104,7 @@ async def model_metadata(
 @models.get("/models/{model}/ready", response_model=ModelReady)
 @models.get("/models/{model}/versions/{version}/ready", response_model=ModelReady)
 async def model_ready(model: str, engine: EngineDep, version: str | None = None) -> ModelReady:
-    info = model_of(engine, model, version)
+    info = engine.model(model, version)
     engine.require_ready()
     return ModelReady(name=info.name, ready=True)
 
@@ -144,7 +138,7 @@ async def infer(
     model: str, request: Request, engine: EngineDep, version: str | None = None
 ) -> Response:
     """Inference on JSON or binary tensors (the binary extension: see the codec)."""
-    info = model_of(engine, model, version)
+    info = engine.model(model, version)
     header_length = request.headers.get(codec.HEADER_LENGTH)
     return await http.encode(
         request,
