@@ -98,6 +98,8 @@ SHOWN_IDS = 10
 
 # A text's (tokens, ids, type ids), as the tokenizer gives them.
 Tokenized = tuple[list[str], list[int], list[int]]
+# Poll mode's view of a model directory: its versions (policy all) and highest export's stamp.
+DiskMark = tuple[tuple[str, ...], tuple[str, int, int] | None]
 # Resolved attention layers and heads, hidden-state layers, and the pooling.
 ResolvedOptions = tuple[list[int], list[int], list[int], Pooling]
 
@@ -154,7 +156,7 @@ class Engine:
         # what each loaded export was (poll mode reloads a changed one), and memory held.
         self.reasons: dict[str, str] = {}
         self._loading = asyncio.Lock()
-        self._loaded_from: dict[str, tuple[str, int, int]] = {}
+        self._loaded_from: dict[str, DiskMark] = {}
         self._model_bytes: dict[int, int] = {}  # id(runtime) -> estimate, while alive
         self._load_serial: dict[int, int] = {}  # id(runtime) -> its load's number, while alive
         self._serials = itertools.count()
@@ -311,7 +313,7 @@ class Engine:
     # -- models -----------------------------------------------------------------------------
 
     def models(self) -> list[ModelInfo]:
-        if not self.runtimes:
+        if not self.runtimes and not self.reasons:
             raise NotReady("models are loading", headers={"Retry-After": "1"})
         return [rt.info for rt in self.runtimes.values()]
 
@@ -460,7 +462,7 @@ class Engine:
         self.runtimes[name] = serving  # the swap: one assignment on the event loop
         self.cache.drop_model(name)
         self.reasons.pop(name, None)
-        self._loaded_from[name] = found[-1].fingerprint()
+        self._loaded_from[name] = self._disk_mark(found)
         self.metrics.model_loads.labels(name, "loaded").inc()
         log.info("serving model %s version %s", name, serving.info.version)
         return serving.info
@@ -474,7 +476,7 @@ class Engine:
         still = f"; version {serving.info.version} still serves" if serving else ""
         raise LoadFailed(f"{name!r} was not loaded: {reason}{still}")
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, reason: str = "unloaded") -> None:
         """Stop serving ``name``: new requests get 404, requests already prepared finish
         (its sessions are freed when their last run ends). Other models are untouched."""
         self._check_control("unload")
@@ -487,15 +489,19 @@ class Engine:
             if self._batcher is not None:
                 self._batcher.retire(name)
             self._loaded_from.pop(name, None)
-            self.reasons[name] = "unloaded"
+            self.reasons[name] = reason
             log.info("unloaded model %s", name)
 
     async def _poll_repository(self) -> None:
         """Poll mode: load new or changed model directories beside what serves and swap
-        them in; a failed load leaves the serving version and is retried when it changes."""
-        for name, runtime in self.runtimes.items():
-            self._loaded_from[name] = self._export_of(runtime).fingerprint()
-        tried: dict[str, tuple[str, int, int]] = {}
+        them in; a failed load leaves the serving version and is retried when it changes;
+        a model whose directory is gone is unloaded."""
+        for name in self.runtimes:
+            model_dir = self.settings.model_repository / name
+            self._loaded_from[name] = self._disk_mark(
+                versions(model_dir) if model_dir.is_dir() else []
+            )
+        tried: dict[str, DiskMark] = {}
         while True:
             await asyncio.sleep(self.settings.poll_seconds)
             if not self.ready or self.shutting_down:
@@ -505,17 +511,31 @@ class Engine:
             except Exception:  # the repository moved under us, or a bug: poll again later
                 log.exception("scanning the model repository failed")
 
-    async def _poll_once(self, tried: dict[str, tuple[str, int, int]]) -> None:
+    async def _poll_once(self, tried: dict[str, DiskMark]) -> None:
+        on_disk: dict[str, DiskMark] = {}
         for model_dir in model_directories(self.settings.model_repository):
-            found = latest(model_dir)
-            if found is None:
+            found = versions(model_dir)
+            if found:
+                on_disk[model_dir.name] = self._disk_mark(found)
+        for name, mark in on_disk.items():
+            if mark in (self._loaded_from.get(name), tried.get(name)):
                 continue
-            mark = found.fingerprint()
-            if mark in (self._loaded_from.get(model_dir.name), tried.get(model_dir.name)):
-                continue
-            tried[model_dir.name] = mark
+            tried[name] = mark
             with contextlib.suppress(LoadFailed, ModelNotFound):
-                await self.load_model(model_dir.name)
+                await self.load_model(name)
+        if not on_disk:
+            return  # an empty repository is more likely an unmounted volume: keep serving
+        for name in [n for n in self.runtimes if n not in on_disk]:
+            log.info("model %s is gone from the repository: unloading it", name)
+            with contextlib.suppress(ModelNotFound):  # unloaded meanwhile by a call
+                await self.unload_model(name, reason="removed from the repository")
+            tried.pop(name, None)
+
+    def _disk_mark(self, found: list[ModelVersion]) -> DiskMark:
+        """What poll mode compares to see a change: the highest export's fingerprint, and
+        with ATTNSERVE_VERSION_POLICY=all which versions there are."""
+        listed = tuple(v.version for v in found) if self.settings.version_policy == "all" else ()
+        return listed, found[-1].fingerprint() if found else None
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import dataclasses
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -87,6 +88,13 @@ def hidden_of(answer: httpx.Response) -> tuple[str, np.ndarray]:
     body = answer.json()
     (output,) = body["outputs"]
     return body["model_version"], np.asarray(output["data"], np.float32).reshape(6, D_MODEL)
+
+
+def until(check: Callable[[], bool], what: str, seconds: float = 30) -> None:
+    give_up = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < give_up, what
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -186,6 +194,10 @@ def test_repository_api_through_tritonclient(
         with httpx.Client(headers=keyed) as client:
             served = client.post(f"{url}/v1/encode", json={"inputs": [INPUT.tolist()]})
         assert served.status_code == 200  # the default model never stopped
+        # Every model unloaded: the list is empty, not "models are loading" (it was 503).
+        http.unload_model("tiny", headers=admin)
+        listed = httpx.get(f"{url}/v1/models", headers=keyed)
+        assert listed.status_code == 200 and listed.json()["data"] == []
         http.close()
         grpc.close()
 
@@ -221,10 +233,7 @@ def test_poll_mode_swaps_in_a_new_version(tmp_path: Path, exports: Path) -> None
     with server_process(repo, model_control="poll", poll_seconds="0.2") as server:
         assert hidden_of(infer(server.url))[0] == "1"
         shutil.copytree(exports / "2", repo / "tiny" / "2")
-        give_up = time.monotonic() + 30
-        while hidden_of(infer(server.url))[0] != "2":
-            assert time.monotonic() < give_up, "the new version never served"
-            time.sleep(0.1)
+        until(lambda: hidden_of(infer(server.url))[0] == "2", "the new version never served")
 
 
 def test_without_model_control_the_repository_is_fixed(server_url: str) -> None:
@@ -259,10 +268,50 @@ def test_the_poll_survives_a_repository_that_vanishes_for_a_while(
         assert hidden_of(infer(server.url))[0] == "1"  # serving from memory meanwhile
         shutil.copytree(exports / "2", away / "tiny" / "2")
         away.rename(repo)
-        give_up = time.monotonic() + 30
-        while hidden_of(infer(server.url))[0] != "2":
-            assert time.monotonic() < give_up, "the poll stopped"
-            time.sleep(0.1)
+        until(lambda: hidden_of(infer(server.url))[0] == "2", "the poll stopped")
+
+
+def test_poll_mode_unloads_a_model_whose_directory_is_gone(tmp_path: Path, exports: Path) -> None:
+    """As Triton's poll mode: a removed directory's model stops serving (404 saying why),
+    the others serve on, and it serves again when it comes back. A repository found empty
+    is taken for an unmounted volume: nothing is unloaded. The poll used to keep serving
+    a removed model for good."""
+    repo = repository(tmp_path, exports, ("1",))
+    renamed(exports / "2", repo / "other", "other")
+    with server_process(
+        repo, model_control="poll", poll_seconds="0.1", default_model="tiny"
+    ) as server:
+        url = server.url
+        assert infer(url, model="other").status_code == 200
+        shutil.move(repo / "other", tmp_path / "other")
+        until(lambda: infer(url, model="other").status_code == 404, "the removed model served on")
+        assert "removed from the repository" in infer(url, model="other").json()["error"]
+        assert hidden_of(infer(url))[0] == "1"  # the other model serves on
+        index = httpx.post(f"{url}/v2/repository/index").json()
+        assert [m["name"] for m in index] == ["tiny"]
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["tiny"]
+        shutil.move(tmp_path / "other", repo / "other")
+        until(lambda: infer(url, model="other").status_code == 200, "it never came back")
+        # Empty: both directories moved out at once. Nothing is unloaded.
+        shutil.move(repo, tmp_path / "away")
+        repo.mkdir()
+        time.sleep(0.5)  # several scans of the empty repository
+        assert infer(url, model="other").status_code == 200 and infer(url).status_code == 200
+
+
+def test_poll_mode_with_policy_all_drops_a_removed_version(tmp_path: Path, exports: Path) -> None:
+    """Which versions there are is part of what the poll compares: removing version 1 while
+    2 serves drops it (before, only a change of the highest was seen)."""
+    repo = repository(tmp_path, exports, ("1", "2"))
+    with server_process(
+        repo, model_control="poll", poll_seconds="0.1", version_policy="all"
+    ) as server:
+        url = server.url
+        assert infer(url, version="1").status_code == 200
+        shutil.rmtree(repo / "tiny" / "1")
+        until(lambda: infer(url, version="1").status_code == 404, "version 1 served on")
+        assert httpx.get(f"{url}/v2/models/tiny").json()["versions"] == ["2"]
+        assert hidden_of(infer(url))[0] == "2"
 
 
 def test_version_policy_all_serves_the_highest_unless_a_request_names_another(
