@@ -12,14 +12,14 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "attnserve_requests",
-            "HTTP requests by route and status.",
-            ["route", "status"],
+            "Requests by protocol, route (or gRPC method) and status.",
+            ["protocol", "route", "status"],
             registry=self.registry,
         )
         self.latency = Histogram(
             "attnserve_request_seconds",
-            "HTTP request latency by route.",
-            ["route"],
+            "Request latency by protocol and route (or gRPC method).",
+            ["protocol", "route"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )

@@ -148,7 +148,7 @@ class RequestScope:
             )
 
     def close(self, route: str, status: int, *, cut: bool = False) -> None:
-        """Release the ticket and count the request (by route template and status). Only
+        """Release the ticket and count the request (by protocol, route template and status). Only
         the first call counts: a transport may close on several exit paths. An answer
         ``cut`` on its way (the caller left or stopped reading) counts as 499."""
         if self.closed:
@@ -178,8 +178,8 @@ class RequestScope:
                 attributes["attnserve.cache"] = self.cache
             self._engine.tracing.finish(self.span, self.timing, attributes, status)
         metrics = self._engine.metrics
-        metrics.requests.labels(route, str(status)).inc()
-        metrics.latency.labels(route).observe(time.monotonic() - self.arrival)
+        metrics.requests.labels(self.protocol, route, str(status)).inc()
+        metrics.latency.labels(self.protocol, route).observe(time.monotonic() - self.arrival)
         try:
             request_id_var.reset(self._log_token)
         except ValueError:  # closed from another context than it was opened in

@@ -94,7 +94,9 @@ def running_nginx(tmp: Path, upstreams: list[str], **grpc: Any) -> Iterator[str]
 def encodes_answered(url: str) -> float:
     """``attnserve_requests_total`` of /v1/encode with status 200, from one replica."""
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    pattern = r'attnserve_requests_total\{route="/v1/encode",status="200"\} ([0-9.e+]+)'
+    pattern = (
+        r'attnserve_requests_total\{protocol="native",route="/v1/encode",status="200"\} ([0-9.e+]+)'
+    )
     match = re.search(pattern, text)
     return float(match.group(1)) if match else 0.0
 

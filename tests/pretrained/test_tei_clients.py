@@ -36,7 +36,7 @@ TEI = "text_embeddings_inference"
 
 def posts(url: str, route: str) -> float:
     """Answered requests to ``route`` so far, from the server's own metrics."""
-    prefix = f'attnserve_requests_total{{route="{route}",status="200"}} '
+    prefix = f'attnserve_requests_total{{protocol="tei",route="{route}",status="200"}} '
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
         if line.startswith(prefix):
             return float(line.rsplit(" ", 1)[1])

@@ -145,19 +145,33 @@ def test_metrics_count_requests_and_tokens(client: httpx.Client) -> None:
     ) == pytest.approx(2)
 
 
-def test_metrics_label_requests_by_route(client: httpx.Client) -> None:
-    """Requests are counted under their route template, not lumped together as "unmatched"."""
+def test_metrics_label_requests_by_protocol_and_route(client: httpx.Client) -> None:
+    """Requests are counted under their protocol and route template, not lumped together
+    as "unmatched"; a path no protocol serves counts as plain ``http``."""
     before = _samples(client)
     encode(client, sequences((3,), seed=33))
     client.get("/v1/models")
     client.get(f"/v1/models/{MODEL}")
+    client.get("/health")  # TEI's
+    client.get(f"/v2/models/{MODEL}")
+    client.get("/no/such/path")
     after = _samples(client)
     seen = sorted(
-        {dict(labels)["route"] for name, labels in after if name == "attnserve_requests_total"}
+        (dict(labels)["protocol"], dict(labels)["route"], dict(labels)["status"])
+        for name, labels in after
+        if name == "attnserve_requests_total"
     )
-    for route in ("/v1/encode", "/v1/models", "/v1/models/{name}"):
-        key = ("attnserve_requests_total", frozenset({("route", route), ("status", "200")}))
-        assert after.get(key, 0.0) - before.get(key, 0.0) == 1, f"routes seen: {seen}"
+    for protocol, route, status in (
+        ("native", "/v1/encode", "200"),
+        ("native", "/v1/models", "200"),
+        ("native", "/v1/models/{name}", "200"),
+        ("tei", "/health", "200"),
+        ("kserve_v2", "/v2/models/{model}", "200"),
+        ("http", "unmatched", "404"),
+    ):
+        labels = frozenset({("protocol", protocol), ("route", route), ("status", status)})
+        key = ("attnserve_requests_total", labels)
+        assert after.get(key, 0.0) - before.get(key, 0.0) == 1, f"seen: {seen}"
 
 
 # --- OpenAPI -------------------------------------------------------------------------------
