@@ -495,23 +495,24 @@ class Engine:
     async def _poll_repository(self) -> None:
         """Poll mode: load new or changed model directories beside what serves and swap
         them in; a failed load leaves the serving version and is retried when it changes;
-        a model whose directory is gone is unloaded."""
+        a model whose directory two scans in a row did not find is unloaded."""
         for name in self.runtimes:
             model_dir = self.settings.model_repository / name
             self._loaded_from[name] = self._disk_mark(
                 versions(model_dir) if model_dir.is_dir() else []
             )
         tried: dict[str, DiskMark] = {}
+        missing: set[str] = set()  # loaded models whose directory the last scan did not find
         while True:
             await asyncio.sleep(self.settings.poll_seconds)
             if not self.ready or self.shutting_down:
                 continue
             try:
-                await self._poll_once(tried)
+                await self._poll_once(tried, missing)
             except Exception:  # the repository moved under us, or a bug: poll again later
                 log.exception("scanning the model repository failed")
 
-    async def _poll_once(self, tried: dict[str, DiskMark]) -> None:
+    async def _poll_once(self, tried: dict[str, DiskMark], missing: set[str]) -> None:
         on_disk: dict[str, DiskMark] = {}
         for model_dir in model_directories(self.settings.model_repository):
             found = versions(model_dir)
@@ -525,11 +526,16 @@ class Engine:
                 await self.load_model(name)
         if not on_disk:
             return  # an empty repository is more likely an unmounted volume: keep serving
-        for name in [n for n in self.runtimes if n not in on_disk]:
+        # Unloaded when missing at two scans in a row: a directory replaced by two renames
+        # (old out, new in) is missing at one scan at most.
+        absent = {n for n in self.runtimes if n not in on_disk}
+        for name in sorted(absent & missing):
             log.info("model %s is gone from the repository: unloading it", name)
             with contextlib.suppress(ModelNotFound):  # unloaded meanwhile by a call
                 await self.unload_model(name, reason="removed from the repository")
             tried.pop(name, None)
+        missing.clear()
+        missing.update(n for n in absent if n in self.runtimes)
 
     def _disk_mark(self, found: list[ModelVersion]) -> DiskMark:
         """What poll mode compares to see a change: the highest export's fingerprint, and

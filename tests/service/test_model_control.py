@@ -299,6 +299,41 @@ def test_poll_mode_unloads_a_model_whose_directory_is_gone(tmp_path: Path, expor
         assert infer(url, model="other").status_code == 200 and infer(url).status_code == 200
 
 
+def test_poll_mode_keeps_serving_a_directory_replaced_by_two_renames(
+    tmp_path: Path, exports: Path
+) -> None:
+    """Replacing a flat model directory is two renames (old out, new in). A scan that falls
+    between them finds it missing; unloading then would answer 404 until the next scan.
+    A model is unloaded only when missing at two scans in a row; the gap here (0.45 s,
+    under the 0.5 s interval) spans one scan at most, and usually one."""
+    repo = repository(tmp_path, exports, ("1",))
+    renamed(exports / "2", repo / "other", "other")
+    renamed(exports / "1", tmp_path / "staging", "other")
+    want = expected(exports)
+    with server_process(
+        repo, model_control="poll", poll_seconds="0.5", default_model="tiny"
+    ) as server:
+        url = server.url
+        assert np.allclose(hidden_of(infer(url, model="other"))[1], want["2"], rtol=0, atol=ATOL)
+        shutil.move(repo / "other", tmp_path / "old")
+        statuses = set()
+        give_up = time.monotonic() + 0.45
+        while time.monotonic() < give_up:
+            statuses.add(infer(url, model="other").status_code)
+        shutil.move(tmp_path / "staging", repo / "other")
+        deadline = time.monotonic() + 30
+        while True:
+            answer = infer(url, model="other")
+            statuses.add(answer.status_code)
+            assert statuses == {200}, "unloaded while its directory was being replaced"
+            if np.allclose(hidden_of(answer)[1], want["1"], rtol=0, atol=ATOL):
+                break
+            assert time.monotonic() < deadline, "the replaced export never served"
+        time.sleep(0.6)  # a scan past the swap: still serving, not unloaded late
+        statuses.add(infer(url, model="other").status_code)
+        assert statuses == {200}
+
+
 def test_poll_mode_with_policy_all_drops_a_removed_version(tmp_path: Path, exports: Path) -> None:
     """Which versions there are is part of what the poll compares: removing version 1 while
     2 serves drops it (before, only a change of the highest was seen)."""
