@@ -40,7 +40,10 @@ def model_directories(repository: Path) -> list[Path]:
 
 
 def versions(model_dir: Path) -> list[ModelVersion]:
-    """Every export in ``model_dir``, lowest version first (none: not a model)."""
+    """Every export in ``model_dir``, lowest version first (none: not a model, or the
+    directory is gone)."""
+    if not model_dir.is_dir():
+        return []
     if (model_dir / graph_io.CONFIG_FILE).is_file():
         return [ModelVersion(model_dir.name, FLAT_VERSION, model_dir)]
     numbered = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
@@ -52,5 +55,5 @@ def versions(model_dir: Path) -> list[ModelVersion]:
 
 def latest(model_dir: Path) -> ModelVersion | None:
     """The version to serve: the highest."""
-    found = versions(model_dir) if model_dir.is_dir() else []
+    found = versions(model_dir)
     return found[-1] if found else None

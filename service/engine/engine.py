@@ -497,9 +497,8 @@ class Engine:
         them in; a failed load leaves the serving version and is retried when it changes;
         a model whose directory two scans in a row did not find is unloaded."""
         for name in self.runtimes:
-            model_dir = self.settings.model_repository / name
             self._loaded_from[name] = self._disk_mark(
-                versions(model_dir) if model_dir.is_dir() else []
+                versions(self.settings.model_repository / name)
             )
         tried: dict[str, DiskMark] = {}
         missing: set[str] = set()  # loaded models whose directory the last scan did not find
