@@ -1,0 +1,158 @@
+"""gRPC against clients that do not play by the rules (a raw HTTP/2 client, ``raw_h2``).
+
+A real server with its gRPC port on 127.0.0.1; the well-behaved calls beside
+the hostile ones go through grpc's own client on connections of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from model_export import graph_io
+from tests.service.helpers import D_MODEL, MODEL
+from tests.service.raw_h2 import RawH2, grpc_message
+from tests.service.raw_http import metric, wait_for
+from tests.service.test_kserve_grpc import Servers, serving
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+# Options that give a channel a connection of its own (grpc shares them by target).
+OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
+
+
+@pytest.fixture(scope="module")
+def servers(model_repository: Path) -> Iterator[Servers]:
+    with serving(model_repository, body_timeout="2", send_timeout="3", log_level="info") as running:
+        yield running
+
+
+def infer_request(
+    sequences: int = 1, tokens: int = 4, outputs: tuple[str, ...] = (), seed: int = 0
+) -> bytes:
+    rng = np.random.default_rng(seed)
+    embeds = rng.standard_normal((sequences, tokens, D_MODEL)).astype(np.float32)
+    request = pb.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name=graph_io.INPUT_EMBEDS, datatype="FP32", shape=embeds.shape)
+    request.raw_input_contents.append(embeds.tobytes())
+    for name in outputs:
+        request.outputs.add(name=name)
+    return bytes(request.SerializeToString())
+
+
+def health_and_infer(address: str) -> tuple[int, tuple[int, ...]]:
+    """Health's status and a normal call's answer shape, each on a fresh connection."""
+    with grpc.insecure_channel(address, options=OWN_CONNECTION) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+    with grpc.insecure_channel(address, options=OWN_CONNECTION) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        answer = stub.ModelInfer(pb.ModelInferRequest.FromString(infer_request()), timeout=10)
+    return status, tuple(answer.outputs[0].shape)
+
+
+def test_silent_calls_on_one_connection_lock_out_nobody(servers: Servers) -> None:
+    """1,000 ModelInfer streams that send headers and never their message, on one
+    connection: health still answers SERVING and a normal call is answered; those
+    streams hold no admission slot, and their wait ends at ATTNSERVE_BODY_TIMEOUT."""
+    host, port = servers.grpc.split(":")
+    timeouts = metric(servers.url, "attnserve_refusals_total", reason="body_timeout")
+    silent = RawH2(host, int(port))
+    try:
+        streams = [silent.open(INFER) for _ in range(1000)]
+        assert not silent.closed.wait(0.5)  # the connection is open, the calls held
+        status, shape = health_and_infer(servers.grpc)
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        assert shape == (1, 4, D_MODEL)
+        assert metric(servers.url, "attnserve_in_flight_requests") == 0
+        # The streams the server took wait for their message 2 s at most.
+        assert wait_for(
+            lambda: (
+                metric(servers.url, "attnserve_refusals_total", reason="body_timeout") > timeouts
+            ),
+            timeout=15,
+        )
+        assert len(streams) == 1000
+    finally:
+        silent.close()
+    status, shape = health_and_infer(servers.grpc)
+    assert status == health_pb2.HealthCheckResponse.SERVING and shape == (1, 4, D_MODEL)
+
+
+def test_an_unread_answer_counts_in_the_budget_until_send_timeout(servers: Servers) -> None:
+    """Six answers of 128 KiB on a connection that grants no flow-control window: once
+    computed they stay in attnserve_in_flight_bytes while unread; after
+    ATTNSERVE_SEND_TIMEOUT (3 s) the server drops the connection, the bytes are given
+    back and the calls count as 499 (six [1, 64] requests, different so none is a
+    cache hit: within the server's initial connection window)."""
+    host, port = servers.grpc.split(":")
+    url = servers.url
+    cut = metric(url, "attnserve_requests_total", route=INFER, status="499")
+    stalls = metric(url, "attnserve_refusals_total", reason="send_timeout")
+    tokens = metric(url, "attnserve_tokens_total", model=MODEL)
+    answer = 2 * 4 * 64 * 64 * 4  # [1, 2 layers, 4 heads, 64, 64] float32
+    reader = RawH2(host, int(port), window=0)
+    try:
+        for seed in range(6):
+            message = infer_request(1, 64, (graph_io.OUTPUT_ATTENTIONS,), seed=100 + seed)
+            reader.send(reader.open(INFER), grpc_message(message))
+        # All six computed; their answers wait for a window the client never grants.
+        assert wait_for(
+            lambda: metric(url, "attnserve_tokens_total", model=MODEL) >= tokens + 6 * 64, 15
+        )
+        assert wait_for(lambda: metric(url, "attnserve_in_flight_bytes") >= 6 * answer, 2)
+        assert reader.closed.wait(15)  # dropped by the server
+        assert not reader.data_bytes  # nothing of an answer was sent
+    finally:
+        reader.close()
+    assert metric(url, "attnserve_refusals_total", reason="send_timeout") == stalls + 1
+    assert wait_for(lambda: metric(url, "attnserve_in_flight_bytes") == 0, timeout=10)
+    assert wait_for(
+        lambda: metric(url, "attnserve_requests_total", route=INFER, status="499") == cut + 6,
+        timeout=10,
+    )
+    assert health_and_infer(servers.grpc) == (
+        health_pb2.HealthCheckResponse.SERVING,
+        (1, 4, D_MODEL),
+    )
+
+
+def test_a_malformed_message_is_invalid_argument_counted_and_logged_once(
+    servers: Servers,
+) -> None:
+    """Bytes that are no ModelInferRequest: INVALID_ARGUMENT (not UNKNOWN), counted in the
+    request metrics (422, as a /v2 body of bad content) and one log line, no traceback."""
+    refused = metric(servers.url, "attnserve_requests_total", route=INFER, status="422")
+    log_before = servers.process.log()
+    with grpc.insecure_channel(servers.grpc, options=OWN_CONNECTION) as channel:
+        raw_call = channel.unary_unary(INFER)  # bytes in and out, unserialized
+        with pytest.raises(grpc.RpcError) as caught:
+            raw_call(b"\xff\xff\xff", timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid inference.ModelInferRequest message" in str(caught.value.details())
+    assert wait_for(  # counted as the call ends, just after its status went out
+        lambda: (
+            metric(servers.url, "attnserve_requests_total", route=INFER, status="422")
+            == refused + 1
+        ),
+        timeout=5,
+    )
+    assert wait_for(lambda: f"{INFER} 422" in servers.process.log()[len(log_before) :], 5)
+    new_lines = servers.process.log()[len(log_before) :]
+    assert "Traceback" not in new_lines and new_lines.count(INFER) == 1
+
+
+def test_a_deadline_beyond_a_day_is_capped_not_refused(servers: Servers) -> None:
+    """A call's deadline of two days is the longest a request may ask (a day, then
+    ATTNSERVE_REQUEST_TIMEOUT): answered, not refused with an HTTP header's name."""
+    with grpc.insecure_channel(servers.grpc, options=OWN_CONNECTION) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest.FromString(infer_request())
+        answer = stub.ModelInfer(request, timeout=2 * 86400)
+    assert tuple(answer.outputs[0].shape) == (1, 4, D_MODEL)
