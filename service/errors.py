@@ -244,8 +244,11 @@ class NotReady(ServiceError):
 class ShuttingDown(NotReady):
     """SIGTERM received: the node drains, new work goes elsewhere."""
 
-    when = "the server received SIGTERM: send the request to another replica (`Retry-After`)"
-    raised_on = frozenset({"work"})
+    when = (
+        "the server received SIGTERM (or a request or model load did not finish within "
+        "the shutdown's grace window): send the request to another replica (`Retry-After`)"
+    )
+    raised_on = frozenset({"work", "admin"})
     error_type = "shutting_down"
 
 

@@ -231,7 +231,8 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="After SIGTERM: seconds until the process has exited (status 0), drain "
-        "included, whatever clients do; requests still unanswered then are cut.",
+        "included, whatever clients do; requests still running 2.5 s before it are answered "
+        "503 shutting_down (the time to send that and stop the server).",
     )
     max_connections: int = Field(
         4096,
