@@ -7,10 +7,16 @@ request's phases, drawn from the times the engine and batcher record anyway
 (so tracing adds no clock reads to the hot path): ``tokenize`` (parse, tokenize,
 checks), ``queue`` (waiting for its first run), ``run`` (first run to last) and
 ``encode`` (writing the answer until its last byte left).
+
+Spans are sent in the background; at exit what is still buffered gets at most
+``FLUSH_SECONDS``, so a collector that is down or never answers cannot hold
+the shutdown (the SDK's own flush would retry for up to 30 s).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -27,6 +33,10 @@ if TYPE_CHECKING:
 
 SERVICE_NAME = "attnserve"
 PROPAGATOR = TraceContextTextMapPropagator()
+# At exit: how long the spans still buffered may take to reach the collector.
+FLUSH_SECONDS = 0.5
+
+log = logging.getLogger(__name__)
 
 
 class Tracing:
@@ -34,12 +44,14 @@ class Tracing:
 
     def __init__(self, endpoint: str | None) -> None:
         self._provider: TracerProvider | None = None
+        self._exporter: OTLPSpanExporter | None = None
         self._tracer: trace.Tracer | None = None
         if endpoint:
-            exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")
+            self._exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")
             resource = Resource.create({"service.name": SERVICE_NAME})
-            self._provider = TracerProvider(resource=resource)
-            self._provider.add_span_processor(BatchSpanProcessor(exporter))
+            # No exit hook of the SDK's own (unbounded): the engine's stop calls shutdown.
+            self._provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+            self._provider.add_span_processor(BatchSpanProcessor(self._exporter))
             self._tracer = self._provider.get_tracer("attnserve")
 
     @property
@@ -90,9 +102,19 @@ class Tracing:
         span.end(end_time=wall_ns(end))
 
     def shutdown(self) -> None:
-        """Send what is still buffered (at exit)."""
-        if self._provider is not None:
-            self._provider.shutdown()
+        """Send what is still buffered (at exit), for at most FLUSH_SECONDS: then the
+        exporter is shut, which ends its retries, and the rest is dropped."""
+        if self._provider is None or self._exporter is None:
+            return
+        flush = threading.Thread(target=self._provider.shutdown, name="otlp-flush", daemon=True)
+        flush.start()
+        flush.join(FLUSH_SECONDS)
+        if flush.is_alive():
+            log.warning(
+                "traces: the collector took more than %g s at exit; unsent spans dropped",
+                FLUSH_SECONDS,
+            )
+            self._exporter.shutdown()
 
 
 def clock_offset() -> int:
