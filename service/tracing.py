@@ -114,7 +114,7 @@ class Tracing:
                 "traces: the collector took more than %g s at exit; unsent spans dropped",
                 FLUSH_SECONDS,
             )
-            self._exporter.shutdown()
+            self._exporter.shutdown()  # type: ignore[no-untyped-call]
 
 
 def clock_offset() -> int:
