@@ -274,8 +274,16 @@ class Engine:
         return self._batcher
 
     def check_ready(self) -> None:
-        """Readiness: ready, not shutting down, and able to take one more request now."""
+        """Readiness: ready, not shutting down, serving a model (explicit or poll mode can
+        unload them all: every inference would be 404), and able to take one more request
+        now."""
         self.require_ready()
+        if not self.runtimes:
+            raise NotReady(
+                "no model is loaded: every inference would be 404 (load one with POST "
+                "/v2/repository/models/{name}/load)",
+                headers={"Retry-After": "1"},
+            )
         busy = self.admission.saturated()
         if busy is not None:
             raise NotReady(f"saturated: {busy}", headers={"Retry-After": self.retry_after()})
