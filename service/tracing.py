@@ -8,6 +8,11 @@ request's phases, drawn from the times the engine and batcher record anyway
 checks), ``queue`` (waiting for its first run), ``run`` (first run to last) and
 ``encode`` (writing the answer until its last byte left).
 
+A caller's ``traceparent`` longer than 512 characters or malformed, and a
+``tracestate`` over 512 characters or malformed, are ignored here, silently:
+the request starts a new trace (or keeps the parent without the state). The
+SDK would log a warning per request, echoing the client's header.
+
 Spans are sent in the background; at exit what is still buffered gets at most
 ``FLUSH_SECONDS``, so a collector that is down or never answers cannot hold
 the shutdown (the SDK's own flush would retry for up to 30 s).
@@ -16,6 +21,7 @@ the shutdown (the SDK's own flush would retry for up to 30 s).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -35,6 +41,15 @@ SERVICE_NAME = "attnserve"
 PROPAGATOR = TraceContextTextMapPropagator()
 # At exit: how long the spans still buffered may take to reach the collector.
 FLUSH_SECONDS = 0.5
+# A caller's trace context is honoured only when it is W3C trace context, whole and short
+# (traceparent: version-trace id-parent id-flags, a later version's fields after a dash;
+# tracestate: at most 32 key=value members, W3C's key and value alphabets).
+MAX_TRACE_HEADER = 512
+TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x20-\x7e]*)?")
+_KEY = r"[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13}"
+_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+TRACESTATE_MEMBER = re.compile(f"(?:{_KEY})=(?:{_VALUE})")
+MAX_TRACESTATE_MEMBERS = 32
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +78,12 @@ class Tracing:
         caller's span when it sent a valid ``traceparent``."""
         if self._tracer is None:
             return None
-        carrier = {"traceparent": traceparent or ""}
-        if tracestate:
-            carrier["tracestate"] = tracestate
-        parent = PROPAGATOR.extract(carrier) if traceparent else None
+        parent = None
+        if traceparent is not None and valid_traceparent(traceparent):
+            carrier = {"traceparent": traceparent}
+            if tracestate is not None and valid_tracestate(tracestate):
+                carrier["tracestate"] = tracestate
+            parent = PROPAGATOR.extract(carrier)
         return self._tracer.start_span(
             "attnserve.request",
             context=parent,
@@ -121,3 +138,16 @@ def clock_offset() -> int:
     """Wall-clock nanoseconds minus ``time.monotonic()`` nanoseconds: spans carry wall
     time, the engine records monotonic time."""
     return time.time_ns() - int(time.monotonic() * 1e9)
+
+
+def valid_traceparent(header: str) -> bool:
+    return len(header) <= MAX_TRACE_HEADER and TRACEPARENT.fullmatch(header) is not None
+
+
+def valid_tracestate(header: str) -> bool:
+    if len(header) > MAX_TRACE_HEADER:
+        return False
+    members = [m for m in (m.strip(" \t") for m in header.split(",")) if m]
+    return len(members) <= MAX_TRACESTATE_MEMBERS and all(
+        TRACESTATE_MEMBER.fullmatch(m) for m in members
+    )

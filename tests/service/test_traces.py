@@ -138,6 +138,45 @@ def test_an_http_request_continues_the_callers_trace(traced: Any, receiver: Rece
     assert children["queue"].end_time_unix_nano <= children["run"].end_time_unix_nano
 
 
+def test_a_long_or_malformed_trace_context_is_ignored_without_a_log_line(
+    traced: Any, receiver: Receiver
+) -> None:
+    """A traceparent over 512 characters or malformed starts a new trace; a malformed or
+    long tracestate is dropped; neither makes a log line (the SDK warned per request)."""
+    valid = f"00-{TRACE_ID}-{PARENT_ID}-01"
+    cases = {
+        "long-parent": {"traceparent": valid + "-" + "a" * 600},
+        "bad-parent": {"traceparent": "00-" + "z" * 32 + "-" + PARENT_ID + "-01"},
+        "bad-state": {"traceparent": valid, "tracestate": "not a=state!, Upper=2"},
+        "long-state": {"traceparent": valid, "tracestate": "k=" + "v" * 255 + ",j=" + "w" * 255},
+        "many-states": {"traceparent": valid, "tracestate": ",".join(f"k{i}=v" for i in range(33))},
+    }
+    before = traced.log()
+    for request_id, headers in cases.items():
+        headers = {**headers, "x-request-id": request_id}
+        answer = httpx.post(f"{traced.url}/v1/encode", json={"inputs": ROWS.tolist()},
+                            headers=headers, timeout=30)  # fmt: skip
+        assert answer.status_code == 200, (request_id, answer.text)
+    give_up = time.monotonic() + 20
+    while True:
+        roots = {
+            attributes(s)["attnserve.request_id"]: s
+            for s in receiver.spans
+            if s.name == "attnserve.request" and attributes(s)["attnserve.request_id"] in cases
+        }
+        if len(roots) == len(cases):
+            break
+        assert time.monotonic() < give_up, sorted(roots)
+        time.sleep(0.05)
+    for request_id in ("long-parent", "bad-parent"):  # a trace of its own
+        assert roots[request_id].parent_span_id == b"", request_id
+        assert roots[request_id].trace_id.hex() != TRACE_ID, request_id
+    for request_id in ("bad-state", "long-state", "many-states"):  # the parent kept
+        assert roots[request_id].parent_span_id.hex() == PARENT_ID, request_id
+        assert roots[request_id].trace_state == "", request_id
+    assert traced.log()[len(before) :] == "", traced.log()[len(before) :]
+
+
 def test_each_protocol_names_itself_and_refusals_are_traced(
     traced: Any, receiver: Receiver
 ) -> None:
