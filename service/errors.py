@@ -105,8 +105,8 @@ class InvalidHeader(ServiceError):
 
 class Unauthorized(ServiceError):
     when = (
-        "the server has an API key and the request to `/v1/*` or `/v2/models/*` lacks "
-        "`Authorization: Bearer <key>` or has a wrong key; on `/v2/repository/*`: no admin "
+        "the server has an API key and the request to `/v1/*`, `/v2/models/*` or a TEI route "
+        "lacks `Authorization: Bearer <key>` or has a wrong key; on `/v2/repository/*`: no admin "
         "key of `ATTNSERVE_ADMIN_KEYS` (none is accepted when only an API key is set)"
     )
     raised_on = frozenset({"guarded", "work", "admin"})
@@ -244,8 +244,11 @@ class NotReady(ServiceError):
 class ShuttingDown(NotReady):
     """SIGTERM received: the node drains, new work goes elsewhere."""
 
-    when = "the server received SIGTERM: send the request to another replica (`Retry-After`)"
-    raised_on = frozenset({"work"})
+    when = (
+        "the server received SIGTERM (or a request or model load did not finish within "
+        "the shutdown's grace window): send the request to another replica (`Retry-After`)"
+    )
+    raised_on = frozenset({"work", "admin"})
     error_type = "shutting_down"
 
 

@@ -6,17 +6,25 @@
 - :class:`DrainingServer`: on SIGTERM (or SIGINT) readiness and new work answer
   503 at once while the listener stays open ``drain_seconds`` (load balancers
   and Kubernetes endpoints catch up), then uvicorn's graceful shutdown answers
-  what was accepted, and the process exits 0 within ``shutdown_timeout``
-  whatever clients do. A second signal skips the drain.
+  what was accepted. What is still running at the end of that grace window is
+  answered 503 ``shutting_down`` with Retry-After by the engine (in its
+  protocol's shape: the shipped nginx retries a 503 elsewhere, not uvicorn's
+  plain 500), and the process exits 0 within ``shutdown_timeout`` whatever
+  clients do. A second signal skips the drain.
+
+  shutdown_timeout = drain + grace window + ``ANSWER_SECONDS`` (to send those
+  503s) + ``LIFESPAN_SHUTDOWN_SECONDS`` (the app's own stop).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
 import resource
 import signal
+import socket
 import threading
 import time
 from types import FrameType
@@ -34,6 +42,11 @@ log = logging.getLogger(__name__)
 RESERVED_FDS = 64
 # Time left for the app's own shutdown (engine stop) out of shutdown_timeout.
 LIFESPAN_SHUTDOWN_SECONDS = 2.0
+# Time for requests cut at the end of the grace window to be answered 503 before uvicorn
+# cancels what is left (with a plain 500).
+ANSWER_SECONDS = 0.5
+# The shortest grace window, whatever the settings.
+MIN_GRACE_SECONDS = 0.5
 
 
 def raise_fd_limit() -> int:
@@ -83,12 +96,32 @@ class DrainingServer(uvicorn.Server):
         watchdog.daemon = True
         watchdog.start()
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # The drain is over (or skipped; on_tick ended the body reads): uvicorn waits for
+        # what was accepted up to the grace window plus ANSWER_SECONDS; what still waits
+        # at the end of the grace window answers 503.
+        asyncio.get_running_loop().call_later(
+            grace_seconds(self.engine.settings), self.engine.end_work
+        )
+        await super().shutdown(sockets)
+
     async def on_tick(self, counter: int) -> bool:
         if self._drain_until is not None and time.monotonic() >= self._drain_until:
             self.should_exit = True
         if self.should_exit and not self.engine.closing:
             self.engine.end_body_reads()  # uvicorn's shutdown waits for what remains
         return await super().on_tick(counter)
+
+
+def grace_seconds(settings: Settings) -> float:
+    """After the drain: how long accepted work may run before it is answered 503."""
+    return max(
+        settings.shutdown_timeout
+        - settings.drain_seconds
+        - ANSWER_SECONDS
+        - LIFESPAN_SHUTDOWN_SECONDS,
+        MIN_GRACE_SECONDS,
+    )
 
 
 def _exit_now() -> None:
@@ -127,9 +160,6 @@ def build_server(settings: Settings, app: Any, engine: Engine) -> DrainingServer
         log_config=None,  # service.logs configures every logger
         log_level=settings.log_level,
         timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
-        timeout_graceful_shutdown=max(  # type: ignore[arg-type]
-            settings.shutdown_timeout - settings.drain_seconds - LIFESPAN_SHUTDOWN_SECONDS,
-            0.5,
-        ),
+        timeout_graceful_shutdown=grace_seconds(settings) + ANSWER_SECONDS,  # type: ignore[arg-type]
     )
     return DrainingServer(config, engine)

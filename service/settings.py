@@ -80,8 +80,10 @@ class Settings(BaseSettings):
     )
     api_key: SecretStr | None = Field(
         None,
-        description="When set, /v1/* and /v2/models/* require 'Authorization: Bearer <key>' "
-        "(health, metrics and server metadata stay open for probes and scrapers).",
+        description="Comma-separated keys (a key cannot hold a comma), any of which is "
+        "accepted: when set, /v1/*, /v2/models/* and TEI's routes require 'Authorization: "
+        "Bearer <key>' (health, metrics and server metadata stay open for probes and "
+        "scrapers). Several keys let one be rotated without a restart of every client.",
     )
 
     admin_keys: SecretStr | None = Field(
@@ -93,10 +95,12 @@ class Settings(BaseSettings):
     )
 
     @property
+    def api_key_list(self) -> list[str]:
+        return _key_list(self.api_key)
+
+    @property
     def admin_key_list(self) -> list[str]:
-        if self.admin_keys is None:
-            return []
-        return [k.strip() for k in self.admin_keys.get_secret_value().split(",") if k.strip()]
+        return _key_list(self.admin_keys)
 
     @field_validator("api_key", "admin_keys")
     @classmethod
@@ -231,7 +235,8 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="After SIGTERM: seconds until the process has exited (status 0), drain "
-        "included, whatever clients do; requests still unanswered then are cut.",
+        "included, whatever clients do; requests still running 2.5 s before it are answered "
+        "503 shutting_down (the time to send that and stop the server).",
     )
     max_connections: int = Field(
         4096,
@@ -281,3 +286,10 @@ class Settings(BaseSettings):
                 f"({self.shutdown_timeout}): the drain is part of the shutdown"
             )
         return self
+
+
+def _key_list(keys: SecretStr | None) -> list[str]:
+    """A comma-separated list of keys, blanks dropped."""
+    if keys is None:
+        return []
+    return [k.strip() for k in keys.get_secret_value().split(",") if k.strip()]

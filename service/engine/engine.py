@@ -21,7 +21,7 @@ import math
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -171,6 +171,8 @@ class Engine:
         self.shutting_down = False
         self.closing = False  # the drain is over: no body may still arrive
         self._body_reads: set[asyncio.Timeout] = set()
+        self.work_ended = False  # the grace window is over: what waits now answers 503
+        self._work_waits: set[asyncio.Timeout] = set()
         self._codec_slots = asyncio.Semaphore(settings.max_concurrent_codecs)
         self.admission = Admission(
             settings.max_queued_requests, settings.max_inflight_bytes, metrics, self.retry_after
@@ -272,8 +274,16 @@ class Engine:
         return self._batcher
 
     def check_ready(self) -> None:
-        """Readiness: ready, not shutting down, and able to take one more request now."""
+        """Readiness: ready, not shutting down, serving a model (explicit or poll mode can
+        unload them all: every inference would be 404), and able to take one more request
+        now."""
         self.require_ready()
+        if not self.runtimes:
+            raise NotReady(
+                "no model is loaded: every inference would be 404 (load one with POST "
+                "/v2/repository/models/{name}/load)",
+                headers={"Retry-After": "1"},
+            )
         busy = self.admission.saturated()
         if busy is not None:
             raise NotReady(f"saturated: {busy}", headers={"Retry-After": self.retry_after()})
@@ -305,6 +315,36 @@ class Engine:
         now = asyncio.get_running_loop().time()
         for timeout in self._body_reads:
             timeout.reschedule(now)
+
+    def end_work(self) -> None:
+        """Shutdown's grace window is over: requests still waiting for their runs (or a
+        model load) are answered 503 shutting_down now, while the server can still send
+        it (uvicorn would cut them with a plain 500); their queued runs are dropped."""
+        self.work_ended = True
+        now = asyncio.get_running_loop().time()
+        for bound in self._work_waits:
+            bound.reschedule(now)
+        if self._work_waits:
+            log.warning("grace window over: %d requests answered 503", len(self._work_waits))
+
+    @contextlib.contextmanager
+    def _until_work_ends(self, bound: asyncio.Timeout) -> Iterator[None]:
+        """Let ``end_work`` expire ``bound`` (a timeout around what a request awaits)."""
+        if self.work_ended:
+            bound.reschedule(asyncio.get_running_loop().time())
+        self._work_waits.add(bound)
+        try:
+            yield
+        finally:
+            self._work_waits.discard(bound)
+
+    @staticmethod
+    def _work_cut() -> ShuttingDown:
+        return ShuttingDown(
+            "the server is shutting down and this request did not finish within the "
+            "shutdown's grace window: send it to another replica",
+            headers={"Retry-After": "1"},
+        )
 
     def retry_after(self) -> str:
         """Seconds for a refused client to wait: the measured drain time of the backlog."""
@@ -402,12 +442,27 @@ class Engine:
         prepared finish on the version they started on. A failure leaves serving as it
         was and says why (LoadFailed)."""
         self._check_control("load")
-        async with self._loading:
-            self._loading_now.add(name)
-            try:
-                return await self._load(name)
-            finally:
-                self._loading_now.discard(name)
+        self._refuse_load_if_shutting_down()
+        try:
+            async with asyncio.timeout(None) as bound, self._loading:
+                with self._until_work_ends(bound):
+                    self._refuse_load_if_shutting_down()  # it waited: start nothing now
+                    self._loading_now.add(name)
+                    try:
+                        return await self._load(name)
+                    finally:
+                        self._loading_now.discard(name)
+        except TimeoutError:
+            raise self._work_cut() from None
+
+    def _refuse_load_if_shutting_down(self) -> None:
+        """A load that has not started by SIGTERM never starts (one that has is answered,
+        or cut with 503 at the end of the grace window)."""
+        if self.shutting_down:
+            raise ShuttingDown(
+                "the server is shutting down: it loads no more models",
+                headers={"Retry-After": self.retry_after()},
+            )
 
     def _check_control(self, what: str) -> None:
         if self.settings.model_control == "none":
@@ -452,7 +507,9 @@ class Engine:
                 return self._load_failed(name, f"version {version.version}: warm-up failed: {exc}")
             self._hold(runtime)
             opened[version.version] = runtime
-        batcher = self.require_ready()
+        batcher = self._batcher
+        if not self.ready or batcher is None:  # (a load begun before SIGTERM completes)
+            raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
         await batcher.calibrate(list(opened.values()))
         on_disk = {v.version for v in wanted}
         kept = {v: rt for v, rt in loaded.items() if v in on_disk and v not in opened}
@@ -1061,11 +1118,14 @@ class Engine:
         """
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
-            async with asyncio.timeout(timeout):  # a timer on this task, no second task
-                if until is None:
-                    return await work
-                return await self._first_of(work, until)
+            async with asyncio.timeout(timeout) as bound:  # a timer on this task, no second task
+                with self._until_work_ends(bound):
+                    if until is None:
+                        return await work
+                    return await self._first_of(work, until)
         except TimeoutError:
+            if self.work_ended:
+                raise self._work_cut() from None
             self.metrics.refusals.labels("deadline").inc()  # the batcher counts its own drops
             raise DeadlineExceeded(
                 "the request's deadline passed before its answer was ready (its queued "

@@ -112,14 +112,14 @@ class RequestScope:
         return self.ticket
 
     def _authorize(self) -> None:
-        key = self._engine.settings.api_key
-        if key is None:
+        keys = self._engine.settings.api_key_list
+        if not keys:
             return
         scheme, _, token = (self.caller.authorization or "").partition(" ")
-        expected = key.get_secret_value().encode()
         # Bytes, not str: compare_digest refuses non-ASCII str; headers may carry any byte.
         given = token.strip().encode("utf-8", "surrogateescape")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given, expected):
+        matches = [secrets.compare_digest(given, key.encode()) for key in keys]  # each one
+        if scheme.lower() != "bearer" or not any(matches):
             raise Unauthorized(
                 "missing or wrong API key: send 'Authorization: Bearer <key>'",
                 headers={"WWW-Authenticate": "Bearer"},

@@ -147,6 +147,13 @@ def test_routes_in_teis_shapes(minilm_server_url: str) -> None:
     assert scores[0] == pytest.approx(1.0, abs=1e-5)
     r = httpx.post(f"{url}/embed", json={"inputs": []}, timeout=60)
     assert (r.status_code, r.json()["error_type"]) == (400, "Empty")
+    for empty, where in (
+        ({"source_sentence": "", "sentences": ["a"]}, "inputs.source_sentence"),
+        ({"source_sentence": "a", "sentences": ["b", ""]}, "inputs.sentences[1]"),
+    ):  # as every other TEI route: 400 Empty, not the special tokens' vector
+        r = httpx.post(f"{url}/similarity", json={"inputs": empty}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error_type"] == "Empty" and r.json()["error"].startswith(where), r.text
     r = httpx.post(f"{url}/embed", json={"inputs": "x", "prompt_name": "query"}, timeout=60)
     assert (r.status_code, r.json()["error_type"]) == (422, "Validation")
 

@@ -14,11 +14,12 @@ from service.settings import Settings
 from tests.conftest import running_server
 
 KEY = "s3cret-key"
+SECOND_KEY = "rotated-key"  # ATTNSERVE_API_KEY is a comma-separated list
 
 
 @pytest.fixture(scope="module")
 def guarded_url(model_repository: Path) -> Iterator[str]:
-    with running_server(model_repository, api_key=KEY) as url:
+    with running_server(model_repository, api_key=f"{KEY}, {SECOND_KEY}") as url:
         yield url
 
 
@@ -38,7 +39,28 @@ def test_requests_without_the_key_get_401(guarded_url: str) -> None:
 
 def test_health_and_metrics_need_no_key(guarded_url: str) -> None:
     assert httpx.get(f"{guarded_url}/health/ready").status_code == 200
+    assert httpx.get(f"{guarded_url}/health").status_code == 200  # TEI's probe
     assert httpx.get(f"{guarded_url}/metrics").status_code == 200
+
+
+def test_every_key_of_the_list_is_accepted_and_the_list_itself_is_not(guarded_url: str) -> None:
+    for key in (KEY, SECOND_KEY):
+        r = httpx.get(f"{guarded_url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200, (key, r.text)
+    for wrong in (f"{KEY},{SECOND_KEY}", f"{KEY}, {SECOND_KEY}", ","):
+        r = httpx.get(f"{guarded_url}/v1/models", headers={"Authorization": f"Bearer {wrong}"})
+        assert r.status_code == 401, (wrong, r.text)
+
+
+def test_tei_info_needs_the_key(guarded_url: str) -> None:
+    """What the server serves is guarded, like /v1/models."""
+    r = httpx.get(f"{guarded_url}/info")
+    assert r.status_code == 401, r.text
+    assert set(r.json()) == {"error", "error_type"}  # TEI's shape
+    assert r.headers["www-authenticate"] == "Bearer"
+    r = httpx.get(f"{guarded_url}/info", headers={"Authorization": f"Bearer {SECOND_KEY}"})
+    assert r.status_code == 200, r.text
+    assert r.json()["model_id"]
 
 
 def test_the_sdk_sends_the_key(guarded_url: str) -> None:

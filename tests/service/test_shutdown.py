@@ -10,19 +10,29 @@ second signal skips the rest of the drain.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import json
+import shutil
 import signal
 import socket
 import threading
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import onnxruntime as ort
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from tests.conftest import ServerProcess, server_process
+from model_export.config import EncoderConfig
+from model_export.export import export_model
+from model_export.manifest import Manifest
+from model_export.model import Encoder
+from tests.conftest import ServerProcess, free_port, server_process
 from tests.service.helpers import (
     D_MODEL,
     MODEL_MAX_SEQ_LEN,
@@ -224,3 +234,182 @@ def test_second_sigterm_skips_the_drain(model_repository: Path) -> None:
         server.proc.send_signal(signal.SIGTERM)
         # Well before the 20 s drain would have ended.
         assert exit_status(server, 5.0) == 0, server.log()
+
+
+# -- work longer than the grace window is answered 503, in its protocol's shape ----------
+
+# The tiny model with a wide feed-forward layer: ~25 ms per sequence here for the same
+# 16 kB of input, so a request of a few megabytes runs for seconds.
+SLOW_D_FF = 16384
+SLOW_SEQUENCES = 256  # per request: ~6 s of runs here, several times the grace window
+CUT_DRAIN = 0.5
+CUT_SHUTDOWN = 4.0  # grace window: 4 - 0.5 drain - 0.5 answer - 2 lifespan = 1 s
+
+
+@pytest.fixture(scope="module")
+def slow_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = EncoderConfig(
+        d_model=D_MODEL, n_heads=N_HEADS, n_layers=N_LAYERS, d_ff=SLOW_D_FF, max_seq_len=128
+    )
+    repo = tmp_path_factory.mktemp("slow-models")
+    export_model(
+        Encoder(config, seed=7), repo / "slow", name="slow", exporter="torchscript", optimize=False
+    )
+    return repo
+
+
+def grpc_pooled_infer(address: str, embeds: np.ndarray) -> grpc.RpcError | pb.ModelInferResponse:
+    """ModelInfer of ``embeds`` for pooled vectors, on a raw stub (its error's trailers)."""
+    request = pb.ModelInferRequest(
+        model_name="slow",
+        inputs=[
+            pb.ModelInferRequest.InferInputTensor(
+                name="inputs_embeds", datatype="FP32", shape=list(embeds.shape)
+            )
+        ],
+        outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="pooled")],
+        raw_input_contents=[embeds.tobytes()],
+    )
+    request.parameters["pooling"].string_param = "mean"
+    with grpc.insecure_channel(address) as channel:
+        try:
+            answer: pb.ModelInferResponse = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                request, timeout=30
+            )
+            return answer
+        except grpc.RpcError as exc:
+            return exc
+
+
+def test_work_past_the_grace_window_is_answered_503_not_cut(slow_repository: Path) -> None:
+    lengths = (MODEL_MAX_SEQ_LEN,) * SLOW_SEQUENCES
+    native = json.dumps(
+        {
+            "inputs": [b64_array(s) for s in sequences(lengths, seed=3)],
+            "pooling": "mean",
+            "encoding_format": "base64",
+        }
+    ).encode()
+    embeds = np.ascontiguousarray(np.stack(sequences(lengths, seed=4)), dtype="<f4")
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "inputs_embeds",
+                    "shape": list(embeds.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": embeds.nbytes},
+                }
+            ],
+            "outputs": [{"name": "pooled"}],
+            "parameters": {"pooling": "mean"},
+        }
+    ).encode()
+    grpc_port = free_port()
+    with server_process(
+        slow_repository,
+        drain_seconds=str(CUT_DRAIN),
+        shutdown_timeout=str(CUT_SHUTDOWN),
+        grpc_port=str(grpc_port),
+        log_level="info",
+    ) as server:
+        url = server.url
+        answers: dict[str, object] = {}
+
+        def post(name: str, path: str, body: bytes, headers: dict[str, str]) -> None:
+            try:
+                answers[name] = httpx.post(
+                    f"{url}{path}",
+                    content=body,
+                    headers={"content-type": "application/json", **headers},
+                    timeout=30,
+                )
+            except httpx.TransportError as exc:  # a cut connection: what must not happen
+                answers[name] = exc
+
+        v2_headers = {"Inference-Header-Content-Length": str(len(header))}
+        calls = [
+            threading.Thread(target=post, args=("native", "/v1/encode", native, {})),
+            threading.Thread(
+                target=post,
+                args=("v2", "/v2/models/slow/infer", header + embeds.tobytes(), v2_headers),
+            ),
+            threading.Thread(
+                target=lambda: answers.update(
+                    grpc=grpc_pooled_infer(f"127.0.0.1:{grpc_port}", embeds)
+                )
+            ),
+        ]
+        for call in calls:
+            call.start()
+        # All three accepted (bodies read, work queued) before the signal.
+        assert wait_for(lambda: metric(url, "attnserve_in_flight_requests") == 3, 10.0), answers
+        server.proc.send_signal(signal.SIGTERM)
+        for call in calls:
+            call.join(CUT_SHUTDOWN + EXIT_MARGIN)
+        assert exit_status(server, CUT_SHUTDOWN + EXIT_MARGIN) == 0, server.log()
+        log = server.log()
+
+    native_answer, v2_answer, grpc_answer = answers["native"], answers["v2"], answers["grpc"]
+    assert isinstance(native_answer, httpx.Response), native_answer
+    assert_shutting_down(native_answer)  # native: {"error", "error_type"}
+    assert isinstance(v2_answer, httpx.Response), v2_answer
+    assert_shutting_down(v2_answer)  # the Open Inference Protocol's {"error", ...}
+    assert "shutting down" in v2_answer.json()["error"]
+    assert isinstance(grpc_answer, grpc.RpcError), grpc_answer
+    assert grpc_answer.code() == grpc.StatusCode.UNAVAILABLE, grpc_answer
+    assert "shutting down" in (grpc_answer.details() or "")
+    assert float(dict(grpc_answer.trailing_metadata() or ())["retry-after"]) > 0
+    assert "shutdown timeout reached" not in log  # a graceful exit
+
+
+# -- model loads: refused once draining, an accepted one answered -----------------------
+
+
+def index_state(url: str, name: str) -> str:
+    """The repository index's state of model ``name``."""
+    r = httpx.post(f"{url}/v2/repository/index", json={}, timeout=5)
+    return next(str(e.get("state", "")) for e in r.json() if e["name"] == name)
+
+
+def test_draining_refuses_new_loads_at_once_and_answers_an_accepted_one(
+    tmp_path: Path, model_repository: Path, slow_repository: Path
+) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(model_repository / "tiny", repo / "tiny")
+    # The slow model takes a second or more to load and calibrate.
+    shutil.copytree(slow_repository / "slow", repo / "slow")
+    shutil.copytree(slow_repository / "slow", repo / "slow2")
+    manifest = Manifest.read(repo / "slow2")
+    dataclasses.replace(manifest, name="slow2").write(repo / "slow2")
+    with server_process(
+        repo,
+        model_control="explicit",
+        default_model="tiny",
+        drain_seconds="2",
+        shutdown_timeout="10",
+        log_level="info",
+    ) as server:
+        url = server.url
+        answers: dict[str, httpx.Response] = {}
+        accepted = threading.Thread(
+            target=lambda: answers.update(
+                slow=httpx.post(f"{url}/v2/repository/models/slow/load", timeout=30)
+            )
+        )
+        accepted.start()
+        assert wait_for(lambda: index_state(url, "slow") == "LOADING", 10.0), server.log()
+        server.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: ready_status(url) == 503, 5.0)
+
+        # A new load is refused at once, while the accepted one is still at work (it holds
+        # the load lock: before, the new one waited for it, then did its own work).
+        refused = httpx.post(f"{url}/v2/repository/models/slow2/load", timeout=30)
+        still_loading = index_state(url, "slow") == "LOADING"
+        assert_shutting_down(refused)
+        assert still_loading, "the new load was answered only once the accepted one had ended"
+
+        accepted.join(30)
+        # The load accepted before the signal completes with its answer (it had begun).
+        assert answers["slow"].status_code == 200, answers["slow"].text
+        assert exit_status(server, 10 + EXIT_MARGIN) == 0, server.log()

@@ -124,6 +124,12 @@ def similarity_request(body: bytes) -> tuple[EncodeRequest, Characters]:
     truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
     if not options.inputs.sentences:
         raise InvalidInput("is empty: send at least one sentence", field=("inputs", "sentences"))
+    # An empty text is 400 Empty, as on TEI's other routes (not its special tokens embedded).
+    if not options.inputs.source_sentence:
+        raise InvalidInput("is empty: send some text", field=("inputs", "source_sentence"))
+    for i, sentence in enumerate(options.inputs.sentences):
+        if not sentence:
+            raise InvalidInput("is empty: send some text", field=("inputs", "sentences", i))
     texts = [options.inputs.source_sentence, *options.inputs.sentences]
     request = EncodeRequest(
         inputs=texts,

@@ -38,8 +38,9 @@ def routed(access: Access) -> APIRouter:
 
 
 health = routed(Access.OPEN)
+guarded = routed(Access.GUARDED)  # what a server serves: behind the API key, as /v1/models
 work = routed(Access.WORK)
-routers = (health, work)
+routers = (health, guarded, work)
 
 
 def timed(response: Response, request: Request, characters: int, tokens: int) -> Response:
@@ -75,7 +76,7 @@ async def tei_health(engine: EngineDep) -> Response:
     return Response(status_code=200)
 
 
-@health.get("/info", response_model=None)
+@guarded.get("/info", response_model=None)
 async def tei_info(engine: EngineDep) -> JSONResponse:
     """The default model and the limits that apply (``max_client_batch_size``: inputs
     per request of pooled vectors)."""
