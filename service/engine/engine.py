@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.batcher import Batcher, RunTiming, SequenceResult
+from service.batcher import Batcher, Flow, RunTiming, SequenceResult
 from service.engine import limits, postprocess, sparse
 from service.engine.admission import Admission, Ticket
 from service.engine.response_cache import ResponseCache, request_key
@@ -968,11 +968,28 @@ class Engine:
 
         A request of more sequences than ATTNSERVE_MAX_SEQUENCES (only pooled vectors
         asked for) runs in parts of that many, ``PARTS_IN_FLIGHT`` queued at a time,
-        each pooled as it finishes; the answer keeps the request's order."""
+        each pooled as it finishes; the answer keeps the request's order. Its parts share
+        one batcher flow (fair per request; refused up front if sure to be late)."""
+        batcher = self._batcher
+        if batcher is None:  # stopped under it
+            raise NotReady("the engine is not running", headers={"Retry-After": "1"})
+        lengths = [len(s) for s in prepared.sequences]
+        runtime = prepared.runtime or self._serving(prepared.model.name)
+        with batcher.flow(runtime, prepared.graph, lengths, deadline) as flow:
+            return await self._run_parts(prepared, deadline, until, timing, flow)
+
+    async def _run_parts(
+        self,
+        prepared: PreparedEncode,
+        deadline: float | None,
+        until: Disconnected | None,
+        timing: RunTiming | None,
+        flow: Flow,
+    ) -> EncodeResult:
         part = self.settings.max_sequences
         n = len(prepared.sequences)
         if n <= part:
-            return await self._run_part(prepared, deadline, until, timing)
+            return await self._run_part(prepared, deadline, until, timing, flow)
 
         def part_of(start: int) -> PreparedEncode:
             return dataclasses.replace(
@@ -984,7 +1001,7 @@ class Engine:
             )
 
         async def outputs_of(start: int) -> list[SequenceOutput]:
-            return (await self._run_part(part_of(start), deadline, until, timing)).outputs
+            return (await self._run_part(part_of(start), deadline, until, timing, flow)).outputs
 
         outputs = await self._in_parts(n, outputs_of)
         return EncodeResult(
@@ -1017,6 +1034,7 @@ class Engine:
         deadline: float | None,
         until: Disconnected | None,
         timing: RunTiming | None,
+        flow: Flow | None = None,
     ) -> EncodeResult:
         batcher = self._batcher
         if batcher is None:  # stopped under it
@@ -1039,6 +1057,7 @@ class Engine:
             deadline=deadline,
             timing=timing,
             runtime=prepared.runtime,
+            flow=flow,
         )
         try:
             results = await self._unless_gone(work, until if watch else None, deadline)
@@ -1221,23 +1240,26 @@ class Engine:
         if batcher is None:
             raise NotReady("the engine is not running", headers={"Retry-After": "1"})
         part = self.settings.max_sequences
+        lengths = [len(s) for s in sequences]
+        with batcher.flow(runtime, graph, lengths, scope.deadline) as flow:
 
-        async def run(start: int) -> list[SequenceResult]:
-            work = batcher.submit(
-                runtime.info.name,
-                sequences[start : start + part],
-                graph=graph,
-                deadline=scope.deadline,
-                timing=scope.timing,
-                runtime=runtime,
-            )
-            try:
-                return await self._unless_gone(work, scope.cancelled, scope.deadline)
-            except DeadlineExceeded as exc:
-                exc.headers = {"Retry-After": self.retry_after()}
-                raise
+            async def run(start: int) -> list[SequenceResult]:
+                work = batcher.submit(
+                    runtime.info.name,
+                    sequences[start : start + part],
+                    graph=graph,
+                    deadline=scope.deadline,
+                    timing=scope.timing,
+                    runtime=runtime,
+                    flow=flow,
+                )
+                try:
+                    return await self._unless_gone(work, scope.cancelled, scope.deadline)
+                except DeadlineExceeded as exc:
+                    exc.headers = {"Retry-After": self.retry_after()}
+                    raise
 
-        return await self._in_parts(len(sequences), run)
+            return await self._in_parts(len(sequences), run)
 
     # -- tokenize ---------------------------------------------------------------------------
 
