@@ -149,12 +149,16 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=0.25, help="between short requests")
     parser.add_argument("--settle", type=float, default=3.0, help="before the first probe")
     parser.add_argument("--deadline", type=float, default=18.0, help="the deadline check's")
+    parser.add_argument(
+        "--batch-tokens", default="4096", help="ATTNSERVE_MAX_BATCH_TOKENS: one run's most"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "starvation.json")
     args = parser.parse_args()
     counts = [int(c) for c in args.large.split(",")]
     bodies = [large_body(args.texts, args.words, seed) for seed in range(max(counts))]
     rows = []
-    with running_server(args.model_dir, REQUEST_TIMEOUT="600") as port:
+    settings = {"REQUEST_TIMEOUT": "600", "MAX_BATCH_TOKENS": args.batch_tokens}
+    with running_server(args.model_dir, **settings) as port:
         for large in counts:
             rows.append(
                 asyncio.run(probe(port, large, bodies, args.seconds, args.interval, args.settle))
@@ -165,13 +169,20 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
-            {"texts": args.texts, "words": args.words, "rows": rows, "deadline_check": check},
+            {
+                "texts": args.texts,
+                "words": args.words,
+                "batch_tokens": int(args.batch_tokens),
+                "rows": rows,
+                "deadline_check": check,
+            },
             indent=2,
         )
     )
     print(
         f"one-text request every {args.interval:g} s for {args.seconds:g} s behind large "
-        f"pooled requests of {args.texts} texts x {args.words + 2} tokens\n"
+        f"pooled requests of {args.texts} texts x {args.words + 2} tokens "
+        f"(ATTNSERVE_MAX_BATCH_TOKENS={args.batch_tokens})\n"
     )
     print("| large requests | short requests | p50 ms | p99 ms | max ms |")
     print("|---|---|---|---|---|")

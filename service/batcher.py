@@ -12,11 +12,11 @@ runs only fight over the same cores. Admission happens above, in the engine.
 
 Fair by request, not by part: every part of one request is submitted with its
 ``Flow``, and a batch is filled sequence by sequence, first from the requests
-served less than a batch so far (fewest tokens first, then first queued), then
-from the larger ones a batch each in turn (``_FairQueue``). A job larger than
-the batch is taken a batch at a time, so a one-text request waits for at most
-the batch in progress, however many large requests are queued; large requests
-share the model round-robin; small requests stay first come, first served.
+that fit in one batch (first come, first served), then from the larger ones a
+batch each in turn (``_FairQueue``). A job larger than the batch is taken a
+batch at a time, and each job is answered after its own last run, so a
+one-text request waits for at most the run in progress, however many large
+requests are queued; large requests share the model round-robin.
 A request whose estimated work (the run cost model) cannot meet its deadline
 by a clear factor is refused when its flow opens (413 if alone on an idle
 server it would miss its deadline, 429 if the requests running make it late),
@@ -116,12 +116,11 @@ class Flow:
     come (for Retry-After and the deadline estimate of the requests after it).
     """
 
-    __slots__ = ("finished", "seconds", "served", "submitted", "tokens")
+    __slots__ = ("finished", "seconds", "submitted", "tokens")
 
-    def __init__(self, tokens: int = 0, seconds: float = 0.0) -> None:
-        self.tokens = tokens  # the whole request's (0: unknown, one job)
+    def __init__(self, tokens: int, seconds: float = 0.0) -> None:
+        self.tokens = tokens  # the whole request's
         self.seconds = seconds  # its estimated inference time alone (0: not estimated)
-        self.served = 0  # tokens taken into batches so far: the least served goes first
         self.submitted = 0  # tokens of its jobs submitted so far
         self.finished = 0  # tokens of its jobs answered, failed or dropped
 
@@ -159,17 +158,17 @@ _Slice = tuple[_Job, int, int]
 class _FairQueue:
     """A model's queued jobs: one FIFO per flow, the flows in a heap.
 
-    A flow's key is (tokens served, capped at one batch; when it was queued or last
-    served). Requests served less than a batch go first, fewest tokens first: a small
-    request waits for no large one. Past a batch, every flow has the same first key,
-    so large requests take a batch each in turn (round-robin): a large request that
-    arrives late does not hold back the ones nearly done until it catches up. A
-    flow's key changes only when it is served, and then it is popped and pushed back.
+    A flow's key is (large, when it was queued or last served): a request that fits
+    in one batch waits for no large one (small ones first come, first served), and
+    large requests take a batch each in turn (round-robin, a served flow goes to the
+    back), so a large request that arrives late neither jumps ahead of the ones
+    running nor is held back until they finish. A flow's key changes only when it
+    is served, and then it is popped and pushed back.
     """
 
     def __init__(self, batch_tokens: int) -> None:
-        self._cap = batch_tokens
-        self._heap: list[tuple[int, int, Flow]] = []
+        self._batch = batch_tokens
+        self._heap: list[tuple[bool, int, Flow]] = []
         self._jobs: dict[Flow, deque[_Job]] = {}
         self._order = itertools.count()  # ties: first queued, first served
         self._count = 0
@@ -187,8 +186,8 @@ class _FairQueue:
         self._count += 1
 
     def take(self, budget: int, drop: Callable[[_Job], bool]) -> list[_Slice]:
-        """Sequences up to ``budget`` real tokens (at least one), least-served flow
-        first; a job that ``drop`` says must not run (and says why) leaves unrun."""
+        """Sequences up to ``budget`` real tokens (at least one), in the flows' turn;
+        a job that ``drop`` says must not run (and says why) leaves unrun."""
         slices: list[_Slice] = []
         tokens = 0
         while self._heap:
@@ -211,7 +210,6 @@ class _FairQueue:
             job.taken = end
             slices.append((job, start, end))
             tokens += taken
-            flow.served += taken
             heapq.heappop(self._heap)
             if end == len(job.sequences):
                 jobs.popleft()
@@ -225,7 +223,8 @@ class _FairQueue:
         return slices
 
     def _push(self, flow: Flow) -> None:
-        heapq.heappush(self._heap, (min(flow.served, self._cap), next(self._order), flow))
+        large = flow.tokens > self._batch
+        heapq.heappush(self._heap, (large, next(self._order), flow))
 
     def _pop_job(self, flow: Flow, jobs: deque[_Job]) -> None:
         jobs.popleft()
@@ -483,7 +482,7 @@ class Batcher:
             loop.create_future(),
             deadline,
             timing or RunTiming(),
-            flow or Flow(),
+            flow or Flow(sum(len(s) for s in sequences)),
             results=[None] * len(sequences),
             pending=len(sequences),
         )
@@ -504,9 +503,9 @@ class Batcher:
             job.flow.finished += tokens
 
     def _take_batch(self, queue: _FairQueue) -> list[_Slice]:
-        """Up to the token budget of queued sequences, least-served request first (see
-        ``_FairQueue``); jobs whose caller went away or whose deadline passed are dropped
-        here, before any more of them runs."""
+        """Up to the token budget of queued sequences, small requests first, then large
+        ones in turn (see ``_FairQueue``); jobs whose caller went away or whose deadline
+        passed are dropped here, before any more of them runs."""
         now = time.monotonic()
 
         def drop(job: _Job) -> bool:
@@ -548,12 +547,13 @@ class Batcher:
             taken = self._take_batch(queue)
             self._in_hand[model] = [job for job, _, _ in taken]
             # Around a swap, jobs of two versions may share a batch: each runs on its own.
-            runtimes = {id(job.runtime): job.runtime for job, _, _ in taken}
-            for runtime in runtimes.values():
-                for graph in GRAPH_LABELS:
-                    group = [s for s in taken if s[0].graph == graph and s[0].runtime is runtime]
-                    if group:
-                        await self._run_group(loop, runtime, group, graph)
+            # Groups go in the order the queue took their first slice (fair order).
+            groups: dict[tuple[int, str], list[_Slice]] = {}
+            for piece in taken:
+                job = piece[0]
+                groups.setdefault((id(job.runtime), job.graph), []).append(piece)
+            for group in groups.values():
+                await self._run_group(loop, group[0][0].runtime, group, group[0][0].graph)
             self._in_hand[model] = []
 
     async def _run_group(
@@ -566,7 +566,11 @@ class Batcher:
         slots = [(job, i) for job, start, end in group for i in range(start, end)]
         lengths = [len(job.sequences[i]) for job, i in slots]
         cost = self._costs[runtime.info.name, graph]
-        for run in plan_runs(lengths, self._fits(runtime, graph), cost if cost.fitted else None):
+        runs = plan_runs(lengths, self._fits(runtime, graph), cost if cost.fitted else None)
+        # The slots are in the order the fair queue took them: the run holding the first
+        # taken (a small request's) goes first, and each job is answered after its own
+        # last run, not the batch's.
+        for run in sorted(runs, key=min):
             jobs = list({id(slots[k][0]): slots[k][0] for k in run}.values())
             if all(job.future.done() for job in jobs):
                 continue  # every client of this run went away
@@ -594,9 +598,9 @@ class Batcher:
                 job, i = slots[k]
                 job.results[i] = result
                 job.pending -= 1
-        for job, _, _ in group:
-            if not job.future.done() and job.pending == 0:  # its last sequences ran
-                job.future.set_result([r for r in job.results if r is not None])
+            for job in jobs:
+                if not job.future.done() and job.pending == 0:  # its last sequences ran
+                    job.future.set_result([r for r in job.results if r is not None])
 
     def _fits(self, runtime: ModelRuntime, graph: str) -> Callable[[int, int], bool]:
         """The memory bounds of one run of ``graph``: (sequences, longest) -> within them."""

@@ -172,6 +172,9 @@ class Engine:
         self.closing = False  # the drain is over: no body may still arrive
         self._body_reads: set[asyncio.Timeout] = set()
         self._codec_slots = asyncio.Semaphore(settings.max_concurrent_codecs)
+        # Small requests' codec work has a lane of its own: a one-text request is never
+        # tokenized after the megabyte bodies queued before it (see off_loop).
+        self._small_codec_slot = asyncio.Semaphore(1)
         self.admission = Admission(
             settings.max_queued_requests, settings.max_inflight_bytes, metrics, self.retry_after
         )
@@ -597,7 +600,7 @@ class Engine:
             if all(isinstance(item, ArrayInput) for item in request.inputs):
                 prepared = self.prepare(request)
             else:  # text and token ids are embedded by onnxruntime: never on the loop
-                prepared = await self.off_loop(self.prepare, request)
+                prepared = await self.off_loop(self.prepare, request, small=True)
         scope.timing.prepare_began, scope.timing.prepare_ended = began, time.monotonic()
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
         scope.served(prepared.model.name, prepared.model.version)
@@ -640,13 +643,15 @@ class Engine:
             parts.append(hashlib.sha256(token).digest())
         return request_key(parts, prepared.sequences)
 
-    async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
+    async def off_loop(self, work: Callable[..., T], *args: Any, small: bool = False) -> T:
         """``work(*args)`` on a worker thread, at most ATTNSERVE_MAX_CONCURRENT_CODECS at once.
 
         Decoding, tokenizing and serialising hold the GIL or a core; left unbounded, a
-        burst of them starves the inference thread of the cores it runs on.
+        burst of them starves the inference thread of the cores it runs on. ``small``
+        work (a body parsed on the loop: tens of ms at most) takes a slot of its own,
+        one at a time, so it never waits behind large bodies being parsed.
         """
-        async with self._codec_slots:
+        async with self._small_codec_slot if small else self._codec_slots:
             return await asyncio.to_thread(work, *args)
 
     def prepare(self, request: EncodeRequest) -> PreparedEncode:
