@@ -2,9 +2,10 @@
 
 Fairness, by ordering alone (no speed asserted): with ATTNSERVE_MAX_BATCH_TOKENS=1 a
 request of 10,000 one-token sequences is a job of 10,000 batches. One such request
-runs; a second is queued; then a one-sequence request arrives. The batcher serves
-the request with the fewest tokens served first, a batch at a time, so the small one
-is answered while the first large one still has most of its batches to run. A FIFO
+runs; a second is queued; then a one-sequence request arrives. The batcher takes
+requests that fit in one batch first and large ones a batch at a time in turn, so
+the small one is answered while the first large one still has most of its batches
+to run. A FIFO
 of whole jobs (the old batcher) answers it only after both large ones. The large
 answers, assembled from 10,000 slices, are checked against onnxruntime (tolerance
 1e-5: summation order only).
