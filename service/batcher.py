@@ -10,6 +10,18 @@ so short and long sequences are not padded to each other. Runs execute one at
 a time on a single inference thread: on a small CPU, concurrent onnxruntime
 runs only fight over the same cores. Admission happens above, in the engine.
 
+Fair by request, not by part: every part of one request is submitted with its
+``Flow``, and a batch is filled sequence by sequence, first from the requests
+that fit in one batch (first come, first served), then from the larger ones a
+batch each in turn (``_FairQueue``). A job larger than the batch is taken a
+batch at a time, and each job is answered after its own last run, so a
+one-text request waits for at most the run in progress, however many large
+requests are queued; large requests share the model round-robin.
+A request whose estimated work (the run cost model) cannot meet its deadline
+by a clear factor is refused when its flow opens (413 if alone on an idle
+server it would miss its deadline, 429 if the requests running make it late),
+not run to a 504.
+
 A job whose deadline has passed, or whose caller went away, is dropped when
 its batch is taken, before any inference. Each run's tokens per second feed
 an estimate of how long the backlog takes to drain, which the engine turns
@@ -21,11 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,7 +47,7 @@ from functools import partial
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.errors import DeadlineExceeded
+from service.errors import DeadlineExceeded, Overloaded, PayloadTooLarge
 from service.metrics import Metrics
 from service.run_planner import RunCostModel, plan_runs
 from service.runtime import ModelRuntime, pad
@@ -66,6 +80,10 @@ SMALL_CALIBRATION_SHAPES = ((1, 8), (1, 32), (4, 8), (2, 32), (1, 64), (4, 16))
 RATE_SMOOTHING = 0.2
 # Retry-After bounds, in seconds.
 RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
+# A request is refused up front only when its estimated time exceeds its deadline by
+# this factor: the cost model is fitted on a shared machine and may be off by tens of
+# percent, and a request that might still finish must never be refused.
+LATE_FACTOR = 1.5
 
 
 @dataclass
@@ -90,6 +108,29 @@ class RunTiming:
         return self.prepare_ended - self.prepare_began
 
 
+class Flow:
+    """One request's claim on its model's queue.
+
+    Every part of a request is submitted with the same flow, so the queue is fair per
+    request, not per part, and the batcher knows how much of the request is still to
+    come (for Retry-After and the deadline estimate of the requests after it).
+    """
+
+    __slots__ = ("finished", "seconds", "submitted", "tokens")
+
+    def __init__(self, tokens: int, seconds: float = 0.0) -> None:
+        self.tokens = tokens  # the whole request's
+        self.seconds = seconds  # its estimated inference time alone (0: not estimated)
+        self.submitted = 0  # tokens of its jobs submitted so far
+        self.finished = 0  # tokens of its jobs answered, failed or dropped
+
+    def remaining_seconds(self) -> float:
+        """Its estimated inference time still to come."""
+        if not self.tokens:
+            return 0.0
+        return self.seconds * max(self.tokens - self.finished, 0) / self.tokens
+
+
 @dataclass
 class _Job:
     runtime: ModelRuntime  # the version it was prepared for: a swap never changes it
@@ -98,13 +139,99 @@ class _Job:
     future: asyncio.Future[list[SequenceResult]]
     deadline: float | None  # time.monotonic() after which it must not run
     timing: RunTiming
+    flow: Flow
     submitted: float = field(default_factory=time.monotonic)
     started: bool = False
     results: list[SequenceResult | None] = field(default_factory=list)
+    taken: int = 0  # sequences taken into batches so far (a prefix)
+    pending: int = 0  # sequences whose results have not come back yet
 
     @property
     def tokens(self) -> int:
         return sum(len(s) for s in self.sequences)
+
+
+# Sequences [start, end) of one job, taken into a batch.
+_Slice = tuple[_Job, int, int]
+
+
+class _FairQueue:
+    """A model's queued jobs: one FIFO per flow, the flows in a heap.
+
+    A flow's key is (large, when it was queued or last served): a request that fits
+    in one batch waits for no large one (small ones first come, first served), and
+    large requests take a batch each in turn (round-robin, a served flow goes to the
+    back), so a large request that arrives late neither jumps ahead of the ones
+    running nor is held back until they finish. A flow's key changes only when it
+    is served, and then it is popped and pushed back.
+    """
+
+    def __init__(self, batch_tokens: int) -> None:
+        self._batch = batch_tokens
+        self._heap: list[tuple[bool, int, Flow]] = []
+        self._jobs: dict[Flow, deque[_Job]] = {}
+        self._order = itertools.count()  # ties: first queued, first served
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, job: _Job) -> None:
+        jobs = self._jobs.get(job.flow)
+        if jobs is None:
+            self._jobs[job.flow] = deque([job])
+            self._push(job.flow)
+        else:
+            jobs.append(job)
+        self._count += 1
+
+    def take(self, budget: int, drop: Callable[[_Job], bool]) -> list[_Slice]:
+        """Sequences up to ``budget`` real tokens (at least one), in the flows' turn;
+        a job that ``drop`` says must not run (and says why) leaves unrun."""
+        slices: list[_Slice] = []
+        tokens = 0
+        while self._heap:
+            flow = self._heap[0][2]
+            jobs = self._jobs[flow]
+            job = jobs[0]
+            if drop(job):
+                self._pop_job(flow, jobs)
+                continue
+            start = end = job.taken
+            taken = 0
+            while end < len(job.sequences):
+                n = len(job.sequences[end])
+                if tokens + taken and tokens + taken + n > budget:
+                    break
+                taken += n
+                end += 1
+            if end == start:
+                break  # the batch is full
+            job.taken = end
+            slices.append((job, start, end))
+            tokens += taken
+            heapq.heappop(self._heap)
+            if end == len(job.sequences):
+                jobs.popleft()
+                self._count -= 1
+            if jobs:
+                self._push(flow)
+            else:
+                del self._jobs[flow]
+            if end < len(job.sequences):
+                break  # the budget is spent inside this job
+        return slices
+
+    def _push(self, flow: Flow) -> None:
+        large = flow.tokens > self._batch
+        heapq.heappush(self._heap, (large, next(self._order), flow))
+
+    def _pop_job(self, flow: Flow, jobs: deque[_Job]) -> None:
+        jobs.popleft()
+        self._count -= 1
+        if not jobs:
+            heapq.heappop(self._heap)
+            del self._jobs[flow]
 
 
 def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
@@ -157,7 +284,8 @@ class Batcher:
         self._runtimes = dict(runtimes)  # the serving version of each model
         self._settings = settings
         self._metrics = metrics
-        self._queues: dict[str, deque[_Job]] = {}
+        self._queues: dict[str, _FairQueue] = {}
+        self._flows: dict[str, set[Flow]] = {}  # the open flows of each model
         self._in_hand: dict[str, list[_Job]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
@@ -176,7 +304,7 @@ class Batcher:
             self._add_worker(name)
 
     def _add_worker(self, name: str) -> None:
-        self._queues[name] = deque()
+        self._queues[name] = _FairQueue(self._settings.max_batch_tokens)
         self._in_hand[name] = []
         self._wakeups[name] = asyncio.Event()
         self._workers.append(asyncio.create_task(self._supervise(name), name=f"batcher-{name}"))
@@ -238,10 +366,86 @@ class Batcher:
         return self._queued > 0 or any(self._in_hand.values())
 
     def backlog_seconds(self) -> float:
-        """How long the work not yet finished takes at the measured rate (0 if unknown)."""
+        """How long the work not yet finished takes at the measured rate (0 if unknown):
+        the jobs submitted, and the parts of open requests still to be submitted."""
         if not self._tokens_per_second:
             return 0.0
-        return self._backlog_tokens / self._tokens_per_second
+        to_come = sum(
+            max(flow.tokens - flow.submitted, 0) for flows in self._flows.values() for flow in flows
+        )
+        return (self._backlog_tokens + to_come) / self._tokens_per_second
+
+    @contextlib.contextmanager
+    def flow(
+        self,
+        runtime: ModelRuntime,
+        graph: str,
+        lengths: list[int],
+        deadline: float | None,
+    ) -> Iterator[Flow]:
+        """One request's flow, open while it runs: submit each of its parts with it.
+
+        Refused first, when the run cost model says its sequences (``lengths``) cannot
+        be run by its ``deadline`` (``time.monotonic()``), by ``LATE_FACTOR``: 413 if
+        alone on an idle server it would miss even the longest deadline, or its own;
+        429 with Retry-After if sharing the model with the requests already running
+        makes it late. Work that fits in one batch is never refused here.
+        """
+        name = runtime.info.name
+        flow = Flow(sum(lengths), self._estimate(runtime, graph, lengths))
+        if flow.seconds and deadline is not None:
+            self._refuse_late(name, flow, deadline)
+        flows = self._flows.setdefault(name, set())
+        flows.add(flow)
+        try:
+            yield flow
+        finally:
+            flows.discard(flow)
+
+    def _estimate(self, runtime: ModelRuntime, graph: str, lengths: list[int]) -> float:
+        """Seconds ``lengths`` take alone by the run cost model; 0 when it has no fit
+        yet, or when they fit in one batch (never refused: their deadline is checked
+        as they run)."""
+        cost = self._costs.get((runtime.info.name, graph))
+        if cost is None or not cost.fitted or sum(lengths) <= self._settings.max_batch_tokens:
+            return 0.0
+        # Greedy runs: their modelled time bounds the planner's (which minimises it).
+        runs = plan_runs(lengths, self._fits(runtime, graph))
+        return sum(cost(len(run), lengths[run[0]]) for run in runs)
+
+    def _refuse_late(self, model: str, flow: Flow, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return  # already late: the deadline's own 504 says so
+        longest = self._settings.request_timeout
+        own = flow.seconds
+        said = (
+            f"its {flow.tokens:,} tokens are estimated at {own:.1f} s of inference for model "
+            f"{model!r} on this server"
+        )
+        if own > LATE_FACTOR * min(left, longest):
+            self._metrics.refusals.labels("late").inc()
+            longer = (
+                f", or give it a longer deadline (at most {longest:g} s)"
+                if own <= LATE_FACTOR * longest
+                else ""
+            )
+            raise PayloadTooLarge(
+                f"this request cannot finish within its deadline of {left:.1f} s even on an "
+                f"idle server: {said}; send fewer or shorter inputs{longer}"
+            )
+        # Large requests share the model round-robin: each one running delays this one
+        # by at most its own remaining time, or this one's.
+        ahead = [f.remaining_seconds() for f in self._flows.get(model, ())]
+        wait = sum(min(seconds, own) for seconds in ahead)
+        if own + wait > LATE_FACTOR * left:
+            self._metrics.refusals.labels("late").inc()
+            raise Overloaded(
+                f"this request would miss its deadline of {left:.1f} s: {said}, plus about "
+                f"{wait:.1f} s shared with the {sum(s > 0 for s in ahead)} large requests "
+                "running; retry after Retry-After seconds",
+                headers={"Retry-After": self.retry_after()},
+            )
 
     def retry_after(self) -> str:
         """Retry-After for a refused request: the backlog's drain time, whole seconds."""
@@ -257,9 +461,11 @@ class Batcher:
         deadline: float | None = None,
         timing: RunTiming | None = None,
         runtime: ModelRuntime | None = None,
+        flow: Flow | None = None,
     ) -> list[SequenceResult]:
         """Queue one request's sequences and wait for their per-sequence results, run on
         ``runtime`` (the version the request was prepared for; default: the serving one).
+        The parts of one request share its ``flow`` (default: a flow of its own).
 
         Cancelling the caller (a client that went away) cancels the job: runs not
         yet started skip it. A job still queued at ``deadline`` (``time.monotonic``)
@@ -276,12 +482,15 @@ class Batcher:
             loop.create_future(),
             deadline,
             timing or RunTiming(),
+            flow or Flow(sum(len(s) for s in sequences)),
             results=[None] * len(sequences),
+            pending=len(sequences),
         )
         tokens = job.tokens  # before queueing: a malformed job must leave nothing behind
         self._queues[model].append(job)
         self._queued += 1
         self._backlog_tokens += tokens
+        job.flow.submitted += tokens
         self._metrics.queue_depth.set(self._queued)
         self._wakeups[model].set()
         try:
@@ -291,17 +500,15 @@ class Batcher:
                 self._queued -= 1
                 self._metrics.queue_depth.set(self._queued)
             self._backlog_tokens -= tokens
+            job.flow.finished += tokens
 
-    def _take_batch(self, queue: deque[_Job]) -> list[_Job]:
-        """The oldest job plus whatever else is queued, up to the token budget; jobs whose
-        caller went away or whose deadline passed are dropped here, before any run."""
-        jobs = [queue.popleft()]
-        tokens = jobs[0].tokens
-        while queue and tokens + queue[0].tokens <= self._settings.max_batch_tokens:
-            jobs.append(queue.popleft())
-            tokens += jobs[-1].tokens
+    def _take_batch(self, queue: _FairQueue) -> list[_Slice]:
+        """Up to the token budget of queued sequences, small requests first, then large
+        ones in turn (see ``_FairQueue``); jobs whose caller went away or whose deadline
+        passed are dropped here, before any more of them runs."""
         now = time.monotonic()
-        for job in jobs:
+
+        def drop(job: _Job) -> bool:
             if not job.future.done() and job.deadline is not None and job.deadline <= now:
                 self._metrics.refusals.labels("deadline").inc()
                 job.future.set_exception(
@@ -310,7 +517,9 @@ class Batcher:
                         "the queue, before it ran"
                     )
                 )
-        return [j for j in jobs if not j.future.done()]
+            return job.future.done()
+
+        return queue.take(self._settings.max_batch_tokens, drop)
 
     async def _supervise(self, model: str) -> None:
         """Run the model's worker; if it fails unexpectedly, fail the jobs it held and
@@ -335,27 +544,33 @@ class Batcher:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
-            jobs = self._in_hand[model] = self._take_batch(queue)
+            taken = self._take_batch(queue)
+            self._in_hand[model] = [job for job, _, _ in taken]
             # Around a swap, jobs of two versions may share a batch: each runs on its own.
-            runtimes = {id(job.runtime): job.runtime for job in jobs}
-            for runtime in runtimes.values():
-                for graph in GRAPH_LABELS:
-                    group = [j for j in jobs if j.graph == graph and j.runtime is runtime]
-                    if group:
-                        await self._run_group(loop, runtime, group, graph)
+            # Groups go in the order the queue took their first slice (fair order).
+            groups: dict[tuple[int, str], list[_Slice]] = {}
+            for piece in taken:
+                job = piece[0]
+                groups.setdefault((id(job.runtime), job.graph), []).append(piece)
+            for group in groups.values():
+                await self._run_group(loop, group[0][0].runtime, group, group[0][0].graph)
             self._in_hand[model] = []
 
     async def _run_group(
         self,
         loop: asyncio.AbstractEventLoop,
         runtime: ModelRuntime,
-        group: list[_Job],
+        group: list[_Slice],
         graph: str,
     ) -> None:
-        slots = [(j, i) for j in group for i in range(len(j.sequences))]
+        slots = [(job, i) for job, start, end in group for i in range(start, end)]
         lengths = [len(job.sequences[i]) for job, i in slots]
         cost = self._costs[runtime.info.name, graph]
-        for run in plan_runs(lengths, self._fits(runtime, graph), cost if cost.fitted else None):
+        runs = plan_runs(lengths, self._fits(runtime, graph), cost if cost.fitted else None)
+        # The slots are in the order the fair queue took them: the run holding the first
+        # taken (a small request's) goes first, and each job is answered after its own
+        # last run, not the batch's.
+        for run in sorted(runs, key=min):
             jobs = list({id(slots[k][0]): slots[k][0] for k in run}.values())
             if all(job.future.done() for job in jobs):
                 continue  # every client of this run went away
@@ -382,9 +597,10 @@ class Batcher:
             for k, result in zip(run, results, strict=True):
                 job, i = slots[k]
                 job.results[i] = result
-        for job in group:
-            if not job.future.done():
-                job.future.set_result([r for r in job.results if r is not None])
+                job.pending -= 1
+            for job in jobs:
+                if not job.future.done() and job.pending == 0:  # its last sequences ran
+                    job.future.set_result([r for r in job.results if r is not None])
 
     def _fits(self, runtime: ModelRuntime, graph: str) -> Callable[[int, int], bool]:
         """The memory bounds of one run of ``graph``: (sequences, longest) -> within them."""

@@ -50,8 +50,8 @@ class Metrics:
         self.refusals = Counter(
             "attnserve_refusals",
             "Work refused to protect the node, by reason: queue_full, memory, "
-            "deadline, body_timeout, header_timeout, headers_too_large, bad_http, connections, "
-            "send_timeout.",
+            "deadline, late, body_timeout, header_timeout, headers_too_large, bad_http, "
+            "connections, send_timeout.",
             ["reason"],
             registry=self.registry,
         )

@@ -171,8 +171,9 @@ class Settings(BaseSettings):
     max_concurrent_codecs: int = Field(
         1,
         ge=1,
-        description="Requests decoded, tokenized or serialised off the event loop at once. "
-        "More lets codec work take the cores onnxruntime runs on.",
+        description="Requests decoded, tokenized or serialised off the event loop at once "
+        "(small bodies, parsed on the loop, have one more slot of their own). More lets codec "
+        "work take the cores onnxruntime runs on.",
     )
 
     allow_spinning: bool = Field(

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.batcher import Batcher, RunTiming, SequenceResult
+from service.batcher import Batcher, Flow, RunTiming, SequenceResult
 from service.engine import limits, postprocess, sparse
 from service.engine.admission import Admission, Ticket
 from service.engine.response_cache import ResponseCache, request_key
@@ -174,6 +174,9 @@ class Engine:
         self.work_ended = False  # the grace window is over: what waits now answers 503
         self._work_waits: set[asyncio.Timeout] = set()
         self._codec_slots = asyncio.Semaphore(settings.max_concurrent_codecs)
+        # Small requests' codec work has a lane of its own: a one-text request is never
+        # tokenized after the megabyte bodies queued before it (see off_loop).
+        self._small_codec_slot = asyncio.Semaphore(1)
         self.admission = Admission(
             settings.max_queued_requests, settings.max_inflight_bytes, metrics, self.retry_after
         )
@@ -654,7 +657,7 @@ class Engine:
             if all(isinstance(item, ArrayInput) for item in request.inputs):
                 prepared = self.prepare(request)
             else:  # text and token ids are embedded by onnxruntime: never on the loop
-                prepared = await self.off_loop(self.prepare, request)
+                prepared = await self.off_loop(self.prepare, request, small=True)
         scope.timing.prepare_began, scope.timing.prepare_ended = began, time.monotonic()
         ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
         scope.served(prepared.model.name, prepared.model.version)
@@ -697,13 +700,15 @@ class Engine:
             parts.append(hashlib.sha256(token).digest())
         return request_key(parts, prepared.sequences)
 
-    async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
+    async def off_loop(self, work: Callable[..., T], *args: Any, small: bool = False) -> T:
         """``work(*args)`` on a worker thread, at most ATTNSERVE_MAX_CONCURRENT_CODECS at once.
 
         Decoding, tokenizing and serialising hold the GIL or a core; left unbounded, a
-        burst of them starves the inference thread of the cores it runs on.
+        burst of them starves the inference thread of the cores it runs on. ``small``
+        work (a body parsed on the loop: tens of ms at most) takes a slot of its own,
+        one at a time, so it never waits behind large bodies being parsed.
         """
-        async with self._codec_slots:
+        async with self._small_codec_slot if small else self._codec_slots:
             return await asyncio.to_thread(work, *args)
 
     def prepare(self, request: EncodeRequest) -> PreparedEncode:
@@ -1025,11 +1030,28 @@ class Engine:
 
         A request of more sequences than ATTNSERVE_MAX_SEQUENCES (only pooled vectors
         asked for) runs in parts of that many, ``PARTS_IN_FLIGHT`` queued at a time,
-        each pooled as it finishes; the answer keeps the request's order."""
+        each pooled as it finishes; the answer keeps the request's order. Its parts share
+        one batcher flow (fair per request; refused up front if sure to be late)."""
+        batcher = self._batcher
+        if batcher is None:  # stopped under it
+            raise NotReady("the engine is not running", headers={"Retry-After": "1"})
+        lengths = [len(s) for s in prepared.sequences]
+        runtime = prepared.runtime or self._serving(prepared.model.name)
+        with batcher.flow(runtime, prepared.graph, lengths, deadline) as flow:
+            return await self._run_parts(prepared, deadline, until, timing, flow)
+
+    async def _run_parts(
+        self,
+        prepared: PreparedEncode,
+        deadline: float | None,
+        until: Disconnected | None,
+        timing: RunTiming | None,
+        flow: Flow,
+    ) -> EncodeResult:
         part = self.settings.max_sequences
         n = len(prepared.sequences)
         if n <= part:
-            return await self._run_part(prepared, deadline, until, timing)
+            return await self._run_part(prepared, deadline, until, timing, flow)
 
         def part_of(start: int) -> PreparedEncode:
             return dataclasses.replace(
@@ -1041,7 +1063,7 @@ class Engine:
             )
 
         async def outputs_of(start: int) -> list[SequenceOutput]:
-            return (await self._run_part(part_of(start), deadline, until, timing)).outputs
+            return (await self._run_part(part_of(start), deadline, until, timing, flow)).outputs
 
         outputs = await self._in_parts(n, outputs_of)
         return EncodeResult(
@@ -1074,6 +1096,7 @@ class Engine:
         deadline: float | None,
         until: Disconnected | None,
         timing: RunTiming | None,
+        flow: Flow | None = None,
     ) -> EncodeResult:
         batcher = self._batcher
         if batcher is None:  # stopped under it
@@ -1096,6 +1119,7 @@ class Engine:
             deadline=deadline,
             timing=timing,
             runtime=prepared.runtime,
+            flow=flow,
         )
         try:
             results = await self._unless_gone(work, until if watch else None, deadline)
@@ -1281,23 +1305,26 @@ class Engine:
         if batcher is None:
             raise NotReady("the engine is not running", headers={"Retry-After": "1"})
         part = self.settings.max_sequences
+        lengths = [len(s) for s in sequences]
+        with batcher.flow(runtime, graph, lengths, scope.deadline) as flow:
 
-        async def run(start: int) -> list[SequenceResult]:
-            work = batcher.submit(
-                runtime.info.name,
-                sequences[start : start + part],
-                graph=graph,
-                deadline=scope.deadline,
-                timing=scope.timing,
-                runtime=runtime,
-            )
-            try:
-                return await self._unless_gone(work, scope.cancelled, scope.deadline)
-            except DeadlineExceeded as exc:
-                exc.headers = {"Retry-After": self.retry_after()}
-                raise
+            async def run(start: int) -> list[SequenceResult]:
+                work = batcher.submit(
+                    runtime.info.name,
+                    sequences[start : start + part],
+                    graph=graph,
+                    deadline=scope.deadline,
+                    timing=scope.timing,
+                    runtime=runtime,
+                    flow=flow,
+                )
+                try:
+                    return await self._unless_gone(work, scope.cancelled, scope.deadline)
+                except DeadlineExceeded as exc:
+                    exc.headers = {"Retry-After": self.retry_after()}
+                    raise
 
-        return await self._in_parts(len(sequences), run)
+            return await self._in_parts(len(sequences), run)
 
     # -- tokenize ---------------------------------------------------------------------------
 

@@ -1,0 +1,153 @@
+"""Small requests are not starved by large ones; work sure to miss its deadline is refused.
+
+Fairness, by ordering alone (no speed asserted): with ATTNSERVE_MAX_BATCH_TOKENS=1 a
+request of 10,000 one-token sequences is a job of 10,000 batches. One such request
+runs; a second is queued; then a one-sequence request arrives. The batcher takes
+requests that fit in one batch first and large ones a batch at a time in turn, so
+the small one is answered while the first large one still has most of its batches
+to run. A FIFO
+of whole jobs (the old batcher) answers it only after both large ones. The large
+answers, assembled from 10,000 slices, are checked against onnxruntime (tolerance
+1e-5: summation order only).
+
+The up-front refusal runs on real all-MiniLM-L6-v2: a pooled request of 2,048 texts
+of ~126 tokens given a deadline of a fifth of its estimated time (the time of one
+64-text part on the same server, times 32) is answered 413 at once, the estimate in
+the message, instead of running to a 504.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from model_export import graph_io
+from tests.conftest import running_server
+from tests.service.helpers import D_MODEL, b64_array, new_session, ort_encode
+
+LARGE = 10_000  # sequences of one large request
+TOKENS = 1  # tokens of each sequence, = the batch budget: one sequence per batch
+ATOL = 1e-5
+TIMEOUT = httpx.Timeout(120.0)
+
+
+@pytest.fixture(scope="module")
+def url(model_repository: Path) -> Iterator[str]:
+    with running_server(
+        model_repository,
+        max_batch_tokens=str(TOKENS),
+        max_sequences=str(LARGE),  # each large request is one job: the old FIFO took it whole
+        max_pooled_sequences=str(LARGE),
+    ) as base:
+        yield base
+
+
+def metric(url: str, pattern: str) -> float:
+    match = re.search("(?m)^" + pattern + r" (\S+)", httpx.get(f"{url}/metrics", timeout=10).text)
+    return float(match.group(1)) if match else 0.0
+
+
+def runs(url: str) -> float:
+    return metric(url, r'attnserve_inference_seconds_count\{graph="embeddings",model="tiny"\}')
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not so after {timeout} s"
+        time.sleep(0.01)
+
+
+def pooled_body(seqs: list[np.ndarray]) -> dict[str, Any]:
+    return {
+        "inputs": [b64_array(s) for s in seqs],
+        "pooling": "mean",
+        "return_embeddings": False,
+        "encoding_format": "base64",
+    }
+
+
+def in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thread, list[Any]]:
+    answer: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: answer.append(httpx.post(f"{url}/v1/encode", json=body, timeout=TIMEOUT))
+    )
+    thread.start()
+    return thread, answer
+
+
+def test_a_small_request_is_answered_before_the_large_one_running(
+    url: str, tiny_model_dir: Path
+) -> None:
+    rng = np.random.default_rng(7)
+    large = [
+        [rng.standard_normal((TOKENS, D_MODEL)).astype(np.float32) for _ in range(LARGE)]
+        for _ in range(2)
+    ]
+    small = rng.standard_normal((TOKENS, D_MODEL)).astype(np.float32)
+    before = runs(url)
+    started = metric(url, "attnserve_queue_seconds_count")  # requests that began a run
+    first, first_answer = in_background(url, pooled_body(large[0]))
+    wait_for(lambda: runs(url) > before)  # the first large request is running
+    second, second_answer = in_background(url, pooled_body(large[1]))
+    wait_for(  # the second is queued (the old FIFO) or has begun its turns
+        lambda: (
+            metric(url, "attnserve_queued_requests") >= 1
+            or metric(url, "attnserve_queue_seconds_count") >= started + 2
+        )
+    )
+    answer = httpx.post(f"{url}/v1/encode", json=pooled_body([small]), timeout=TIMEOUT)
+    assert answer.status_code == 200, answer.text
+    # The small request is answered while the large one that was running is not.
+    assert first.is_alive()
+    first.join(timeout=120)
+    second.join(timeout=120)
+    session = new_session(str(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS))
+    for seqs, got in ((large[0], first_answer[0]), (large[1], second_answer[0])):
+        assert got.status_code == 200, got.text
+        data = got.json()["data"]
+        assert [item["index"] for item in data] == list(range(LARGE))
+        vectors = np.stack(
+            [np.frombuffer(base64.b64decode(d["pooled"]["data"]), "<f4") for d in data]
+        )
+        expected = np.stack([hidden.mean(axis=0) for hidden, _ in ort_encode(session, seqs)])
+        np.testing.assert_allclose(vectors, expected, rtol=0, atol=ATOL)
+
+
+# One-token words of MiniLM's vocabulary: 124 of them and [CLS], [SEP] make 126 tokens.
+WORDS = ("river", "bank", "money", "water", "stream", "bridge", "boat", "city", "house")
+
+
+def texts(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=124)) for _ in range(count)]
+
+
+def test_work_that_cannot_meet_its_deadline_is_refused_up_front(minilm_server_url: str) -> None:
+    url = minilm_server_url
+    start = time.monotonic()
+    body = {"model": "minilm-l6", "input": texts(64, 1)}
+    part = httpx.post(f"{url}/v1/embeddings", json=body, timeout=TIMEOUT)
+    assert part.status_code == 200, part.text
+    estimate = (time.monotonic() - start) * 2048 / 64  # the whole request, about
+    before = metric(url, r'attnserve_refusals_total\{reason="late"\}')
+    r = httpx.post(
+        f"{url}/v1/embeddings",
+        json={"model": "minilm-l6", "input": texts(2048, 2)},
+        headers={"X-Request-Timeout": f"{estimate / 5:.3f}"},
+        timeout=TIMEOUT,
+    )
+    assert r.status_code == 413, r.text
+    message = r.json()["error"]["message"]
+    assert re.search(r"estimated at \d+\.\d s of inference", message), message
+    assert "cannot finish within its deadline" in message, message
+    assert metric(url, r'attnserve_refusals_total\{reason="late"\}') == before + 1
