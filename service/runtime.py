@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 # thread and the token-embedding runs of request threads then never fight over
 # the same cores (each run already uses all intra-op threads).
 _ORT_LOCK = threading.Lock()
+# Inputs and outputs whose last axis is the model's width d_model.
+WIDTH_LAST = frozenset({graph_io.INPUT_EMBEDS, graph_io.OUTPUT_HIDDEN})
 
 
 def _session_options(settings: Settings) -> ort.SessionOptions:
@@ -96,7 +99,7 @@ class ModelRuntime:
                 graph_io.SPARSE_GRAPH_OUTPUTS,
             )
         if text is not None and text.stopwords is not None:
-            words = (info.path / text.stopwords).read_text(encoding="utf-8").split()
+            words = info.file(text.stopwords).read_text(encoding="utf-8").split()
             self.stopwords = frozenset(words)
         self._token_embeddings: ort.InferenceSession | None = None
         self.special_tokens: frozenset[str] = frozenset()  # [CLS], [SEP], [PAD], ...
@@ -110,7 +113,7 @@ class ModelRuntime:
                 (graph_io.INPUT_EMBEDS,),
             )
             if text.tokenizer is not None:
-                path = info.path / text.tokenizer
+                path = info.file(text.tokenizer)
                 self._tokenizer = self._load_tokenizer(path, None)
                 self.special_tokens = frozenset(
                     token.content
@@ -127,26 +130,36 @@ class ModelRuntime:
         inputs: tuple[str, ...],
         outputs: tuple[str, ...],
     ) -> ort.InferenceSession:
-        path = self.info.path / graph
+        path = self.info.file(graph)
         name = self.info.name
         try:
             session = ort.InferenceSession(str(path), options, providers=self._providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise ModelLoadError(f"model {name!r}: cannot load {path}: {exc}") from exc
+            raise ModelLoadError(f"model {name!r}: cannot load {graph}: {exc}") from exc
         got_inputs = tuple(i.name for i in session.get_inputs())
         got_outputs = tuple(o.name for o in session.get_outputs())
         if got_inputs != inputs or got_outputs != outputs:
             raise ModelLoadError(
-                f"model {name!r}: {path} has inputs {got_inputs} and outputs "
+                f"model {name!r}: {graph} has inputs {got_inputs} and outputs "
                 f"{got_outputs}; expected {inputs} and {outputs}"
             )
+        # The manifest's width sizes every buffer made for this graph: it must be the graph's.
+        for node in (*session.get_inputs(), *session.get_outputs()):
+            width = node.shape[-1] if node.name in WIDTH_LAST else None
+            if isinstance(width, int) and width != self.info.config.d_model:
+                raise ModelLoadError(
+                    f"model {name!r}: {graph}'s {node.name} is {width} wide, but "
+                    f"{graph_io.CONFIG_FILE} says d_model {self.info.config.d_model}"
+                )
         return session
 
     def _load_tokenizer(self, path: Path, truncate_at: int | None) -> Tokenizer:
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
-            raise ModelLoadError(f"model {self.info.name!r}: cannot load {path}: {exc}") from exc
+            raise ModelLoadError(
+                f"model {self.info.name!r}: cannot load {path.name}: {exc}"
+            ) from exc
         tokenizer.no_padding()
         if truncate_at is None:
             tokenizer.no_truncation()
@@ -261,9 +274,16 @@ def check_providers(providers: list[str]) -> None:
         )
 
 
-def load_version(found: ModelVersion, settings: Settings) -> ModelRuntime:
-    """One export, checked (manifest, hashes, the name its directory promises) and opened."""
-    info = read_model_info(found.path, settings, found.version)
+def load_version(
+    found: ModelVersion,
+    settings: Settings,
+    *,
+    budget: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> ModelRuntime:
+    """One export, checked (manifest, what it takes against ``budget`` bytes, hashes, the
+    name its directory promises) and opened; ``cancelled`` gives up on the hashing."""
+    info = read_model_info(found.path, settings, found.version, budget=budget, cancelled=cancelled)
     if info.name != found.name:
         raise ModelLoadError(
             f"directory {found.name!r} holds a model named {info.name!r}: name the "
@@ -290,14 +310,16 @@ def load_repository(settings: Settings, names: list[str] | None = None) -> dict[
     if not model_dirs:
         raise ModelLoadError(f"model repository {repo} holds no model directories")
     runtimes: dict[str, ModelRuntime] = {}
+    left = settings.model_memory_bytes
     for model_dir in model_dirs:
         found = latest(model_dir)
         if found is None:
             raise ModelLoadError(
-                f"{model_dir} holds neither an export ({graph_io.CONFIG_FILE}) nor numbered "
-                f"versions (<version>/{graph_io.CONFIG_FILE})"
+                f"{model_dir.name} holds neither an export ({graph_io.CONFIG_FILE}) nor "
+                f"numbered versions (<version>/{graph_io.CONFIG_FILE})"
             )
-        runtime = load_version(found, settings)
+        runtime = load_version(found, settings, budget=left)
+        left -= runtime.info.estimated_bytes
         runtimes[runtime.info.name] = runtime
     if settings.default_model is not None and settings.default_model not in runtimes:
         raise ModelLoadError(

@@ -357,7 +357,7 @@ class Engine:
         """Count a loaded version's memory until the last reference to it goes (a swapped
         out version lives on while runs that started on it finish)."""
         key, name = id(runtime), runtime.info.name
-        self._model_bytes[key] = self._export_of(runtime).estimated_bytes()
+        self._model_bytes[key] = runtime.info.estimated_bytes
         self._load_serial[key] = next(self._serials)
         self.metrics.model_versions.labels(name).inc()
 
@@ -390,11 +390,6 @@ class Engine:
                 }
             )
         return entries
-
-    @staticmethod
-    def _export_of(runtime: ModelRuntime) -> ModelVersion:
-        info = runtime.info
-        return ModelVersion(info.name, info.version, info.path)
 
     async def load_model(self, name: str) -> ModelInfo:
         """Load ``name``'s highest version beside what serves, check it (manifest, hashes,

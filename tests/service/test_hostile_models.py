@@ -1,0 +1,140 @@
+"""A model directory is untrusted input: hostile ones, made by copying the tiny export and
+editing its config.json, loaded into a real server through the repository API.
+
+Each must be refused with a clear 4xx that names the model and never a file beyond
+the repository, its digest, or the repository's own path; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from model_export import graph_io
+from tests.conftest import ServerProcess, server_process
+
+OUTSIDE = Path("/etc/hostname")  # a readable file beyond any repository
+
+
+def copy_as(tiny: Path, target: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """A copy of the tiny export named after ``target``'s directory, config.json edited."""
+    shutil.copytree(tiny, target)
+    config = target / graph_io.CONFIG_FILE
+    raw = json.loads(config.read_text())
+    raw["name"] = target.name
+    if edit is not None:
+        edit(raw)
+    config.write_text(json.dumps(raw))
+    return target
+
+
+def text_section(**files: str) -> Callable[[dict[str, Any]], None]:
+    """An edit giving the model a text front end whose files are ``files``."""
+
+    def edit(raw: dict[str, Any]) -> None:
+        raw["text"] = {
+            "embeddings_graph": "embeddings.onnx",
+            "embeddings_sha256": "0" * 64,
+            "vocab_size": 100,
+            "type_vocab_size": 2,
+            "max_positions": 128,
+            **files,
+        }
+
+    return edit
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """The root holding ``repo/`` (tiny and the hostile directories) and ``outside/``."""
+    root = tmp_path_factory.mktemp("hostile")
+    repo = root / "repo"
+    shutil.copytree(tiny_model_dir, repo / "tiny")
+    outside = root / "outside"
+    outside.mkdir()
+    # The exploit: a graph whose digest matches, read from beyond the repository.
+    copy_as(tiny_model_dir, outside / "linked-dir")
+    shutil.copy(tiny_model_dir / graph_io.GRAPH_ATTENTION, outside / graph_io.GRAPH_ATTENTION)
+    linked_file = copy_as(tiny_model_dir, repo / "linked-file")
+    (linked_file / graph_io.GRAPH_ATTENTION).unlink()
+    (linked_file / graph_io.GRAPH_ATTENTION).symlink_to(outside / graph_io.GRAPH_ATTENTION)
+    (repo / "linked-dir").symlink_to(outside / "linked-dir")
+    # Inside the repository, a link is fine.
+    linked_inside = copy_as(tiny_model_dir, repo / "linked-inside")
+    (linked_inside / graph_io.GRAPH_ATTENTION).unlink()
+    (linked_inside / graph_io.GRAPH_ATTENTION).symlink_to(repo / "tiny" / graph_io.GRAPH_ATTENTION)
+    digest = "1" * 64  # wrong: the old error printed the file's real digest (a hash oracle)
+    copy_as(
+        tiny_model_dir,
+        repo / "absolute",
+        text_section(embeddings_graph=str(OUTSIDE), embeddings_sha256=digest),
+    )
+    copy_as(
+        tiny_model_dir,
+        repo / "dotdot",
+        text_section(stopwords="../../outside/words.txt", stopwords_sha256=digest),
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(hostile: Path) -> Iterator[ServerProcess]:
+    with server_process(hostile / "repo", model_control="explicit", default_model="tiny") as s:
+        yield s
+
+
+def load(server: ServerProcess, name: str) -> httpx.Response:
+    return httpx.post(f"{server.url}/v2/repository/models/{name}/load", timeout=60)
+
+
+def assert_refused_cleanly(answer: httpx.Response, hostile: Path, says: str) -> None:
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["error"]
+    assert says in message, message
+    assert str(hostile) not in message and str(OUTSIDE) not in message.replace("'", ""), message
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("absolute", "text.embeddings_graph must be a plain file name"),
+        ("dotdot", "text.stopwords must be a plain file name"),
+        ("linked-file", "model_attn.onnx resolves outside the model repository"),
+        ("linked-dir", "config.json resolves outside the model repository"),
+    ],
+)
+def test_files_beyond_the_model_directory_are_refused(
+    server: ServerProcess, hostile: Path, name: str, says: str
+) -> None:
+    answer = load(server, name)
+    if name == "absolute":  # the manifest's own words may be quoted, nothing read from it
+        assert hashlib.sha256(OUTSIDE.read_bytes()).hexdigest() not in answer.text
+        assert answer.status_code == 400 and says in answer.text, answer.text
+    else:
+        assert_refused_cleanly(answer, hostile, says)
+    assert f"{name!r} was not loaded" in answer.json()["error"]
+    assert httpx.get(f"{server.url}/v2/models/{name}/ready").status_code == 404
+    assert httpx.get(f"{server.url}/health/ready").status_code == 200
+
+
+def test_a_link_inside_the_repository_is_followed(server: ServerProcess) -> None:
+    answer = load(server, "linked-inside")
+    assert answer.status_code == 200, answer.text
+    assert httpx.get(f"{server.url}/v2/models/linked-inside/ready").status_code == 200
+
+
+def test_follow_symlinks_allows_links_out_of_the_repository(hostile: Path) -> None:
+    """ATTNSERVE_FOLLOW_SYMLINKS=true: the operator's choice (e.g. a shared weight cache)."""
+    with server_process(
+        hostile / "repo", model_control="explicit", default_model="tiny", follow_symlinks="true"
+    ) as server:
+        for name in ("linked-file", "linked-dir"):
+            answer = load(server, name)
+            assert answer.status_code == 200, answer.text
