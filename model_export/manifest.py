@@ -110,7 +110,10 @@ def check_file_name(name: object, what: str) -> str:
         or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
     ):
         shown = repr(name) if len(repr(name)) <= 64 else repr(name)[:60] + "...'"
-        raise ManifestError(f"{what} must be a plain file name in the model directory, got {shown}")
+        raise ManifestError(
+            f"{what} must be a plain file name (no directory part, not hidden, at most "
+            f"{MAX_NAME_BYTES} bytes), got {shown}"
+        )
     return name
 
 

@@ -23,11 +23,13 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from model_export.manifest import graph_io
+from model_export.manifest import ManifestError, graph_io
+from service import repository
 from service.batcher import Batcher, RunTiming, SequenceResult
 from service.engine import limits, postprocess, sparse
 from service.engine.admission import Admission, Ticket
@@ -397,10 +399,13 @@ class Engine:
         prepared finish on the version they started on. A failure leaves serving as it
         was and says why (LoadFailed)."""
         self._check_control("load")
+        self._model_dir(name)
         async with self._loading:
             self._loading_now.add(name)
             try:
                 return await self._load(name)
+            except OSError as exc:  # the directory changed under us: said without its path
+                return self._load_failed(name, f"its directory cannot be read: {exc.strerror}")
             finally:
                 self._loading_now.discard(name)
 
@@ -411,9 +416,17 @@ class Engine:
                 f"explicit or poll to {what} models while serving"
             )
 
+    def _model_dir(self, name: str) -> Path:
+        """A repository API's model name as its directory: 422 for a name no directory
+        can have (empty, too long, a path), so the file system never sees it."""
+        try:
+            return repository.model_dir(self.settings.model_repository, name)
+        except ManifestError as exc:
+            raise InvalidInput(str(exc), field=("model",)) from None
+
     async def _load(self, name: str) -> ModelInfo:
-        model_dir = self.settings.model_repository / name
-        if name.startswith(".") or "/" in name or not model_dir.is_dir():
+        model_dir = self._model_dir(name)
+        if not model_dir.is_dir():
             raise ModelNotFound(f"no model directory {quoted(name)} in the repository")
         found = versions(model_dir)
         if not found:
@@ -475,6 +488,7 @@ class Engine:
         """Stop serving ``name``: new requests get 404, requests already prepared finish
         (its sessions are freed when their last run ends). Other models are untouched."""
         self._check_control("unload")
+        self._model_dir(name)
         async with self._loading:
             if name not in self.runtimes:
                 raise ModelNotFound(f"{quoted(name)} is not loaded")

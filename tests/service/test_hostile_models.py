@@ -16,9 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
+import tritonclient.grpc as tgrpc
+from tritonclient.utils import InferenceServerException
 
 from model_export import graph_io
-from tests.conftest import ServerProcess, server_process
+from model_export.manifest import MAX_CONFIG_BYTES
+from tests.conftest import ServerProcess, free_port, server_process
 
 OUTSIDE = Path("/etc/hostname")  # a readable file beyond any repository
 
@@ -81,12 +84,28 @@ def hostile(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> P
         repo / "dotdot",
         text_section(stopwords="../../outside/words.txt", stopwords_sha256=digest),
     )
+    # Sizes that cost gigabytes before anything checked them.
+    copy_as(tiny_model_dir, repo / "wide", architecture(d_model=1 << 26))
+    copy_as(tiny_model_dir, repo / "deep", architecture(d_model=4096, n_layers=1000, d_ff=4096))
+    copy_as(tiny_model_dir, repo / "lying", architecture(d_model=64))  # the graphs are 32 wide
+    copy_as(tiny_model_dir, repo / "huge", lambda raw: raw.update(pad="x" * MAX_CONFIG_BYTES))
     return root
+
+
+def architecture(**sizes: int) -> Callable[[dict[str, Any]], None]:
+    return lambda raw: raw["architecture"].update(sizes)
+
+
+GRPC: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
 def server(hostile: Path) -> Iterator[ServerProcess]:
-    with server_process(hostile / "repo", model_control="explicit", default_model="tiny") as s:
+    port = free_port()
+    with server_process(
+        hostile / "repo", model_control="explicit", default_model="tiny", grpc_port=str(port)
+    ) as s:
+        GRPC["address"] = f"127.0.0.1:{port}"
         yield s
 
 
@@ -138,3 +157,54 @@ def test_follow_symlinks_allows_links_out_of_the_repository(hostile: Path) -> No
         for name in ("linked-file", "linked-dir"):
             answer = load(server, name)
             assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("wide", "d_model must be an integer in 1..65536, got 67108864"),
+        ("deep", "its architecture needs at least"),
+        ("lying", "model.onnx's inputs_embeds is 32 wide, but config.json says d_model 64"),
+        ("huge", f"config.json is larger than {MAX_CONFIG_BYTES} bytes"),
+    ],
+)
+def test_sizes_in_config_json_are_checked_before_anything_is_allocated(
+    server: ServerProcess, hostile: Path, name: str, says: str
+) -> None:
+    assert_refused_cleanly(load(server, name), hostile, says)
+    assert httpx.get(f"{server.url}/health/ready").status_code == 200
+
+
+@pytest.mark.parametrize("name", ["x" * 256, "x" * 5000, ".hidden", "a\\b"])
+def test_a_name_no_directory_can_have_is_a_clear_4xx(
+    server: ServerProcess, hostile: Path, name: str
+) -> None:
+    """A 256-byte name was a 500 (File name too long) whose gRPC error told the
+    repository's absolute path."""
+    for action in ("load", "unload"):
+        answer = httpx.post(f"{server.url}/v2/repository/models/{name}/{action}", timeout=30)
+        assert answer.status_code == 422, answer.text
+        assert "a model name must be a plain file name" in answer.json()["error"]
+        assert str(hostile) not in answer.text
+    client = tgrpc.InferenceServerClient(GRPC["address"])
+    try:
+        for call in (client.load_model, client.unload_model):
+            with pytest.raises(InferenceServerException) as refused:
+                call(name)
+            assert refused.value.status() == "StatusCode.INVALID_ARGUMENT", refused.value
+            assert str(hostile) not in str(refused.value)
+    finally:
+        client.close()
+
+
+def test_the_empty_name_is_not_the_repository(server: ServerProcess) -> None:
+    """RepositoryModelLoad("") took the repository's root for a model directory."""
+    client = tgrpc.InferenceServerClient(GRPC["address"])
+    try:
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("")
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT", refused.value
+    finally:
+        client.close()
+    index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
+    assert "" not in {entry["name"] for entry in index}
