@@ -13,9 +13,10 @@ on anything wrong.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from model_export.manifest import graph_io
-from service.errors import ModelLoadError
+from service.errors import InvalidInput, ModelLoadError
 from service.model_info import ModelInfo, read_model_info
 from service.repository import ModelVersion, latest, model_directories
 from service.settings import Settings
@@ -35,6 +36,11 @@ log = logging.getLogger(__name__)
 # thread and the token-embedding runs of request threads then never fight over
 # the same cores (each run already uses all intra-op threads).
 _ORT_LOCK = threading.Lock()
+# Tokenized at load (both ways) before a model with a tokenizer may serve: words no
+# vocabulary holds, accents, scripts, an emoji, control and zero-width characters.
+PROBE_TEXT = (
+    "Probe: qzxv-unknownword Xylophonist's naïve café, Größe, ﬁ, 東京 مرحبا 🙂\u200b\t\x00 end."
+)
 # Inputs and outputs whose last axis is the model's width d_model.
 WIDTH_LAST = frozenset({graph_io.INPUT_EMBEDS, graph_io.OUTPUT_HIDDEN})
 
@@ -122,6 +128,7 @@ class ModelRuntime:
                 )
                 # A second instance, so no request ever flips shared truncation state.
                 self._truncating_tokenizer = self._load_tokenizer(path, info.max_seq_len)
+                self._probe_tokenizer(text.vocab_size)
 
     def _open(
         self,
@@ -167,6 +174,24 @@ class ModelRuntime:
             tokenizer.enable_truncation(max_length=truncate_at)
         return tokenizer
 
+    def _probe_tokenizer(self, vocab_size: int) -> None:
+        """Encode PROBE_TEXT both ways at load: a tokenizer that loads but cannot encode
+        (its unknown-word token missing from its vocabulary) or gives ids beyond the
+        embedding table would fail every request; such a model never becomes ready."""
+        try:
+            for truncate in (False, True):
+                for _, ids, _ in self.tokenize([PROBE_TEXT, ""], truncate=truncate):
+                    beyond = [i for i in ids if not 0 <= i < vocab_size]
+                    if beyond:
+                        raise ModelLoadError(
+                            f"model {self.info.name!r}: its tokenizer gives token id "
+                            f"{beyond[0]}, beyond the vocabulary of {vocab_size}"
+                        )
+                self.token_spans([PROBE_TEXT], truncate=truncate)
+            self.decode([[0]], skip_special_tokens=True)
+        except InvalidInput as exc:
+            raise ModelLoadError(f"model {self.info.name!r}: {exc.message}") from exc
+
     def _tokenizer_for(self, truncate: bool) -> Tokenizer:
         tokenizer = self._truncating_tokenizer if truncate else self._tokenizer
         if tokenizer is None:
@@ -179,7 +204,8 @@ class ModelRuntime:
         """Texts -> (tokens, ids, type ids) each, special tokens included unless
         ``special_tokens`` is false."""
         tokenizer = self._tokenizer_for(truncate)
-        encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+        with self._tokenizer_errors():
+            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [(e.tokens, e.ids, e.type_ids) for e in encoded]
 
     def token_spans(
@@ -189,18 +215,33 @@ class ModelRuntime:
         The same tokenization as ``tokenize`` (late chunking: which tokens a span
         holds; TEI's /tokenize: where each token came from)."""
         tokenizer = self._tokenizer_for(truncate)
+        with self._tokenizer_errors():
+            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [
             [
                 None if special else offsets
                 for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
             ]
-            for e in tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+            for e in encoded
         ]
 
     def decode(self, ids: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
         """Token ids -> text, one string per sequence."""
         tokenizer = self._tokenizer_for(False)
-        return list(tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
+        with self._tokenizer_errors():
+            return list(tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
+
+    @contextlib.contextmanager
+    def _tokenizer_errors(self) -> Iterator[None]:
+        """The tokenizers package raises bare Exceptions (e.g. "Missing [UNK] token from
+        the vocabulary"): the model cannot take this text, a 422 naming it, never a 500."""
+        try:
+            yield
+        except Exception as exc:
+            raise InvalidInput(
+                f"the tokenizer of model {self.info.name!r} cannot encode or decode this input: "
+                f"{str(exc)[:200]}"
+            ) from exc
 
     def embed_tokens(self, ids: list[list[int]], type_ids: list[list[int]]) -> list[np.ndarray]:
         """Token ids -> the encoder's input embeddings [n_i, d], one array per sequence."""

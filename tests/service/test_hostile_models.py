@@ -17,10 +17,15 @@ from typing import Any
 import httpx
 import pytest
 import tritonclient.grpc as tgrpc
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from tritonclient.utils import InferenceServerException
 
 from model_export import graph_io
-from model_export.manifest import MAX_CONFIG_BYTES
+from model_export.config import EncoderConfig
+from model_export.export import export_model
+from model_export.manifest import MAX_CONFIG_BYTES, sha256_file
+from model_export.model import Encoder, TokenEmbeddings
+from service.runtime import PROBE_TEXT
 from tests.conftest import ServerProcess, free_port, server_process
 
 OUTSIDE = Path("/etc/hostname")  # a readable file beyond any repository
@@ -208,3 +213,95 @@ def test_the_empty_name_is_not_the_repository(server: ServerProcess) -> None:
         client.close()
     index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
     assert "" not in {entry["name"] for entry in index}
+
+
+# -- a tokenizer that loads but cannot encode ----------------------------------------------
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+VOCAB_SIZE = 256
+
+
+def wordpiece(words: list[str], unk: str) -> Tokenizer:
+    """A BERT-style WordPiece tokenizer over ``words`` (ids in order) whose unknown-word
+    token is ``unk``."""
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(SPECIALS + words))}
+    assert len(vocab) <= VOCAB_SIZE
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=unk))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    return tokenizer
+
+
+def with_tokenizer(text_model: Path, target: Path, tokenizer: Tokenizer) -> None:
+    """A copy of the text model under ``target``'s name with ``tokenizer``, its digest
+    recorded: a directory that keeps the contract."""
+
+    def edit(raw: dict[str, Any]) -> None:
+        tokenizer.save(str(target / graph_io.TOKENIZER_FILE))
+        raw["text"]["tokenizer_sha256"] = sha256_file(target / graph_io.TOKENIZER_FILE)
+
+    copy_as(text_model, target, edit)
+
+
+@pytest.fixture(scope="module")
+def text_models(hostile: Path, tiny_config: EncoderConfig) -> Path:
+    """A tiny model with a text front end (torchscript: a few seconds), and two hostile
+    copies: one whose tokenizer lacks its unknown-word token, one whose vocabulary holds
+    exactly the load-time probe's words (it passes the probe, then fails on others)."""
+    root = hostile / "text-export"
+    root.mkdir()
+    good = wordpiece(["the", "cat", "sat", "on", "mat", "."], "[UNK]")
+    good.save(str(root / "tokenizer.json"))
+    d, length = tiny_config.d_model, tiny_config.max_seq_len
+    export_model(
+        Encoder(tiny_config, seed=5),
+        root / "text",
+        exporter="torchscript",
+        optimize=False,
+        embeddings=TokenEmbeddings(VOCAB_SIZE, length, 2, d, 1e-12),
+        tokenizer_file=root / "tokenizer.json",
+        name="text",
+        seed=5,
+    )
+    repo = hostile / "repo"
+    copy_as(root / "text", repo / "text")
+    with_tokenizer(root / "text", repo / "no-unk", wordpiece(["the", "cat"], "[MISSING]"))
+    normalized = good.normalizer.normalize_str(PROBE_TEXT)  # type: ignore[union-attr]
+    probe_words = [w for w, _ in good.pre_tokenizer.pre_tokenize_str(normalized)]  # type: ignore[union-attr]
+    fitted = wordpiece([*probe_words, "the", "cat"], "[MISSING]")
+    with_tokenizer(root / "text", repo / "probe-fitted", fitted)
+    return repo
+
+
+def test_a_tokenizer_that_cannot_encode_never_becomes_ready(
+    server: ServerProcess, text_models: Path
+) -> None:
+    """Its unknown-word token is not in its vocabulary: every text with an unknown word
+    was a 500 once it had loaded; now the load is refused."""
+    assert load(server, "text").status_code == 200  # the same model, its tokenizer sound
+    answer = load(server, "no-unk")
+    assert answer.status_code == 400, answer.text
+    assert "tokenizer of model 'no-unk' cannot encode" in answer.json()["error"], answer.text
+    assert httpx.get(f"{server.url}/v2/models/no-unk/ready").status_code == 404
+
+
+def test_a_tokenizer_failing_at_request_time_is_a_4xx(
+    server: ServerProcess, text_models: Path
+) -> None:
+    """One that passes the probe still fails on other words: a 422 naming the model."""
+    assert load(server, "probe-fitted").status_code == 200
+    for path, body, status in [
+        ("/v1/tokenize", {"model": "probe-fitted", "text": ["the dog"]}, 422),
+        ("/v1/encode", {"model": "probe-fitted", "inputs": ["the dog"], "pooling": "mean"}, 422),
+        ("/v1/embeddings", {"model": "probe-fitted", "input": ["the dog"]}, 400),  # OpenAI's
+    ]:
+        answer = httpx.post(server.url + path, json=body, timeout=30)
+        assert answer.status_code == status, (path, answer.text)
+        error = answer.json()["error"]
+        message = error if isinstance(error, str) else error["message"]  # OpenAI's shape
+        assert "tokenizer of model 'probe-fitted' cannot encode" in message, answer.text
+    known = {"model": "probe-fitted", "inputs": ["the cat"], "pooling": "mean"}
+    assert httpx.post(f"{server.url}/v1/encode", json=known, timeout=30).status_code == 200
