@@ -247,7 +247,7 @@ class ShuttingDown(NotReady):
     """SIGTERM received: the node drains, new work goes elsewhere."""
 
     when = "the server received SIGTERM: send the request to another replica (`Retry-After`)"
-    raised_on = frozenset({"work"})
+    raised_on = frozenset({"work", "admin"})  # admin: a repository load in progress
     error_type = "shutting_down"
 
 

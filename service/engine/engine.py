@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import logging
 import math
+import threading
 import time
 import weakref
 from collections import deque
@@ -154,10 +155,15 @@ class Engine:
         # older ones beside the serving one; latest keeps that one only).
         self.versions: dict[str, dict[str, ModelRuntime]] = {}
         self.default_model = ""
-        # Model control: why a model directory is not serving (index), one load at a time,
+        # Model control: why a model directory is not serving (index), one load or unload
+        # at a time per model (others go on beside it), the memory their loads reserve,
         # what each loaded export was (poll mode reloads a changed one), and memory held.
         self.reasons: dict[str, str] = {}
-        self._loading = asyncio.Lock()
+        self._model_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # lock, its users
+        self._reserved: dict[str, int] = {}
+        # Set at SIGTERM: loads in progress are answered 503 and their hashing gives up.
+        self._stopping = threading.Event()
+        self._stopping_now = asyncio.Event()
         self._loaded_from: dict[str, DiskMark] = {}
         self._model_bytes: dict[int, int] = {}  # id(runtime) -> estimate, while alive
         self._load_serial: dict[int, int] = {}  # id(runtime) -> its load's number, while alive
@@ -283,6 +289,8 @@ class Engine:
     def begin_shutdown(self) -> None:
         """SIGTERM: readiness and new work answer 503 from now on; accepted work goes on."""
         self.shutting_down = True
+        self._stopping.set()
+        self._stopping_now.set()
         log.info(
             "shutting down: refusing new work, answering %d requests in progress",
             self.admission.requests,
@@ -400,7 +408,42 @@ class Engine:
         was and says why (LoadFailed)."""
         self._check_control("load")
         self._model_dir(name)
-        async with self._loading:
+        self._refuse_if_stopping()
+        work = asyncio.ensure_future(self._locked_load(name))
+        stopping = asyncio.ensure_future(self._stopping_now.wait())
+        try:
+            await asyncio.wait((work, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not work.done():  # SIGTERM: answer now; the hashing gives up at its next chunk
+            work.cancel()
+            self._refuse_if_stopping()
+        return work.result()
+
+    def _refuse_if_stopping(self) -> None:
+        if self.shutting_down:
+            raise ShuttingDown(
+                "the server is shutting down: load the model on another replica",
+                headers={"Retry-After": self.retry_after()},
+            )
+
+    @contextlib.asynccontextmanager
+    async def _model_lock(self, name: str) -> AsyncIterator[None]:
+        """One load or unload of ``name`` at a time; other models' go on beside it."""
+        lock, users = self._model_locks.get(name, (asyncio.Lock(), 0))
+        self._model_locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._model_locks[name]
+            if users == 1:
+                del self._model_locks[name]
+            else:
+                self._model_locks[name] = (lock, users - 1)
+
+    async def _locked_load(self, name: str) -> ModelInfo:
+        async with self._model_lock(name):
             self._loading_now.add(name)
             try:
                 return await self._load(name)
@@ -408,6 +451,7 @@ class Engine:
                 return self._load_failed(name, f"its directory cannot be read: {exc.strerror}")
             finally:
                 self._loading_now.discard(name)
+                self._reserved.pop(name, None)
 
     def _check_control(self, what: str) -> None:
         if self.settings.model_control == "none":
@@ -438,7 +482,7 @@ class Engine:
         wanted = found if self.settings.version_policy == "all" else found[-1:]
         to_load = [v for v in wanted if v is found[-1] or v.version not in loaded]
         need = sum(v.estimated_bytes() for v in to_load)
-        held = sum(self._model_bytes.values())
+        held = sum(self._model_bytes.values()) + sum(self._reserved.values())
         budget = self.settings.model_memory_bytes
         if held + need > budget:
             self.metrics.model_loads.labels(name, "refused").inc()
@@ -448,16 +492,27 @@ class Engine:
                 f"{held / 2**20:,.0f} of the {budget / 2**20:,.0f} MiB budget "
                 "(ATTNSERVE_MODEL_MEMORY_BYTES) are held: unload a model first"
             )
+        self._reserved[name] = need  # loads of other models see it as held meanwhile
         opened: dict[str, ModelRuntime] = {}
         for version in to_load:
+            others = sum(n for model, n in self._reserved.items() if model != name)
+            left = budget - sum(self._model_bytes.values()) - others
+            step = "loading"  # said in the reason: which step failed
             try:
-                runtime = await asyncio.to_thread(load_version, version, self.settings)
+                runtime = await asyncio.to_thread(
+                    load_version,
+                    version,
+                    self.settings,
+                    budget=left,
+                    cancelled=self._stopping.is_set,
+                )
+                step = "warm-up"
                 await asyncio.to_thread(runtime.warmup)
             except ModelLoadError as exc:
                 return self._load_failed(name, str(exc))
-            except Exception as exc:  # a graph that loads but cannot run (warm-up)
+            except Exception as exc:  # a graph that loads but cannot run, or a bug
                 log.exception("loading model %s failed", name)
-                return self._load_failed(name, f"version {version.version}: warm-up failed: {exc}")
+                return self._load_failed(name, f"version {version.version}: {step} failed: {exc}")
             self._hold(runtime)
             opened[version.version] = runtime
         batcher = self.require_ready()
@@ -489,7 +544,7 @@ class Engine:
         (its sessions are freed when their last run ends). Other models are untouched."""
         self._check_control("unload")
         self._model_dir(name)
-        async with self._loading:
+        async with self._model_lock(name):
             if name not in self.runtimes:
                 raise ModelNotFound(f"{quoted(name)} is not loaded")
             del self.runtimes[name]
@@ -530,7 +585,7 @@ class Engine:
             if mark in (self._loaded_from.get(name), tried.get(name)):
                 continue
             tried[name] = mark
-            with contextlib.suppress(LoadFailed, ModelNotFound):
+            with contextlib.suppress(LoadFailed, ModelNotFound, NotReady):
                 await self.load_model(name)
         if not on_disk:
             return  # an empty repository is more likely an unmounted volume: keep serving

@@ -10,6 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from model_export.export import export_model
 from model_export.manifest import MAX_CONFIG_BYTES, sha256_file
 from model_export.model import Encoder, TokenEmbeddings
 from service.runtime import PROBE_TEXT
-from tests.conftest import ServerProcess, free_port, server_process
+from tests.conftest import ServerFailed, ServerProcess, free_port, server_process
 
 OUTSIDE = Path("/etc/hostname")  # a readable file beyond any repository
 
@@ -94,6 +97,10 @@ def hostile(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> P
     copy_as(tiny_model_dir, repo / "deep", architecture(d_model=4096, n_layers=1000, d_ff=4096))
     copy_as(tiny_model_dir, repo / "lying", architecture(d_model=64))  # the graphs are 32 wide
     copy_as(tiny_model_dir, repo / "huge", lambda raw: raw.update(pad="x" * MAX_CONFIG_BYTES))
+    nested = copy_as(tiny_model_dir, repo / "nested")
+    config = nested / graph_io.CONFIG_FILE
+    deep = "[" * 100_000 + "]" * 100_000  # json's parser gave up with RecursionError
+    config.write_text(config.read_text()[:-1] + f', "deep": {deep}}}')
     return root
 
 
@@ -171,12 +178,15 @@ def test_follow_symlinks_allows_links_out_of_the_repository(hostile: Path) -> No
         ("deep", "its architecture needs at least"),
         ("lying", "model.onnx's inputs_embeds is 32 wide, but config.json says d_model 64"),
         ("huge", f"config.json is larger than {MAX_CONFIG_BYTES} bytes"),
+        ("nested", "config.json nests deeper than 32 levels"),
     ],
 )
 def test_sizes_in_config_json_are_checked_before_anything_is_allocated(
     server: ServerProcess, hostile: Path, name: str, says: str
 ) -> None:
-    assert_refused_cleanly(load(server, name), hostile, says)
+    answer = load(server, name)
+    assert_refused_cleanly(answer, hostile, says)
+    assert "warm-up" not in answer.text  # it said so for a config.json it could not parse
     assert httpx.get(f"{server.url}/health/ready").status_code == 200
 
 
@@ -305,3 +315,68 @@ def test_a_tokenizer_failing_at_request_time_is_a_4xx(
         assert "tokenizer of model 'probe-fitted' cannot encode" in message, answer.text
     known = {"model": "probe-fitted", "inputs": ["the cat"], "pooling": "mean"}
     assert httpx.post(f"{server.url}/v1/encode", json=known, timeout=30).status_code == 200
+
+
+# -- a load that runs long -----------------------------------------------------------------
+
+HUGE = 48 << 30  # a sparse file: no disk, but minutes of hashing before the bound and shutdown
+
+
+def state(server: ServerProcess, name: str) -> str:
+    index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
+    return next(entry["state"] for entry in index if entry["name"] == name)
+
+
+def until(check: Callable[[], bool], what: str, seconds: float = 30) -> None:
+    give_up = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < give_up, what
+        time.sleep(0.05)
+
+
+def test_a_slow_load_blocks_neither_other_loads_nor_shutdown(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """config.json names a huge file: its hashing runs (off the event loop) while another
+    model loads beside it; at SIGTERM the slow load is answered 503 shutting_down with
+    Retry-After, its hashing gives up, and the process exits 0 without its watchdog."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_model_dir, repo / "tiny")
+    copy_as(tiny_model_dir, repo / "other")
+    slow = copy_as(tiny_model_dir, repo / "slow", text_section(embeddings_graph="huge.bin"))
+    with (slow / "huge.bin").open("wb") as f:
+        f.truncate(HUGE)
+    settings = {"model_memory_bytes": str(2 * HUGE), "shutdown_timeout": "30"}
+    with server_process(repo, model_control="explicit", default_model="tiny", **settings) as s:
+        answers: dict[str, httpx.Response] = {}
+        loading = threading.Thread(target=lambda: answers.update(slow=load(s, "slow")))
+        loading.start()
+        until(lambda: state(s, "slow") == "LOADING", "the slow load never started")
+        assert load(s, "other").status_code == 200  # not queued behind the slow one
+        assert state(s, "slow") == "LOADING"
+        assert httpx.get(f"{s.url}/health/ready").status_code == 200
+        s.proc.send_signal(signal.SIGTERM)
+        loading.join(timeout=60)
+        answer = answers["slow"]
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error_type"] == "shutting_down" and "retry-after" in answer.headers
+        assert s.proc.wait(timeout=60) == 0
+        assert "shutdown timeout reached" not in s.log(), s.log()
+
+
+def test_files_beyond_the_memory_budget_are_refused_before_hashing(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """At start too (it hashed the whole file, for minutes, then failed on its digest)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_model_dir, repo / "tiny")
+    slow = copy_as(tiny_model_dir, repo / "slow", text_section(embeddings_graph="huge.bin"))
+    with (slow / "huge.bin").open("wb") as f:
+        f.truncate(HUGE)
+    with (
+        pytest.raises(ServerFailed) as failed,
+        server_process(repo, ready_timeout=30.0),
+    ):
+        pytest.fail("the server became ready")  # pragma: no cover
+    assert failed.value.returncode != 0
+    assert "more than the 8,192 MiB it may take" in failed.value.log, failed.value.log
