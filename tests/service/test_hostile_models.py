@@ -219,6 +219,9 @@ def test_the_empty_name_is_not_the_repository(server: ServerProcess) -> None:
         with pytest.raises(InferenceServerException) as refused:
             client.load_model("")
         assert refused.value.status() == "StatusCode.INVALID_ARGUMENT", refused.value
+        # Refused as a name, not tried as a directory (it was "'' was not loaded: it holds
+        # neither an export nor numbered versions", the root read as a model).
+        assert "a model name must be a plain file name" in str(refused.value), refused.value
     finally:
         client.close()
     index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()

@@ -93,8 +93,9 @@ def test_refuses_to_start(
 
 
 def test_a_taken_port_is_the_same_exit_status(model_repository: Path) -> None:
-    """Cannot start is one status whatever the cause (the port taken was 1, a model 3,
-    while the comment in service/__main__.py said uvicorn returned normally)."""
+    """Cannot start is one documented status whatever the cause: uvicorn exits 3 itself
+    (its STARTUP_FAILURE) for a model and for a taken port alike, where the comment in
+    service/__main__.py said it returned normally and the code then returned 1."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
