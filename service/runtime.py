@@ -141,8 +141,9 @@ class ModelRuntime:
         name = self.info.name
         try:
             session = ort.InferenceSession(str(path), options, providers=self._providers)
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise ModelLoadError(f"model {name!r}: cannot load {graph}: {exc}") from exc
+        except Exception as exc:  # onnxruntime raises its own untyped errors, naming the path
+            said = str(exc).replace(str(path), graph)
+            raise ModelLoadError(f"model {name!r}: cannot load {graph}: {said}") from exc
         got_inputs = tuple(i.name for i in session.get_inputs())
         got_outputs = tuple(o.name for o in session.get_outputs())
         if got_inputs != inputs or got_outputs != outputs:
@@ -164,9 +165,9 @@ class ModelRuntime:
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
-            raise ModelLoadError(
-                f"model {self.info.name!r}: cannot load {path.name}: {exc}"
-            ) from exc
+            said = str(exc).replace(str(path), path.name)
+            name = self.info.name
+            raise ModelLoadError(f"model {name!r}: cannot load {path.name}: {said}") from exc
         tokenizer.no_padding()
         if truncate_at is None:
             tokenizer.no_truncation()

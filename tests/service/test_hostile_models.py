@@ -97,6 +97,13 @@ def hostile(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> P
     copy_as(tiny_model_dir, repo / "deep", architecture(d_model=4096, n_layers=1000, d_ff=4096))
     copy_as(tiny_model_dir, repo / "lying", architecture(d_model=64))  # the graphs are 32 wide
     copy_as(tiny_model_dir, repo / "huge", lambda raw: raw.update(pad="x" * MAX_CONFIG_BYTES))
+    garbage = copy_as(tiny_model_dir, repo / "garbage")  # hashes match, onnxruntime refuses it
+    (garbage / graph_io.GRAPH_ATTENTION).write_bytes(b"not an onnx graph")
+    raw = json.loads((garbage / graph_io.CONFIG_FILE).read_text())
+    raw["graphs"][graph_io.GRAPH_ATTENTION]["sha256"] = sha256_file(
+        garbage / graph_io.GRAPH_ATTENTION
+    )
+    (garbage / graph_io.CONFIG_FILE).write_text(json.dumps(raw))
     nested = copy_as(tiny_model_dir, repo / "nested")
     config = nested / graph_io.CONFIG_FILE
     deep = "[" * 100_000 + "]" * 100_000  # json's parser gave up with RecursionError
@@ -179,6 +186,7 @@ def test_follow_symlinks_allows_links_out_of_the_repository(hostile: Path) -> No
         ("lying", "model.onnx's inputs_embeds is 32 wide, but config.json says d_model 64"),
         ("huge", f"config.json is larger than {MAX_CONFIG_BYTES} bytes"),
         ("nested", "config.json nests deeper than 32 levels"),
+        ("garbage", "cannot load model_attn.onnx"),  # onnxruntime's message told the path
     ],
 )
 def test_sizes_in_config_json_are_checked_before_anything_is_allocated(
