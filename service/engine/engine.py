@@ -418,6 +418,8 @@ class Engine:
         if not work.done():  # SIGTERM: answer now; the hashing gives up at its next chunk
             work.cancel()
             self._refuse_if_stopping()
+        if self.shutting_down and work.exception() is not None:  # given up for the SIGTERM
+            self._refuse_if_stopping()
         return work.result()
 
     def _refuse_if_stopping(self) -> None:
