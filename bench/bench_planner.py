@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "planner.json")
     args = parser.parse_args(argv)
-    settings = Settings(_env_file=None, intra_op_threads=2)  # type: ignore[call-arg]
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None, intra_op_threads=2, model_repository=args.model_dir.parent
+    )
     runtime = ModelRuntime(read_model_info(args.model_dir, settings), settings)
     runtime.warmup()
 

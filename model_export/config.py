@@ -23,6 +23,24 @@ class ConfigError(ValueError):
     """An encoder configuration that cannot describe a valid model."""
 
 
+# The sane range of each size: a config.json is untrusted input, and the service sizes
+# buffers from these before any graph is run (BERT-large is 1024 wide, 24 layers deep).
+SIZE_BOUNDS: dict[str, int] = {
+    "d_model": 1 << 16,
+    "n_heads": 1 << 10,
+    "n_layers": 1 << 10,
+    "d_ff": 1 << 18,
+    "max_seq_len": 1 << 20,
+    "window": 1 << 20,
+}
+
+
+def check_size(name: str, value: object, bound: int, error: type[ValueError]) -> None:
+    """``value`` is an integer in 1..``bound``, else ``error`` names the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+        raise error(f"{name} must be an integer in 1..{bound}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """Hyper-parameters of a multi-head self-attention encoder.
@@ -47,9 +65,7 @@ class EncoderConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            check_size(name, getattr(self, name), SIZE_BOUNDS[name], ConfigError)
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
@@ -68,15 +84,21 @@ class EncoderConfig:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not isinstance(self.causal, bool):
             raise ConfigError(f"causal must be true or false, got {self.causal!r}")
-        if self.window is not None and (
-            isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1
-        ):
-            raise ConfigError(f"window must be an integer >= 1 or None, got {self.window!r}")
+        if self.window is not None:
+            check_size("window", self.window, SIZE_BOUNDS["window"], ConfigError)
 
     @property
     def head_dim(self) -> int:
         """Size d_k of one head: d_model / n_heads."""
         return self.d_model // self.n_heads
+
+    def parameters(self) -> int:
+        """Weights of the encoder's layers (attention, feed-forward, layer norms), without
+        token embeddings: what each encoder graph holds."""
+        d, ff = self.d_model, self.d_ff
+        attention = 4 * d * d + 4 * d
+        feed_forward = 2 * d * ff + d + ff
+        return self.n_layers * (attention + feed_forward + 4 * d)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

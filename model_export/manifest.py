@@ -18,22 +18,31 @@ Each graph records its outputs, so a reader knows what a directory can answer
 whatever its version; a version-2
 directory with a tokenizer still serves text, through ``embeddings.onnx`` and
 then the encoder.
+
+A model directory is untrusted input (poll mode loads whatever appears on a shared
+volume), so reading one is bounded: ``config.json`` is at most
+``MAX_CONFIG_BYTES`` and ``MAX_CONFIG_DEPTH`` deep, every size in it has a sane
+range, every file it names is a plain name in the directory that, symbolic links
+followed, stays inside a given root (the model repository), the files are
+sized before any is hashed, and no error quotes a digest or a path beyond the
+directory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from model_export import graph_io
-from model_export.config import ConfigError, EncoderConfig
+from model_export.config import ConfigError, EncoderConfig, check_size
 
 __all__ = [
     "FORMAT_VERSION",
@@ -45,6 +54,7 @@ __all__ = [
     "ManifestError",
     "Pooling",
     "TextFrontEnd",
+    "check_file_name",
     "graph_io",
     "sha256_file",
 ]
@@ -56,16 +66,77 @@ Pooling = Literal["mean", "cls", "max"]
 POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max")
 
 
+# config.json's bounds, checked before it is parsed: ours are ~5 KiB and 5 levels deep.
+MAX_CONFIG_BYTES: Final = 1 << 20
+MAX_CONFIG_DEPTH: Final = 32
+# Longest file name a manifest may give (a file system's NAME_MAX).
+MAX_NAME_BYTES: Final = 255
+# Sane ranges of the text front end's sizes (XLM-R's vocabulary is 250,002).
+TEXT_SIZE_BOUNDS: Final[dict[str, int]] = {
+    "vocab_size": 1 << 24,
+    "type_vocab_size": 1 << 16,
+    "max_positions": 1 << 20,
+}
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
 class ManifestError(ValueError):
     """A model directory whose ``config.json`` or files do not keep the contract."""
 
 
-def sha256_file(path: Path) -> str:
+class Cancelled(ManifestError):
+    """A read given up on the way (the server is shutting down)."""
+
+
+def sha256_file(path: Path, cancelled: Callable[[], bool] | None = None) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"{path.name}: hashing given up")
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_file_name(name: object, what: str) -> str:
+    """``name`` is a plain file name as the exporter writes them (``model.onnx``): no
+    directory part, not absolute, not hidden, not ``..``; else ManifestError."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith(".")
+        or any(c in name for c in "/\\\0")
+        or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
+    ):
+        shown = repr(name) if len(repr(name)) <= 64 else repr(name)[:60] + "...'"
+        raise ManifestError(
+            f"{what} must be a plain file name (no directory part, not hidden, at most "
+            f"{MAX_NAME_BYTES} bytes), got {shown}"
+        )
+    return name
+
+
+def resolve_file(model_dir: Path, name: str, within: Path | None = None) -> Path:
+    """The real path of ``model_dir / name``, refused if it is not a plain name or if,
+    symbolic links followed, it leaves ``within`` (default: ``model_dir`` itself).
+    The error names the file only, never where a link points."""
+    check_file_name(name, name)
+    real = (model_dir / name).resolve()
+    root = (model_dir if within is None else within).resolve()
+    if not real.is_relative_to(root):
+        where = "model directory" if within is None else "model repository"
+        raise ManifestError(f"{name} resolves outside the {where} (a symbolic link?)")
+    return real
+
+
+def json_depth(data: bytes) -> int:
+    """How deeply arrays and objects nest in a JSON text, found without parsing it."""
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING.sub(b'""', data)):
+        depth += 1 if bracket in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -96,10 +167,12 @@ class TextFrontEnd:
     stopwords_sha256: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "type_vocab_size", "max_positions"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ManifestError(f"text.{name} must be a positive integer, got {value!r}")
+        for name, bound in TEXT_SIZE_BOUNDS.items():
+            check_size(f"text.{name}", getattr(self, name), bound, ManifestError)
+        check_file_name(self.embeddings_graph, "text.embeddings_graph")
+        for name in ("tokenizer", "graph", "sparse_graph", "stopwords"):
+            if getattr(self, name) is not None:
+                check_file_name(getattr(self, name), f"text.{name}")
         if (self.tokenizer is None) != (self.tokenizer_sha256 is None):
             raise ManifestError("text.tokenizer and text.tokenizer_sha256 go together")
         for name in ("graph", "sparse_graph", "stopwords"):
@@ -143,6 +216,8 @@ class Manifest:
                 f"format_version {self.format_version!r} is not supported (this version reads "
                 f"{', '.join(map(str, READABLE_VERSIONS))}): re-export the model"
             )
+        for name in self.graphs:
+            check_file_name(name, "a graph's file")
         missing = sorted(set(graph_io.REQUIRED_GRAPHS) - set(self.graphs))
         if missing:
             raise ManifestError(f"graphs lacks {', '.join(missing)}")
@@ -182,6 +257,20 @@ class Manifest:
             and graph_io.OUTPUT_HIDDEN_STATES in hidden.outputs
             and graph_io.OUTPUT_HIDDEN_STATES in self.graphs[graph_io.GRAPH_ATTENTION].outputs
         )
+
+    def estimated_bytes(self) -> int:
+        """The least memory its graphs take loaded, from the architecture alone: one byte
+        per weight (an int8 export) in each graph that holds it."""
+        encoder = self.architecture.parameters()
+        total = len(self.graphs) * encoder
+        text = self.text
+        if text is not None:
+            embeddings = (text.vocab_size + text.max_positions + text.type_vocab_size) * (
+                self.architecture.d_model
+            )
+            one_run = sum(g is not None for g in (text.graph, text.sparse_graph))
+            total += embeddings + one_run * (encoder + embeddings)
+        return total
 
     def files(self) -> dict[str, str]:
         """Every file the model directory must hold -> its SHA-256."""
@@ -255,37 +344,68 @@ class Manifest:
             raise ManifestError(str(exc)) from exc
 
     @classmethod
-    def read(cls, model_dir: Path) -> Manifest:
-        """Read ``config.json`` of ``model_dir`` (files are not checked: see ``verify``)."""
-        path = model_dir / graph_io.CONFIG_FILE
+    def read(cls, model_dir: Path, within: Path | None = None) -> Manifest:
+        """Read ``config.json`` of ``model_dir`` (files are not checked: see ``verify``);
+        its size and nesting are bounded before it is parsed. ``within``: see
+        ``resolve_file``."""
+        config = graph_io.CONFIG_FILE
+        path = resolve_file(model_dir, config, within)
         try:
-            raw = json.loads(path.read_text())
+            with path.open("rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)
         except FileNotFoundError:
-            raise ManifestError(f"{path} is missing") from None
-        except (OSError, ValueError) as exc:
-            raise ManifestError(f"{path} is not readable JSON: {exc}") from None
+            raise ManifestError(f"{config} is missing") from None
+        except OSError as exc:
+            raise ManifestError(f"{config} is not readable: {exc.strerror}") from None
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ManifestError(f"{config} is larger than {MAX_CONFIG_BYTES} bytes")
+        if json_depth(data) > MAX_CONFIG_DEPTH:
+            raise ManifestError(f"{config} nests deeper than {MAX_CONFIG_DEPTH} levels")
+        try:
+            raw = json.loads(data)
+        except ValueError as exc:
+            raise ManifestError(f"{config} is not readable JSON: {exc}") from None
         if not isinstance(raw, dict):
-            raise ManifestError(f"{path} is not a JSON object")
+            raise ManifestError(f"{config} is not a JSON object")
         try:
             return cls.from_dict(raw)
         except ManifestError as exc:
-            raise ManifestError(f"{path} is invalid: {exc}") from None
+            raise ManifestError(f"{config} is invalid: {exc}") from None
 
     def write(self, model_dir: Path) -> None:
         (model_dir / graph_io.CONFIG_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
-    def verify(self, model_dir: Path) -> None:
-        """Check that every file is present and matches its recorded SHA-256."""
-        for name, want in self.files().items():
-            path = model_dir / name
+    def verify(
+        self,
+        model_dir: Path,
+        within: Path | None = None,
+        *,
+        max_bytes: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict[str, Path]:
+        """Check that every file is present and matches its recorded SHA-256; each file's
+        name -> its real path (see ``resolve_file``). Files larger than ``max_bytes`` in
+        total are refused before any is hashed; ``cancelled`` is asked between chunks."""
+        paths = {name: resolve_file(model_dir, name, within) for name in self.files()}
+        sizes = {}
+        for name, path in paths.items():
             if not path.is_file():
-                raise ManifestError(f"{path} is missing")
-            got = sha256_file(path)
-            if got != want:
+                raise ManifestError(f"{name} is missing")
+            sizes[name] = path.stat().st_size
+        total = sum(sizes.values())
+        if max_bytes is not None and total > max_bytes:
+            raise ManifestError(
+                f"its files take {total / 2**20:,.0f} MiB, more than the "
+                f"{max_bytes / 2**20:,.0f} MiB it may take"
+            )
+        for name, want in self.files().items():
+            # Only whether it matches: the digest of a file is not for an error message.
+            if sha256_file(paths[name], cancelled) != want:
                 raise ManifestError(
-                    f"{path} is corrupt: SHA-256 {got} does not match {want} recorded in "
+                    f"{name} is corrupt: it does not match the SHA-256 recorded in "
                     f"{graph_io.CONFIG_FILE}"
                 )
+        return paths
 
 
 @contextmanager

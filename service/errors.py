@@ -181,7 +181,9 @@ class InvalidInput(ServiceError):
         "that does not match `shape`, a dtype other than float32; a layer, head or "
         "hidden-state index out of range, repeated (`[0, 0]`, or `[0, -12]` on 12 heads), or "
         "an empty list of them; an unknown `pooling`, `reduce` or `encoding_format`; an "
-        "unknown field"
+        "unknown field; a model name of the repository API that no model directory can have "
+        "(empty, over 255 bytes, a path, or starting with `.`); text the model's tokenizer "
+        "cannot encode"
     )
     raised_on = frozenset({"guarded", "work", "admin"})  # guarded: a path parameter FastAPI refuses
     status_code = 422

@@ -1,12 +1,16 @@
 """What the service knows of a model directory, read through its manifest (no onnxruntime).
 
 Kept apart from ``runtime`` so the engine's and protocols' model types never pull
-in the backend.
+in the backend. A model directory is untrusted input: it is read only through
+:mod:`model_export.manifest`, which bounds ``config.json`` and keeps every file
+it names inside the model repository (symbolic links that leave it are refused
+unless ``ATTNSERVE_FOLLOW_SYMLINKS`` allows them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_export.manifest import EncoderConfig, Manifest, ManifestError, graph_io
@@ -23,6 +27,9 @@ class ModelInfo:
     max_seq_len: int  # the model's own length, capped by the server's setting
     created: int  # Unix time its manifest was written (OpenAI's model "created")
     version: str = "1"  # its version in the repository (<name>/<version>/, or "1")
+    # Each file the manifest names -> its real path, checked: the only paths opened.
+    files: dict[str, Path] = field(default_factory=dict, compare=False)
+    estimated_bytes: int = 0  # memory it takes loaded (the larger of files and weights)
 
     @property
     def name(self) -> str:
@@ -36,18 +43,49 @@ class ModelInfo:
     def has_tokenizer(self) -> bool:
         return self.manifest.has_tokenizer
 
+    def file(self, name: str) -> Path:
+        """The checked path of a file the manifest names."""
+        return self.files[name]
 
-def read_model_info(model_dir: Path, settings: Settings, version: str = "1") -> ModelInfo:
-    """Read the manifest and check every file's SHA-256 against it."""
+
+def read_model_info(
+    model_dir: Path,
+    settings: Settings,
+    version: str = "1",
+    *,
+    budget: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> ModelInfo:
+    """Read the manifest (bounded), check what it would take against ``budget`` bytes
+    (default ATTNSERVE_MODEL_MEMORY_BYTES) and then every file's SHA-256 against it.
+    Errors name the model and files in its directory, never a path beyond it."""
+    budget = settings.model_memory_bytes if budget is None else budget
+    within = settings.model_repository
+    if settings.follow_symlinks:  # anywhere: the file system's root
+        within = Path(within.resolve().anchor)
+    where = f"model {model_dir.name!r}"
     try:
-        manifest = Manifest.read(model_dir)
-        manifest.verify(model_dir)
+        manifest = Manifest.read(model_dir, within)
+        weights = manifest.estimated_bytes()
+        if weights > budget:
+            raise ManifestError(
+                f"its architecture needs at least {weights / 2**20:,.0f} MiB, more than "
+                f"the {budget / 2**20:,.0f} MiB of ATTNSERVE_MODEL_MEMORY_BYTES left"
+            )
+        files = manifest.verify(model_dir, within, max_bytes=budget, cancelled=cancelled)
+        config = files.get(graph_io.CONFIG_FILE) or (model_dir / graph_io.CONFIG_FILE)
+        created = int(config.stat().st_mtime)
+        held = max(weights, sum(path.stat().st_size for path in files.values()))
     except ManifestError as exc:
-        raise ModelLoadError(f"model {model_dir.name!r}: {exc}") from exc
+        raise ModelLoadError(f"{where}: {exc}") from exc
+    except OSError as exc:  # the directory changed under us: say so without its path
+        raise ModelLoadError(f"{where}: cannot read it: {exc.strerror}") from exc
     return ModelInfo(
         manifest=manifest,
         path=model_dir,
         max_seq_len=min(manifest.architecture.max_seq_len, settings.max_seq_len),
-        created=int((model_dir / graph_io.CONFIG_FILE).stat().st_mtime),
+        created=created,
         version=version,
+        files=files,
+        estimated_bytes=held,
     )

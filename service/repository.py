@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_export.manifest import graph_io
+from model_export.manifest import check_file_name, graph_io
 
 FLAT_VERSION = "1"  # the version of a directory that is one export
 
@@ -33,6 +33,12 @@ class ModelVersion:
         """Memory it takes once loaded: its files' size (each graph's weights are held by
         its session; measured resident size stays within this for our exports)."""
         return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+
+
+def model_dir(repository: Path, name: str) -> Path:
+    """The directory of model ``name``: a plain name (1 to 255 bytes, no ``/``, not hidden),
+    else ManifestError; a name of the repository API is a client's input."""
+    return repository / check_file_name(name, "a model name")
 
 
 def model_directories(repository: Path) -> list[Path]:

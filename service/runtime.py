@@ -13,8 +13,10 @@ on anything wrong.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from model_export.manifest import graph_io
-from service.errors import ModelLoadError
+from service.errors import InvalidInput, ModelLoadError
 from service.model_info import ModelInfo, read_model_info
 from service.repository import ModelVersion, latest, model_directories
 from service.settings import Settings
@@ -34,6 +36,13 @@ log = logging.getLogger(__name__)
 # thread and the token-embedding runs of request threads then never fight over
 # the same cores (each run already uses all intra-op threads).
 _ORT_LOCK = threading.Lock()
+# Tokenized at load (both ways) before a model with a tokenizer may serve: words no
+# vocabulary holds, accents, scripts, an emoji, control and zero-width characters.
+PROBE_TEXT = (
+    "Probe: qzxv-unknownword Xylophonist's naïve café, Größe, ﬁ, 東京 مرحبا 🙂\u200b\t\x00 end."
+)
+# Inputs and outputs whose last axis is the model's width d_model.
+WIDTH_LAST = frozenset({graph_io.INPUT_EMBEDS, graph_io.OUTPUT_HIDDEN})
 
 
 def _session_options(settings: Settings) -> ort.SessionOptions:
@@ -96,7 +105,7 @@ class ModelRuntime:
                 graph_io.SPARSE_GRAPH_OUTPUTS,
             )
         if text is not None and text.stopwords is not None:
-            words = (info.path / text.stopwords).read_text(encoding="utf-8").split()
+            words = info.file(text.stopwords).read_text(encoding="utf-8").split()
             self.stopwords = frozenset(words)
         self._token_embeddings: ort.InferenceSession | None = None
         self.special_tokens: frozenset[str] = frozenset()  # [CLS], [SEP], [PAD], ...
@@ -110,7 +119,7 @@ class ModelRuntime:
                 (graph_io.INPUT_EMBEDS,),
             )
             if text.tokenizer is not None:
-                path = info.path / text.tokenizer
+                path = info.file(text.tokenizer)
                 self._tokenizer = self._load_tokenizer(path, None)
                 self.special_tokens = frozenset(
                     token.content
@@ -119,6 +128,7 @@ class ModelRuntime:
                 )
                 # A second instance, so no request ever flips shared truncation state.
                 self._truncating_tokenizer = self._load_tokenizer(path, info.max_seq_len)
+                self._probe_tokenizer(text.vocab_size)
 
     def _open(
         self,
@@ -127,32 +137,61 @@ class ModelRuntime:
         inputs: tuple[str, ...],
         outputs: tuple[str, ...],
     ) -> ort.InferenceSession:
-        path = self.info.path / graph
+        path = self.info.file(graph)
         name = self.info.name
         try:
             session = ort.InferenceSession(str(path), options, providers=self._providers)
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise ModelLoadError(f"model {name!r}: cannot load {path}: {exc}") from exc
+        except Exception as exc:  # onnxruntime raises its own untyped errors, naming the path
+            said = str(exc).replace(str(path), graph)
+            raise ModelLoadError(f"model {name!r}: cannot load {graph}: {said}") from exc
         got_inputs = tuple(i.name for i in session.get_inputs())
         got_outputs = tuple(o.name for o in session.get_outputs())
         if got_inputs != inputs or got_outputs != outputs:
             raise ModelLoadError(
-                f"model {name!r}: {path} has inputs {got_inputs} and outputs "
+                f"model {name!r}: {graph} has inputs {got_inputs} and outputs "
                 f"{got_outputs}; expected {inputs} and {outputs}"
             )
+        # The manifest's width sizes every buffer made for this graph: it must be the graph's.
+        for node in (*session.get_inputs(), *session.get_outputs()):
+            width = node.shape[-1] if node.name in WIDTH_LAST else None
+            if isinstance(width, int) and width != self.info.config.d_model:
+                raise ModelLoadError(
+                    f"model {name!r}: {graph}'s {node.name} is {width} wide, but "
+                    f"{graph_io.CONFIG_FILE} says d_model {self.info.config.d_model}"
+                )
         return session
 
     def _load_tokenizer(self, path: Path, truncate_at: int | None) -> Tokenizer:
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
-            raise ModelLoadError(f"model {self.info.name!r}: cannot load {path}: {exc}") from exc
+            said = str(exc).replace(str(path), path.name)
+            name = self.info.name
+            raise ModelLoadError(f"model {name!r}: cannot load {path.name}: {said}") from exc
         tokenizer.no_padding()
         if truncate_at is None:
             tokenizer.no_truncation()
         else:
             tokenizer.enable_truncation(max_length=truncate_at)
         return tokenizer
+
+    def _probe_tokenizer(self, vocab_size: int) -> None:
+        """Encode PROBE_TEXT both ways at load: a tokenizer that loads but cannot encode
+        (its unknown-word token missing from its vocabulary) or gives ids beyond the
+        embedding table would fail every request; such a model never becomes ready."""
+        try:
+            for truncate in (False, True):
+                for _, ids, _ in self.tokenize([PROBE_TEXT, ""], truncate=truncate):
+                    beyond = [i for i in ids if not 0 <= i < vocab_size]
+                    if beyond:
+                        raise ModelLoadError(
+                            f"model {self.info.name!r}: its tokenizer gives token id "
+                            f"{beyond[0]}, beyond the vocabulary of {vocab_size}"
+                        )
+                self.token_spans([PROBE_TEXT], truncate=truncate)
+            self.decode([[0]], skip_special_tokens=True)
+        except InvalidInput as exc:
+            raise ModelLoadError(f"model {self.info.name!r}: {exc.message}") from exc
 
     def _tokenizer_for(self, truncate: bool) -> Tokenizer:
         tokenizer = self._truncating_tokenizer if truncate else self._tokenizer
@@ -166,7 +205,8 @@ class ModelRuntime:
         """Texts -> (tokens, ids, type ids) each, special tokens included unless
         ``special_tokens`` is false."""
         tokenizer = self._tokenizer_for(truncate)
-        encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+        with self._tokenizer_errors():
+            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [(e.tokens, e.ids, e.type_ids) for e in encoded]
 
     def token_spans(
@@ -176,18 +216,33 @@ class ModelRuntime:
         The same tokenization as ``tokenize`` (late chunking: which tokens a span
         holds; TEI's /tokenize: where each token came from)."""
         tokenizer = self._tokenizer_for(truncate)
+        with self._tokenizer_errors():
+            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [
             [
                 None if special else offsets
                 for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
             ]
-            for e in tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+            for e in encoded
         ]
 
     def decode(self, ids: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
         """Token ids -> text, one string per sequence."""
         tokenizer = self._tokenizer_for(False)
-        return list(tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
+        with self._tokenizer_errors():
+            return list(tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
+
+    @contextlib.contextmanager
+    def _tokenizer_errors(self) -> Iterator[None]:
+        """The tokenizers package raises bare Exceptions (e.g. "Missing [UNK] token from
+        the vocabulary"): the model cannot take this text, a 422 naming it, never a 500."""
+        try:
+            yield
+        except Exception as exc:
+            raise InvalidInput(
+                f"the tokenizer of model {self.info.name!r} cannot encode or decode this input: "
+                f"{str(exc)[:200]}"
+            ) from exc
 
     def embed_tokens(self, ids: list[list[int]], type_ids: list[list[int]]) -> list[np.ndarray]:
         """Token ids -> the encoder's input embeddings [n_i, d], one array per sequence."""
@@ -261,9 +316,16 @@ def check_providers(providers: list[str]) -> None:
         )
 
 
-def load_version(found: ModelVersion, settings: Settings) -> ModelRuntime:
-    """One export, checked (manifest, hashes, the name its directory promises) and opened."""
-    info = read_model_info(found.path, settings, found.version)
+def load_version(
+    found: ModelVersion,
+    settings: Settings,
+    *,
+    budget: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> ModelRuntime:
+    """One export, checked (manifest, what it takes against ``budget`` bytes, hashes, the
+    name its directory promises) and opened; ``cancelled`` gives up on the hashing."""
+    info = read_model_info(found.path, settings, found.version, budget=budget, cancelled=cancelled)
     if info.name != found.name:
         raise ModelLoadError(
             f"directory {found.name!r} holds a model named {info.name!r}: name the "
@@ -290,14 +352,16 @@ def load_repository(settings: Settings, names: list[str] | None = None) -> dict[
     if not model_dirs:
         raise ModelLoadError(f"model repository {repo} holds no model directories")
     runtimes: dict[str, ModelRuntime] = {}
+    left = settings.model_memory_bytes
     for model_dir in model_dirs:
         found = latest(model_dir)
         if found is None:
             raise ModelLoadError(
-                f"{model_dir} holds neither an export ({graph_io.CONFIG_FILE}) nor numbered "
-                f"versions (<version>/{graph_io.CONFIG_FILE})"
+                f"{model_dir.name} holds neither an export ({graph_io.CONFIG_FILE}) nor "
+                f"numbered versions (<version>/{graph_io.CONFIG_FILE})"
             )
-        runtime = load_version(found, settings)
+        runtime = load_version(found, settings, budget=left)
+        left -= runtime.info.estimated_bytes
         runtimes[runtime.info.name] = runtime
     if settings.default_model is not None and settings.default_model not in runtimes:
         raise ModelLoadError(

@@ -47,9 +47,17 @@ class Settings(BaseSettings):
     model_memory_bytes: int = Field(
         8192 * MiB,
         ge=16 * MiB,
-        description="Memory budget of the loaded models (estimated from their files); a load "
+        description="Memory budget of the loaded models (estimated from their files and their "
+        "architecture); a load "
         "that would exceed it is refused with the reason. A swap holds both versions until "
         "the old one's last run ends.",
+    )
+    follow_symlinks: bool = Field(
+        False,
+        description="Follow symbolic links that leave the model repository (a model "
+        "directory, or a file its config.json names, linked from elsewhere). Off: such a "
+        "model is refused, so whoever can write a model directory cannot make the server "
+        "read files beyond the repository; links inside it are always followed.",
     )
     response_cache_bytes: int = Field(
         64 * MiB,

@@ -18,16 +18,19 @@ import hashlib
 import itertools
 import logging
 import math
+import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from model_export.manifest import graph_io
+from model_export.manifest import ManifestError, graph_io
+from service import repository
 from service.batcher import Batcher, Flow, RunTiming, SequenceResult
 from service.engine import limits, postprocess, sparse
 from service.engine.admission import Admission, Ticket
@@ -152,10 +155,15 @@ class Engine:
         # older ones beside the serving one; latest keeps that one only).
         self.versions: dict[str, dict[str, ModelRuntime]] = {}
         self.default_model = ""
-        # Model control: why a model directory is not serving (index), one load at a time,
+        # Model control: why a model directory is not serving (index), one load or unload
+        # at a time per model (others go on beside it), the memory their loads reserve,
         # what each loaded export was (poll mode reloads a changed one), and memory held.
         self.reasons: dict[str, str] = {}
-        self._loading = asyncio.Lock()
+        self._model_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # lock, its users
+        self._reserved: dict[str, int] = {}
+        # Set when shutdown's grace window ends: a load still hashing gives up (its caller
+        # is answered 503 by end_work).
+        self._stopping = threading.Event()
         self._loaded_from: dict[str, DiskMark] = {}
         self._model_bytes: dict[int, int] = {}  # id(runtime) -> estimate, while alive
         self._load_serial: dict[int, int] = {}  # id(runtime) -> its load's number, while alive
@@ -324,6 +332,7 @@ class Engine:
         model load) are answered 503 shutting_down now, while the server can still send
         it (uvicorn would cut them with a plain 500); their queued runs are dropped."""
         self.work_ended = True
+        self._stopping.set()
         now = asyncio.get_running_loop().time()
         for bound in self._work_waits:
             bound.reschedule(now)
@@ -400,7 +409,7 @@ class Engine:
         """Count a loaded version's memory until the last reference to it goes (a swapped
         out version lives on while runs that started on it finish)."""
         key, name = id(runtime), runtime.info.name
-        self._model_bytes[key] = self._export_of(runtime).estimated_bytes()
+        self._model_bytes[key] = runtime.info.estimated_bytes
         self._load_serial[key] = next(self._serials)
         self.metrics.model_versions.labels(name).inc()
 
@@ -434,38 +443,60 @@ class Engine:
             )
         return entries
 
-    @staticmethod
-    def _export_of(runtime: ModelRuntime) -> ModelVersion:
-        info = runtime.info
-        return ModelVersion(info.name, info.version, info.path)
-
     async def load_model(self, name: str) -> ModelInfo:
         """Load ``name``'s highest version beside what serves, check it (manifest, hashes,
         warm-up, memory budget), then swap it in: new requests go to it, requests already
         prepared finish on the version they started on. A failure leaves serving as it
         was and says why (LoadFailed)."""
         self._check_control("load")
+        self._model_dir(name)
         self._refuse_load_if_shutting_down()
         try:
-            async with asyncio.timeout(None) as bound, self._loading:
+            async with asyncio.timeout(None) as bound:
                 with self._until_work_ends(bound):
-                    self._refuse_load_if_shutting_down()  # it waited: start nothing now
-                    self._loading_now.add(name)
-                    try:
-                        return await self._load(name)
-                    finally:
-                        self._loading_now.discard(name)
+                    async with self._model_lock(name):
+                        self._refuse_load_if_shutting_down()  # it waited: start nothing now
+                        return await self._locked_load(name)
         except TimeoutError:
             raise self._work_cut() from None
+        except LoadFailed:
+            if self.work_ended:  # its hashing gave up for the end of the grace window
+                raise self._work_cut() from None
+            raise
 
     def _refuse_load_if_shutting_down(self) -> None:
         """A load that has not started by SIGTERM never starts (one that has is answered,
-        or cut with 503 at the end of the grace window)."""
+        or cut with 503 at the end of the grace window, its hashing given up)."""
         if self.shutting_down:
             raise ShuttingDown(
-                "the server is shutting down: it loads no more models",
+                "the server is shutting down: load the model on another replica",
                 headers={"Retry-After": self.retry_after()},
             )
+
+    @contextlib.asynccontextmanager
+    async def _model_lock(self, name: str) -> AsyncIterator[None]:
+        """One load or unload of ``name`` at a time; other models' go on beside it."""
+        lock, users = self._model_locks.get(name, (asyncio.Lock(), 0))
+        self._model_locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._model_locks[name]
+            if users == 1:
+                del self._model_locks[name]
+            else:
+                self._model_locks[name] = (lock, users - 1)
+
+    async def _locked_load(self, name: str) -> ModelInfo:
+        self._loading_now.add(name)
+        try:
+            return await self._load(name)
+        except OSError as exc:  # the directory changed under us: said without its path
+            return self._load_failed(name, f"its directory cannot be read: {exc.strerror}")
+        finally:
+            self._loading_now.discard(name)
+            self._reserved.pop(name, None)
 
     def _check_control(self, what: str) -> None:
         if self.settings.model_control == "none":
@@ -474,9 +505,17 @@ class Engine:
                 f"explicit or poll to {what} models while serving"
             )
 
+    def _model_dir(self, name: str) -> Path:
+        """A repository API's model name as its directory: 422 for a name no directory
+        can have (empty, too long, a path), so the file system never sees it."""
+        try:
+            return repository.model_dir(self.settings.model_repository, name)
+        except ManifestError as exc:
+            raise InvalidInput(str(exc), field=("model",)) from None
+
     async def _load(self, name: str) -> ModelInfo:
-        model_dir = self.settings.model_repository / name
-        if name.startswith(".") or "/" in name or not model_dir.is_dir():
+        model_dir = self._model_dir(name)
+        if not model_dir.is_dir():
             raise ModelNotFound(f"no model directory {quoted(name)} in the repository")
         found = versions(model_dir)
         if not found:
@@ -488,7 +527,7 @@ class Engine:
         wanted = found if self.settings.version_policy == "all" else found[-1:]
         to_load = [v for v in wanted if v is found[-1] or v.version not in loaded]
         need = sum(v.estimated_bytes() for v in to_load)
-        held = sum(self._model_bytes.values())
+        held = sum(self._model_bytes.values()) + sum(self._reserved.values())
         budget = self.settings.model_memory_bytes
         if held + need > budget:
             self.metrics.model_loads.labels(name, "refused").inc()
@@ -498,16 +537,27 @@ class Engine:
                 f"{held / 2**20:,.0f} of the {budget / 2**20:,.0f} MiB budget "
                 "(ATTNSERVE_MODEL_MEMORY_BYTES) are held: unload a model first"
             )
+        self._reserved[name] = need  # loads of other models see it as held meanwhile
         opened: dict[str, ModelRuntime] = {}
         for version in to_load:
+            others = sum(n for model, n in self._reserved.items() if model != name)
+            left = budget - sum(self._model_bytes.values()) - others
+            step = "loading"  # said in the reason: which step failed
             try:
-                runtime = await asyncio.to_thread(load_version, version, self.settings)
+                runtime = await asyncio.to_thread(
+                    load_version,
+                    version,
+                    self.settings,
+                    budget=left,
+                    cancelled=self._stopping.is_set,
+                )
+                step = "warm-up"
                 await asyncio.to_thread(runtime.warmup)
             except ModelLoadError as exc:
                 return self._load_failed(name, str(exc))
-            except Exception as exc:  # a graph that loads but cannot run (warm-up)
+            except Exception as exc:  # a graph that loads but cannot run, or a bug
                 log.exception("loading model %s failed", name)
-                return self._load_failed(name, f"version {version.version}: warm-up failed: {exc}")
+                return self._load_failed(name, f"version {version.version}: {step} failed: {exc}")
             self._hold(runtime)
             opened[version.version] = runtime
         batcher = self._batcher
@@ -540,7 +590,8 @@ class Engine:
         """Stop serving ``name``: new requests get 404, requests already prepared finish
         (its sessions are freed when their last run ends). Other models are untouched."""
         self._check_control("unload")
-        async with self._loading:
+        self._model_dir(name)
+        async with self._model_lock(name):
             if name not in self.runtimes:
                 raise ModelNotFound(f"{quoted(name)} is not loaded")
             del self.runtimes[name]
@@ -581,7 +632,7 @@ class Engine:
             if mark in (self._loaded_from.get(name), tried.get(name)):
                 continue
             tried[name] = mark
-            with contextlib.suppress(LoadFailed, ModelNotFound):
+            with contextlib.suppress(LoadFailed, ModelNotFound, NotReady):
                 await self.load_model(name)
         if not on_disk:
             return  # an empty repository is more likely an unmounted volume: keep serving

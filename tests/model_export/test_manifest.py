@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +15,8 @@ from model_export import graph_io
 from model_export.config import preset
 from model_export.manifest import (
     FORMAT_VERSION,
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
     GraphFile,
     Manifest,
     ManifestError,
@@ -210,3 +213,102 @@ def test_read_refuses_what_is_not_a_manifest(tmp_path: Path) -> None:
     (tmp_path / graph_io.CONFIG_FILE).write_text("{")
     with pytest.raises(ManifestError, match="not readable JSON"):
         Manifest.read(tmp_path)
+
+
+# -- a model directory is untrusted input --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["/etc/hostname", "../tiny2/model.onnx", "sub/model.onnx", "..", ".hidden", "a\\b", ""]
+)
+@pytest.mark.parametrize("where", ["tokenizer", "stopwords", "embeddings_graph", "graph"])
+def test_text_files_must_be_plain_names(name: str, where: str) -> None:
+    """Each file the text front end names stays in the model directory: no path at all."""
+    text = {**TEXT, "graph": "text_model.onnx", "graph_sha256": "3" * 64}
+    text = {**text, "stopwords": "stopwords.txt", "stopwords_sha256": "4" * 64}
+    raw = {**manifest().to_dict(), "text": {**text, where: name}}
+    with pytest.raises(ManifestError, match=f"text.{where} must be a plain file name"):
+        Manifest.from_dict(raw)
+
+
+def test_graph_files_must_be_plain_names() -> None:
+    raw = manifest().to_dict()
+    raw["graphs"]["../model.onnx"] = raw["graphs"].pop(graph_io.GRAPH_EMBEDDINGS)
+    with pytest.raises(ManifestError, match="must be a plain file name"):
+        Manifest.from_dict(raw)
+
+
+def test_a_file_linked_from_outside_is_refused_and_no_digest_is_told(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A symbolic link leaving the directory is refused before anything is read; a wrong
+    file says it does not match, never what its digest is (a hash oracle)."""
+    model = tmp_path / "repo" / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    outside = tmp_path / "secret.onnx"
+    outside.write_bytes(b"secret")
+    (model / graph_io.GRAPH_ATTENTION).unlink()
+    (model / graph_io.GRAPH_ATTENTION).symlink_to(outside)
+    read = Manifest.read(model)
+    with pytest.raises(ManifestError, match="resolves outside the model directory") as info:
+        read.verify(model)
+    assert str(tmp_path) not in str(info.value)
+    # Within the repository, a link is followed; the content is then checked.
+    with pytest.raises(ManifestError, match="resolves outside the model repository"):
+        read.verify(model, tmp_path / "repo")
+    with pytest.raises(ManifestError, match=r"model_attn\.onnx is corrupt") as info:
+        read.verify(model, tmp_path)
+    digest = hashlib.sha256(b"secret").hexdigest()
+    assert digest not in str(info.value) and str(tmp_path) not in str(info.value)
+
+
+def test_a_model_directory_linked_from_outside_is_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "tiny").symlink_to(tiny_model_dir)
+    with pytest.raises(ManifestError, match=r"config\.json resolves outside the model repository"):
+        Manifest.read(tmp_path / "repo" / "tiny", tmp_path / "repo")
+
+
+def test_files_beyond_the_bound_are_refused_before_hashing(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    read = Manifest.read(tiny_model_dir)
+    total = sum((tiny_model_dir / name).stat().st_size for name in read.files())
+    assert read.verify(tiny_model_dir, max_bytes=total)
+    with pytest.raises(ManifestError, match="more than the"):
+        read.verify(tiny_model_dir, max_bytes=total - 1)
+
+
+def test_config_json_size_and_depth_are_bounded_before_parsing(tmp_path: Path) -> None:
+    config = tmp_path / graph_io.CONFIG_FILE
+    raw = manifest().to_dict()
+    config.write_text(json.dumps({**raw, "padding": "x" * MAX_CONFIG_BYTES}))
+    with pytest.raises(ManifestError, match=f"larger than {MAX_CONFIG_BYTES} bytes"):
+        Manifest.read(tmp_path)
+    nested: Any = '[ { " ] ] ] \\'  # brackets inside strings do not count
+    for _ in range(MAX_CONFIG_DEPTH):
+        nested = [nested]
+    config.write_text(json.dumps({**raw, "deep": nested}))
+    with pytest.raises(ManifestError, match=f"nests deeper than {MAX_CONFIG_DEPTH}"):
+        Manifest.read(tmp_path)
+    config.write_text(json.dumps({**raw, "deep": nested[0]}))
+    assert Manifest.read(tmp_path).record["deep"] == nested[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("vocab_size", 1 << 30), ("max_positions", 1 << 30), ("type_vocab_size", 0)],
+)
+def test_text_sizes_are_bounded(field: str, value: int) -> None:
+    raw = {**manifest().to_dict(), "text": {**TEXT, field: value}}
+    with pytest.raises(ManifestError, match=f"text.{field} must be an integer in 1.."):
+        Manifest.from_dict(raw)
+
+
+def test_estimated_bytes_grows_with_the_architecture() -> None:
+    """One byte per weight per graph: d_model 2^16 is gigabytes before anything is run."""
+    small = manifest().estimated_bytes()
+    wide = manifest(architecture=preset("tiny", d_model=1 << 16, d_ff=1 << 16)).estimated_bytes()
+    assert 0 < small < 2**20 and wide > 2**36

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
+from service.__main__ import CANNOT_START
 from tests.conftest import ServerFailed, running_server
 
 
@@ -86,8 +88,24 @@ def test_refuses_to_start(
         running_server(repo, ready_timeout=30.0),
     ):
         pytest.fail("the server became ready")  # pragma: no cover
-    assert failed.value.returncode != 0
+    assert failed.value.returncode == CANNOT_START
     assert says in failed.value.log, failed.value.log
+
+
+def test_a_taken_port_is_the_same_exit_status(model_repository: Path) -> None:
+    """Cannot start is one documented status whatever the cause: uvicorn exits 3 itself
+    (its STARTUP_FAILURE) for a model and for a taken port alike, where the comment in
+    service/__main__.py said it returned normally and the code then returned 1."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        with (
+            pytest.raises(ServerFailed) as failed,
+            running_server(model_repository, ready_timeout=30.0, port=port),
+        ):
+            pytest.fail("the server became ready")  # pragma: no cover
+    assert failed.value.returncode == CANNOT_START, failed.value.log
 
 
 @pytest.mark.parametrize(
