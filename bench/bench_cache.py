@@ -90,7 +90,9 @@ def main() -> None:
     reference: dict[int, list[list[float]]] = {}
     baseline = 0.0
     for size in [0, *(int(s) for s in args.sizes.split(","))]:
-        with running_server(args.model_dir, RESPONSE_CACHE_BYTES=str(size * 2**20)) as port:
+        with running_server(
+            args.model_dir, RESPONSE_CACHE_BYTES=str(size * 2**20), RESPONSE_CACHE_SHARED="true"
+        ) as port:
             seconds, answers, hits = asyncio.run(run_load(port, texts, order, args.clients))
             held = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         cache_bytes = next(

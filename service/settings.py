@@ -65,6 +65,13 @@ class Settings(BaseSettings):
         description="Bytes of answers kept for requests that come again (keyed by model "
         "version, exact inputs and options, and API key); 0 turns the cache off.",
     )
+    response_cache_shared: bool = Field(
+        False,
+        description="Without ATTNSERVE_API_KEY the server cannot tell callers apart, and a "
+        "hit (its x-cache header, its speed) would tell one caller what another sent: the "
+        "cache is then off unless this is true (one tenant, or callers that may see each "
+        "other's texts). With API keys each key has its own partition either way.",
+    )
     otlp_endpoint: str | None = Field(
         None,
         description="OpenTelemetry: the OTLP/HTTP collector's base URL (e.g. "

@@ -34,7 +34,7 @@ from service import repository
 from service.batcher import Batcher, Flow, RunTiming, SequenceResult
 from service.engine import limits, postprocess, sparse
 from service.engine.admission import Admission, Ticket
-from service.engine.response_cache import ResponseCache, request_key
+from service.engine.response_cache import ResponseCache, allowed_bytes, request_key
 from service.engine.scope import Caller, Disconnected, RequestScope
 from service.engine.types import (
     ArrayInput,
@@ -168,7 +168,7 @@ class Engine:
         self._model_bytes: dict[int, int] = {}  # id(runtime) -> estimate, while alive
         self._load_serial: dict[int, int] = {}  # id(runtime) -> its load's number, while alive
         self._serials = itertools.count()
-        self.cache = ResponseCache(settings.response_cache_bytes, metrics)
+        self.cache = ResponseCache(allowed_bytes(settings), metrics, self.off_loop)
         self.tracing = Tracing(settings.otlp_endpoint)
         self._poll: asyncio.Task[None] | None = None
         self._loading_now: set[str] = set()

@@ -6,6 +6,7 @@ flight run once, and a model swap drops the old version's answers."""
 from __future__ import annotations
 
 import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +15,11 @@ import httpx
 import numpy as np
 import pytest
 
+from service.engine.response_cache import compact, result_bytes
+from service.engine.types import EncodeResult, SequenceOutput
 from tests.conftest import running_server, server_process
-from tests.service.helpers import D_MODEL
-from tests.service.raw_http import metric
+from tests.service.helpers import D_MODEL, b64_array
+from tests.service.raw_http import metric, wait_for
 from tests.service.test_model_control import exports, hidden_of, infer, repository  # noqa: F401
 
 BOUND = 1024 * 1024
@@ -24,7 +27,9 @@ BOUND = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def cached_url(model_repository: Path) -> Iterator[str]:
-    with running_server(model_repository, response_cache_bytes=str(BOUND)) as url:
+    with running_server(
+        model_repository, response_cache_bytes=str(BOUND), response_cache_shared="true"
+    ) as url:
         yield url
 
 
@@ -110,9 +115,34 @@ def test_identical_requests_in_flight_run_once(cached_url: str) -> None:
     assert ran == 32 * 128 + 8 * 64
 
 
+def test_callers_the_server_cannot_tell_apart_share_no_cache(model_repository: Path) -> None:
+    """Without API keys every caller looks alike, so a hit would tell one what another
+    sent: the cache is off unless ATTNSERVE_RESPONSE_CACHE_SHARED says they may share
+    it. With a key the cache is on, its partition that key's."""
+    payload = body(7)
+    with running_server(model_repository, response_cache_bytes=str(BOUND)) as url:
+        tokens = metric(url, "attnserve_tokens_total", model="tiny")
+        answers = [encode(url, payload) for _ in range(2)]
+        assert [a.headers.get("x-cache") for a in answers] == [None, None]
+        assert metric(url, "attnserve_tokens_total", model="tiny") - tokens == 2 * 24
+        assert metric(url, "attnserve_response_cache_requests_total") == 0
+    with running_server(model_repository, response_cache_bytes=str(BOUND), api_key="k1") as url:
+        keyed = {"Authorization": "Bearer k1"}
+        answers = [
+            httpx.post(f"{url}/v1/encode", json=payload, headers=keyed, timeout=30)
+            for _ in range(2)
+        ]
+        assert [a.headers["x-cache"] for a in answers] == ["miss", "hit"]
+
+
 def test_a_model_swap_drops_the_old_versions_answers(tmp_path: Path, exports: Path) -> None:  # noqa: F811
     repo = repository(tmp_path, exports, ("1",))
-    with server_process(repo, model_control="explicit", response_cache_bytes=str(BOUND)) as server:
+    with server_process(
+        repo,
+        model_control="explicit",
+        response_cache_bytes=str(BOUND),
+        response_cache_shared="true",
+    ) as server:
         url = server.url
         assert [infer(url).headers["x-cache"] for _ in range(2)] == ["miss", "hit"]
         shutil.copytree(exports / "2", repo / "tiny" / "2")
@@ -120,3 +150,87 @@ def test_a_model_swap_drops_the_old_versions_answers(tmp_path: Path, exports: Pa
         answer = infer(url)
         assert answer.headers["x-cache"] == "miss" and hidden_of(answer)[0] == "2"
         assert metric(url, "attnserve_response_cache_bytes") > 0
+
+
+def vm_rss(pid: int) -> int:
+    """The process's resident set, in bytes (Linux: /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def arrays_body(seed: int, count: int, **options: object) -> dict[str, object]:
+    """``count`` sequences of the tiny model's full 128 tokens, in base64."""
+    rows = np.random.default_rng(seed).standard_normal((count, 128, D_MODEL)).astype(np.float32)
+    return {"inputs": [b64_array(r) for r in rows], "encoding_format": "base64", **options}
+
+
+def pinning_round(url: str, seed: int) -> bool:
+    """A keeper (one sequence, every attention map) and a mate (63 sequences, small
+    rollout answers) of 128 tokens each, sent while a run of the attention graph keeps
+    the inference thread busy, so they queue together and share one run: the keeper's
+    maps are then a view of the run's [64, L, H, 128, 128] output (33.5 MB), 64 times
+    their own size. Whether that happened (no run of a lone sequence)."""
+    alone = metric(url, "attnserve_batch_sequences_bucket", le="1.0")
+    started = metric(url, "attnserve_queue_seconds_count")
+    rollout = {"return_attention": True, "attention": {"reduce": "rollout"}}
+    blocker = arrays_body(seed, 64, return_embeddings=False, **rollout)
+    sent = [threading.Thread(target=encode, args=(url, blocker))]
+    sent[0].start()
+    wait_for(lambda: metric(url, "attnserve_queue_seconds_count") > started, timeout=30)
+    keeper = arrays_body(seed + 2, 1, return_attention=True)
+    for body in (arrays_body(seed + 1, 63, return_embeddings=False, **rollout), keeper):
+        sent.append(threading.Thread(target=encode, args=(url, body)))
+        sent[-1].start()
+    for thread in sent:
+        thread.join(timeout=60)
+    return metric(url, "attnserve_batch_sequences_bucket", le="1.0") == alone
+
+
+def test_an_entry_holds_no_view_of_its_whole_run(model_repository: Path) -> None:
+    """Entries whose arrays were views of a whole run's output keep only their own
+    bytes. Five keepers fit the bound (the mates' answers do not); kept as views they
+    would pin 33.5 MB each, a floor under the process's RSS. The allocator adds
+    transient peaks of a round's buffers, so the RSS compared is the lowest seen
+    after the warm-up rounds and after each of the last three rounds."""
+    bound = 3 * 1024 * 1024
+    margin = 48 * 1024 * 1024
+    with server_process(
+        model_repository,
+        response_cache_bytes=str(bound),
+        response_cache_shared="true",
+        max_batch_tokens="8192",
+    ) as server:
+        url, pid = server.url, server.proc.pid
+        at_rest = []
+        for seed in (1000, 1010):  # warm-up: the graphs' first runs, the allocator's pools
+            pinning_round(url, seed)
+            at_rest.append(vm_rss(pid))
+        start = min(at_rest)
+        rss = []
+        rounds = attempts = 0
+        while rounds < 5 and attempts < 15:  # rounds where the keeper shared its run
+            attempts += 1
+            rounds += pinning_round(url, 10 * attempts)
+            rss.append(vm_rss(pid))
+        assert rounds == 5, f"the keeper shared its run in {rounds} of {attempts} rounds"
+        assert metric(url, "attnserve_response_cache_bytes") <= bound
+        grown = min(rss[-3:]) - start
+        assert grown <= bound + margin, f"RSS grew {grown / 2**20:.0f} MiB"
+
+
+def test_an_entry_is_charged_what_it_holds() -> None:
+    """Token strings at their real size (a str object is ~50 bytes, not 16); a view of a
+    larger buffer is copied to its own compact array, an array owning its data kept."""
+    tokens = [f"token{i}" for i in range(1000)]
+    run = np.zeros((8, 2, 4, 16, 16), np.float32)  # a whole run's output
+    owned = np.ones(32, np.float32)
+    out = SequenceOutput(tokens, 16, None, run[3], None, owned)
+    result = EncodeResult("tiny", [out], 0.0)
+    held = sum(sys.getsizeof(t) for t in tokens) + run[3].nbytes + owned.nbytes
+    assert result_bytes(result) >= held
+    kept = compact(result).outputs[0]
+    assert kept.attention is not None and kept.attention.base is None
+    np.testing.assert_array_equal(kept.attention, run[3])  # exact: a copy
+    assert kept.pooled is owned
