@@ -77,8 +77,9 @@ TEXT_SIZE_BOUNDS: Final[dict[str, int]] = {
     "type_vocab_size": 1 << 16,
     "max_positions": 1 << 20,
 }
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(rb"[\[\]{}]")
+# A string (its closing quote optional, so a match never backtracks: linear in the
+# text, where a required one made an unterminated `"\"\"...` quadratic) or a bracket.
+_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"?|[\[\]{}]')
 
 
 class ManifestError(ValueError):
@@ -130,12 +131,19 @@ def resolve_file(model_dir: Path, name: str, within: Path | None = None) -> Path
     return real
 
 
-def json_depth(data: bytes) -> int:
-    """How deeply arrays and objects nest in a JSON text, found without parsing it."""
+def json_depth(data: bytes, limit: int = MAX_CONFIG_DEPTH) -> int:
+    """How deeply arrays and objects nest in a JSON text, found without parsing it (in
+    time linear in its length); the scan stops once past ``limit``."""
     depth = deepest = 0
-    for bracket in _BRACKET.findall(_STRING.sub(b'""', data)):
-        depth += 1 if bracket in b"[{" else -1
-        deepest = max(deepest, depth)
+    for token in _TOKEN.finditer(data):
+        first = data[token.start()]
+        if first == ord('"'):
+            continue
+        depth += 1 if first in b"[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                break
     return deepest
 
 

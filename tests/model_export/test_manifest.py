@@ -312,3 +312,11 @@ def test_estimated_bytes_grows_with_the_architecture() -> None:
     small = manifest().estimated_bytes()
     wide = manifest(architecture=preset("tiny", d_model=1 << 16, d_ff=1 << 16)).estimated_bytes()
     assert 0 < small < 2**20 and wide > 2**36
+
+
+def test_the_depth_scan_is_linear_in_an_unterminated_string(tmp_path: Path) -> None:
+    """`"\"\"\"...` never closed: a scan whose strings needed their closing quote
+    backtracked from each quote to the end (hours for 1 MiB); now the parser refuses it."""
+    (tmp_path / graph_io.CONFIG_FILE).write_bytes(b'{"x": "' + b'\\"' * (MAX_CONFIG_BYTES // 2 - 8))
+    with pytest.raises(ManifestError, match="not readable JSON"):
+        Manifest.read(tmp_path)
