@@ -3,7 +3,7 @@
 Before, texts were cut (``truncate``) or refused at 64 characters per token of the
 model's length before tokenizing: ``("word" + " " * 200) * 300`` kept 83 tokens instead
 of 256, its vector at cosine 0.876 to the model's own truncation, and a 102-token text
-of 20,200 characters was a 413. A 32 MB text still costs a prefix's tokenizing, not
+of 20,400 characters was a 413. A 32 MB text still costs a prefix's tokenizing, not
 seconds and gigabytes (before the character bound: 15 s, +2.0 GB).
 """
 
@@ -24,8 +24,8 @@ from tests.conftest import ServerProcess, server_process
 
 MODEL = "minilm-l6"
 MAX_SEQ_LEN = 256  # the model's (sentence-transformers' max_seq_length)
-SPARSE_TEXT = ("word" + " " * 200) * 300  # 300 words in 60,300 characters
-FITTING_TEXT = ("word" + " " * 200) * 100  # 102 tokens in 20,100 characters
+SPARSE_TEXT = ("word" + " " * 200) * 300  # 300 words in 61,200 characters
+FITTING_TEXT = ("word" + " " * 200) * 100  # 102 tokens in 20,400 characters
 HUGE_CHARS = 32_000_000  # a body just under ATTNSERVE_MAX_BODY_BYTES (32 MiB)
 # The served vector against transformers eager on the same tokens (fp32; observed ~1e-7).
 VECTOR_ATOL = 1e-5
