@@ -6,7 +6,7 @@
 - ``limits.work_bytes``: what an admitted request holds at its peak, attention maps
   included even when the answer is reduced; repeated indices refused before any
   decoding; reductions equal to numpy references.
-- ``limits.bound_text``: texts bounded by characters before any tokenizing.
+- ``limits.bound_text``: texts bounded by a prefix search on real tokens (truncation unchanged).
 - ``Batcher``: deadlines (a job past its deadline never runs), run timings, a
   Retry-After computed from the backlog, a crashed worker restarted.
 
