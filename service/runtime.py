@@ -209,6 +209,18 @@ class ModelRuntime:
             encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [(e.tokens, e.ids, e.type_ids) for e in encoded]
 
+    def final_tokens(self, prefix: str) -> int:
+        """Tokens of ``prefix`` (specials excluded) that no continuation of it can change:
+        those of its words before the last, which may be cut. Words are the
+        pre-tokenizer's; a tokenizer without one has a single word, so none are final."""
+        with self._tokenizer_errors():
+            words = self._tokenizer_for(False).encode(prefix, add_special_tokens=False).word_ids
+        known = [w for w in words if w is not None]
+        if not known:
+            return 0
+        last = max(known)
+        return sum(1 for w in known if w < last)
+
     def token_spans(
         self, texts: list[str], *, truncate: bool, special_tokens: bool = True
     ) -> list[list[tuple[int, int] | None]]:

@@ -817,7 +817,7 @@ class Engine:
         before decoding (declared rows for arrays) checked against the limits."""
         info = runtime.info
         texts = {
-            i: limits.bound_text(text_of(item), info, truncate, ("inputs", i))
+            i: limits.bound_text(text_of(item), info, truncate, ("inputs", i), runtime.final_tokens)
             for i, item in enumerate(inputs)
             if isinstance(item, str | SpannedText)
         }
@@ -891,7 +891,8 @@ class Engine:
                 field=("inputs", first, "spans"),
             )
         texts = [
-            limits.bound_text(item.text, runtime.info, truncate, ()) for item in spanned.values()
+            limits.bound_text(item.text, runtime.info, truncate, (), runtime.final_tokens)
+            for item in spanned.values()
         ]
         token_spans = runtime.token_spans(texts, truncate=truncate)
         for (i, item), spans in zip(spanned.items(), token_spans, strict=True):
@@ -1338,7 +1339,7 @@ class Engine:
                 field=("model",),
             )
         texts = [
-            limits.bound_text(t, info, request.truncate, ("inputs", i))
+            limits.bound_text(t, info, request.truncate, ("inputs", i), runtime.final_tokens)
             for i, t in enumerate(request.texts)
         ]
         encoded = self._tokenize(runtime, texts, request.truncate)
@@ -1412,7 +1413,7 @@ class Engine:
         small = not request.return_embeddings
         limits.check_sequence_count(len(request.texts), self.settings, pooled_only=small)
         texts = [
-            limits.bound_text(text, info, request.truncate, ("texts", i))
+            limits.bound_text(text, info, request.truncate, ("texts", i), runtime.final_tokens)
             for i, text in enumerate(request.texts)
         ]
         encoded = self._tokenize(runtime, texts, request.truncate, request.special_tokens)

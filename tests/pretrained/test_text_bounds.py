@@ -1,7 +1,10 @@
-"""Texts are bounded by characters before tokenizing: a huge text costs a comparison.
+"""Texts are bounded by a prefix search on real tokens (``limits.bound_text``).
 
-Before, a 32 MB ``/v1/tokenize`` body was tokenized in full (15 s, +2.0 GB of
-which 1.1 GB was never released) before its 413, even with ``truncate``.
+Before, texts were cut (``truncate``) or refused at 64 characters per token of the
+model's length before tokenizing: ``("word" + " " * 200) * 300`` kept 83 tokens instead
+of 256, its vector at cosine 0.876 to the model's own truncation, and a 102-token text
+of 20,400 characters was a 413. A 32 MB text still costs a prefix's tokenizing, not
+seconds and gigabytes (before the character bound: 15 s, +2.0 GB).
 """
 
 from __future__ import annotations
@@ -10,16 +13,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
+import torch
+from transformers import BertModel, BertTokenizerFast
 
-from service.engine.limits import CHARS_PER_TOKEN
+from model_export.hf_import import minilm_l6_dir
 from tests.conftest import ServerProcess, server_process
 
 MODEL = "minilm-l6"
 MAX_SEQ_LEN = 256  # the model's (sentence-transformers' max_seq_length)
-LIMIT_CHARS = MAX_SEQ_LEN * CHARS_PER_TOKEN
+SPARSE_TEXT = ("word" + " " * 200) * 300  # 300 words in 61,200 characters
+FITTING_TEXT = ("word" + " " * 200) * 100  # 102 tokens in 20,400 characters
 HUGE_CHARS = 32_000_000  # a body just under ATTNSERVE_MAX_BODY_BYTES (32 MiB)
+# The served vector against transformers eager on the same tokens (fp32; observed ~1e-7).
+VECTOR_ATOL = 1e-5
+MIN_COSINE = 0.9999
 # What the server may grow by while refusing a 32 MB text: the body, its parsed string
 # and a copy or two (~100 MB measured); tokenizing it in full cost +2.0 GB.
 MAX_RSS_GROWTH = 500 * 1024 * 1024
@@ -33,46 +43,99 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def reference_vector(text: str, *, truncate: bool) -> np.ndarray:
+    """sentence-transformers' answer: BertModel eager on the tokenizer's own truncation
+    at 256 tokens (or the whole text), masked mean, L2-normalised."""
+    path = minilm_l6_dir()
+    tokenizer = BertTokenizerFast.from_pretrained(path)
+    model = BertModel.from_pretrained(path, attn_implementation="eager").eval()
+    batch = tokenizer([text], truncation=truncate, max_length=MAX_SEQ_LEN, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state[0].numpy()
+    mean = hidden.mean(axis=0)
+    return np.asarray(mean / np.linalg.norm(mean))
+
+
+def assert_same_vector(got: list[float], expected: np.ndarray) -> None:
+    vector = np.asarray(got, dtype=np.float64)
+    cosine = float(vector @ expected / np.linalg.norm(vector) / np.linalg.norm(expected))
+    assert cosine > MIN_COSINE, cosine
+    np.testing.assert_allclose(vector, expected, rtol=0, atol=VECTOR_ATOL)
+
+
 @pytest.fixture(scope="module")
 def server(minilm_repository: Path) -> Iterator[ServerProcess]:
     with server_process(minilm_repository) as running:
         yield running
 
 
-def test_a_huge_text_is_refused_before_tokenizing(server: ServerProcess) -> None:
+def test_a_whitespace_heavy_text_is_truncated_as_the_tokenizer_does(
+    server: ServerProcess,
+) -> None:
+    expected = reference_vector(SPARSE_TEXT, truncate=True)
+    body = {"inputs": [SPARSE_TEXT], "pooling": "mean", "normalize": True, "truncate": True}
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        r = c.post("/v1/encode", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["tokens"] == MAX_SEQ_LEN
+        assert_same_vector(r.json()["data"][0]["pooled"], expected)
+        tei = c.post("/embed", json={"inputs": SPARSE_TEXT, "truncate": True})
+        assert tei.status_code == 200, tei.text
+        assert_same_vector(tei.json()[0], expected)
+        tokens = c.post("/v1/tokenize", json={"text": [SPARSE_TEXT], "truncate": True})
+        assert tokens.status_code == 200, tokens.text
+        assert len(tokens.json()["data"][0]["tokens"]) == MAX_SEQ_LEN
+
+
+def test_a_fitting_text_of_many_characters_is_served_whole(server: ServerProcess) -> None:
+    """Without truncate: served on its real token count, however many characters."""
+    assert len(FITTING_TEXT) > 20_000
+    body = {"inputs": [FITTING_TEXT], "pooling": "mean", "normalize": True}
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        r = c.post("/v1/encode", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["tokens"] == 102
+    assert_same_vector(
+        r.json()["data"][0]["pooled"], reference_vector(FITTING_TEXT, truncate=False)
+    )
+
+
+def test_a_huge_text_is_refused_or_cut_on_a_prefix(server: ServerProcess) -> None:
     huge = "word " * (HUGE_CHARS // 5)
     with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
         before = _rss_bytes(server.proc.pid)
         r = c.post("/v1/tokenize", json={"text": [huge]})
         grown = _rss_bytes(server.proc.pid) - before
         assert r.status_code == 413 and r.json()["error_type"] == "payload_too_large", r.text
-        assert "refused before tokenizing" in r.json()["error"]
-        assert r.json()["error"].startswith("text[0]: 32,000,000 characters")
+        assert r.json()["error"].startswith("text[0]: 32,000,000 characters whose first")
         assert grown < MAX_RSS_GROWTH, f"RSS grew by {grown / 1e6:.0f} MB"
-        # With truncation it is cut first, then tokenized to the model's length.
         r = c.post("/v1/tokenize", json={"text": [huge], "truncate": True})
         assert r.status_code == 200, r.text
         assert len(r.json()["data"][0]["tokens"]) == MAX_SEQ_LEN
         assert _rss_bytes(server.proc.pid) - before < MAX_RSS_GROWTH
 
 
-def test_the_character_bound_sits_above_any_fitting_text(server: ServerProcess) -> None:
-    """Just over the bound is refused without tokenizing; just under is tokenized and then
-    refused (or kept) on its real token count."""
+def test_an_8_mb_text_of_whitespace_is_answered(server: ServerProcess) -> None:
+    """The search grows its prefix to the whole text: bounded by the body's size."""
+    text = " " * 8_000_000 + "word " * 1000
     with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
-        over = c.post("/v1/encode", json={"inputs": ["a" * (LIMIT_CHARS + 1)], "pooling": "mean"})
-        assert over.status_code == 413 and "before tokenizing" in over.json()["error"]
-        # 64 characters per token at most: a text at the bound made of long words still
-        # fits (each 63-letter word is a few WordPiece tokens) or is refused by its count.
-        words = ("x" * 63 + " ") * (LIMIT_CHARS // 64)
-        at = c.post("/v1/encode", json={"inputs": [words], "pooling": "mean"})
-        assert at.status_code == 413 and "tokens" in at.json()["error"]
-        assert "before tokenizing" not in at.json()["error"]
-        cut = c.post(
-            "/v1/encode",
-            json={"inputs": ["hello " * 100_000], "pooling": "mean", "truncate": True},
-        )
-        assert cut.status_code == 200 and cut.json()["usage"]["tokens"] == MAX_SEQ_LEN
+        r = c.post("/v1/encode", json={"inputs": [text], "pooling": "mean", "truncate": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["tokens"] == MAX_SEQ_LEN
+        r = c.post("/v1/encode", json={"inputs": [text], "pooling": "mean"})
+        assert r.status_code == 413, r.text
+
+
+def test_too_long_texts_are_refused_without_truncate(server: ServerProcess) -> None:
+    """Over the model's length on the prefix search, or on the whole text's count."""
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        sparse = c.post("/v1/encode", json={"inputs": [SPARSE_TEXT], "pooling": "mean"})
+        assert sparse.status_code == 413 and "302 tokens" in sparse.json()["error"], sparse.text
+        long = c.post("/v1/encode", json={"inputs": ["hello " * 100_000], "pooling": "mean"})
+        assert long.status_code == 413 and "over 256 tokens" in long.json()["error"], long.text
+        # One 16,385-letter word is a single [UNK]: served, whatever its characters.
+        word = c.post("/v1/encode", json={"inputs": ["a" * 16_385], "pooling": "mean"})
+        assert word.status_code == 200 and word.json()["usage"]["tokens"] == 3, word.text
 
 
 def test_openai_answers_context_length_exceeded(server: ServerProcess) -> None:
@@ -80,5 +143,5 @@ def test_openai_answers_context_length_exceeded(server: ServerProcess) -> None:
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as client,
         pytest.raises(openai.BadRequestError) as info,
     ):
-        client.embeddings.create(model=MODEL, input="a" * (LIMIT_CHARS + 1))
+        client.embeddings.create(model=MODEL, input="word " * 10_000)
     assert info.value.code == "context_length_exceeded"

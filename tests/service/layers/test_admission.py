@@ -6,7 +6,7 @@
 - ``limits.work_bytes``: what an admitted request holds at its peak, attention maps
   included even when the answer is reduced; repeated indices refused before any
   decoding; reductions equal to numpy references.
-- ``limits.bound_text``: texts bounded by characters before any tokenizing.
+- ``limits.bound_text``: texts bounded by a prefix search on real tokens (truncation unchanged).
 - ``Batcher``: deadlines (a job past its deadline never runs), run timings, a
   Retry-After computed from the backlog, a crashed worker restarted.
 
@@ -22,7 +22,8 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -393,49 +394,50 @@ def test_reductions_through_the_engine_match_numpy(
 # -- bound_text ---------------------------------------------------------------------------
 
 
-def test_bound_text_cuts_or_refuses_by_characters(tiny_info: ModelInfo) -> None:
-    limit = tiny_info.max_seq_len * limits.CHARS_PER_TOKEN
-    at_limit = "a" * limit
-    assert limits.bound_text(at_limit, tiny_info, False, ("inputs", 0)) is at_limit
-    over = at_limit + "b"
-    with pytest.raises(SequenceTooLong) as info:
-        limits.bound_text(over, tiny_info, False, ("texts", 3))
-    assert info.value.field == ("texts", 3) and info.value.status_code == 413
-    assert f"{limit + 1:,} characters" in info.value.message
-    assert limits.bound_text(over, tiny_info, True, ("texts", 3)) == at_limit
-
-
-def test_long_texts_are_refused_before_tokenizing(engine: Engine) -> None:
-    """tiny has no tokenizer: a text that reached tokenizing would be UnsupportedByModel.
-    32 MB of text is refused as too long, naming its item; cut, it goes on to tokenizing."""
-    huge = "word " * 6_400_000
-    (seq,) = sequences((3,), seed=0)
-    with pytest.raises(SequenceTooLong) as info:
-        engine.prepare(request_of([*arrays([seq]), huge]))
-    assert info.value.field == ("inputs", 1)
-    with pytest.raises(SequenceTooLong) as info:
-        engine.tokenize_now(TokenizeRequest(["short", huge], COST))
-    assert info.value.field == ("texts", 1)
-    with pytest.raises(UnsupportedByModel):
-        engine.prepare(request_of([*arrays([seq]), huge], truncate=True))
-    with pytest.raises(UnsupportedByModel):
-        engine.tokenize_now(TokenizeRequest(["short", huge], COST, truncate=True))
-
-
-@pytest.mark.parametrize("max_seq_len", [128, 256, 512])
-def test_a_cut_text_still_fills_the_model(tiny_info: ModelInfo, max_seq_len: int) -> None:
-    """Ordinary English cut at CHARS_PER_TOKEN characters per token still holds at least
-    max_seq_len WordPiece tokens (of the tokenizer minilm-l6 serves), so truncation, not
-    the cut, decides the length."""
+def _minilm_final_tokens() -> Callable[[str], int]:
+    """``ModelRuntime.final_tokens`` on the tokenizer minilm-l6 serves."""
     tokenizer = Tokenizer.from_file(str(minilm_l6_dir() / graph_io.TOKENIZER_FILE))
     tokenizer.no_truncation()  # the file truncates at 128 itself; the runtime undoes it
-    text = "The quick brown fox jumps over the lazy dog near the riverbank. " * 3000
-    info = dataclasses.replace(tiny_info, max_seq_len=max_seq_len)
-    cut = limits.bound_text(text, info, True, ("inputs", 0))
-    assert len(cut) == max_seq_len * limits.CHARS_PER_TOKEN < len(text)
-    assert len(tokenizer.encode(cut).ids) > max_seq_len
-    tokenizer.enable_truncation(max_length=max_seq_len)  # as the service's runtime does
-    assert len(tokenizer.encode(cut).ids) == max_seq_len
+
+    def final_tokens(prefix: str) -> int:
+        words = [
+            w for w in tokenizer.encode(prefix, add_special_tokens=False).word_ids if w is not None
+        ]
+        return sum(1 for w in words if w < max(words)) if words else 0
+
+    return final_tokens
+
+
+def test_bound_text_searches_prefixes_on_real_tokens() -> None:
+    """Whitespace-heavy text is cut where its prefix holds the model's length, not at a
+    fixed count of characters; a text that fits is kept whole; too long is 413."""
+    # tiny has no tokenizer (its texts are refused whole): stand in for a model with one.
+    info = cast(ModelInfo, SimpleNamespace(name="m", max_seq_len=128, has_tokenizer=True))
+    final_tokens = _minilm_final_tokens()
+    first = info.max_seq_len * limits.FIRST_PREFIX_CHARS_PER_TOKEN
+    sparse = ("word" + " " * 200) * (4 * info.max_seq_len)
+    cut = limits.bound_text(sparse, info, True, ("inputs", 0), final_tokens)
+    assert len(cut) == first * limits.PREFIX_GROWTH < len(sparse)
+    assert final_tokens(cut) > info.max_seq_len
+    fitting = ("word" + " " * 200) * (info.max_seq_len // 2)
+    assert len(fitting) > first
+    assert limits.bound_text(fitting, info, False, ("inputs", 0), final_tokens) is fitting
+    with pytest.raises(SequenceTooLong) as raised:
+        limits.bound_text("word " * first, info, False, ("texts", 3), final_tokens)
+    assert raised.value.field == ("texts", 3) and raised.value.status_code == 413
+    assert f"whose first {first:,} already hold over {info.max_seq_len}" in raised.value.message
+
+
+def test_texts_of_a_model_without_tokenizer_reach_its_refusal(engine: Engine) -> None:
+    """tiny has no tokenizer: a text of any length is UnsupportedByModel, nothing
+    tokenized first."""
+    huge = "word " * 6_400_000
+    (seq,) = sequences((3,), seed=0)
+    for truncate in (False, True):
+        with pytest.raises(UnsupportedByModel):
+            engine.prepare(request_of([*arrays([seq]), huge], truncate=truncate))
+        with pytest.raises(UnsupportedByModel):
+            engine.tokenize_now(TokenizeRequest(["short", huge], COST, truncate=truncate))
 
 
 # -- the batcher: deadlines, timings, Retry-After, supervision ----------------------------
