@@ -957,6 +957,7 @@ def ours(bench: Bench, scratch: Path) -> Iterator[Server]:
         link.symlink_to(bench.model_dir)  # only this model: RSS is one model's
     grpc_port = free_port()
     settings = {
+        "FOLLOW_SYMLINKS": "true",  # the link above leaves the repository: ours to allow
         "INTRA_OP_THREADS": str(THREADS),
         "LOG_LEVEL": "warning",
         "GRPC_PORT": str(grpc_port),
