@@ -126,13 +126,19 @@ def test_callers_the_server_cannot_tell_apart_share_no_cache(model_repository: P
         assert [a.headers.get("x-cache") for a in answers] == [None, None]
         assert metric(url, "attnserve_tokens_total", model="tiny") - tokens == 2 * 24
         assert metric(url, "attnserve_response_cache_requests_total") == 0
-    with running_server(model_repository, response_cache_bytes=str(BOUND), api_key="k1") as url:
-        keyed = {"Authorization": "Bearer k1"}
+    keys = {"api_key": "k1,k2"}
+    with running_server(model_repository, response_cache_bytes=str(BOUND), **keys) as url:
         answers = [
-            httpx.post(f"{url}/v1/encode", json=payload, headers=keyed, timeout=30)
-            for _ in range(2)
+            httpx.post(
+                f"{url}/v1/encode",
+                json=payload,
+                headers={"Authorization": f"Bearer {k}"},
+                timeout=30,
+            )
+            for k in ("k1", "k1", "k2", "k2")
         ]
-        assert [a.headers["x-cache"] for a in answers] == ["miss", "hit"]
+        # Each key its own partition: k2's first answer is computed, not k1's shown to it.
+        assert [a.headers["x-cache"] for a in answers] == ["miss", "hit", "miss", "hit"]
 
 
 def test_a_model_swap_drops_the_old_versions_answers(tmp_path: Path, exports: Path) -> None:  # noqa: F811
