@@ -140,15 +140,16 @@ class Podman:
         )
         if result.returncode != 0:
             raise EngineError(f"stand-in bases: debootstrap failed:\n{result.stdout[-3000:]}")
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run(
-            ["podman", "import", "--change", 'CMD ["/bin/bash"]', "-", DEBIAN_BASE],
-            stdin=tar.stdout,
-            env=self.env,
-            capture_output=True,
-            text=True,
-        )
-        tar.wait()
+        # The with block closes tar's pipe (left open, it was a ResourceWarning that
+        # pytest's filterwarnings=error turned into an error of the next test's setup).
+        with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:
+            imported = subprocess.run(
+                ["podman", "import", "--change", 'CMD ["/bin/bash"]', "-", DEBIAN_BASE],
+                stdin=tar.stdout,
+                env=self.env,
+                capture_output=True,
+                text=True,
+            )
         shutil.rmtree(rootfs, ignore_errors=True)
         if imported.returncode != 0 or tar.returncode != 0:
             raise EngineError(f"stand-in bases: podman import failed: {imported.stderr}")
