@@ -13,7 +13,7 @@ runs only fight over the same cores. Admission happens above, in the engine.
 Fair by request, not by part: every part of one request is submitted with its
 ``Flow``, and a batch is filled sequence by sequence, first from the requests
 that fit in one batch (first come, first served), then from the larger ones a
-batch each in turn (``_FairQueue``). A job larger than the batch is taken a
+batch each in turn (``FairQueue``). A job larger than the batch is taken a
 batch at a time, and each job is answered after its own last run, so a
 one-text request waits for at most the run in progress, however many large
 requests are queued; large requests share the model round-robin.
@@ -33,12 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,6 +45,7 @@ import numpy as np
 
 from model_export.manifest import graph_io
 from service.errors import DeadlineExceeded, Overloaded, PayloadTooLarge
+from service.fair_queue import FairQueue, Flow
 from service.metrics import Metrics
 from service.run_planner import RunCostModel, plan_runs
 from service.runtime import ModelRuntime, pad
@@ -108,29 +106,6 @@ class RunTiming:
         return self.prepare_ended - self.prepare_began
 
 
-class Flow:
-    """One request's claim on its model's queue.
-
-    Every part of a request is submitted with the same flow, so the queue is fair per
-    request, not per part, and the batcher knows how much of the request is still to
-    come (for Retry-After and the deadline estimate of the requests after it).
-    """
-
-    __slots__ = ("finished", "seconds", "submitted", "tokens")
-
-    def __init__(self, tokens: int, seconds: float = 0.0) -> None:
-        self.tokens = tokens  # the whole request's
-        self.seconds = seconds  # its estimated inference time alone (0: not estimated)
-        self.submitted = 0  # tokens of its jobs submitted so far
-        self.finished = 0  # tokens of its jobs answered, failed or dropped
-
-    def remaining_seconds(self) -> float:
-        """Its estimated inference time still to come."""
-        if not self.tokens:
-            return 0.0
-        return self.seconds * max(self.tokens - self.finished, 0) / self.tokens
-
-
 @dataclass
 class _Job:
     runtime: ModelRuntime  # the version it was prepared for: a swap never changes it
@@ -153,85 +128,6 @@ class _Job:
 
 # Sequences [start, end) of one job, taken into a batch.
 _Slice = tuple[_Job, int, int]
-
-
-class _FairQueue:
-    """A model's queued jobs: one FIFO per flow, the flows in a heap.
-
-    A flow's key is (large, when it was queued or last served): a request that fits
-    in one batch waits for no large one (small ones first come, first served), and
-    large requests take a batch each in turn (round-robin, a served flow goes to the
-    back), so a large request that arrives late neither jumps ahead of the ones
-    running nor is held back until they finish. A flow's key changes only when it
-    is served, and then it is popped and pushed back.
-    """
-
-    def __init__(self, batch_tokens: int) -> None:
-        self._batch = batch_tokens
-        self._heap: list[tuple[bool, int, Flow]] = []
-        self._jobs: dict[Flow, deque[_Job]] = {}
-        self._order = itertools.count()  # ties: first queued, first served
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def append(self, job: _Job) -> None:
-        jobs = self._jobs.get(job.flow)
-        if jobs is None:
-            self._jobs[job.flow] = deque([job])
-            self._push(job.flow)
-        else:
-            jobs.append(job)
-        self._count += 1
-
-    def take(self, budget: int, drop: Callable[[_Job], bool]) -> list[_Slice]:
-        """Sequences up to ``budget`` real tokens (at least one), in the flows' turn;
-        a job that ``drop`` says must not run (and says why) leaves unrun."""
-        slices: list[_Slice] = []
-        tokens = 0
-        while self._heap:
-            flow = self._heap[0][2]
-            jobs = self._jobs[flow]
-            job = jobs[0]
-            if drop(job):
-                self._pop_job(flow, jobs)
-                continue
-            start = end = job.taken
-            taken = 0
-            while end < len(job.sequences):
-                n = len(job.sequences[end])
-                if tokens + taken and tokens + taken + n > budget:
-                    break
-                taken += n
-                end += 1
-            if end == start:
-                break  # the batch is full
-            job.taken = end
-            slices.append((job, start, end))
-            tokens += taken
-            heapq.heappop(self._heap)
-            if end == len(job.sequences):
-                jobs.popleft()
-                self._count -= 1
-            if jobs:
-                self._push(flow)
-            else:
-                del self._jobs[flow]
-            if end < len(job.sequences):
-                break  # the budget is spent inside this job
-        return slices
-
-    def _push(self, flow: Flow) -> None:
-        large = flow.tokens > self._batch
-        heapq.heappush(self._heap, (large, next(self._order), flow))
-
-    def _pop_job(self, flow: Flow, jobs: deque[_Job]) -> None:
-        jobs.popleft()
-        self._count -= 1
-        if not jobs:
-            heapq.heappop(self._heap)
-            del self._jobs[flow]
 
 
 def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
@@ -284,7 +180,7 @@ class Batcher:
         self._runtimes = dict(runtimes)  # the serving version of each model
         self._settings = settings
         self._metrics = metrics
-        self._queues: dict[str, _FairQueue] = {}
+        self._queues: dict[str, FairQueue[_Job]] = {}
         self._flows: dict[str, set[Flow]] = {}  # the open flows of each model
         self._in_hand: dict[str, list[_Job]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
@@ -304,7 +200,7 @@ class Batcher:
             self._add_worker(name)
 
     def _add_worker(self, name: str) -> None:
-        self._queues[name] = _FairQueue(self._settings.max_batch_tokens)
+        self._queues[name] = FairQueue(self._settings.max_batch_tokens)
         self._in_hand[name] = []
         self._wakeups[name] = asyncio.Event()
         self._workers.append(asyncio.create_task(self._supervise(name), name=f"batcher-{name}"))
@@ -502,9 +398,9 @@ class Batcher:
             self._backlog_tokens -= tokens
             job.flow.finished += tokens
 
-    def _take_batch(self, queue: _FairQueue) -> list[_Slice]:
+    def _take_batch(self, queue: FairQueue[_Job]) -> list[_Slice]:
         """Up to the token budget of queued sequences, small requests first, then large
-        ones in turn (see ``_FairQueue``); jobs whose caller went away or whose deadline
+        ones in turn (see ``FairQueue``); jobs whose caller went away or whose deadline
         passed are dropped here, before any more of them runs."""
         now = time.monotonic()
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from model_export.manifest import ManifestError, graph_io
 from service import repository
-from service.batcher import Batcher, Flow, RunTiming, SequenceResult
+from service.batcher import Batcher, RunTiming, SequenceResult
 from service.engine import limits, postprocess, sparse
 from service.engine.admission import Admission, Ticket
 from service.engine.response_cache import ResponseCache, allowed_bytes, request_key
@@ -65,6 +65,7 @@ from service.errors import (
     UnsupportedByModel,
     quoted,
 )
+from service.fair_queue import Flow
 from service.metrics import Metrics
 from service.model_info import ModelInfo
 from service.repository import ModelVersion, latest, model_directories, versions
