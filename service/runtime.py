@@ -142,8 +142,7 @@ class ModelRuntime:
         try:
             session = ort.InferenceSession(str(path), options, providers=self._providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors, naming the path
-            said = str(exc).replace(str(path), graph)
-            raise ModelLoadError(f"model {name!r}: cannot load {graph}: {said}") from exc
+            raise self._cannot_load(path, graph, exc) from exc
         got_inputs = tuple(i.name for i in session.get_inputs())
         got_outputs = tuple(o.name for o in session.get_outputs())
         if got_inputs != inputs or got_outputs != outputs:
@@ -161,13 +160,17 @@ class ModelRuntime:
                 )
         return session
 
+    def _cannot_load(self, path: Path, shown: str, exc: Exception) -> ModelLoadError:
+        """A library's load error naming ``path``, the file ``shown`` by its name in the
+        model directory instead: the repository's absolute path stays out of answers."""
+        said = str(exc).replace(str(path), shown)
+        return ModelLoadError(f"model {self.info.name!r}: cannot load {shown}: {said}")
+
     def _load_tokenizer(self, path: Path, truncate_at: int | None) -> Tokenizer:
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
-            said = str(exc).replace(str(path), path.name)
-            name = self.info.name
-            raise ModelLoadError(f"model {name!r}: cannot load {path.name}: {said}") from exc
+            raise self._cannot_load(path, path.name, exc) from exc
         tokenizer.no_padding()
         if truncate_at is None:
             tokenizer.no_truncation()

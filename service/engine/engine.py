@@ -506,6 +506,12 @@ class Engine:
                 f"explicit or poll to {what} models while serving"
             )
 
+    def _held_bytes(self, besides: str) -> int:
+        """Model memory held by loaded versions and reserved by loads in progress,
+        ``besides``'s own reservation left out."""
+        reserved = sum(n for model, n in self._reserved.items() if model != besides)
+        return sum(self._model_bytes.values()) + reserved
+
     def _model_dir(self, name: str) -> Path:
         """A repository API's model name as its directory: 422 for a name no directory
         can have (empty, too long, a path), so the file system never sees it."""
@@ -528,7 +534,7 @@ class Engine:
         wanted = found if self.settings.version_policy == "all" else found[-1:]
         to_load = [v for v in wanted if v is found[-1] or v.version not in loaded]
         need = sum(v.estimated_bytes() for v in to_load)
-        held = sum(self._model_bytes.values()) + sum(self._reserved.values())
+        held = self._held_bytes(besides=name)
         budget = self.settings.model_memory_bytes
         if held + need > budget:
             self.metrics.model_loads.labels(name, "refused").inc()
@@ -541,8 +547,7 @@ class Engine:
         self._reserved[name] = need  # loads of other models see it as held meanwhile
         opened: dict[str, ModelRuntime] = {}
         for version in to_load:
-            others = sum(n for model, n in self._reserved.items() if model != name)
-            left = budget - sum(self._model_bytes.values()) - others
+            left = budget - self._held_bytes(besides=name)
             step = "loading"  # said in the reason: which step failed
             try:
                 runtime = await asyncio.to_thread(
