@@ -48,9 +48,12 @@ OUTPUT_CLS_ATTENTION: Final = "cls_attention"  # float32 [batch, seq], 0 at padd
 SPARSE_GRAPH_OUTPUTS: Final = (OUTPUT_CLS_ATTENTION,)
 STOPWORDS_FILE: Final = "stopwords.txt"  # one word per line: left out of BM42 vectors
 # The graphs that take token ids (int64 [B, T, 2] id and type pairs at run time) -> outputs.
+# The token-embedding graph runs in the service's batches too, as the first step of text
+# asking for attention or hidden states (it takes no mask).
 ID_GRAPHS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_TEXT: TEXT_GRAPH_OUTPUTS,
     GRAPH_SPARSE: SPARSE_GRAPH_OUTPUTS,
+    GRAPH_TOKEN_EMBEDDINGS: (INPUT_EMBEDS,),
 }
 
 # The graphs an export writes, and their outputs. A graph is chosen per run by what
@@ -85,6 +88,13 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     INPUT_TOKEN_TYPES: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_CLS_ATTENTION: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_VALUE_NORMS: {0: BATCH_AXIS, 3: SEQ_AXIS},
+}
+
+# The axes of each array that run over tokens within one sequence (its batch axis dropped):
+# what padding adds to and trimming cuts back.
+TOKEN_AXES: Final[dict[str, tuple[int, ...]]] = {
+    name: tuple(axis - 1 for axis, symbol in axes.items() if symbol == SEQ_AXIS)
+    for name, axes in DYNAMIC_AXES.items()
 }
 
 # Symbolic shapes, for config.json and documentation.

@@ -57,14 +57,6 @@ log = logging.getLogger(__name__)
 # attentions [L, H, n, n], hidden_states [L + 1, n, d], value_norms [L, H, n] (the last
 # three when its graph has them).
 SequenceResult = dict[str, np.ndarray]
-# The axes of each output that run over tokens (after the batch axis is dropped).
-TOKEN_AXES = {
-    graph_io.OUTPUT_HIDDEN: (0,),
-    graph_io.OUTPUT_ATTENTIONS: (2, 3),
-    graph_io.OUTPUT_HIDDEN_STATES: (1,),
-    graph_io.OUTPUT_CLS_ATTENTION: (0,),
-    graph_io.OUTPUT_VALUE_NORMS: (2,),  # [L, H, n]
-}
 
 
 # Shapes (sequences, tokens) timed per graph at warm-up, so the run planner has a cost
@@ -156,7 +148,10 @@ def _run_and_split(
             {name: value[row] for name, value in outputs.items()} for row in range(len(sequences))
         ]
     return [
-        {name: _trim(value[row], TOKEN_AXES[name], len(seq)) for name, value in outputs.items()}
+        {
+            name: _trim(value[row], graph_io.TOKEN_AXES[name], len(seq))
+            for name, value in outputs.items()
+        }
         for row, seq in enumerate(sequences)
     ]
 
@@ -168,6 +163,7 @@ GRAPH_LABELS = {
     graph_io.GRAPH_ATTENTION: "attention",
     graph_io.GRAPH_TEXT: "text",
     graph_io.GRAPH_SPARSE: "sparse",
+    graph_io.GRAPH_TOKEN_EMBEDDINGS: "token_embeddings",
 }
 
 
@@ -253,6 +249,11 @@ class Batcher:
                     await loop.run_in_executor(self._executor, run)
                     cost = self._costs.setdefault((name, graph), RunCostModel())
                     cost.observe(batch, longest, time.monotonic() - start)
+
+    async def warm_up(self, runtime: ModelRuntime) -> None:
+        """A small ragged batch per graph of ``runtime`` (a model being loaded), on the
+        inference thread like every other run: proves its sessions run."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, runtime.warmup)
 
     def cost_model(self, model: str, graph: str) -> RunCostModel:
         return self._costs[model, graph]
@@ -546,6 +547,8 @@ class Batcher:
         for job in jobs:
             job.timing.compute += elapsed
             job.timing.finished = now
+        if graph == graph_io.GRAPH_TOKEN_EMBEDDINGS:
+            return  # a lookup, not the encoder: its speed says nothing of the drain rate
         rate = tokens / max(elapsed, 1e-6)
         previous = self._tokens_per_second
         self._tokens_per_second = (

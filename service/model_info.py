@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model_export.manifest import EncoderConfig, Manifest, ManifestError, graph_io
+from model_export.manifest import EncoderConfig, Manifest, ManifestError, Pooling, graph_io
 from service.errors import ModelLoadError
 from service.settings import Settings
 
@@ -38,6 +38,12 @@ class ModelInfo:
     @property
     def config(self) -> EncoderConfig:
         return self.manifest.architecture
+
+    @property
+    def default_pooling(self) -> Pooling:
+        """What ``pooling: model`` means: the manifest's pooling (sentence-transformers'),
+        mean pooling when it names none."""
+        return self.manifest.pooling or "mean"
 
     @property
     def has_tokenizer(self) -> bool:

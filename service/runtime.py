@@ -3,9 +3,12 @@
 A :class:`ModelRuntime` owns the sessions of one model directory
 (``model.onnx`` for embeddings only, ``model_hidden.onnx`` with per-layer hidden
 states, ``model_attn.onnx`` with attention and hidden states, and for text
-``text_model.onnx``: token ids to embeddings in one run) and runs padded
+``embeddings.onnx`` (token ids to input embeddings), ``text_model.onnx`` (token
+ids to embeddings in one run) and ``sparse_model.onnx`` (BM42)) and runs padded
 batches. A run's sequences are float32 [n, d] input embeddings, or for the
-text graph int64 [n, 2] (token id, token type) pairs. :func:`load_repository`
+graphs of ``graph_io.ID_GRAPHS`` int64 [n, 2] (token id, token type) pairs.
+Only the batcher's inference thread calls :meth:`ModelRuntime.run`: one run at
+a time, each with every intra-op thread. :func:`load_repository`
 loads every model of a model repository through its manifest, checking each
 file's SHA-256 first, and raises :class:`ModelLoadError` with a clear message
 on anything wrong.
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,10 +34,6 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 
-# Every onnxruntime run in the process takes this lock: the batcher's inference
-# thread and the token-embedding runs of request threads then never fight over
-# the same cores (each run already uses all intra-op threads).
-_ORT_LOCK = threading.Lock()
 # Tokenized at load (both ways) before a model with a tokenizer may serve: words no
 # vocabulary holds, accents, scripts, an emoji, control and zero-width characters.
 PROBE_TEXT = (
@@ -107,16 +105,15 @@ class ModelRuntime:
         if text is not None and text.stopwords is not None:
             words = info.file(text.stopwords).read_text(encoding="utf-8").split()
             self.stopwords = frozenset(words)
-        self._token_embeddings: ort.InferenceSession | None = None
         self.special_tokens: frozenset[str] = frozenset()  # [CLS], [SEP], [PAD], ...
         self._tokenizer: Tokenizer | None = None
         self._truncating_tokenizer: Tokenizer | None = None
-        if text is not None:
-            self._token_embeddings = self._open(
+        if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
+            self._sessions[graph_io.GRAPH_TOKEN_EMBEDDINGS] = self._open(
                 options,
                 text.embeddings_graph,
                 graph_io.TEXT_INPUT_NAMES,
-                (graph_io.INPUT_EMBEDS,),
+                graph_io.ID_GRAPHS[graph_io.GRAPH_TOKEN_EMBEDDINGS],
             )
             if text.tokenizer is not None:
                 path = info.file(text.tokenizer)
@@ -259,19 +256,6 @@ class ModelRuntime:
                 f"{str(exc)[:200]}"
             ) from exc
 
-    def embed_tokens(self, ids: list[list[int]], type_ids: list[list[int]]) -> list[np.ndarray]:
-        """Token ids -> the encoder's input embeddings [n_i, d], one array per sequence."""
-        if self._token_embeddings is None:
-            raise RuntimeError(f"model {self.info.name!r} has no token-embedding graph")
-        batch, mask = pad([np.asarray(x, dtype=np.int64) for x in ids])
-        types, _ = pad([np.asarray(x, dtype=np.int64) for x in type_ids])
-        # A token's word, position and type embeddings do not depend on later tokens,
-        # so padding with id 0 and trimming gives each sequence its own embeddings.
-        feeds = {graph_io.INPUT_IDS: batch, graph_io.INPUT_TOKEN_TYPES: types}
-        with _ORT_LOCK:
-            (embeds,) = self._token_embeddings.run(None, feeds)
-        return [embeds[row, :n] for row, n in enumerate(mask.sum(axis=1))]
-
     @property
     def graphs(self) -> tuple[str, ...]:
         """Every graph a run can use: the manifest's, and the text graph if it has one."""
@@ -296,14 +280,17 @@ class ModelRuntime:
             feeds = {
                 graph_io.INPUT_IDS: np.ascontiguousarray(batch[..., 0]),
                 graph_io.INPUT_TOKEN_TYPES: np.ascontiguousarray(batch[..., 1]),
-                graph_io.INPUT_MASK: mask,
             }
+            # The token-embedding graph takes no mask: a token's word, position and type
+            # embeddings do not depend on later tokens, so padding with id 0 and trimming
+            # gives each sequence its own embeddings.
+            if graph != graph_io.GRAPH_TOKEN_EMBEDDINGS:
+                feeds[graph_io.INPUT_MASK] = mask
             names: tuple[str, ...] = graph_io.ID_GRAPHS[graph]
         else:
             feeds = {graph_io.INPUT_EMBEDS: batch, graph_io.INPUT_MASK: mask}
             names = self.info.manifest.graphs[graph].outputs
-        with _ORT_LOCK:
-            outputs = session.run(None, feeds)
+        outputs = session.run(None, feeds)
         return dict(zip(names, outputs, strict=True))
 
     def warmup(self) -> None:

@@ -1,6 +1,8 @@
 """The protocol-neutral engine: typed numpy in, typed numpy out (see ``engine.py``)."""
 
-from service.engine.engine import OFFLOAD_BYTES, Engine, PreparedEncode
+from service.engine.engine import Engine
+from service.engine.execute import OFFLOAD_BYTES
+from service.engine.prepare import PreparedEncode
 from service.engine.scope import Access, Caller, RequestScope
 from service.engine.types import (
     AnswerShape,

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from service.engine.prepare import PreparedEncode
 from service.engine.types import EncodeResult
 from service.metrics import Metrics
 from service.settings import Settings
@@ -107,14 +108,29 @@ def compact(result: EncodeResult) -> EncodeResult:
     return dataclasses.replace(result, outputs=outputs)
 
 
-def request_key(parts: list[bytes | str], sequences: list[np.ndarray]) -> bytes:
-    """A digest of the request's parts and its sequences' dtypes, shapes and bytes."""
+def request_key(prepared: PreparedEncode, load_serial: int, authorization: str | None) -> bytes:
+    """What decides the answer, digested: the loaded model (``load_serial``: a reload of
+    one version is another), the graph's inputs (dtypes, shapes, bytes), every resolved
+    option, the wire's cost, and the caller's ``authorization`` when the server has keys."""
+    model = prepared.model
+    options = dataclasses.replace(prepared.request, inputs=())
+    parts: list[bytes | str] = [
+        model.name,
+        model.version,
+        str(load_serial),
+        repr(options),
+        repr((prepared.graph, prepared.layers, prepared.heads, prepared.hidden_layers)),
+        repr((prepared.pooling, prepared.span_tokens, prepared.by_token_ids)),
+    ]
+    if authorization is not None:
+        token = authorization.encode("utf-8", "surrogateescape")
+        parts.append(hashlib.sha256(token).digest())
     digest = hashlib.blake2b(digest_size=32)
     for part in parts:
         raw = part.encode() if isinstance(part, str) else part
         digest.update(len(raw).to_bytes(8, "little"))
         digest.update(raw)
-    for seq in sequences:
+    for seq in prepared.sequences:
         digest.update(f"{seq.dtype.str}{seq.shape}".encode())
         digest.update(np.ascontiguousarray(seq).data)
     return digest.digest()

@@ -16,25 +16,22 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import mmh3
 import numpy as np
 from py_rust_stemmers import SnowballStemmer
 
+from model_export.manifest import graph_io
+from service.batcher import SequenceResult
+from service.engine import text
+from service.engine.types import SparseRequest, SparseVector
+from service.errors import InvalidInput, UnsupportedByModel
+from service.runtime import ModelRuntime
+from service.settings import Settings
+
 PUNCTUATION = frozenset(string.punctuation)
 CONTINUATION = "##"  # WordPiece's prefix of a word's later pieces
 DEFAULT_ALPHA = 0.5
-
-
-@dataclass(frozen=True)
-class SparseVector:
-    """One text's vector: ``indices[k]`` holds ``values[k]``; ``stems[k]`` is the stem
-    behind it (kept for ``return_text``)."""
-
-    indices: list[int]
-    values: list[float]
-    stems: list[str]
 
 
 def words(tokens: Sequence[str], special: frozenset[str]) -> list[tuple[str, list[int]]]:
@@ -99,3 +96,50 @@ def _vector(by_stem: dict[str, float]) -> SparseVector:
     return SparseVector(
         list(by_index), [v for v, _ in by_index.values()], [s for _, s in by_index.values()]
     )
+
+
+# -- the request ---------------------------------------------------------------------------
+
+# A checked request, the version it runs on and its texts' tokens.
+Prepared = tuple[SparseRequest, ModelRuntime, list[text.Tokenized]]
+
+
+def prepare(
+    request: SparseRequest, runtime: ModelRuntime, settings: Settings
+) -> list[text.Tokenized]:
+    """Check the request against the model and tokenize its texts."""
+    info = runtime.info
+    if not request.texts:
+        raise InvalidInput("is empty: send at least one string", field=("inputs",))
+    if not (math.isfinite(request.alpha) and request.alpha > 0):
+        raise InvalidInput(f"must be a positive number, got {request.alpha!r}", field=("alpha",))
+    manifest_text = info.manifest.text
+    if request.kind == "document" and (manifest_text is None or manifest_text.sparse_graph is None):
+        raise UnsupportedByModel(
+            f"model {info.name!r} has no BM42 graph: re-export it with this version of "
+            "model_export (a checkpoint with a tokenizer)",
+            field=("model",),
+        )
+    _, encoded = text.tokenize_all(
+        runtime, request.texts, request.truncate, "inputs", settings, pooled_only=True
+    )
+    return encoded
+
+
+def vectors(
+    request: SparseRequest,
+    runtime: ModelRuntime,
+    encoded: list[text.Tokenized],
+    results: list[SequenceResult] | None,
+) -> list[SparseVector]:
+    """Each text's vector: a query's from its tokens alone, a document's weighed by its
+    run of the sparse graph (``results``)."""
+    special, stopwords = runtime.special_tokens, runtime.stopwords
+    if results is None:
+        return [query_vector(tokens, special, stopwords) for tokens, _, _ in encoded]
+    return [
+        document_vector(
+            tokens, result[graph_io.OUTPUT_CLS_ATTENTION], special, stopwords, request.alpha
+        )
+        for (tokens, _, _), result in zip(encoded, results, strict=True)
+    ]

@@ -13,8 +13,6 @@ from typing import Literal
 
 import numpy as np
 
-from service.engine.sparse import SparseVector
-
 Pooling = Literal["none", "mean", "cls", "max"]
 Reduce = Literal["none", "mean", "max", "rollout"]
 # "model": the model's own sentence-embedding pooling (its manifest), else mean.
@@ -227,6 +225,16 @@ class SparseRequest:
     kind: str = "document"  # "document" | "query"
     alpha: float = 0.5
     truncate: bool = False
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """One text's BM42 vector: ``indices[k]`` holds ``values[k]``; ``stems[k]`` is the
+    stem behind it (kept for ``return_text``)."""
+
+    indices: list[int]
+    values: list[float]
+    stems: list[str]
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,13 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from service.engine import OFFLOAD_BYTES, EncodeRequest, EncodeResult, Engine, limits
+from service.engine import EncodeRequest, EncodeResult, Engine, limits
 from service.engine.scope import Access, Disconnected
 from service.errors import (
-    BodyTimeout,
     ClientClosedRequest,
     InvalidInput,
     PayloadTooLarge,
     ServiceError,
-    ShuttingDown,
     UnsupportedMediaType,
     catalog,
     quoted,
@@ -101,7 +99,9 @@ async def read_body(
     json_cost = wire.JsonCost()
     json_left = limit if json_bytes is None else json_bytes
     try:
-        async with engine.body_read():
+        async with engine.lifecycle.body_read(
+            "the body", lambda: size, headers={"Connection": "close"}
+        ):
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
@@ -115,18 +115,6 @@ async def read_body(
                 held = json_cost.decoded_bytes + BINARY_EXPANSION * binary
                 ticket.hold(held, "this request's body")
                 chunks.append(chunk)
-    except TimeoutError:
-        if engine.closing:
-            raise ShuttingDown(
-                "the server is shutting down and the body was still arriving: send the "
-                "request to another replica",
-                headers={"Connection": "close", "Retry-After": "1"},
-            ) from None
-        engine.metrics.refusals.labels("body_timeout").inc()
-        raise BodyTimeout(
-            f"the body did not arrive within {settings.body_timeout:g} s ({size:,} bytes received)",
-            headers={"Connection": "close"},
-        ) from None
     except ClientDisconnect:
         raise ClientClosedRequest("the client closed the connection while sending") from None
     return b"".join(chunks)
@@ -160,10 +148,7 @@ async def encode(
     scope = scope_of(request)
     body = await read_body(request, engine, json_only=json_only, json_bytes=json_bytes)
     result, wire = await engine.encode(lambda: parse(body), scope)
-    if result.response_bytes > OFFLOAD_BYTES:
-        content = await engine.off_loop(write, result, wire)
-    else:
-        content = write(result, wire)
+    content = await engine.render(result, write, wire)
     if isinstance(content, Answer):
         return ChunkedResponse(content.parts, content.media_type, content.headers)
     return ChunkedResponse([content])

@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError, Message
 
 from service.engine import Engine, RequestScope
 from service.engine.scope import CLIENT_CLOSED, MAX_ASKED_TIMEOUT, Access, Caller
-from service.errors import BodyTimeout, InvalidInput, ServiceError, ShuttingDown
+from service.errors import InvalidInput, ServiceError
 from service.protocols.kserve_grpc import connections, errors
 
 log = logging.getLogger("attnserve.grpc")
@@ -131,21 +131,8 @@ class Call:
 
     async def _message(self, context: Context) -> bytes:
         """The call's one message, within ATTNSERVE_BODY_TIMEOUT (408: DEADLINE_EXCEEDED)."""
-        engine = self.engine
-        try:
-            async with engine.body_read():
-                raw = await context.read()
-        except TimeoutError:
-            if engine.closing:
-                raise ShuttingDown(
-                    "the server is shutting down and the call's message was still arriving: "
-                    "send the call to another replica",
-                    headers={"Retry-After": "1"},
-                ) from None
-            engine.metrics.refusals.labels("body_timeout").inc()
-            raise BodyTimeout(
-                f"the call's message did not arrive within {engine.settings.body_timeout:g} s"
-            ) from None
+        async with self.engine.lifecycle.body_read("the call's message"):
+            raw = await context.read()
         if not isinstance(raw, bytes):  # grpc.aio.EOF: half-closed with no message
             raise InvalidInput("the call ended without its request message")
         return raw

@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from service.engine import OFFLOAD_BYTES, Engine, RequestScope
+from service.engine import Engine, RequestScope
 from service.engine.scope import Access
 from service.errors import NotReady
 from service.protocols.kserve_grpc import calls, codec
@@ -124,9 +124,7 @@ class InferenceService:
         result, reply = await engine.encode(
             lambda: codec.infer_request(request, info, version), scope
         )
-        if result.response_bytes > OFFLOAD_BYTES:  # as HTTP: a thread hop costs ~0.3 ms
-            return await engine.off_loop(codec.infer_response, result, reply)
-        return codec.infer_response(result, reply)
+        return await engine.render(result, codec.infer_response, reply)
 
     async def index(
         self, request: pb.RepositoryIndexRequest, scope: RequestScope
@@ -170,7 +168,7 @@ class ReadinessHealth(health.aio.HealthServicer):
         self.engine = engine
 
     async def refresh(self) -> None:
-        if self.engine.shutting_down:
+        if self.engine.lifecycle.shutting_down:
             await self.enter_graceful_shutdown()
             return
         ready = _passes(self.engine.check_ready)  # as /health/ready: not while saturated

@@ -81,8 +81,7 @@ async def tei_info(engine: EngineDep) -> JSONResponse:
     """The default model and the limits that apply (``max_client_batch_size``: inputs
     per request of pooled vectors)."""
     model = engine.model(None)
-    pooling = model.manifest.pooling or "mean"
-    return JSONResponse(codec.info(model, engine.settings, pooling))
+    return JSONResponse(codec.info(model, engine.settings, model.default_pooling))
 
 
 # POST / is /embed under another name (huggingface_hub posts there); not in the OpenAPI

@@ -15,7 +15,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from service.engine import Access, Caller, Engine, RequestScope
+from service.engine import (
+    Access,
+    Caller,
+    Engine,
+    RequestScope,
+    TokenizeRequest,
+    TokenizeResult,
+    text,
+)
 from service.metrics import Metrics
 from service.model_info import ModelInfo
 from service.runtime import ModelRuntime, load_repository
@@ -56,9 +64,15 @@ def tiny_info(tiny_runtime: ModelRuntime) -> ModelInfo:
 def loaded_engine(settings: Settings, runtimes: dict[str, ModelRuntime]) -> Engine:
     """An engine with models but no batcher: enough for prepare, finish and model lookups."""
     engine = Engine(settings, Metrics())
-    engine.runtimes = runtimes
-    engine.default_model = MODEL
+    engine.registry.runtimes = runtimes
+    engine.registry.default_model = MODEL
     return engine
+
+
+def tokenize_texts(engine: Engine, request: TokenizeRequest) -> TokenizeResult:
+    """The engine's tokenize step on the model the request names (no run)."""
+    runtime = engine.registry.runtime(request.model)
+    return text.tokenize_texts(runtime, request, engine.settings)[0]
 
 
 @pytest.fixture
@@ -73,7 +87,7 @@ def with_started_engine(settings: Settings, body: Callable[[Engine], Awaitable[T
         engine = Engine(settings, Metrics())
         await engine.start()
         try:
-            assert engine.ready  # warmup=False: ready as soon as the batcher runs
+            assert engine.lifecycle.ready  # warmup=False: ready as soon as the batcher runs
             return await body(engine)
         finally:
             await engine.stop()

@@ -61,6 +61,7 @@ from service.settings import Settings
 from tests.service.helpers import D_MODEL, MODEL, N_HEADS, N_LAYERS, sequences
 from tests.service.layers.conftest import (
     layer_settings,
+    tokenize_texts,
     with_started_engine,
     work_scope,
 )
@@ -437,7 +438,7 @@ def test_texts_of_a_model_without_tokenizer_reach_its_refusal(engine: Engine) ->
         with pytest.raises(UnsupportedByModel):
             engine.prepare(request_of([*arrays([seq]), huge], truncate=truncate))
         with pytest.raises(UnsupportedByModel):
-            engine.tokenize_now(TokenizeRequest(["short", huge], COST, truncate=truncate))
+            tokenize_texts(engine, TokenizeRequest(["short", huge], COST, truncate=truncate))
 
 
 # -- the batcher: deadlines, timings, Retry-After, supervision ----------------------------

@@ -27,6 +27,7 @@ from service.engine import (
     TokenIds,
     TokenizeRequest,
 )
+from service.engine.finish import finish
 from service.errors import (
     ClientClosedRequest,
     InvalidInput,
@@ -53,6 +54,7 @@ from tests.service.helpers import (
 from tests.service.layers.conftest import (
     layer_settings,
     loaded_engine,
+    tokenize_texts,
     with_started_engine,
     work_scope,
 )
@@ -277,9 +279,9 @@ def test_text_and_token_ids_are_unsupported_by_tiny(engine: Engine, item: InputI
 
 def test_tokenize_is_unsupported_by_tiny(engine: Engine) -> None:
     with pytest.raises(UnsupportedByModel):
-        engine.tokenize_now(TokenizeRequest(["a text"], COST))
+        tokenize_texts(engine, TokenizeRequest(["a text"], COST))
     with pytest.raises(InvalidInput) as info:
-        engine.tokenize_now(TokenizeRequest([], COST))
+        tokenize_texts(engine, TokenizeRequest([], COST))
     assert info.value.field == ("texts",)
 
 
@@ -433,7 +435,7 @@ def test_finish_refuses_non_finite_outputs(engine: Engine, output: str) -> None:
     ]
     results[1][output][0, 0] = np.nan
     with pytest.raises(InvalidInput) as info:
-        engine.finish(prepared, results)
+        finish(prepared, results)
     assert info.value.field == ("inputs", 1)
 
 

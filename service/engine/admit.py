@@ -1,0 +1,89 @@
+"""The one request prologue, and the codec threads it hops to.
+
+Every request kind (encode, sparse vectors, tokenize, decode) begins the same
+way: its ticket (taken when the protocol entered the scope, holding the body)
+takes a slot, a request already past its deadline costs no parsing, and the
+protocol's ``parse`` runs with the engine's checks in one hop off the event loop
+(or on it, for a small body whose preparation is cheap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from service.engine.admission import Ticket
+from service.engine.execute import Executor
+from service.engine.scope import RequestScope
+from service.settings import Settings
+
+T = TypeVar("T")
+R = TypeVar("R")  # the typed request a protocol parses
+P = TypeVar("P")  # what the engine makes of it
+W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
+
+# A body whose parse the ticket holds at up to this (a JSON body of up to ~64 KiB:
+# ~13 bytes per byte plus its values, see wire.JsonCost) is parsed on the event loop,
+# and prepared there too when that is cheap (arrays only): that takes well under the
+# ~0.3 ms a round trip to a worker thread costs.
+INLINE_HELD_BYTES = 64 * 1024 * 16
+
+
+class Admit:
+    """Slots, deadline and the thread hop of every request."""
+
+    def __init__(self, settings: Settings, executor: Executor) -> None:
+        self._executor = executor
+        self._codec_slots = asyncio.Semaphore(settings.max_concurrent_codecs)
+        # Small requests' codec work has a lane of its own: a one-text request is never
+        # tokenized after the megabyte bodies queued before it (see off_loop).
+        self._small_codec_slot = asyncio.Semaphore(1)
+
+    async def off_loop(self, work: Callable[..., T], *args: Any, small: bool = False) -> T:
+        """``work(*args)`` on a worker thread, at most ATTNSERVE_MAX_CONCURRENT_CODECS at once.
+
+        Decoding, tokenizing and serialising hold the GIL or a core; left unbounded, a
+        burst of them starves the inference thread of the cores it runs on. ``small``
+        work (a body parsed on the loop: tens of ms at most) takes a slot of its own,
+        one at a time, so it never waits behind large bodies being parsed.
+        """
+        async with self._small_codec_slot if small else self._codec_slots:
+            return await asyncio.to_thread(work, *args)
+
+    def begin(self, scope: RequestScope, when: str) -> Ticket:
+        """The prologue's cheap facts: a slot for the ticket, then the deadline (504 if
+        already past ``when`` the work would begin)."""
+        ticket = scope.admitted()
+        ticket.take_slot()
+        self._executor.check_deadline(scope.deadline, when)
+        return ticket
+
+    async def prepared(
+        self,
+        scope: RequestScope,
+        parse: Callable[[], tuple[R, W]],
+        prepare: Callable[[R], P],
+        inline: Callable[[R], bool],
+    ) -> tuple[P, W]:
+        """Begin, then ``parse`` and ``prepare``: in one hop off the loop for a large
+        body; else parsed on the loop and prepared there if ``inline(request)`` (cheap
+        checks, which may refuse it) says so, or in the small lane off it."""
+        ticket = self.begin(scope, "before its work began")
+        began = time.monotonic()
+        if ticket.bytes > INLINE_HELD_BYTES:
+
+            def both() -> tuple[P, W]:
+                request, wire = parse()
+                return prepare(request), wire
+
+            done, wire = await self.off_loop(both)
+        else:
+            request, wire = parse()
+            if inline(request):
+                done = prepare(request)
+            else:
+                done = await self.off_loop(prepare, request, small=True)
+        scope.timing.prepare_began, scope.timing.prepare_ended = began, time.monotonic()
+        return done, wire

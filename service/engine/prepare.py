@@ -1,0 +1,299 @@
+"""Every limit before any work: an encode request checked, resolved and costed.
+
+Cheap checks first: the count, then lengths (declared, tokenized or counted ids),
+then the options against the model; only then are arrays decoded. The answer's
+size (413) and the working memory the request will hold are decided from token
+lengths here, before any graph runs: text and token ids stay (id, type) pairs,
+which the batcher embeds (``execute``) once the request holds its memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from model_export.manifest import graph_io
+from service.engine import limits, postprocess, text
+from service.engine.types import (
+    ArrayInput,
+    EncodeRequest,
+    InputItem,
+    Pooling,
+    SpannedText,
+    TokenIds,
+)
+from service.errors import InvalidInput, UnsupportedByModel
+from service.model_info import ModelInfo
+from service.runtime import ModelRuntime
+from service.settings import Settings
+
+# A request of more than ATTNSERVE_MAX_SEQUENCES (pooled vectors only) runs in parts of
+# that many sequences, this many queued at once: the batcher always has the next part
+# while one runs, and only their outputs are in memory, never the whole request's.
+PARTS_IN_FLIGHT = 2
+FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class PreparedEncode:
+    """A checked encode request: its sequences in the form its graph takes, and every
+    resolved option."""
+
+    request: EncodeRequest
+    model: ModelInfo
+    # float32 [n, d] input embeddings, or int64 [n, 2] (token id, type): the text graph
+    # takes these; for another graph the batcher embeds them first (``needs_embedding``).
+    sequences: list[np.ndarray]
+    tokens: list[list[str] | None]  # the tokens of text items, None for the others
+    layers: list[int]
+    heads: list[int]
+    hidden_layers: list[int]
+    pooling: Pooling
+    response_bytes: float
+    work_bytes: int  # memory it holds from here to its answer (limits.work_bytes)
+    by_token_ids: bool = False  # every sequence is token ids, for the text graph
+    first_index: int = 0  # of its first sequence in the request (a part of a large one)
+    # Late chunking: per sequence, the token indices of each of its spans (None: no spans)
+    span_tokens: list[list[list[int]] | None] = dataclasses.field(default_factory=list)
+    # The version it was prepared on: it runs there even if another is swapped in meanwhile.
+    runtime: ModelRuntime | None = None
+
+    @property
+    def graph(self) -> str:
+        """The lightest graph that has every output asked for."""
+        if self.request.return_attention:
+            return graph_io.GRAPH_ATTENTION
+        if self.request.return_hidden_states:
+            return graph_io.GRAPH_HIDDEN_STATES
+        return graph_io.GRAPH_TEXT if self.by_token_ids else graph_io.GRAPH_EMBEDDINGS
+
+    def needs_embedding(self, sequence: np.ndarray) -> bool:
+        """Is ``sequence`` token ids that the graph cannot take as they are?"""
+        return sequence.dtype == np.int64 and self.graph not in graph_io.ID_GRAPHS
+
+
+@dataclass(frozen=True)
+class Options:
+    """Attention layers and heads, hidden-state layers and the pooling, resolved."""
+
+    layers: list[int]
+    heads: list[int]
+    hidden_layers: list[int]
+    pooling: Pooling
+
+
+def check_count(request: EncodeRequest, settings: Settings) -> None:
+    """413 for too many inputs, before any of them is read."""
+    limits.check_sequence_count(len(request.inputs), settings, pooled_only=request.pooled_only)
+
+
+def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -> PreparedEncode:
+    """Check everything and bring the inputs to their graph's form; raise a
+    ServiceError on mistakes. No graph runs here."""
+    info = runtime.info
+    if not request.inputs:
+        raise InvalidInput("is empty: send at least one sequence", field=("inputs",))
+    pooled_only = request.pooled_only
+    check_count(request, settings)  # before reading them
+    inputs = list(request.inputs)
+    tokenized, ids = _front_end(runtime, inputs, request.truncate, settings, pooled_only)
+    options = resolve_options(info, request)
+    # Text and ids asking only for embeddings run as ids in one graph (when the model
+    # has it): the batcher sees them at once.
+    by_token_ids = (
+        info.manifest.text_graph is not None
+        and not (request.return_attention or request.return_hidden_states)
+        and not any(isinstance(item, ArrayInput) for item in inputs)
+    )
+    span_tokens = text.span_tokens(runtime, inputs, request.truncate, options.pooling)
+    sequences = _sequences(info, inputs, tokenized, ids, settings, pooled_only)
+    tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
+    size, work = _answer_cost(
+        request, info, sequences, tokens, options, span_tokens, settings, by_token_ids
+    )
+    return PreparedEncode(
+        request,
+        info,
+        sequences,
+        tokens,
+        options.layers,
+        options.heads,
+        options.hidden_layers,
+        options.pooling,
+        size,
+        work,
+        by_token_ids,
+        span_tokens=span_tokens,
+        runtime=runtime,
+    )
+
+
+def _front_end(
+    runtime: ModelRuntime,
+    inputs: list[InputItem],
+    truncate: bool,
+    settings: Settings,
+    pooled_only: bool,
+) -> tuple[dict[int, text.Tokenized], dict[int, list[int]]]:
+    """Texts tokenized and token ids checked, by input index; every length known
+    before decoding (declared rows for arrays) checked against the limits."""
+    info = runtime.info
+    texts = {
+        i: text.text_of(item)
+        for i, item in enumerate(inputs)
+        if isinstance(item, str | SpannedText)
+    }
+    bounded = text.bound(runtime, texts, truncate, "inputs")
+    tokenized = text.tokenize(runtime, bounded, truncate)
+    ids = {i: item.ids for i, item in enumerate(inputs) if isinstance(item, TokenIds)}
+    if ids:
+        text.check_token_ids(info, ids)
+    lengths = [
+        len(tokenized[i][0])
+        if i in tokenized
+        else len(ids[i])
+        if i in ids
+        else item.rows
+        if isinstance(item, ArrayInput)
+        else None
+        for i, item in enumerate(inputs)
+    ]
+    limits.check_lengths(lengths, info, settings, "inputs", pooled_only=pooled_only)
+    return tokenized, ids
+
+
+def resolve_options(info: ModelInfo, request: EncodeRequest) -> Options:
+    """Attention layers and heads, hidden-state layers and pooling, checked against the
+    model (even when not asked for: a wrong index is wrong either way)."""
+    cfg = info.config
+    spec = request.attention
+    layers = postprocess.resolve_indices(
+        spec.layers, cfg.n_layers, "layers", ("attention", "layers")
+    )
+    heads = postprocess.resolve_indices(spec.heads, cfg.n_heads, "heads", ("attention", "heads"))
+    hidden_layers = postprocess.resolve_indices(
+        request.hidden_layers, cfg.n_layers + 1, "hidden states", ("hidden_states", "layers")
+    )
+    if request.return_hidden_states and not info.manifest.has_hidden_states:
+        raise UnsupportedByModel(
+            f"model {info.name!r} was exported without per-layer hidden states: "
+            "re-export it with this version of model_export",
+            field=("return_hidden_states",),
+        )
+    if spec.measure == "norms" and request.return_attention and not info.manifest.has_value_norms:
+        raise UnsupportedByModel(
+            f"model {info.name!r} was exported without value norms: re-export it with "
+            "this version of model_export",
+            field=("attention", "measure"),
+        )
+    if spec.reduce == "rollout":
+        layers = sorted(set(layers))  # rollout multiplies layers bottom-up, each once
+    return Options(layers, heads, hidden_layers, _pooling(info, request))
+
+
+def _pooling(info: ModelInfo, request: EncodeRequest) -> Pooling:
+    """The pooling to apply; checks normalize and dimensions against it and the model."""
+    pooling: Pooling = info.default_pooling if request.pooling == "model" else request.pooling
+    if request.normalize and pooling == "none":
+        raise InvalidInput(
+            "applies to pooled vectors: set pooling (mean, cls, max)", field=("normalize",)
+        )
+    if request.dimensions is not None:
+        allowed = info.manifest.matryoshka_dimensions
+        if not allowed:
+            raise InvalidInput(
+                f"model {info.name!r} was not trained for shortened embeddings (its "
+                "manifest declares no Matryoshka dimensions): omit dimensions",
+                field=("dimensions",),
+            )
+        if request.dimensions not in allowed:
+            raise InvalidInput(
+                f"{request.dimensions} is not one of model {info.name!r}'s Matryoshka "
+                f"dimensions {list(allowed)}",
+                field=("dimensions",),
+            )
+        if pooling == "none":
+            raise InvalidInput("applies to pooled vectors", field=("dimensions",))
+    return pooling
+
+
+def _sequences(
+    info: ModelInfo,
+    inputs: list[InputItem],
+    tokenized: dict[int, text.Tokenized],
+    ids: dict[int, list[int]],
+    settings: Settings,
+    pooled_only: bool,
+) -> list[np.ndarray]:
+    """Per input: arrays decoded and checked, text and token ids as (id, type) pairs."""
+    sequences = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, ArrayInput):
+            sequences.append(limits.check_array(item.decode(), ("inputs", i), info.config.d_model))
+        elif i in tokenized:
+            _, token_ids, type_ids = tokenized[i]
+            sequences.append(text.id_pairs(token_ids, type_ids))
+        else:  # bare token ids: type 0, as the tokenizer gives a single text
+            sequences.append(text.id_pairs(ids[i]))
+    # Again on what was decoded: a protocol may not know a length before decoding.
+    limits.check_lengths(
+        [len(s) for s in sequences], info, settings, "inputs", pooled_only=pooled_only
+    )
+    return sequences
+
+
+def _answer_cost(
+    request: EncodeRequest,
+    info: ModelInfo,
+    sequences: list[np.ndarray],
+    tokens: list[list[str] | None],
+    options: Options,
+    span_tokens: list[list[list[int]] | None],
+    settings: Settings,
+    by_token_ids: bool,
+) -> tuple[float, int]:
+    """The answer's size (413 beyond ATTNSERVE_MAX_RESPONSE_BYTES) and the working
+    memory the request holds until it is sent, from token lengths alone."""
+    cfg = info.config
+    lengths = [len(s) for s in sequences]
+    answer_lengths = lengths
+    if request.pad_to is not None:
+        answer_lengths = [max(request.pad_to, *lengths)] * len(lengths)
+    shape = limits.answer_shape(
+        answer_lengths,
+        cfg.d_model,
+        attention=limits.attention_maps(request.attention, len(options.layers), len(options.heads))
+        if request.return_attention
+        else None,
+        embeddings=request.return_embeddings,
+        pooled_width=None if options.pooling == "none" else (request.dimensions or cfg.d_model),
+        hidden_states=len(options.hidden_layers) if request.return_hidden_states else 0,
+        tokens=tokens,
+        spans=[0 if spans is None else len(spans) for spans in span_tokens],
+    )
+    size = limits.check_response_size(shape, request.wire_cost, info.name, settings)
+    # Token ids another graph cannot take are embedded before their run: as many floats
+    # per token as an array input holds.
+    held = [
+        len(s) * cfg.d_model * FLOAT_BYTES if s.dtype == np.int64 and not by_token_ids else s.nbytes
+        for s in sequences
+    ]
+    running, inputs_held = lengths, 0
+    part = settings.max_sequences
+    if len(lengths) > part:  # it runs in parts, PARTS_IN_FLIGHT at a time
+        parts = [lengths[i : i + part] for i in range(0, len(lengths), part)]
+        in_flight = sorted(parts, key=sum, reverse=True)[:PARTS_IN_FLIGHT]
+        running = [n for p in in_flight for n in p]
+        inputs_held = sum(held)  # each input waits for its part
+    work = limits.work_bytes(
+        running,
+        cfg,
+        request.return_attention,
+        request.return_hidden_states,
+        shape,
+        size,
+        request.wire_cost.copies,
+    )
+    return size, work + inputs_held

@@ -1,0 +1,223 @@
+"""The engine's text front end: every rule of text and token ids, in one place.
+
+Texts are bounded (by characters, then by the tokens of a prefix: see
+``limits.bound_text``), tokenized by the model's own tokenizer and their lengths
+checked; token ids must be the model's own; spans (late chunking) become token
+indices; ids decode back to text. Nothing here runs a graph: a tokenized text
+becomes (token id, token type) pairs, which the batcher embeds or runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from service.engine import limits
+from service.engine.types import (
+    DecodeRequest,
+    DecodeResult,
+    InputItem,
+    Pooling,
+    SpannedText,
+    TokenizedText,
+    TokenizeRequest,
+    TokenizeResult,
+)
+from service.errors import InvalidInput, UnsupportedByModel
+from service.model_info import ModelInfo
+from service.runtime import ModelRuntime
+from service.settings import Settings
+
+# Out-of-vocabulary token ids named in an error, at most.
+SHOWN_IDS = 10
+
+# A text's (tokens, ids, type ids), as the tokenizer gives them.
+Tokenized = tuple[list[str], list[int], list[int]]
+
+
+def text_of(item: str | SpannedText) -> str:
+    return item.text if isinstance(item, SpannedText) else item
+
+
+def bound(
+    runtime: ModelRuntime, texts: dict[int, str], truncate: bool, field: str
+) -> dict[int, str]:
+    """Texts by their index in the request's ``field``, bounded before tokenizing (422
+    for a model without a tokenizer)."""
+    info = runtime.info
+    if texts and not info.has_tokenizer:
+        raise UnsupportedByModel(
+            f"model {info.name!r} has no tokenizer: send token embeddings as arrays, or use "
+            "a model exported from a checkpoint with a tokenizer (e.g. minilm-l6)"
+        )
+    return {
+        i: limits.bound_text(text, info, truncate, (field, i), runtime.final_tokens)
+        for i, text in texts.items()
+    }
+
+
+def tokenize(
+    runtime: ModelRuntime, bounded: dict[int, str], truncate: bool, *, special_tokens: bool = True
+) -> dict[int, Tokenized]:
+    """Bounded texts (``bound``) tokenized, by the same index. Their lengths are the
+    caller's to check, beside any other inputs of the request."""
+    if not bounded:
+        return {}
+    found = runtime.tokenize(
+        list(bounded.values()), truncate=truncate, special_tokens=special_tokens
+    )
+    return dict(zip(bounded, found, strict=True))
+
+
+def tokenize_all(
+    runtime: ModelRuntime,
+    texts: list[str],
+    truncate: bool,
+    field: str,
+    settings: Settings,
+    *,
+    pooled_only: bool,
+    special_tokens: bool = True,
+) -> tuple[list[str], list[Tokenized]]:
+    """A request made only of texts: counted, bounded, tokenized, every length checked.
+    The bounded texts are handed back beside their tokens."""
+    limits.check_sequence_count(len(texts), settings, pooled_only=pooled_only)
+    bounded = bound(runtime, dict(enumerate(texts)), truncate, field)
+    found = tokenize(runtime, bounded, truncate, special_tokens=special_tokens)
+    encoded = [found[i] for i in range(len(texts))]
+    lengths: list[int | None] = [len(tokens) for tokens, _, _ in encoded]
+    limits.check_lengths(lengths, runtime.info, settings, field, pooled_only=pooled_only)
+    return [bounded[i] for i in range(len(texts))], encoded
+
+
+def id_pairs(token_ids: list[int], type_ids: list[int] | None = None) -> np.ndarray:
+    """An id-taking graph's input for one sequence: int64 [n, 2] of (token id, type);
+    type 0 throughout when not given (bare token ids)."""
+    pair = np.zeros((len(token_ids), 2), dtype=np.int64)
+    pair[:, 0] = token_ids
+    if type_ids is not None:
+        pair[:, 1] = type_ids
+    return pair
+
+
+def check_token_ids(info: ModelInfo, ids: dict[int, list[int]], field: str = "inputs") -> None:
+    """Token ids must be the model's own: it has a tokenizer and each id is in range."""
+    text = info.manifest.text
+    if text is None or not info.has_tokenizer:
+        raise UnsupportedByModel(
+            f"model {info.name!r} has no tokenizer, so it has no token ids: send token "
+            "embeddings as arrays"
+        )
+    for i, seq in ids.items():
+        if not seq:
+            raise InvalidInput("holds no token ids", field=(field, i))
+        bad = sorted({t for t in seq if not 0 <= t < text.vocab_size})
+        if bad:
+            shown = ", ".join(map(str, bad[:SHOWN_IDS])) + (", ..." if len(bad) > SHOWN_IDS else "")
+            raise InvalidInput(
+                f"token ids {shown} are outside the vocabulary of model {info.name!r} "
+                f"(0..{text.vocab_size - 1}): send ids of this model's own tokenizer "
+                "(e.g. from /v1/tokenize), or send text",
+                field=(field, i),
+            )
+
+
+def span_tokens(
+    runtime: ModelRuntime, inputs: list[InputItem], truncate: bool, pooling: Pooling
+) -> list[list[list[int]] | None]:
+    """Late chunking: per input, the tokens of each span (those whose first character
+    lies inside it, special tokens excluded); None for inputs without spans."""
+    spanned = {i: item for i, item in enumerate(inputs) if isinstance(item, SpannedText)}
+    found: list[list[list[int]] | None] = [None] * len(inputs)
+    if not spanned:
+        return found
+    if pooling not in ("mean", "max"):
+        raise InvalidInput(
+            "spans are pooled per chunk: set pooling to mean or max",
+            field=("inputs", next(iter(spanned)), "spans"),
+        )
+    texts = [
+        limits.bound_text(item.text, runtime.info, truncate, (), runtime.final_tokens)
+        for item in spanned.values()
+    ]
+    token_spans = runtime.token_spans(texts, truncate=truncate)
+    for (i, item), spans in zip(spanned.items(), token_spans, strict=True):
+        starts = [None if span is None else span[0] for span in spans]
+        per_span = []
+        for k, (begin, end) in enumerate(item.spans):
+            held = [t for t, c in enumerate(starts) if c is not None and begin <= c < end]
+            if not held:
+                raise InvalidInput(
+                    f"span [{begin}, {end}) holds no token (only whitespace, or beyond "
+                    "the truncated text)",
+                    field=("inputs", i, "spans", k),
+                )
+            per_span.append(held)
+        found[i] = per_span
+    return found
+
+
+def tokenize_texts(
+    runtime: ModelRuntime, request: TokenizeRequest, settings: Settings
+) -> tuple[TokenizeResult, list[np.ndarray]]:
+    """``/v1/tokenize`` without embeddings, and the id pairs to embed if it asks for them
+    (its answer's size checked first: 413 before any graph runs)."""
+    info = runtime.info
+    if not request.texts:
+        raise InvalidInput("is empty: send at least one string", field=("texts",))
+    # Tokens alone are a small answer (like pooled vectors): the larger limits apply.
+    small = not request.return_embeddings
+    bounded, encoded = tokenize_all(
+        runtime,
+        request.texts,
+        request.truncate,
+        "texts",
+        settings,
+        pooled_only=small,
+        special_tokens=request.special_tokens,
+    )
+    to_embed: list[np.ndarray] = []
+    if request.return_embeddings:
+        shape = limits.answer_shape(
+            [len(tokens) for tokens, _, _ in encoded],
+            info.config.d_model,
+            attention=None,
+            embeddings=True,
+            pooled_width=None,
+            tokens=[tokens for tokens, _, _ in encoded],
+        )
+        limits.check_response_size(shape, request.wire_cost, info.name, settings)
+        to_embed = [id_pairs(ids, types) for _, ids, types in encoded]
+    spans: list[list[tuple[int, int] | None] | None] = [None] * len(encoded)
+    if request.spans:
+        spans = list(
+            runtime.token_spans(
+                bounded, truncate=request.truncate, special_tokens=request.special_tokens
+            )
+        )
+    texts = [
+        TokenizedText(tokens, ids, None, span)
+        for (tokens, ids, _), span in zip(encoded, spans, strict=True)
+    ]
+    return TokenizeResult(info.name, texts), to_embed
+
+
+def with_embeddings(result: TokenizeResult, embedded: list[np.ndarray]) -> TokenizeResult:
+    """``result`` with each text's input embeddings [n, d]."""
+    texts = [
+        dataclasses.replace(item, embeddings=emb)
+        for item, emb in zip(result.items, embedded, strict=True)
+    ]
+    return dataclasses.replace(result, items=texts)
+
+
+def decode(runtime: ModelRuntime, request: DecodeRequest, settings: Settings) -> DecodeResult:
+    """Token ids back to text, each list checked as the model's own ids."""
+    info = runtime.info
+    if not request.ids:
+        raise InvalidInput("is empty: send at least one list of ids", field=("ids",))
+    limits.check_sequence_count(len(request.ids), settings, pooled_only=True)
+    limits.check_lengths([len(ids) for ids in request.ids], info, settings, "ids", pooled_only=True)
+    check_token_ids(info, dict(enumerate(request.ids)), field="ids")
+    return DecodeResult(info.name, runtime.decode(request.ids, skip_special_tokens=request.skip))
