@@ -1,6 +1,12 @@
-"""The protocol-neutral engine: typed numpy in, typed numpy out (see ``engine.py``)."""
+"""The protocol-neutral engine: typed numpy in, typed numpy out (see ``engine.py``).
+
+Protocols import these names, never ``limits`` itself: ``check_json_items`` (a body's
+JSON item bound, checked as an HTTP body arrives) and ``serving_limits`` (what TEI's
+``/info`` reports) are the engine's rules, exposed here.
+"""
 
 from service.engine.engine import OFFLOAD_BYTES, Engine, PreparedEncode
+from service.engine.limits import check_json_items, serving_limits
 from service.engine.scope import Access, Caller, RequestScope
 from service.engine.types import (
     AnswerShape,
@@ -12,6 +18,7 @@ from service.engine.types import (
     EncodeResult,
     InputItem,
     SequenceOutput,
+    ServingLimits,
     SpannedText,
     SparseRequest,
     SparseResult,
@@ -40,6 +47,7 @@ __all__ = [
     "PreparedEncode",
     "RequestScope",
     "SequenceOutput",
+    "ServingLimits",
     "SpannedText",
     "SparseRequest",
     "SparseResult",
@@ -48,4 +56,6 @@ __all__ = [
     "TokenizeResult",
     "TokenizedText",
     "WireCost",
+    "check_json_items",
+    "serving_limits",
 ]

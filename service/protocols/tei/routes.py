@@ -18,7 +18,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.engine import EncodeRequest, EncodeResult, Engine
+from service.engine import EncodeRequest, EncodeResult, Engine, serving_limits
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.context import scope_of
@@ -82,7 +82,7 @@ async def tei_info(engine: EngineDep) -> JSONResponse:
     per request of pooled vectors)."""
     model = engine.model(None)
     pooling = model.manifest.pooling or "mean"
-    return JSONResponse(codec.info(model, engine.settings, pooling))
+    return JSONResponse(codec.info(model, serving_limits(engine.settings), pooling))
 
 
 # POST / is /embed under another name (huggingface_hub posts there); not in the OpenAPI
