@@ -322,7 +322,7 @@ class BaseClient:
 
     def _http_options(self) -> dict[str, Any]:
         """What ``httpx.Client`` and ``httpx.AsyncClient`` are made with, but the transport."""
-        headers = {"Accept": "application/json", "User-Agent": "attnserve-client/0.1"}
+        headers = {"Accept": "application/json", "User-Agent": C.USER_AGENT}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return {"base_url": self.base_url, "headers": headers, "timeout": self.timeout}

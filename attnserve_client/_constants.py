@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Final
+
+# The installed distribution's version (pyproject.toml's, its one source): the SDK and the
+# server ship together.
+VERSION: Final = version("attnserve")
+USER_AGENT: Final = f"attnserve-client/{VERSION}"
 
 ENV_BASE_URL: Final = "ATTNSERVE_BASE_URL"
 ENV_API_KEY: Final = "ATTNSERVE_API_KEY"

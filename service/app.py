@@ -35,6 +35,7 @@ from service.protocols.openai.routes import PROTOCOL as OPENAI
 from service.protocols.protocol import Protocol
 from service.protocols.tei.routes import PROTOCOL as TEI
 from service.settings import Settings
+from service.version import VERSION
 from service.viewer import add_viewer
 
 HTTP_ERROR_TYPES = {status: kind for status, kind, _ in HTTP_ERRORS}
@@ -62,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = Engine(settings, Metrics())
     app = FastAPI(
         title="attnserve",
-        version="0.1.0",
+        version=VERSION,
         summary="Contextualized embeddings and attention weights from self-attention encoders.",
         lifespan=_lifespan(engine),
         # No redirects: /v1/encode/ is a 404, not a Location built from the client's Host.

@@ -51,6 +51,9 @@ from service.run_planner import RunCostModel, plan_runs
 from service.runtime import ModelRuntime, pad
 from service.settings import Settings
 
+# Explicitly re-exported: service/engine/engine.py still imports it from here.
+from service.timing import RunTiming
+
 log = logging.getLogger(__name__)
 
 # One sequence's outputs by name, trimmed to its n tokens: last_hidden_state [n, d],
@@ -74,28 +77,6 @@ RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
 # this factor: the cost model is fitted on a shared machine and may be off by tens of
 # percent, and a request that might still finish must never be refused.
 LATE_FACTOR = 1.5
-
-
-@dataclass
-class RunTiming:
-    """Where one request's time went (seconds): preparing by the engine, the rest by
-    the batcher."""
-
-    # When (time.monotonic()) each phase began and ended, for traces; None: never reached.
-    prepare_began: float | None = None  # parsing, tokenizing, checking: before queueing
-    prepare_ended: float | None = None
-    queued: float | None = None  # first submitted to the batcher
-    started: float | None = None  # its first run began
-    finished: float | None = None  # its last run ended
-    queue: float = 0.0  # from submission to its first run
-    compute: float = 0.0  # the runs that held its sequences (shared with their batch)
-
-    @property
-    def prepare(self) -> float:
-        """Seconds spent preparing (0 if it never was)."""
-        if self.prepare_began is None or self.prepare_ended is None:
-            return 0.0
-        return self.prepare_ended - self.prepare_began
 
 
 @dataclass

@@ -25,8 +25,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.asgi_keys import ANSWER_CUT
 from service.metrics import Metrics
-from service.protocols.context import ANSWER_CUT
 from service.settings import Settings
 
 log = logging.getLogger(__name__)

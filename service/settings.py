@@ -1,4 +1,9 @@
-"""Service settings: the only reader of the environment (prefix ``ATTNSERVE_``)."""
+"""Service settings: the only reader of the environment (prefix ``ATTNSERVE_``).
+
+Each field's description (Markdown) is its row of docs/deployment.md's settings
+table, with its default and lower bound: ``python -m service.settings`` prints
+the table and a test checks that the page holds it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -17,96 +23,131 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="ignore")
 
     model_repository: Path = Field(
-        Path("models"), description="Directory with one sub-directory per model (model_export)."
+        Path("models"),
+        description=(
+            "Directory with one sub-directory per model (written by `python -m model_export`); the "
+            "server refuses to start if it is missing, empty, or a model's files do not match "
+            "their SHA-256 in its manifest (`config.json`), or the manifest's `format_version` is "
+            "not one this server reads."
+        ),
     )
     default_model: str | None = Field(
-        None, description="Model used when a request names none; the only/first model if unset."
+        None, description="Model for requests that name none; unset: the alphabetically first."
     )
     model_control: Literal["none", "explicit", "poll"] = Field(
         "none",
-        description="none: every model directory loads at start, for good. explicit: the "
-        "default model and ATTNSERVE_LOAD_MODELS load at start, others on "
-        "POST /v2/repository/models/{name}/load (and unload). poll: the repository is "
-        "rescanned every ATTNSERVE_POLL_SECONDS; a new or changed model directory is loaded "
-        "beside the serving one and swapped in.",
+        description=(
+            "`none`: every model directory loads at start, for good; `explicit`: the default model "
+            "and `ATTNSERVE_LOAD_MODELS` load at start, others through the repository API (`POST "
+            "/v2/repository/models/{name}/load`, and `unload`); `poll`: the repository is "
+            "rescanned every `ATTNSERVE_POLL_SECONDS`, new or changed directories are loaded "
+            "beside the serving version and swapped in, removed ones unloaded."
+        ),
     )
     version_policy: Literal["latest", "all"] = Field(
         "latest",
-        description="Which versions of a model directory (<name>/<version>/) are loaded: "
-        "latest, the highest (a new one replaces it, the old is freed after its last run); "
-        "all, every one, the highest serving unless a request names another.",
+        description=(
+            "Which versions of a model directory (`<name>/<version>/`) are loaded: `latest`, only "
+            "the highest (a new one replaces it; the old is freed after its last run); `all`, "
+            "every one, the highest serving unless a request names another."
+        ),
     )
     load_models: str = Field(
         "",
-        description="explicit mode: comma-separated model directories loaded at start, "
-        "besides the default model ('*': all of them).",
+        description=(
+            "`explicit` mode: comma-separated model directories loaded at start besides the "
+            "default model (`*`: all of them)."
+        ),
     )
     poll_seconds: float = Field(
-        15.0, gt=0, description="poll mode: seconds between two scans of the repository."
+        15.0, gt=0, description="`poll` mode: seconds between two scans of the repository."
     )
     model_memory_bytes: int = Field(
         8192 * MiB,
         ge=16 * MiB,
-        description="Memory budget of the loaded models (estimated from their files and their "
-        "architecture); a load "
-        "that would exceed it is refused with the reason. A swap holds both versions until "
-        "the old one's last run ends.",
+        description=(
+            "Memory budget of the loaded models, estimated from their files and their architecture "
+            "(at least one byte per weight of each graph); a load beyond it is refused (400 "
+            "`load_failed`, with the numbers; at start: the server does not start) before any file "
+            "is hashed or opened. A swap holds both versions until the old one's last run ends."
+        ),
     )
     follow_symlinks: bool = Field(
         False,
-        description="Follow symbolic links that leave the model repository (a model "
-        "directory, or a file its config.json names, linked from elsewhere). Off: such a "
-        "model is refused, so whoever can write a model directory cannot make the server "
-        "read files beyond the repository; links inside it are always followed.",
+        description=(
+            "Follow symbolic links that leave the model repository (a model directory, or a file "
+            "its `config.json` names, linked from elsewhere). `false`: such a model is refused, so "
+            "whoever can write a model directory cannot make the server read files beyond the "
+            "repository (see [models.md](models.md#a-model-directory-is-untrusted-input)); links "
+            "inside it are always followed."
+        ),
     )
     response_cache_bytes: int = Field(
         64 * MiB,
         ge=0,
-        description="Bytes of answers kept for requests that come again (keyed by model "
-        "version, exact inputs and options, and API key); 0 turns the cache off.",
+        description=(
+            "Bytes of answers kept for requests that come again (keyed by model version, exact "
+            "inputs and options, and API key; least recently used evicted first); `0` turns the "
+            "cache off."
+        ),
     )
     response_cache_shared: bool = Field(
         False,
-        description="Without ATTNSERVE_API_KEY the server cannot tell callers apart, and a "
-        "hit (its x-cache header, its speed) would tell one caller what another sent: the "
-        "cache is then off unless this is true (one tenant, or callers that may see each "
-        "other's texts). With API keys each key has its own partition either way.",
+        description=(
+            "Without `ATTNSERVE_API_KEY` the server cannot tell callers apart, and a hit (its "
+            "`x-cache` header, its speed) would tell one caller what another sent: the cache is "
+            "then off unless this is `true` (one tenant, or callers that may see each other's "
+            "texts). With API keys each key has its own partition either way."
+        ),
     )
     otlp_endpoint: str | None = Field(
         None,
-        description="OpenTelemetry: the OTLP/HTTP collector's base URL (e.g. "
-        "http://otel-collector:4318); one span per request, with its phases, is sent to "
-        "<endpoint>/v1/traces. Unset: no traces are made or sent.",
+        description=(
+            "OpenTelemetry: the OTLP/HTTP collector's base URL (e.g. "
+            "`http://otel-collector:4318`); one span per request, with its phases, is sent to "
+            "`<endpoint>/v1/traces`. Unset: no traces are made or sent."
+        ),
     )
-    host: str = Field("127.0.0.1", description="Interface to bind.")
-    port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
+    host: str = Field(
+        "127.0.0.1", description="Interface to listen on (HTTP, and gRPC on its own port)."
+    )
+    port: int = Field(8000, ge=0, le=65535, description="TCP port of the HTTP API.")
     tei: bool = Field(
         True,
-        description="Serve Hugging Face text-embeddings-inference's API (POST / and /embed, "
-        "/embed_all, /embed_sparse, /similarity, /tokenize, /decode, GET /info, /health) "
-        "for its clients.",
+        description=(
+            "Serve Hugging Face text-embeddings-inference's routes (`POST /`, `/embed`, "
+            "`/embed_all`, `/embed_sparse`, `/similarity`, `/tokenize`, `/decode`, `/invocations`, "
+            "`GET /info`, `/health`, `/ping`) for its clients."
+        ),
     )
     grpc_port: int = Field(
         8001,
         ge=0,
         le=65535,
-        description="TCP port of the Open Inference Protocol over gRPC (Triton's default "
-        "8001), on the same host, engine and limits as HTTP; 0 turns gRPC off.",
+        description=(
+            "TCP port of the Open Inference Protocol over gRPC (Triton's default 8001), on "
+            "`ATTNSERVE_HOST`, with the same engine and limits as HTTP; `0` turns gRPC off."
+        ),
     )
     api_key: SecretStr | None = Field(
         None,
-        description="Comma-separated keys (a key cannot hold a comma), any of which is "
-        "accepted: when set, /v1/*, /v2/models/* and TEI's routes require 'Authorization: "
-        "Bearer <key>' (health, metrics and server metadata stay open for probes and "
-        "scrapers). Several keys let one be rotated without a restart of every client.",
+        description=(
+            "Comma-separated keys (a key cannot hold a comma), any of which is accepted: when set, "
+            "`/v1/*`, `/v2/models/*` and TEI's routes (but `/health`, `/ping`) require "
+            "`Authorization: Bearer <key>` (401 otherwise); health, metrics and server metadata "
+            "stay open for probes and scrapers. Printable ASCII without spaces, else the server "
+            "refuses to start. Several keys let one be rotated without a restart of every client. "
+            "Listening on a non-loopback address without a key logs a warning."
+        ),
     )
 
     admin_keys: SecretStr | None = Field(
         None,
-        description="Comma-separated keys for the model repository API (/v2/repository/*). "
-        "When set, those calls need 'Authorization: Bearer <admin key>'; when unset and "
-        "ATTNSERVE_API_KEY is set, the repository API is refused (inference keys never "
-        "manage models).",
+        description=(
+            "Comma-separated keys for the model repository API (`/v2/repository/*`, "
+            "`Authorization: Bearer <admin key>`); unset while `ATTNSERVE_API_KEY` is set: the "
+            "repository API is refused (inference keys never manage models)."
+        ),
     )
 
     @property
@@ -131,52 +172,77 @@ class Settings(BaseSettings):
         return value
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
-        "info", description="Log level of the service and uvicorn."
+        "info",
+        description=(
+            "Log level of the service and uvicorn: `critical`, `error`, `warning`, `info` or "
+            "`debug`."
+        ),
     )
     log_format: Literal["text", "json"] = Field(
         "text",
-        description="text: one readable line per record; json: one JSON object per line "
-        "(time, level, logger, message, request_id) for log collectors.",
+        description=(
+            "`text`: one readable line per record; `json`: one JSON object per line (`time`, "
+            "`level`, `logger`, `message`, `request_id`, `exception`), uvicorn's access log "
+            "included, for log collectors."
+        ),
     )
 
     max_seq_len: int = Field(
-        512, ge=1, description="Longest sequence accepted (also capped by each model's own limit)."
+        512,
+        ge=1,
+        description=(
+            "Tokens per sequence, further capped by each model's own `max_seq_len` (413)."
+        ),
     )
     max_sequences: int = Field(
         64,
         ge=1,
-        description="Most sequences in one request whose answer is per token (embeddings, "
-        "attention, hidden states); also the size of the parts a larger pooled request runs in.",
+        description=(
+            "Sequences per request whose answer is per token (embeddings, attention, hidden "
+            "states) (413); also the size of the parts a larger pooled request runs in."
+        ),
     )
-    max_tokens: int = Field(16384, ge=1, description="Most tokens (sum of lengths) in one request.")
+    max_tokens: int = Field(
+        16384, ge=1, description="Tokens per request, summed over its sequences (413)."
+    )
     max_pooled_sequences: int = Field(
         2048,
         ge=1,
-        description="Most sequences in one request that asks only for pooled vectors (pooling "
-        "set, no per-token embeddings, attention or hidden states): OpenAI accepts 2,048 inputs "
-        "and LangChain sends 1,000. The engine runs it in parts of ATTNSERVE_MAX_SEQUENCES.",
+        description=(
+            "Sequences per request that asks only for pooled vectors (`/v1/embeddings`; "
+            "`/v1/encode` with `pooling` and `return_embeddings: false`; `/v2` and gRPC asking "
+            "only for `pooled`) (413): OpenAI accepts 2,048 inputs and LangChain sends 1,000. The "
+            "engine runs it in parts of `ATTNSERVE_MAX_SEQUENCES`."
+        ),
     )
     max_pooled_tokens: int = Field(
         262144,
         ge=1,
-        description="Most tokens in one request that asks only for pooled vectors.",
+        description="Tokens per request that asks only for pooled vectors (413).",
     )
-    max_body_bytes: int = Field(32 * MiB, ge=1024, description="Largest request body accepted.")
+    max_body_bytes: int = Field(32 * MiB, ge=1024, description="Request body size (413).")
     max_response_bytes: int = Field(
         128 * MiB,
         ge=1024,
-        description="Largest response the server will build; larger asks are refused up front.",
+        description=(
+            "Response size, bounded from above before inference (413): 17 bytes per number for "
+            "`float` (the longest float32 orjson writes, with its separator, plus brackets) and "
+            "16/3 for `base64`, plus each protocol's envelope and token strings."
+        ),
     )
 
     intra_op_threads: int = Field(
-        0, ge=0, description="onnxruntime intra-op threads per session (0: one per core)."
+        0, ge=0, description="onnxruntime intra-op threads per session (`0`: one per core)."
     )
     inter_op_threads: int = Field(1, ge=1, description="onnxruntime inter-op threads.")
     providers: str = Field(
         "CPUExecutionProvider",
-        description="onnxruntime execution providers, comma-separated in order of preference "
-        "(e.g. 'CUDAExecutionProvider,CPUExecutionProvider' with onnxruntime-gpu installed); "
-        "the server refuses to start when one is not available in this onnxruntime.",
+        description=(
+            "onnxruntime execution providers, comma-separated in order of preference "
+            "(`CUDAExecutionProvider,CPUExecutionProvider` with onnxruntime-gpu installed, "
+            "`TensorrtExecutionProvider,...`); the server refuses to start when this onnxruntime "
+            "lacks one (see [GPUs](#gpus))."
+        ),
     )
 
     @property
@@ -186,112 +252,158 @@ class Settings(BaseSettings):
     max_concurrent_codecs: int = Field(
         1,
         ge=1,
-        description="Requests decoded, tokenized or serialised off the event loop at once "
-        "(small bodies, parsed on the loop, have one more slot of their own). More lets codec "
-        "work take the cores onnxruntime runs on.",
+        description=(
+            "Requests decoded, tokenized or serialised on worker threads at once (small array-only "
+            "bodies are handled on the event loop; other small bodies, up to ~64 KiB, have one "
+            "more slot of their own, so a one-text request is never tokenized after megabyte "
+            "bodies). More lets codec work take the cores onnxruntime runs on (measured: 1 and 4 "
+            "within noise on W2/W3, see [benchmarks.md](benchmarks.md))."
+        ),
     )
 
     allow_spinning: bool = Field(
         False,
-        description="Let onnxruntime threads spin while idle: a little more peak throughput "
-        "for much more idle CPU.",
+        description=(
+            "Let onnxruntime's threads spin-wait between runs: lower latency at low load, for "
+            "cores burnt while waiting under load (an idle server burns none either way; see "
+            "[Sizing on a small CPU](#sizing-on-a-small-cpu))."
+        ),
     )
     cpu_mem_arena: bool = Field(
         True,
-        description="onnxruntime's memory arena for the embeddings and hidden-state graphs "
-        "(the attention graph never has one): allocations are reused, but the arena keeps "
-        "the largest run's memory for good; false returns it after each run "
-        "(bench/bench_shape_churn.py measures both).",
+        description=(
+            "onnxruntime's memory arena for the embeddings and hidden-state graphs (the attention "
+            "graph never has one): allocations are reused, but the arena keeps the largest run's "
+            "memory for good; `false` returns it after each run (measured in "
+            "[benchmarks.md](benchmarks.md#memory-under-shape-churn-benchbench_shape_churnpy))."
+        ),
     )
 
     max_batch_tokens: int = Field(
         4096,
         ge=1,
-        description="Padded tokens (sequences x longest) per onnxruntime run formed by the "
-        "batcher; sequences from queued requests are grouped by length up to this budget.",
+        description=(
+            "Padded tokens (sequences × longest) per onnxruntime run the batcher forms from queued "
+            "requests, grouped by length."
+        ),
     )
     max_batch_attention_floats: int = Field(
         32 * 1024 * 1024,
         ge=1,
-        description="Attention weights (sequences x layers x heads x longest²) per run of "
-        "the attention graph: bounds its memory, which grows with the square of the length.",
+        description=(
+            "Attention weights (sequences × layers × heads × longest²) per run of the attention "
+            "graph: bounds its memory, which grows with the square of the length."
+        ),
     )
     max_queued_requests: int = Field(
         256,
         ge=1,
-        description="Requests past their body read and not yet answered, at most; beyond "
-        "it new ones get 429 (a body still arriving holds no slot).",
+        description=(
+            "Requests in progress: counted once the body is read, released once the answer has "
+            "been sent; beyond it 429 with `Retry-After` (a body still arriving holds no slot)."
+        ),
     )
     max_inflight_bytes: int = Field(
         2048 * MiB,
         ge=16 * MiB,
-        description="Memory budget of all requests in progress: bodies as they arrive (x4 "
-        "for parsing) plus each admitted request's working memory (decoded inputs, model "
-        "outputs, answer). Beyond it new requests get 429; one request needing more than "
-        "all of it gets 413.",
+        description=(
+            "Memory all requests in progress may hold: what each body will cost to parse, as its "
+            "bytes arrive (a JSON body ~13× its bytes plus 40 bytes per value, 64 per array or "
+            "object and 48 per string, measured with orjson: `service/protocols/wire.py`; binary "
+            "tensor bytes ×2; what a `Content-Length` announces costs nothing until sent), then "
+            "each admitted request's working memory (decoded inputs, the model outputs kept per "
+            "sequence, the answer's arrays and bytes), held until the answer has been sent. Full: "
+            "429 with `Retry-After`; one request needing more than all of it: 413 (see [Memory "
+            "budget](#memory-budget))."
+        ),
     )
     body_timeout: float = Field(
         30.0,
         gt=0,
-        description="Seconds a request may take to send its whole body; slower ones get 408.",
+        description=(
+            "Seconds to receive a whole body (408), or a gRPC call's message (`DEADLINE_EXCEEDED`)."
+        ),
     )
     request_timeout: float = Field(
         60.0,
         gt=0,
-        description="Deadline of a request, from its arrival, unless its X-Request-Timeout "
-        "header asks for less; one still queued at its deadline is dropped and gets 504.",
+        description=(
+            "Deadline of each inference request from its arrival; a client may ask for less with "
+            "the header `X-Request-Timeout: <seconds>` (float). Still queued at the deadline: "
+            "dropped before inference, 504 `deadline_exceeded`."
+        ),
     )
     drain_seconds: float = Field(
         5.0,
         ge=0,
-        description="After SIGTERM: seconds to keep listening (readiness 503, new work 503) "
-        "while load balancers stop routing here; accepted requests are answered meanwhile.",
+        description=(
+            "After SIGTERM: seconds the listener stays open answering readiness and new work with "
+            "503 `shutting_down` while load balancers stop routing here; accepted requests are "
+            "answered meanwhile (see [Shutdown and drain](#shutdown-and-drain))."
+        ),
     )
     shutdown_timeout: float = Field(
         30.0,
         gt=0,
-        description="After SIGTERM: seconds until the process has exited (status 0), drain "
-        "included, whatever clients do; requests still running 2.5 s before it are answered "
-        "503 shutting_down (the time to send that and stop the server).",
+        description=(
+            "After SIGTERM: seconds until the process has exited with status 0, drain included, "
+            "whatever clients do; requests still running 2.5 s before it are answered 503 "
+            "`shutting_down` (the time to send that and stop the server). Must exceed "
+            "`ATTNSERVE_DRAIN_SECONDS`."
+        ),
     )
     max_connections: int = Field(
         4096,
         ge=16,
-        description="Open client connections, at most (also kept below the file-descriptor "
-        "limit, which the server raises to its hard limit at start); beyond it new "
-        "connections are closed at once and a warning logged.",
+        description=(
+            "Open client connections; also kept 64 below the file-descriptor limit, whose soft "
+            "value the server raises to the hard one at start. Beyond it new connections are "
+            "closed at once and a warning is logged (at most every 10 s)."
+        ),
     )
     header_timeout: float = Field(
         10.0,
         gt=0,
-        description="Seconds a connection may take to send a request's headers (also how "
-        "long a new connection may stay silent); then it is closed.",
+        description=(
+            "Seconds a connection may take to send a request's headers, or stay silent after "
+            "connecting (or after an answer, for the rest of an early-refused body); then it is "
+            "answered 408 if a request had begun, and closed."
+        ),
     )
     send_timeout: float = Field(
         30.0,
         gt=0,
-        description="Seconds a client may leave an answer unread (the socket's send buffer "
-        "full, no progress); then the connection is dropped and the answer's memory freed.",
+        description=(
+            "Seconds a client may leave its answer unread (send buffer full, no progress; over "
+            "gRPC, the whole answer not taken by HTTP/2 flow control); then the connection is "
+            "dropped and the answer's memory freed. Answers stay counted in the memory budget "
+            "until sent."
+        ),
     )
     keep_alive_timeout: float = Field(
         30.0,
         gt=0,
-        description="Seconds an idle keep-alive connection stays open; keep it above the "
-        "idle timeout of clients and load balancers, so they close first (a request sent "
-        "just as the server closes is lost to the client).",
+        description=(
+            "Seconds an idle keep-alive connection stays open; keep it above the idle timeout of "
+            "clients and load balancers, so they close first: a request sent just as the server "
+            "closes is lost to the client. httpx closes after 5 s; the shipped "
+            "`deploy/nginx/nginx.conf` after 20 s (`keepalive_timeout 20s`), so 30 suits it; "
+            "behind an nginx left at its default upstream `keepalive_timeout` of 60 s, set 75."
+        ),
     )
     max_header_bytes: int = Field(
         64 * 1024,
         ge=1024,
-        description="Request line plus headers, at most; beyond it 431 and the connection "
-        "is closed.",
+        description="Request line plus headers (431, and the connection is closed).",
     )
-    max_headers: int = Field(100, ge=8, description="Header lines per request, at most (431).")
-    warmup: bool = Field(True, description="Run a warm-up inference per graph before ready.")
+    max_headers: int = Field(100, ge=8, description="Header lines per request (431).")
+    warmup: bool = Field(True, description="Run one inference per graph before answering ready.")
     openai_truncate: bool = Field(
         False,
-        description="POST /v1/embeddings: cut texts longer than the model's max_seq_len instead "
-        "of refusing them with 400 (OpenAI's API refuses them).",
+        description=(
+            "`POST /v1/embeddings`: cut texts longer than the model's `max_seq_len` instead of "
+            "refusing them (400 `context_length_exceeded`, as OpenAI's API does)."
+        ),
     )
 
     @model_validator(mode="after")
@@ -309,3 +421,48 @@ def _key_list(keys: SecretStr | None) -> list[str]:
     if keys is None:
         return []
     return [k.strip() for k in keys.get_secret_value().split(",") if k.strip()]
+
+
+def _size(name: str, value: float) -> str:
+    """A number as the docs write it: bytes settings also in MiB or GiB."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = f"`{value}`"
+    if isinstance(value, int) and name.endswith("_bytes") and value >= MiB:
+        unit, size = ("GiB", value / 1024**3) if value >= 1024**3 else ("MiB", value / MiB)
+        text += f" ({size:g} {unit})"
+    return text
+
+
+def _default(name: str, value: object) -> str:
+    """A setting's default as the docs write it."""
+    if value is None:
+        return "unset"
+    if value == "":
+        return "empty"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, int | float):
+        return _size(name, value)
+    return f"`{value}`"
+
+
+def _meaning(name: str, field: FieldInfo) -> str:
+    """The field's description, and its lower bound where one matters (above 1)."""
+    floors = [m.ge for m in field.metadata if isinstance(getattr(m, "ge", None), int | float)]
+    floor = f" At least {_size(name, floors[0])}." if floors and floors[0] > 1 else ""
+    return f"{field.description}{floor}"
+
+
+def markdown_table() -> str:
+    """The settings table of docs/deployment.md (``python -m service.settings``): every
+    field's variable, default and description, in the order of the class."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        variable = f"`ATTNSERVE_{name.upper()}`"
+        lines.append(f"| {variable} | {_default(name, field.default)} | {_meaning(name, field)} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

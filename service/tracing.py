@@ -35,7 +35,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
-    from service.batcher import RunTiming
+    from service.timing import RunTiming
 
 SERVICE_NAME = "attnserve"
 PROPAGATOR = TraceContextTextMapPropagator()

@@ -1,7 +1,12 @@
-"""The protocol-neutral engine: typed numpy in, typed numpy out (see ``engine.py``)."""
+"""The protocol-neutral engine: typed numpy in, typed numpy out (see ``engine.py``).
+
+Protocols import these names, never ``limits`` itself: ``check_json_items`` (a body's
+JSON item bound, checked as an HTTP body arrives) and ``serving_limits`` (what TEI's
+``/info`` reports) are the engine's rules, exposed here.
+"""
 
 from service.engine.engine import Engine
-from service.engine.execute import OFFLOAD_BYTES
+from service.engine.limits import check_json_items, serving_limits
 from service.engine.prepare import PreparedEncode
 from service.engine.scope import Access, Caller, RequestScope
 from service.engine.types import (
@@ -14,6 +19,7 @@ from service.engine.types import (
     EncodeResult,
     InputItem,
     SequenceOutput,
+    ServingLimits,
     SpannedText,
     SparseRequest,
     SparseResult,
@@ -26,7 +32,6 @@ from service.engine.types import (
 from service.model_info import ModelInfo
 
 __all__ = [
-    "OFFLOAD_BYTES",
     "Access",
     "AnswerShape",
     "ArrayInput",
@@ -42,6 +47,7 @@ __all__ = [
     "PreparedEncode",
     "RequestScope",
     "SequenceOutput",
+    "ServingLimits",
     "SpannedText",
     "SparseRequest",
     "SparseResult",
@@ -50,4 +56,6 @@ __all__ = [
     "TokenizeResult",
     "TokenizedText",
     "WireCost",
+    "check_json_items",
+    "serving_limits",
 ]

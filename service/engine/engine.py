@@ -19,13 +19,14 @@ from typing import Any, TypeVar
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.batcher import Batcher, RunTiming
+from service.batcher import Batcher
 from service.engine import prepare, sparse, text
 from service.engine.admission import Admission, Ticket
 from service.engine.admit import Admit
 from service.engine.control import ModelControl
 from service.engine.execute import OFFLOAD_BYTES, Executor
 from service.engine.lifecycle import Lifecycle
+from service.engine.limits import serving_limits
 from service.engine.prepare import PreparedEncode
 from service.engine.registry import Registry
 from service.engine.response_cache import ResponseCache, allowed_bytes, request_key
@@ -36,6 +37,7 @@ from service.engine.types import (
     DecodeResult,
     EncodeRequest,
     EncodeResult,
+    ServingLimits,
     SparseRequest,
     SparseResult,
     TokenizeRequest,
@@ -46,6 +48,7 @@ from service.metrics import Metrics
 from service.model_info import ModelInfo
 from service.runtime import ModelRuntime
 from service.settings import Settings
+from service.timing import RunTiming
 from service.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -127,6 +130,10 @@ class Engine:
         busy = self.admission.saturated()
         if busy is not None:
             raise NotReady(f"saturated: {busy}", headers={"Retry-After": self.retry_after()})
+
+    def serving_limits(self) -> ServingLimits:
+        """The limits a client may want to know (TEI's ``/info`` reports them)."""
+        return serving_limits(self.settings)
 
     def retry_after(self) -> str:
         return self.lifecycle.retry_after()

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.batcher import Batcher, RunTiming, SequenceResult
+from service.batcher import Batcher, SequenceResult
 from service.engine.finish import finish
 from service.engine.lifecycle import Lifecycle
 from service.engine.prepare import PARTS_IN_FLIGHT, PreparedEncode
@@ -33,6 +33,7 @@ from service.fair_queue import Flow
 from service.metrics import Metrics
 from service.runtime import ModelRuntime
 from service.settings import Settings
+from service.timing import RunTiming
 
 T = TypeVar("T")
 P = TypeVar("P")  # what one part of a large request yields, per sequence

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from model_export.manifest import EncoderConfig
-from service.engine.types import AnswerShape, AttentionSpec, WireCost
+from service.engine.types import AnswerShape, AttentionSpec, ServingLimits, WireCost
 from service.errors import FieldPath, InvalidInput, PayloadTooLarge, SequenceTooLong
 from service.model_info import ModelInfo
 from service.settings import Settings
@@ -25,6 +25,16 @@ FLOAT32 = 4
 FIRST_PREFIX_CHARS_PER_TOKEN = 64
 # How much longer each next prefix is, when the previous one held too few tokens.
 PREFIX_GROWTH = 4
+
+
+def serving_limits(settings: Settings) -> ServingLimits:
+    """What a protocol may tell its clients about the limits that apply."""
+    return ServingLimits(
+        max_queued_requests=settings.max_queued_requests,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_pooled_sequences=settings.max_pooled_sequences,
+        max_concurrent_codecs=settings.max_concurrent_codecs,
+    )
 
 
 def max_json_items(settings: Settings) -> int:

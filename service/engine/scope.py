@@ -24,9 +24,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from service.batcher import RunTiming
 from service.engine.admission import Ticket
 from service.errors import InvalidHeader, Unauthorized, quoted
+from service.timing import RunTiming
 
 if TYPE_CHECKING:
     from service.engine.engine import Engine

@@ -242,3 +242,13 @@ class SparseResult:
     model: str
     vectors: list[SparseVector]
     tokens: int  # over every text, special tokens included
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """The limits a client may be told about (TEI's ``GET /info``), as numbers."""
+
+    max_queued_requests: int  # requests in progress at once (429 beyond)
+    max_batch_tokens: int  # padded tokens per onnxruntime run
+    max_pooled_sequences: int  # inputs per request of pooled vectors (413 beyond)
+    max_concurrent_codecs: int  # requests decoded or tokenized at once

@@ -17,13 +17,11 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.asgi_keys import ANSWER_CUT
 from service.engine import Engine
 from service.engine.scope import CLIENT_CLOSED, Caller, RequestScope
 
 SCOPE_KEY = "attnserve.scope"
-# Set in the scope by the server when the connection is lost before the answer was
-# complete (a client gone, or dropped at the send timeout): the answer never arrived.
-ANSWER_CUT = "attnserve.answer_cut"
 
 
 def scope_of(request: Request) -> RequestScope:

@@ -27,7 +27,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from service.engine import EncodeRequest, EncodeResult, Engine, limits
+from service.engine import EncodeRequest, EncodeResult, Engine, check_json_items
 from service.engine.scope import Access, Disconnected
 from service.errors import (
     ClientClosedRequest,
@@ -110,7 +110,7 @@ async def read_body(
                     json_part = chunk if len(chunk) <= json_left else chunk[:json_left]
                     json_left -= len(json_part)
                     json_cost.add(json_part)
-                    limits.check_json_items(json_cost.items, settings)
+                    check_json_items(json_cost.items, settings)
                 binary = size - json_cost.bytes
                 held = json_cost.decoded_bytes + BINARY_EXPANSION * binary
                 ticket.hold(held, "this request's body")

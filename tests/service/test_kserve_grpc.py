@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from model_export import graph_io
+from service.version import VERSION
 from tests.conftest import ServerProcess, free_port, server_process
 from tests.service.helpers import D_MODEL, MODEL
 
@@ -112,6 +113,7 @@ def test_metadata_and_health_match_http(servers: Servers) -> None:
     assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "1")
     server = client.get_server_metadata(as_json=True)
     assert server["name"] == "attnserve" and "binary_tensor_data" in server["extensions"]
+    assert server["version"] == VERSION  # as /v2 says it (tests/service/test_version.py)
     grpc_meta = client.get_model_metadata(MODEL, as_json=True)
     http = servers.http()
     http_meta = http.get_model_metadata(MODEL)

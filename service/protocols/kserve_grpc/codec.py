@@ -1,10 +1,11 @@
-"""``ModelInferRequest`` <-> the Open Inference Protocol tensors of ``kserve_v2.tensors``.
+"""``ModelInferRequest`` <-> the Open Inference Protocol tensors of ``open_inference.tensors``.
 
 Inputs arrive as ``raw_input_contents`` (one little-endian buffer per input, in
 input order, as tritonclient sends them) or as typed ``contents``; outputs are
 always sent as ``raw_output_contents``, each output's own buffer (no copy into a
 joined body). What the tensors mean (inputs a model takes, shapes, padding) is
-``tensors.py``'s, shared with the HTTP ``/v2``, so both answer the same numbers.
+``open_inference/tensors.py``'s, shared with the HTTP ``/v2``, so both answer the same
+numbers.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from service.engine import EncodeRequest, EncodeResult, ModelInfo
 from service.errors import InvalidInput, quoted
-from service.protocols.kserve_v2 import tensors
-from service.protocols.kserve_v2.tensors import InputTensor, Options, Reply
+from service.protocols.open_inference import tensors
+from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
 # The typed contents field of each datatype.
 CONTENTS = {

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import grpc
 
-from service.errors import ServiceError, field_name
-from service.protocols.kserve_v2.errors import RENAMES
+from service.errors import ServiceError
+from service.protocols.open_inference.errors import message
 
 CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -32,8 +32,6 @@ CODES = {
 
 def status(exc: ServiceError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
     """(code, message, trailing metadata) of an engine error."""
-    where = None if exc.field is None else field_name(exc.field, RENAMES)
-    message = exc.message if where is None else f"{where}: {exc.message}"
     retry = (exc.headers or {}).get("Retry-After")
     trailers = (("retry-after", retry),) if retry is not None else ()
-    return CODES.get(exc.status_code, grpc.StatusCode.INTERNAL), message, trailers
+    return CODES.get(exc.status_code, grpc.StatusCode.INTERNAL), message(exc), trailers

@@ -29,8 +29,8 @@ from service.engine.scope import Access
 from service.errors import NotReady
 from service.protocols.kserve_grpc import calls, codec
 from service.protocols.kserve_grpc.calls import Method
-from service.protocols.kserve_v2 import tensors
-from service.protocols.kserve_v2.routes import (
+from service.protocols.open_inference import tensors
+from service.protocols.open_inference.metadata import (
     EXTENSIONS,
     PLATFORM,
     SERVER_NAME,

@@ -5,7 +5,7 @@ bytes of every input that declares ``parameters.binary_data_size``, in input
 order; the header's length is the ``Inference-Header-Content-Length`` header
 (absent: the whole body is JSON). Content-Type is never consulted: tritonclient's
 sync client sends none, its async one ``application/octet-stream`` even for JSON.
-What the tensors mean is ``tensors.py``'s business; this module only frames them.
+What the tensors mean is ``open_inference/tensors.py``'s business; this module only frames them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from service.engine import EncodeRequest, EncodeResult, ModelInfo
 from service.errors import InvalidInput, quoted
 from service.protocols import wire
 from service.protocols.http import Answer
-from service.protocols.kserve_v2 import tensors
-from service.protocols.kserve_v2.tensors import InputTensor, Options, Reply
+from service.protocols.open_inference import tensors
+from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
 HEADER_LENGTH = "inference-header-content-length"
 # Inference-Header-Content-Length: ASCII digits only ("²" passes str.isdigit, not int()).

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.http import EngineDep, error_responses, protocol_route
-from service.protocols.kserve_v2 import codec, tensors
+from service.protocols.kserve_v2 import codec
 from service.protocols.kserve_v2.errors import render
 from service.protocols.kserve_v2.schemas import (
     ErrorBody,
@@ -28,13 +28,14 @@ from service.protocols.kserve_v2.schemas import (
     ServerMetadata,
     TensorMetadata,
 )
+from service.protocols.open_inference import tensors
+from service.protocols.open_inference.metadata import (
+    EXTENSIONS,
+    PLATFORM,
+    SERVER_NAME,
+    SERVER_VERSION,
+)
 from service.protocols.protocol import Protocol
-
-SERVER_NAME = "attnserve"
-SERVER_VERSION = "0.1.0"
-PLATFORM = "onnxruntime_onnx"
-EXTENSIONS = ["binary_tensor_data", "model_repository"]
-
 
 # What the statuses mean in this protocol's terms (the OpenAPI's error descriptions).
 NOTES = {

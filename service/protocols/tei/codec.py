@@ -17,6 +17,8 @@ from service.engine import (
     DecodeResult,
     EncodeRequest,
     EncodeResult,
+    ModelInfo,
+    ServingLimits,
     SparseRequest,
     SparseResult,
     TokenizeRequest,
@@ -34,6 +36,7 @@ from service.protocols.tei.schemas import (
     TextOptions,
     Texts,
 )
+from service.version import VERSION
 
 Options = TypeVar("Options", bound=TextOptions)
 Characters = int  # what a codec keeps for the answer: the inputs' length, for a header
@@ -195,21 +198,21 @@ def decode_response(result: DecodeResult) -> bytes:
     return wire.dumps(result.texts)
 
 
-def info(model: Any, settings: Any, pooling: str) -> dict[str, Any]:
+def info(model: ModelInfo, limits: ServingLimits, pooling: str) -> dict[str, Any]:
     """``GET /info`` in TEI's shape, with the limits that really apply here."""
     return {
         "model_id": model.name,
         "model_sha": None,
         "model_dtype": "float32",
         "model_type": {"embedding": {"pooling": pooling}},
-        "max_concurrent_requests": settings.max_queued_requests,
+        "max_concurrent_requests": limits.max_queued_requests,
         "max_input_length": model.max_seq_len,
-        "max_batch_tokens": settings.max_batch_tokens,
+        "max_batch_tokens": limits.max_batch_tokens,
         "max_batch_requests": None,
-        "max_client_batch_size": settings.max_pooled_sequences,
+        "max_client_batch_size": limits.max_pooled_sequences,
         "auto_truncate": False,
-        "tokenization_workers": settings.max_concurrent_codecs,
-        "version": "attnserve 0.1.0",
+        "tokenization_workers": limits.max_concurrent_codecs,
+        "version": f"attnserve {VERSION}",
         "sha": None,
         "docker_label": None,
     }

@@ -81,7 +81,7 @@ async def tei_info(engine: EngineDep) -> JSONResponse:
     """The default model and the limits that apply (``max_client_batch_size``: inputs
     per request of pooled vectors)."""
     model = engine.model(None)
-    return JSONResponse(codec.info(model, engine.settings, model.default_pooling))
+    return JSONResponse(codec.info(model, engine.serving_limits(), model.default_pooling))
 
 
 # POST / is /embed under another name (huggingface_hub posts there); not in the OpenAPI

@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 
 from model_export import graph_io
 from model_export.hf_import import minilm_l6_dir
-from service.batcher import Batcher, RunTiming
+from service.batcher import Batcher
 from service.engine import (
     ArrayInput,
     AttentionSpec,
@@ -58,6 +58,7 @@ from service.model_info import ModelInfo
 from service.protocols.native import codec
 from service.runtime import ModelRuntime
 from service.settings import Settings
+from service.timing import RunTiming
 from tests.service.helpers import D_MODEL, MODEL, N_HEADS, N_LAYERS, sequences
 from tests.service.layers.conftest import (
     layer_settings,

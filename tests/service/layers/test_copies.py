@@ -18,9 +18,9 @@ import numpy as np
 from model_export.manifest import graph_io
 from service.batcher import _run_and_split
 from service.engine import Engine
-from service.engine.padding import repad
 from service.engine.postprocess import select_attention
 from service.protocols.kserve_v2 import codec
+from service.protocols.open_inference.padding import repad
 from service.runtime import ModelRuntime
 from tests.service.helpers import D_MODEL, MODEL
 from tests.service.layers.conftest import layer_settings, with_started_engine, work_scope

@@ -1,7 +1,7 @@
 """Open Inference Protocol tensors <-> the engine's types, whatever framed them.
 
-The framing (JSON with the binary tensor extension in ``codec.py``; gRPC's
-messages in a later protocol) turns a body into :class:`InputTensor` s, each
+The framing (JSON with the binary tensor extension in ``kserve_v2/codec.py``;
+protobuf messages in ``kserve_grpc/codec.py``) turns a body into :class:`InputTensor` s, each
 holding its elements either as raw little-endian bytes or as (nested) data
 values; this module gives them meaning: which inputs a model takes, their
 datatypes and shapes, the rows and texts the engine reads, and the output
@@ -10,11 +10,11 @@ arrays of an answer.
 Inputs: ``inputs_embeds`` FP32 [batch, seq, d_model] with an optional
 ``attention_mask`` (INT64, INT32 or BOOL [batch, seq], ones then zeros per row;
 all ones when absent), or ``text`` BYTES [batch] for models with a tokenizer.
-The engine un-pads the rows (so they batch with other requests by length) and
-the answer is re-padded to the request's seq (to the longest text for text
-input) with zeros. Counts come from declared shapes and are checked before any
-element is read: a body of millions of tiny elements costs its count, not a
-million objects.
+The rows are un-padded here (``padding.py``: the engine sees only sequences,
+which batch with other requests by length) and the answer is re-padded to the
+request's seq (to the longest text for text input) with zeros. Counts come from
+declared shapes and are checked before any element is read: a body of millions
+of tiny elements costs its count, not a million objects.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from service.engine import (
     ModelInfo,
     WireCost,
 )
-from service.engine.padding import lengths_of, repad
 from service.errors import InvalidInput, quoted
 from service.protocols import wire
+from service.protocols.open_inference.padding import lengths_of, repad
 
 INPUT_TEXT = "text"
 OUTPUT_POOLED = "pooled"

@@ -1,10 +1,13 @@
-"""Padded batches <-> per-sequence arrays, for protocols whose tensors are rectangular.
+"""Padded batches <-> per-sequence arrays: the Open Inference Protocol's tensors are
+rectangular, the engine's inputs are sequences.
 
 A ragged batch arrives as ``[batch, seq, ...]`` with an ``attention_mask`` of
-ones then zeros per row (right padding). The engine un-pads it into one array
-per sequence, so each batches with other requests by its own length, and
-re-pads the answer to the request's shape with zeros, as a direct run of the
-graph would give (the model's outputs are exactly 0 at padded positions).
+ones then zeros per row (right padding). It is un-padded into one array per
+sequence, so each batches with other requests by its own length, and the
+answer is re-padded to the request's shape with zeros, as a direct run of the
+graph would give (the model's outputs are exactly 0 at padded positions). This
+is wire-format translation, so it lives with the protocol: the engine never
+sees a padded batch.
 """
 
 from __future__ import annotations
