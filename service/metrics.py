@@ -116,7 +116,9 @@ class Metrics:
             "attnserve_inference_seconds",
             "Wall time of one onnxruntime run, by model and graph: embeddings (model.onnx), "
             "hidden_states (model_hidden.onnx), attention (model_attn.onnx), text (token ids "
-            "through text_model.onnx), sparse (BM42's sparse_model.onnx), token_embeddings (token ids to input embeddings through embeddings.onnx, before the attention or hidden-state graph).",
+            "through text_model.onnx), sparse (BM42's sparse_model.onnx), token_embeddings "
+            "(token ids to input embeddings through embeddings.onnx, before the attention or "
+            "hidden-state graph).",
             ("model", "graph"),
             buckets=LATENCY_BUCKETS[:-1],
         )
