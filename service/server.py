@@ -108,8 +108,8 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if self._drain_until is not None and time.monotonic() >= self._drain_until:
             self.should_exit = True
-        if self.should_exit and not self.engine.lifecycle.closing:
-            self.engine.lifecycle.end_body_reads()  # uvicorn's shutdown waits for what remains
+        if self.should_exit:
+            self.engine.end_body_reads()  # uvicorn's shutdown waits for what remains
         return await super().on_tick(counter)
 
 

@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from service.engine import limits
 from service.engine.admission import Ticket
 from service.engine.execute import Executor
 from service.engine.scope import RequestScope
+from service.errors import PayloadTooLarge
 from service.settings import Settings
 
 T = TypeVar("T")
@@ -31,10 +33,38 @@ W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 INLINE_HELD_BYTES = 64 * 1024 * 16
 
 
+class BodyMeter:
+    """A request body (or call message) counted as its bytes arrive, not as announced (a
+    Content-Length costs the client nothing to send, the bytes do): refused past
+    ATTNSERVE_MAX_BODY_BYTES or the JSON item bound (413), and held on the request's
+    ticket at what parsing it will cost, as the protocol prices it."""
+
+    def __init__(self, ticket: Ticket, settings: Settings) -> None:
+        self._ticket = ticket
+        self._settings = settings
+        self.limit = settings.max_body_bytes
+        self.size = 0
+
+    def announced(self, length: int) -> None:
+        """413 at once for a body announced larger than the limit."""
+        if length > self.limit:
+            raise PayloadTooLarge(f"request body of {length:,} bytes exceeds {self.limit:,}")
+
+    def add(self, size: int, *, json_items: int = 0, held: int) -> None:
+        """``size`` more bytes came; the body so far holds ``json_items`` JSON arrays,
+        objects and strings and costs ``held`` bytes to parse."""
+        self.size += size
+        if self.size > self.limit:
+            raise PayloadTooLarge(f"request body exceeds {self.limit:,} bytes")
+        limits.check_json_items(json_items, self._settings)
+        self._ticket.hold(held, "this request's body")
+
+
 class Admit:
     """Slots, deadline and the thread hop of every request."""
 
     def __init__(self, settings: Settings, executor: Executor) -> None:
+        self._settings = settings
         self._executor = executor
         self._codec_slots = asyncio.Semaphore(settings.max_concurrent_codecs)
         # Small requests' codec work has a lane of its own: a one-text request is never
@@ -51,6 +81,10 @@ class Admit:
         """
         async with self._small_codec_slot if small else self._codec_slots:
             return await asyncio.to_thread(work, *args)
+
+    def body(self, scope: RequestScope) -> BodyMeter:
+        """The meter of a WORK request's body (its ticket taken when it entered)."""
+        return BodyMeter(scope.admitted(), self._settings)
 
     def begin(self, scope: RequestScope, when: str) -> Ticket:
         """The prologue's cheap facts: a slot for the ticket, then the deadline (504 if

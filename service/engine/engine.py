@@ -12,8 +12,9 @@ module of its own, composed here: ``registry`` (which version serves),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -22,7 +23,7 @@ from model_export.manifest import graph_io
 from service.batcher import Batcher
 from service.engine import prepare, sparse, text
 from service.engine.admission import Admission, Ticket
-from service.engine.admit import Admit
+from service.engine.admit import Admit, BodyMeter
 from service.engine.control import ModelControl
 from service.engine.execute import OFFLOAD_BYTES, Executor
 from service.engine.lifecycle import Lifecycle
@@ -43,7 +44,6 @@ from service.engine.types import (
     TokenizeRequest,
     TokenizeResult,
 )
-from service.errors import NotReady
 from service.metrics import Metrics
 from service.model_info import ModelInfo
 from service.runtime import ModelRuntime
@@ -52,6 +52,7 @@ from service.timing import RunTiming
 from service.tracing import Tracing
 
 log = logging.getLogger(__name__)
+Headers = dict[str, str] | None
 T = TypeVar("T")
 W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 # What a BM42 request holds per token: its ids and types, its weight, its tokens and the
@@ -110,39 +111,36 @@ class Engine:
             await self.lifecycle.batcher.stop()
         self.tracing.shutdown()  # what is still buffered goes to the collector
 
+    # -- the node's state (lifecycle.py) -----------------------------------------------------
+
     def check_live(self) -> None:
         self.lifecycle.check_live()
 
     def require_ready(self) -> None:
-        """503 while loading or warming up, or shutting down."""
         self.lifecycle.require_ready()
 
     def check_ready(self) -> None:
-        """Readiness: ready, not shutting down, serving a model (explicit or poll mode can
-        unload them all: every inference would be 404), and able to take one more request."""
-        self.lifecycle.require_ready()
-        if not self.registry.runtimes:
-            raise NotReady(
-                "no model is loaded: every inference would be 404 (load one with POST "
-                "/v2/repository/models/{name}/load)",
-                headers={"Retry-After": "1"},
-            )
-        busy = self.admission.saturated()
-        if busy is not None:
-            raise NotReady(f"saturated: {busy}", headers={"Retry-After": self.retry_after()})
+        self.lifecycle.check_ready(len(self.registry.runtimes), self.admission.saturated())
 
-    def serving_limits(self) -> ServingLimits:
-        """The limits a client may want to know (TEI's ``/info`` reports them)."""
-        return serving_limits(self.settings)
-
-    def retry_after(self) -> str:
-        return self.lifecycle.retry_after()
+    @property
+    def shutting_down(self) -> bool:
+        return self.lifecycle.shutting_down
 
     def begin_shutdown(self) -> None:
         self.lifecycle.begin_shutdown()
 
     def end_work(self) -> None:
         self.lifecycle.end_work()
+
+    def end_body_reads(self) -> None:
+        self.lifecycle.end_body_reads()
+
+    def retry_after(self) -> str:
+        return self.lifecycle.retry_after()
+
+    def serving_limits(self) -> ServingLimits:
+        """The limits a client may want to know (TEI's ``/info`` reports them)."""
+        return serving_limits(self.settings)
 
     # -- models -----------------------------------------------------------------------------
 
@@ -163,6 +161,7 @@ class Engine:
         return self.registry.index()
 
     async def load_model(self, name: str) -> ModelInfo:
+        """Load ``name``'s highest version and swap it in (see ``control.py``)."""
         return (await self.control.load(name)).info
 
     async def unload_model(self, name: str) -> None:
@@ -170,10 +169,19 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def open_scope(self, caller: Caller) -> RequestScope:
-        """A request's scope, opened by its protocol at arrival and closed by it once the
-        answer is sent (or the request has failed): see ``scope.py``."""
-        return RequestScope(self, caller)
+    @contextlib.contextmanager
+    def request(self, caller: Caller) -> Iterator[RequestScope]:
+        """A request's scope, from arrival to its last byte (see ``scope.py``): HTTP's
+        middleware and each gRPC call open it, set its route and status, and it is closed
+        on every exit path (a bug of ours: 500)."""
+        scope = RequestScope(self, caller)
+        try:
+            yield scope
+        except Exception:
+            scope.status = 500
+            raise
+        finally:
+            scope.close()
 
     def ticket(self) -> Ticket:
         """A request's share of the node's budget, taken at arrival (503 if not ready or
@@ -186,6 +194,16 @@ class Engine:
         answered: ATTNSERVE_REQUEST_TIMEOUT, or less if the client asks for less."""
         timeout = self.settings.request_timeout
         return arrival + (timeout if asked is None else min(asked, timeout))
+
+    def body_meter(self, scope: RequestScope) -> BodyMeter:
+        """What counts a WORK request's body as it arrives (limits, ticket)."""
+        return self._admit.body(scope)
+
+    def body_read(
+        self, what: str, received: Callable[[], int] | None = None, headers: Headers = None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Bound a body's read by ATTNSERVE_BODY_TIMEOUT and the drain (see lifecycle.py)."""
+        return self.lifecycle.body_read(what, received, headers)
 
     async def off_loop(self, work: Callable[..., T], *args: Any, small: bool = False) -> T:
         return await self._admit.off_loop(work, *args, small=small)

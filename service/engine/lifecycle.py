@@ -76,6 +76,19 @@ class Lifecycle:
             raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
         return self.batcher
 
+    def check_ready(self, models: int, saturated: str | None) -> None:
+        """Readiness: ready, not shutting down, serving a model (explicit or poll mode can
+        unload them all: every inference would be 404), and not ``saturated``."""
+        self.require_ready()
+        if not models:
+            raise NotReady(
+                "no model is loaded: every inference would be 404 (load one with POST "
+                "/v2/repository/models/{name}/load)",
+                headers={"Retry-After": "1"},
+            )
+        if saturated is not None:
+            raise NotReady(f"saturated: {saturated}", headers={"Retry-After": self.retry_after()})
+
     def begin_shutdown(self) -> None:
         """SIGTERM: readiness and new work answer 503 from now on; accepted work goes on."""
         self.shutting_down = True
@@ -119,6 +132,8 @@ class Lifecycle:
 
     def end_body_reads(self) -> None:
         """The drain is over: bodies still arriving end now (their requests get 503)."""
+        if self.closing:
+            return
         self.closing = True
         now = asyncio.get_running_loop().time()
         for timeout in self._body_reads:

@@ -2,12 +2,13 @@
 
 A protocol turns what its transport says about a request (HTTP headers, gRPC
 metadata) into a :class:`Caller` and opens a :class:`RequestScope` with
-:meth:`Engine.open_scope <service.engine.engine.Engine.open_scope>`. The scope
+:meth:`Engine.request <service.engine.engine.Engine.request>`. The scope
 holds the request id (the client's, if it is sane), its arrival and deadline,
 how to learn that the caller has gone (``cancelled``), its admission ticket,
 its timings and its metrics labels. ``enter(access)`` applies the engine's
-rules in one order (API key, deadline, admission); ``close(status)`` gives
-everything back and counts the request, once, on every exit path.
+rules in one order (API key, deadline, admission); ``close()`` gives
+everything back and counts the request (its route and status, as the protocol
+set them), once, on every exit path.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class RequestScope:
         self.model: str | None = None  # the model that answered, once known
         self.model_version: str | None = None
         self.cache: str | None = None  # "hit" or "miss" when the response cache is on
+        # Set by the protocol as the request goes: what close() counts it as.
+        self.route = "unmatched"  # the route template (/v1/models/{name}) or gRPC method
+        self.status = CLIENT_CLOSED  # until an answer starts: a caller gone
+        self.cut = False  # the answer started but never arrived whole
         self.closed = False
         self._log_token = request_id_var.set(self.request_id)
         self.span = engine.tracing.start(caller.traceparent, caller.tracestate, self.arrival)
@@ -147,16 +152,17 @@ class RequestScope:
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    def close(self, route: str, status: int, *, cut: bool = False) -> None:
-        """Release the ticket and count the request (by protocol, route template and status). Only
-        the first call counts: a transport may close on several exit paths. An answer
-        ``cut`` on its way (the caller left or stopped reading) counts as 499."""
+    def close(self) -> None:
+        """Release the ticket and count the request (by protocol, route template and
+        status). Only the first call counts. An answer cut on its way (the caller left
+        or stopped reading) counts as 499."""
         if self.closed:
             return
         self.closed = True
         if self.ticket is not None:
             self.ticket.release()
-        if cut and status != CLIENT_CLOSED:
+        route, status = self.route, self.status
+        if self.cut and status != CLIENT_CLOSED:
             log.info(
                 "%s: the %d answer was cut (the client left or stopped reading)", route, status
             )

@@ -14,12 +14,14 @@ access (``http.protocol_route``); nothing else here is a rule of the engine.
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.asgi_keys import ANSWER_CUT
 from service.engine import Engine
-from service.engine.scope import CLIENT_CLOSED, Caller, RequestScope
+from service.engine.scope import Caller, RequestScope
 
 SCOPE_KEY = "attnserve.scope"
 
@@ -60,35 +62,35 @@ class RequestScopeMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_scope = self.engine.open_scope(caller(scope["headers"]))
-        scope[SCOPE_KEY] = request_scope
-        status = CLIENT_CLOSED
+        with self.engine.request(caller(scope["headers"])) as request_scope:
+            scope[SCOPE_KEY] = request_scope
 
-        async def send_with_scope(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                timing = request_scope.timing
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", request_scope.request_id.encode()))
-                if request_scope.model_version is not None:
-                    headers.append((b"x-model-version", request_scope.model_version.encode()))
-                if request_scope.cache is not None:
-                    headers.append((b"x-cache", request_scope.cache.encode()))
-                if not any(name == b"x-queue-time" for name, _ in headers):
-                    # (TEI's routes send their own, in TEI's milliseconds.)
-                    headers.append((b"x-queue-time", f"{timing.queue:.6f}".encode()))
-                    headers.append((b"x-compute-time", f"{timing.compute:.6f}".encode()))
-                message["headers"] = headers
-            await send(message)
+            async def send_with_scope(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    request_scope.status = message["status"]
+                    message["headers"] = _with_scope_headers(request_scope, message)
+                await send(message)
 
-        try:
-            await self.app(scope, receive, send_with_scope)
-        except Exception:
-            status = 500
-            raise
-        finally:
-            # The router records the matched route in the scope: label by its template
-            # (/v1/models/{name}), so labels stay few whatever paths clients send.
-            route = getattr(scope.get("route"), "path", "unmatched")
-            request_scope.close(route, status, cut=bool(scope.get(ANSWER_CUT)))
+            try:
+                await self.app(scope, receive, send_with_scope)
+            finally:
+                # The router records the matched route in the scope: label by its template
+                # (/v1/models/{name}), so labels stay few whatever paths clients send.
+                request_scope.route = getattr(scope.get("route"), "path", "unmatched")
+                request_scope.cut = bool(scope.get(ANSWER_CUT))
+
+
+def _with_scope_headers(request_scope: RequestScope, message: Message) -> list[Any]:
+    """The response's headers, with what the scope knows about the request added."""
+    timing = request_scope.timing
+    headers = list(message.get("headers", []))
+    headers.append((b"x-request-id", request_scope.request_id.encode()))
+    if request_scope.model_version is not None:
+        headers.append((b"x-model-version", request_scope.model_version.encode()))
+    if request_scope.cache is not None:
+        headers.append((b"x-cache", request_scope.cache.encode()))
+    if not any(name == b"x-queue-time" for name, _ in headers):
+        # (TEI's routes send their own, in TEI's milliseconds.)
+        headers.append((b"x-queue-time", f"{timing.queue:.6f}".encode()))
+        headers.append((b"x-compute-time", f"{timing.compute:.6f}".encode()))
+    return headers

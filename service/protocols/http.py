@@ -27,12 +27,11 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from service.engine import EncodeRequest, EncodeResult, Engine, check_json_items
+from service.engine import EncodeRequest, EncodeResult, Engine
 from service.engine.scope import Access, Disconnected
 from service.errors import (
     ClientClosedRequest,
     InvalidInput,
-    PayloadTooLarge,
     ServiceError,
     UnsupportedMediaType,
     catalog,
@@ -60,20 +59,17 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 async def read_body(
     request: Request, engine: Engine, *, json_only: bool = True, json_bytes: int | None = None
 ) -> bytes:
-    """The body, holding what it will cost to parse on the request's ticket as its bytes
-    arrive (not as announced: a Content-Length costs the client nothing to send, the
-    bytes themselves do). The first ``json_bytes`` (all, if None) are JSON, priced by
-    ``wire.JsonCost`` and refused (413) once they hold more arrays, objects and strings
-    than any valid request; the rest is binary, held at ``BINARY_EXPANSION``.
+    """The body, priced as its bytes arrive and counted by the engine's meter (413
+    beyond ATTNSERVE_MAX_BODY_BYTES or the JSON item bound; held on the ticket). The
+    first ``json_bytes`` (all, if None) are JSON, priced by ``wire.JsonCost``; the rest
+    is binary, held at ``BINARY_EXPANSION``.
 
-    Refuses more than ATTNSERVE_MAX_BODY_BYTES (413), with ``json_only`` a
+    Refuses, with ``json_only``, a
     Content-Type other than application/json (415), any Content-Encoding but
     identity (415), and a body not complete within ATTNSERVE_BODY_TIMEOUT (408). A
     client that leaves mid-body is ClientClosedRequest (499), not an error of ours.
     """
-    settings = engine.settings
-    ticket = scope_of(request).admitted()
-    limit = settings.max_body_bytes
+    meter = engine.body_meter(scope_of(request))
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if json_only and media_type != "application/json":
         raise UnsupportedMediaType(
@@ -92,28 +88,21 @@ async def read_body(
             f"Content-Encoding {quoted(encoding)} is not supported: send the body uncompressed"
         )
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body of {int(declared):,} bytes exceeds {limit:,}")
+    if declared.isdigit():
+        meter.announced(int(declared))
     chunks: list[bytes] = []
-    size = 0
     json_cost = wire.JsonCost()
-    json_left = limit if json_bytes is None else json_bytes
+    json_left = meter.limit if json_bytes is None else json_bytes
     try:
-        async with engine.lifecycle.body_read(
-            "the body", lambda: size, headers={"Connection": "close"}
-        ):
+        async with engine.body_read("the body", lambda: meter.size, {"Connection": "close"}):
             async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"request body exceeds {limit:,} bytes")
                 if json_left > 0:
                     json_part = chunk if len(chunk) <= json_left else chunk[:json_left]
                     json_left -= len(json_part)
                     json_cost.add(json_part)
-                    check_json_items(json_cost.items, settings)
-                binary = size - json_cost.bytes
+                binary = meter.size + len(chunk) - json_cost.bytes
                 held = json_cost.decoded_bytes + BINARY_EXPANSION * binary
-                ticket.hold(held, "this request's body")
+                meter.add(len(chunk), json_items=json_cost.items, held=held)
                 chunks.append(chunk)
     except ClientDisconnect:
         raise ClientClosedRequest("the client closed the connection while sending") from None

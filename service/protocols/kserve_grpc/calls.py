@@ -91,47 +91,47 @@ class Call:
         self.route = f"/{service}/{method.name}"
 
     async def handle(self, requests: object, context: Context) -> None:
-        scope = self.engine.open_scope(caller(context))
-        status, cut = CLIENT_CLOSED, False
+        failed: tuple[grpc.StatusCode, str] | None = None
         start = time.monotonic()
-        try:
-            await context.send_initial_metadata((("x-request-id", scope.request_id),))
-            scope.enter(self.method.access)
-            raw = await self._message(context)
-            if scope.ticket is not None:
-                scope.ticket.hold(MESSAGE_EXPANSION * len(raw), "this request's message")
-            response = await self.method.work(self._decode(raw), scope)
-            answer = response.SerializeToString()
-            status, cut = 200, True  # cut until the client has taken the answer
-            context.set_trailing_metadata(
-                (
-                    ("x-queue-time", f"{scope.timing.queue:.6f}"),
-                    ("x-compute-time", f"{scope.timing.compute:.6f}"),
+        with self.engine.request(caller(context)) as scope:
+            scope.route = self.route
+            try:
+                await context.send_initial_metadata((("x-request-id", scope.request_id),))
+                scope.enter(self.method.access)
+                raw = await self._message(context)
+                if scope.ticket is not None:  # (grpc itself bounds its size)
+                    meter = self.engine.body_meter(scope)
+                    meter.add(len(raw), held=MESSAGE_EXPANSION * len(raw))
+                response = await self.method.work(self._decode(raw), scope)
+                answer = response.SerializeToString()
+                scope.status, scope.cut = 200, True  # cut until the client has taken it
+                context.set_trailing_metadata(
+                    (
+                        ("x-queue-time", f"{scope.timing.queue:.6f}"),
+                        ("x-compute-time", f"{scope.timing.compute:.6f}"),
+                    )
                 )
-            )
-            cut = not await self._send(context, answer)
-        except ServiceError as exc:
-            status = exc.status_code
-            code, message, trailers = errors.status(exc)
-            context.set_trailing_metadata(trailers)
-            await context.abort(code, message)
-        except Exception:  # a bug of ours (CancelledError, a caller gone, is not one)
-            status = 500
-            raise
-        finally:
-            # Logged before the scope closes: the record carries the request id.
-            log.info(
-                "grpc %s %d %.1fms",
-                self.route,
-                CLIENT_CLOSED if cut else status,
-                (time.monotonic() - start) * 1000,
-                extra={"protocol": "grpc", "status": status},
-            )
-            scope.close(self.route, status, cut=cut)
+                scope.cut = not await self._send(context, answer)
+            except ServiceError as exc:
+                scope.status = exc.status_code
+                code, message, trailers = errors.status(exc)
+                context.set_trailing_metadata(trailers)
+                failed = code, message
+            finally:
+                # Logged before the scope closes: the record carries the request id.
+                log.info(
+                    "grpc %s %d %.1fms",
+                    self.route,
+                    CLIENT_CLOSED if scope.cut else scope.status,
+                    (time.monotonic() - start) * 1000,
+                    extra={"protocol": "grpc", "status": scope.status},
+                )
+        if failed is not None:  # after the scope closed: abort ends the call by raising
+            await context.abort(*failed)
 
     async def _message(self, context: Context) -> bytes:
         """The call's one message, within ATTNSERVE_BODY_TIMEOUT (408: DEADLINE_EXCEEDED)."""
-        async with self.engine.lifecycle.body_read("the call's message"):
+        async with self.engine.body_read("the call's message"):
             raw = await context.read()
         if not isinstance(raw, bytes):  # grpc.aio.EOF: half-closed with no message
             raise InvalidInput("the call ended without its request message")

@@ -168,7 +168,7 @@ class ReadinessHealth(health.aio.HealthServicer):
         self.engine = engine
 
     async def refresh(self) -> None:
-        if self.engine.lifecycle.shutting_down:
+        if self.engine.shutting_down:
             await self.enter_graceful_shutdown()
             return
         ready = _passes(self.engine.check_ready)  # as /health/ready: not while saturated

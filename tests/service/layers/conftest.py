@@ -98,9 +98,7 @@ def with_started_engine(settings: Settings, body: Callable[[Engine], Awaitable[T
 @contextmanager
 def work_scope(engine: Engine) -> Iterator[RequestScope]:
     """A request's scope entered for work, as a protocol's route opens it."""
-    scope = engine.open_scope(Caller("test"))
-    try:
+    with engine.request(Caller("test")) as scope:
+        scope.route, scope.status = "test", 200
         scope.enter(Access.WORK)
         yield scope
-    finally:
-        scope.close("test", 200)
