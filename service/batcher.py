@@ -50,8 +50,6 @@ from service.metrics import Metrics
 from service.run_planner import RunCostModel, plan_runs
 from service.runtime import ModelRuntime, pad
 from service.settings import Settings
-
-# Explicitly re-exported: service/engine/engine.py still imports it from here.
 from service.timing import RunTiming
 
 log = logging.getLogger(__name__)

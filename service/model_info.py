@@ -54,6 +54,13 @@ class ModelInfo:
         return self.files[name]
 
 
+def cannot_load(info: ModelInfo, path: Path, shown: str, exc: Exception) -> ModelLoadError:
+    """A library's load error naming ``path``, the file ``shown`` by its name in the model
+    directory instead: the repository's absolute path stays out of answers."""
+    said = str(exc).replace(str(path), shown)
+    return ModelLoadError(f"model {info.name!r}: cannot load {shown}: {said}")
+
+
 def read_model_info(
     model_dir: Path,
     settings: Settings,

@@ -16,29 +16,22 @@ on anything wrong.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
 
 from model_export.manifest import graph_io
-from service.errors import InvalidInput, ModelLoadError
-from service.model_info import ModelInfo, read_model_info
+from service.errors import ModelLoadError
+from service.model_info import ModelInfo, cannot_load, read_model_info
 from service.repository import ModelVersion, latest, model_directories
 from service.settings import Settings
+from service.tokenizer import TextFrontEnd
 
 log = logging.getLogger(__name__)
 
 
-# Tokenized at load (both ways) before a model with a tokenizer may serve: words no
-# vocabulary holds, accents, scripts, an emoji, control and zero-width characters.
-PROBE_TEXT = (
-    "Probe: qzxv-unknownword Xylophonist's naïve café, Größe, ﬁ, 東京 مرحبا 🙂\u200b\t\x00 end."
-)
 # Inputs and outputs whose last axis is the model's width d_model.
 WIDTH_LAST = frozenset({graph_io.INPUT_EMBEDS, graph_io.OUTPUT_HIDDEN})
 
@@ -93,8 +86,7 @@ class ModelRuntime:
             self._sessions[text.graph] = self._open(
                 options, text.graph, graph_io.TEXT_GRAPH_INPUTS, graph_io.TEXT_GRAPH_OUTPUTS
             )
-        # BM42 (format 4): the [CLS] attention row graph and the words left out.
-        self.stopwords: frozenset[str] = frozenset()
+        # BM42 (format 4): the [CLS] attention row graph.
         if text is not None and text.sparse_graph is not None:
             self._sessions[text.sparse_graph] = self._open(
                 options,
@@ -102,12 +94,6 @@ class ModelRuntime:
                 graph_io.TEXT_GRAPH_INPUTS,
                 graph_io.SPARSE_GRAPH_OUTPUTS,
             )
-        if text is not None and text.stopwords is not None:
-            words = info.file(text.stopwords).read_text(encoding="utf-8").split()
-            self.stopwords = frozenset(words)
-        self.special_tokens: frozenset[str] = frozenset()  # [CLS], [SEP], [PAD], ...
-        self._tokenizer: Tokenizer | None = None
-        self._truncating_tokenizer: Tokenizer | None = None
         if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
             self._sessions[graph_io.GRAPH_TOKEN_EMBEDDINGS] = self._open(
                 options,
@@ -115,17 +101,8 @@ class ModelRuntime:
                 graph_io.TEXT_INPUT_NAMES,
                 graph_io.ID_GRAPHS[graph_io.GRAPH_TOKEN_EMBEDDINGS],
             )
-            if text.tokenizer is not None:
-                path = info.file(text.tokenizer)
-                self._tokenizer = self._load_tokenizer(path, None)
-                self.special_tokens = frozenset(
-                    token.content
-                    for token in self._tokenizer.get_added_tokens_decoder().values()
-                    if token.special
-                )
-                # A second instance, so no request ever flips shared truncation state.
-                self._truncating_tokenizer = self._load_tokenizer(path, info.max_seq_len)
-                self._probe_tokenizer(text.vocab_size)
+        # The tokenizer and BM42's stopwords: the model's text front end, no onnxruntime.
+        self.text = TextFrontEnd.load(info)
 
     def _open(
         self,
@@ -139,7 +116,7 @@ class ModelRuntime:
         try:
             session = ort.InferenceSession(str(path), options, providers=self._providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors, naming the path
-            raise self._cannot_load(path, graph, exc) from exc
+            raise cannot_load(self.info, path, graph, exc) from exc
         got_inputs = tuple(i.name for i in session.get_inputs())
         got_outputs = tuple(o.name for o in session.get_outputs())
         if got_inputs != inputs or got_outputs != outputs:
@@ -156,105 +133,6 @@ class ModelRuntime:
                     f"{graph_io.CONFIG_FILE} says d_model {self.info.config.d_model}"
                 )
         return session
-
-    def _cannot_load(self, path: Path, shown: str, exc: Exception) -> ModelLoadError:
-        """A library's load error naming ``path``, the file ``shown`` by its name in the
-        model directory instead: the repository's absolute path stays out of answers."""
-        said = str(exc).replace(str(path), shown)
-        return ModelLoadError(f"model {self.info.name!r}: cannot load {shown}: {said}")
-
-    def _load_tokenizer(self, path: Path, truncate_at: int | None) -> Tokenizer:
-        try:
-            tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception on bad files
-            raise self._cannot_load(path, path.name, exc) from exc
-        tokenizer.no_padding()
-        if truncate_at is None:
-            tokenizer.no_truncation()
-        else:
-            tokenizer.enable_truncation(max_length=truncate_at)
-        return tokenizer
-
-    def _probe_tokenizer(self, vocab_size: int) -> None:
-        """Encode PROBE_TEXT both ways at load: a tokenizer that loads but cannot encode
-        (its unknown-word token missing from its vocabulary) or gives ids beyond the
-        embedding table would fail every request; such a model never becomes ready."""
-        try:
-            for truncate in (False, True):
-                for _, ids, _ in self.tokenize([PROBE_TEXT, ""], truncate=truncate):
-                    beyond = [i for i in ids if not 0 <= i < vocab_size]
-                    if beyond:
-                        raise ModelLoadError(
-                            f"model {self.info.name!r}: its tokenizer gives token id "
-                            f"{beyond[0]}, beyond the vocabulary of {vocab_size}"
-                        )
-                self.token_spans([PROBE_TEXT], truncate=truncate)
-            self.decode([[0]], skip_special_tokens=True)
-        except InvalidInput as exc:
-            raise ModelLoadError(f"model {self.info.name!r}: {exc.message}") from exc
-
-    def _tokenizer_for(self, truncate: bool) -> Tokenizer:
-        tokenizer = self._truncating_tokenizer if truncate else self._tokenizer
-        if tokenizer is None:
-            raise RuntimeError(f"model {self.info.name!r} has no tokenizer")
-        return tokenizer
-
-    def tokenize(
-        self, texts: list[str], *, truncate: bool, special_tokens: bool = True
-    ) -> list[tuple[list[str], list[int], list[int]]]:
-        """Texts -> (tokens, ids, type ids) each, special tokens included unless
-        ``special_tokens`` is false."""
-        tokenizer = self._tokenizer_for(truncate)
-        with self._tokenizer_errors():
-            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
-        return [(e.tokens, e.ids, e.type_ids) for e in encoded]
-
-    def final_tokens(self, prefix: str) -> int:
-        """Tokens of ``prefix`` (specials excluded) that no continuation of it can change:
-        those of its words before the last, which may be cut. Words are the
-        pre-tokenizer's; a tokenizer without one has a single word, so none are final."""
-        with self._tokenizer_errors():
-            words = self._tokenizer_for(False).encode(prefix, add_special_tokens=False).word_ids
-        known = [w for w in words if w is not None]
-        if not known:
-            return 0
-        last = max(known)
-        return sum(1 for w in known if w < last)
-
-    def token_spans(
-        self, texts: list[str], *, truncate: bool, special_tokens: bool = True
-    ) -> list[list[tuple[int, int] | None]]:
-        """Each token's [start, stop) characters in its text; None for special tokens.
-        The same tokenization as ``tokenize`` (late chunking: which tokens a span
-        holds; TEI's /tokenize: where each token came from)."""
-        tokenizer = self._tokenizer_for(truncate)
-        with self._tokenizer_errors():
-            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
-        return [
-            [
-                None if special else offsets
-                for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
-            ]
-            for e in encoded
-        ]
-
-    def decode(self, ids: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
-        """Token ids -> text, one string per sequence."""
-        tokenizer = self._tokenizer_for(False)
-        with self._tokenizer_errors():
-            return list(tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
-
-    @contextlib.contextmanager
-    def _tokenizer_errors(self) -> Iterator[None]:
-        """The tokenizers package raises bare Exceptions (e.g. "Missing [UNK] token from
-        the vocabulary"): the model cannot take this text, a 422 naming it, never a 500."""
-        try:
-            yield
-        except Exception as exc:
-            raise InvalidInput(
-                f"the tokenizer of model {self.info.name!r} cannot encode or decode this input: "
-                f"{str(exc)[:200]}"
-            ) from exc
 
     @property
     def graphs(self) -> tuple[str, ...]:

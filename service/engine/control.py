@@ -1,4 +1,5 @@
-"""Model control (ATTNSERVE_MODEL_CONTROL): load, swap, unload and poll.
+"""The models' life: loaded at start and warmed up; then model control
+(ATTNSERVE_MODEL_CONTROL): load, swap, unload and poll.
 
 A load reads a model directory (untrusted: see ``runtime.load_version``) beside
 what serves, within the model memory budget, warms it up on the inference
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from model_export.manifest import ManifestError
 from service import repository
+from service.batcher import Batcher
 from service.engine.lifecycle import Lifecycle
 from service.engine.registry import Registry
 from service.engine.response_cache import ResponseCache
@@ -60,10 +62,43 @@ class ModelControl:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # lock, its users
         self._reserved: dict[str, int] = {}  # memory reserved by loads in progress
         self._loaded_from: dict[str, DiskMark] = {}  # what each loaded export was
+        self._tasks: list[asyncio.Task[None]] = []  # warm-up and the repository poll
 
     # -- at start ------------------------------------------------------------------------------
 
-    async def load_at_start(self) -> None:
+    async def start(self) -> None:
+        """Load the models to serve from the start, start the batcher, then warm up in the
+        background on the inference thread (ready after it) and, in poll mode, poll."""
+        settings, lifecycle = self._settings, self._lifecycle
+        await self._load_at_start()
+        batcher = Batcher(self._registry.runtimes, settings, self._metrics)
+        await batcher.start()
+        lifecycle.batcher = batcher
+        if settings.warmup:
+            warm = lifecycle.warm(lambda: self._warm_up(batcher))
+            self._tasks.append(asyncio.create_task(warm, name="warm-up"))
+        else:
+            lifecycle.ready = True
+        if settings.model_control == "poll":
+            self._tasks.append(asyncio.create_task(self._poll(), name="repository-poll"))
+
+    async def _warm_up(self, batcher: Batcher) -> None:
+        """Every loaded version run once, then the run planner's cost model timed."""
+        registry = self._registry
+        for loaded in registry.versions.values():
+            for runtime in loaded.values():
+                await batcher.warm_up(runtime)
+        await batcher.calibrate()
+        log.info("ready: %s (default %s)", ", ".join(registry.runtimes), registry.default_model)
+
+    async def stop(self) -> None:
+        self._lifecycle.ready = False
+        for task in self._tasks:
+            task.cancel()
+        if self._lifecycle.batcher is not None:
+            await self._lifecycle.batcher.stop()
+
+    async def _load_at_start(self) -> None:
         """The models to serve from the start (every one, or in explicit mode the default
         and ATTNSERVE_LOAD_MODELS); ModelLoadError: the server refuses to start."""
         settings, registry = self._settings, self._registry
@@ -278,7 +313,7 @@ class ModelControl:
 
     # -- poll mode -----------------------------------------------------------------------------
 
-    async def poll(self) -> None:
+    async def _poll(self) -> None:
         """Load new or changed model directories beside what serves and swap them in; a
         failed load leaves the serving version and is retried when it changes; a model
         whose directory two scans in a row did not find is unloaded."""

@@ -11,16 +11,11 @@ module of its own, composed here: ``registry`` (which version serves),
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-import numpy as np
-
-from model_export.manifest import graph_io
-from service.batcher import Batcher
 from service.engine import prepare, sparse, text
 from service.engine.admission import Admission, Ticket
 from service.engine.admit import Admit, BodyMeter
@@ -46,7 +41,6 @@ from service.engine.types import (
 )
 from service.metrics import Metrics
 from service.model_info import ModelInfo
-from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.timing import RunTiming
 from service.tracing import Tracing
@@ -55,9 +49,6 @@ log = logging.getLogger(__name__)
 Headers = dict[str, str] | None
 T = TypeVar("T")
 W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
-# What a BM42 request holds per token: its ids and types, its weight, its tokens and the
-# words, stems and vector built from them (Python objects: generous).
-SPARSE_BYTES_PER_TOKEN = 512
 
 
 class Engine:
@@ -76,39 +67,16 @@ class Engine:
         self._admit = Admit(settings, self._execute)
         self.cache = ResponseCache(allowed_bytes(settings), metrics, self.off_loop)
         self.control = ModelControl(settings, metrics, self.registry, self.lifecycle, self.cache)
-        self._tasks: list[asyncio.Task[None]] = []  # warm-up and the repository poll
 
     # -- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Load the models to serve from the start (ModelLoadError: refuse to start), then
-        warm up in the background on the inference thread."""
-        await self.control.load_at_start()
-        batcher = Batcher(self.registry.runtimes, self.settings, self.metrics)
-        await batcher.start()
-        self.lifecycle.batcher = batcher
-        if self.settings.warmup:
-            warm = self.lifecycle.warm(lambda: self._warm_up(batcher))
-            self._tasks.append(asyncio.create_task(warm, name="warm-up"))
-        else:
-            self.lifecycle.ready = True
-        if self.settings.model_control == "poll":
-            self._tasks.append(asyncio.create_task(self.control.poll(), name="repository-poll"))
-
-    async def _warm_up(self, batcher: Batcher) -> None:
-        """Every loaded version run once, then the run planner's cost model timed."""
-        for loaded in self.registry.versions.values():
-            for runtime in loaded.values():
-                await batcher.warm_up(runtime)
-        await batcher.calibrate()
-        log.info("ready: %s (default %s)", ", ".join(self.registry.runtimes), self.default_model)
+        warm up in the background (see ``control.py``)."""
+        await self.control.start()
 
     async def stop(self) -> None:
-        self.lifecycle.ready = False
-        for task in self._tasks:
-            task.cancel()
-        if self.lifecycle.batcher is not None:
-            await self.lifecycle.batcher.stop()
+        await self.control.stop()
         self.tracing.shutdown()  # what is still buffered goes to the collector
 
     # -- the node's state (lifecycle.py) -----------------------------------------------------
@@ -239,17 +207,18 @@ class Engine:
 
         if not self.cache.enabled:
             return await run(), wire
-        keys = self.settings.api_key is not None
-        authorization = (scope.caller.authorization or "") if keys else None
-        key = request_key(prepared, self.registry.load_serial(prepared.runtime), authorization)
-
-        async def wait(twin: Awaitable[EncodeResult]) -> EncodeResult:
-            async def waiting() -> EncodeResult:
-                return await twin
-
-            return await self._execute.unless_gone(waiting(), scope.cancelled, scope.deadline)
-
-        result, hit = await self.cache.get_or_run(key, prepared.model.name, run, wait)
+        keys = self.settings.api_key is not None  # then answers are kept per caller's key
+        key = request_key(
+            prepared,
+            self.registry.load_serial(prepared.runtime),
+            (scope.caller.authorization or "") if keys else None,
+        )
+        result, hit = await self.cache.get_or_run(
+            key,
+            prepared.model.name,
+            run,
+            lambda twin: self._execute.unless_gone(twin, scope.cancelled, scope.deadline),
+        )
         scope.cache = "hit" if hit else "miss"
         return result, wire
 
@@ -275,60 +244,17 @@ class Engine:
     async def embed_sparse(
         self, parse: Callable[[], tuple[SparseRequest, W]], scope: RequestScope
     ) -> tuple[SparseResult, W]:
-        """BM42 vectors: documents run the sparse graph (the last layer's [CLS] attention
-        row) in parts like a large pooled request; queries run nothing."""
-
-        def prepare_sparse(request: SparseRequest) -> sparse.Prepared:
-            runtime = self.registry.runtime(request.model)
-            return request, runtime, sparse.prepare(request, runtime, self.settings)
-
-        (request, runtime, encoded), wire = await self._admit.prepared(
-            scope, parse, prepare_sparse, lambda _: False
-        )
-        scope.served(runtime.info.name, runtime.info.version)
-        tokens = sum(len(t) for t, _, _ in encoded)
-        ticket = scope.admitted()
-        ticket.hold(ticket.bytes + SPARSE_BYTES_PER_TOKEN * tokens, "this request")
-        results = None
-        if request.kind == "document":
-            pairs = [text.id_pairs(ids, types) for _, ids, types in encoded]
-            graph = graph_io.GRAPH_SPARSE  # sparse.prepare checked that the model has it
-            results = await self._execute.results_in_parts(runtime, pairs, graph, scope)
-            self.metrics.tokens.labels(runtime.info.name).inc(tokens)
-        vectors = sparse.vectors(request, runtime, encoded, results)
-        return SparseResult(runtime.info.name, vectors, tokens), wire
+        """BM42 vectors (see ``sparse.py``)."""
+        return await sparse.embed(parse, scope, self.registry, self._admit, self._execute)
 
     async def tokenize(
         self, parse: Callable[[], tuple[TokenizeRequest, W]], scope: RequestScope
     ) -> tuple[TokenizeResult, W]:
-        """Tokens (and their input embeddings, if asked: run by the batcher) of texts."""
-        self._admit.begin(scope, "before it could be tokenized")
-
-        def tokenize() -> tuple[TokenizeResult, list[np.ndarray], ModelRuntime, W]:
-            request, wire = parse()
-            runtime = self.registry.runtime(request.model)
-            result, pairs = text.tokenize_texts(runtime, request, self.settings)
-            return result, pairs, runtime, wire
-
-        work = self.off_loop(tokenize)
-        result, pairs, runtime, wire = await self._execute.unless_gone(
-            work, scope.cancelled, scope.deadline
-        )
-        if pairs:
-            embedded = await self._execute.embed(runtime, pairs, scope)
-            result = text.with_embeddings(result, embedded)
-        return result, wire
+        """Tokens (and their input embeddings, if asked) of texts (see ``text.py``)."""
+        return await text.tokenize_request(parse, scope, self.registry, self._admit, self._execute)
 
     async def decode(
         self, parse: Callable[[], tuple[DecodeRequest, W]], scope: RequestScope
     ) -> tuple[DecodeResult, W]:
-        """Token ids back to text, off the event loop, within the scope's deadline."""
-        self._admit.begin(scope, "before it could be decoded")
-
-        def decode() -> tuple[DecodeResult, W]:
-            request, wire = parse()
-            return text.decode(self.registry.runtime(request.model), request, self.settings), wire
-
-        return await self._execute.unless_gone(
-            self.off_loop(decode), scope.cancelled, scope.deadline
-        )
+        """Token ids back to text (see ``text.py``)."""
+        return await text.decode_request(parse, scope, self.registry, self._admit, self._execute)

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import numpy as np
@@ -54,7 +54,7 @@ class Executor:
     def __init__(
         self, settings: Settings, metrics: Metrics, lifecycle: Lifecycle, off_loop: OffLoop
     ) -> None:
-        self._settings = settings
+        self.settings = settings
         self._metrics = metrics
         self._lifecycle = lifecycle
         self._off_loop = off_loop
@@ -71,7 +71,7 @@ class Executor:
         return DeadlineExceeded(message, headers={"Retry-After": self._lifecycle.retry_after()})
 
     async def unless_gone(
-        self, work: Coroutine[Any, Any, T], until: Disconnected | None, deadline: float | None
+        self, work: Awaitable[T], until: Disconnected | None, deadline: float | None
     ) -> T:
         """Await ``work`` unless the caller goes away or the deadline passes first; then
         cancel it (queued runs skip it).
@@ -94,6 +94,10 @@ class Executor:
                 "the request's deadline passed before its answer was ready (its queued "
                 "work was dropped)"
             ) from None
+
+    def count_tokens(self, runtime: ModelRuntime, tokens: int) -> None:
+        """Tokens run through a model (a request's, once its runs are done)."""
+        self._metrics.tokens.labels(runtime.info.name).inc(tokens)
 
     # -- submitting ------------------------------------------------------------------------------
 
@@ -163,7 +167,7 @@ class Executor:
         keeps the request's order. Its parts share one batcher flow (fair per request;
         refused up front if sure to be late)."""
         lengths = [len(s) for s in prepared.sequences]
-        part = self._settings.max_sequences
+        part = self.settings.max_sequences
         with self._batcher().flow(runtime, prepared.graph, lengths, deadline) as flow:
             if len(lengths) <= part:
                 return await self._run_part(prepared, runtime, deadline, until, timing, flow)
@@ -192,7 +196,7 @@ class Executor:
         pending: deque[asyncio.Task[list[P]]] = deque()
         results: list[P] = []
         try:
-            for start in range(0, count, self._settings.max_sequences):
+            for start in range(0, count, self.settings.max_sequences):
                 pending.append(asyncio.ensure_future(run_part(start)))
                 if len(pending) >= PARTS_IN_FLIGHT:
                     results += await pending.popleft()
@@ -239,7 +243,7 @@ class Executor:
                 sequences[k] = result[graph_io.INPUT_EMBEDS]
             prepared = dataclasses.replace(prepared, sequences=sequences)
         results = await self._submit(runtime, sequences, prepared.graph, flow=flow, **bounds)
-        self._metrics.tokens.labels(runtime.info.name).inc(sum(len(s) for s in sequences))
+        self.count_tokens(runtime, sum(len(s) for s in sequences))
         if prepared.response_bytes > OFFLOAD_BYTES:
             done: EncodeResult = await self._off_loop(finish, prepared, results)
             return done
@@ -251,7 +255,7 @@ class Executor:
         self, runtime: ModelRuntime, sequences: list[np.ndarray], graph: str, scope: RequestScope
     ) -> list[SequenceResult]:
         """Per-sequence outputs of ``graph``, queued in parts like a large pooled request."""
-        part = self._settings.max_sequences
+        part = self.settings.max_sequences
         lengths = [len(s) for s in sequences]
         with self._batcher().flow(runtime, graph, lengths, scope.deadline) as flow:
 
@@ -269,12 +273,13 @@ class Executor:
             return await self.in_parts(len(sequences), run)
 
 
-async def _first_of(work: Coroutine[Any, Any, T], until: Disconnected) -> T:
+async def _first_of(work: Awaitable[T], until: Disconnected) -> T:
     """``work``'s result, or ClientClosedRequest once ``until`` returns (work cancelled)."""
     watcher = asyncio.ensure_future(until())
     await asyncio.sleep(0)  # a client already gone is seen before its work is queued
     if watcher.done():
-        work.close()
+        if asyncio.iscoroutine(work):
+            work.close()
         raise ClientClosedRequest("the client closed the connection before its run")
     task = asyncio.ensure_future(work)
     try:

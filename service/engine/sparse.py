@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import mmh3
 import numpy as np
@@ -24,7 +25,11 @@ from py_rust_stemmers import SnowballStemmer
 from model_export.manifest import graph_io
 from service.batcher import SequenceResult
 from service.engine import text
-from service.engine.types import SparseRequest, SparseVector
+from service.engine.admit import Admit
+from service.engine.execute import Executor
+from service.engine.registry import Registry
+from service.engine.scope import RequestScope
+from service.engine.types import SparseRequest, SparseResult, SparseVector
 from service.errors import InvalidInput, UnsupportedByModel
 from service.runtime import ModelRuntime
 from service.settings import Settings
@@ -100,6 +105,44 @@ def _vector(by_stem: dict[str, float]) -> SparseVector:
 
 # -- the request ---------------------------------------------------------------------------
 
+# What a BM42 request holds per token: its ids and types, its weight, its tokens and the
+# words, stems and vector built from them (Python objects: generous).
+BYTES_PER_TOKEN = 512
+W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
+
+
+async def embed(
+    parse: Callable[[], tuple[SparseRequest, W]],
+    scope: RequestScope,
+    registry: Registry,
+    admit: Admit,
+    execute: Executor,
+) -> tuple[SparseResult, W]:
+    """BM42 vectors: texts tokenized off the loop; documents run the sparse graph (the
+    last layer's [CLS] attention row) in parts like a large pooled request, queries run
+    nothing. Admission, deadline and disconnects as an encode request."""
+    settings = execute.settings
+
+    def checked(request: SparseRequest) -> Prepared:
+        runtime = registry.runtime(request.model)
+        return request, runtime, prepare(request, runtime, settings)
+
+    (request, runtime, encoded), wire = await admit.prepared(scope, parse, checked, lambda _: False)
+    scope.served(runtime.info.name, runtime.info.version)
+    tokens = sum(len(t) for t, _, _ in encoded)
+    ticket = scope.admitted()
+    ticket.hold(ticket.bytes + BYTES_PER_TOKEN * tokens, "this request")
+    results = None
+    if request.kind == "document":
+        pairs = [text.id_pairs(ids, types) for _, ids, types in encoded]
+        graph = graph_io.GRAPH_SPARSE  # prepare checked that the model has it
+        results = await execute.results_in_parts(runtime, pairs, graph, scope)
+        execute.count_tokens(runtime, tokens)
+    return SparseResult(
+        runtime.info.name, vectors(request, runtime, encoded, results), tokens
+    ), wire
+
+
 # A checked request, the version it runs on and its texts' tokens.
 Prepared = tuple[SparseRequest, ModelRuntime, list[text.Tokenized]]
 
@@ -134,7 +177,8 @@ def vectors(
 ) -> list[SparseVector]:
     """Each text's vector: a query's from its tokens alone, a document's weighed by its
     run of the sparse graph (``results``)."""
-    special, stopwords = runtime.special_tokens, runtime.stopwords
+    front_end = text.front_end(runtime)
+    special, stopwords = front_end.special_tokens, front_end.stopwords
     if results is None:
         return [query_vector(tokens, special, stopwords) for tokens, _, _ in encoded]
     return [

@@ -10,6 +10,8 @@ becomes (token id, token type) pairs, which the batcher embeds or runs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -28,7 +30,15 @@ from service.errors import InvalidInput, UnsupportedByModel
 from service.model_info import ModelInfo
 from service.runtime import ModelRuntime
 from service.settings import Settings
+from service.tokenizer import TextFrontEnd
 
+if TYPE_CHECKING:  # (they import this module: it serves them too)
+    from service.engine.admit import Admit
+    from service.engine.execute import Executor
+    from service.engine.registry import Registry
+    from service.engine.scope import RequestScope
+
+W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 # Out-of-vocabulary token ids named in an error, at most.
 SHOWN_IDS = 10
 
@@ -45,16 +55,23 @@ def bound(
 ) -> dict[int, str]:
     """Texts by their index in the request's ``field``, bounded before tokenizing (422
     for a model without a tokenizer)."""
-    info = runtime.info
-    if texts and not info.has_tokenizer:
-        raise UnsupportedByModel(
-            f"model {info.name!r} has no tokenizer: send token embeddings as arrays, or use "
-            "a model exported from a checkpoint with a tokenizer (e.g. minilm-l6)"
-        )
+    if not texts:
+        return {}
+    tokens_of = front_end(runtime).final_tokens
     return {
-        i: limits.bound_text(text, info, truncate, (field, i), runtime.final_tokens)
+        i: limits.bound_text(text, runtime.info, truncate, (field, i), tokens_of)
         for i, text in texts.items()
     }
+
+
+def front_end(runtime: ModelRuntime) -> TextFrontEnd:
+    """The model's tokenizer (422 for a model without one)."""
+    if runtime.text is None:
+        raise UnsupportedByModel(
+            f"model {runtime.info.name!r} has no tokenizer: send token embeddings as arrays, "
+            "or use a model exported from a checkpoint with a tokenizer (e.g. minilm-l6)"
+        )
+    return runtime.text
 
 
 def tokenize(
@@ -64,7 +81,7 @@ def tokenize(
     caller's to check, beside any other inputs of the request."""
     if not bounded:
         return {}
-    found = runtime.tokenize(
+    found = front_end(runtime).tokenize(
         list(bounded.values()), truncate=truncate, special_tokens=special_tokens
     )
     return dict(zip(bounded, found, strict=True))
@@ -138,10 +155,10 @@ def span_tokens(
             field=("inputs", next(iter(spanned)), "spans"),
         )
     texts = [
-        limits.bound_text(item.text, runtime.info, truncate, (), runtime.final_tokens)
+        limits.bound_text(item.text, runtime.info, truncate, (), front_end(runtime).final_tokens)
         for item in spanned.values()
     ]
-    token_spans = runtime.token_spans(texts, truncate=truncate)
+    token_spans = front_end(runtime).token_spans(texts, truncate=truncate)
     for (i, item), spans in zip(spanned.items(), token_spans, strict=True):
         starts = [None if span is None else span[0] for span in spans]
         per_span = []
@@ -192,7 +209,7 @@ def tokenize_texts(
     spans: list[list[tuple[int, int] | None] | None] = [None] * len(encoded)
     if request.spans:
         spans = list(
-            runtime.token_spans(
+            front_end(runtime).token_spans(
                 bounded, truncate=request.truncate, special_tokens=request.special_tokens
             )
         )
@@ -220,4 +237,50 @@ def decode(runtime: ModelRuntime, request: DecodeRequest, settings: Settings) ->
     limits.check_sequence_count(len(request.ids), settings, pooled_only=True)
     limits.check_lengths([len(ids) for ids in request.ids], info, settings, "ids", pooled_only=True)
     check_token_ids(info, dict(enumerate(request.ids)), field="ids")
-    return DecodeResult(info.name, runtime.decode(request.ids, skip_special_tokens=request.skip))
+    return DecodeResult(
+        info.name, front_end(runtime).decode(request.ids, skip_special_tokens=request.skip)
+    )
+
+
+# -- the requests ---------------------------------------------------------------------------
+
+
+async def tokenize_request(
+    parse: Callable[[], tuple[TokenizeRequest, W]],
+    scope: RequestScope,
+    registry: Registry,
+    admit: Admit,
+    execute: Executor,
+) -> tuple[TokenizeResult, W]:
+    """Parse and tokenize off the event loop within the scope's deadline; embeddings, if
+    asked for, are run by the batcher after the answer's size was checked."""
+    admit.begin(scope, "before it could be tokenized")
+
+    def tokenize() -> tuple[TokenizeResult, list[np.ndarray], ModelRuntime, W]:
+        request, wire = parse()
+        runtime = registry.runtime(request.model)
+        result, pairs = tokenize_texts(runtime, request, execute.settings)
+        return result, pairs, runtime, wire
+
+    work = admit.off_loop(tokenize)
+    result, pairs, runtime, wire = await execute.unless_gone(work, scope.cancelled, scope.deadline)
+    if pairs:
+        result = with_embeddings(result, await execute.embed(runtime, pairs, scope))
+    return result, wire
+
+
+async def decode_request(
+    parse: Callable[[], tuple[DecodeRequest, W]],
+    scope: RequestScope,
+    registry: Registry,
+    admit: Admit,
+    execute: Executor,
+) -> tuple[DecodeResult, W]:
+    """Token ids back to text, off the event loop, within the scope's deadline."""
+    admit.begin(scope, "before it could be decoded")
+
+    def decoded() -> tuple[DecodeResult, W]:
+        request, wire = parse()
+        return decode(registry.runtime(request.model), request, execute.settings), wire
+
+    return await execute.unless_gone(admit.off_loop(decoded), scope.cancelled, scope.deadline)

@@ -28,7 +28,7 @@ from model_export.config import EncoderConfig
 from model_export.export import export_model
 from model_export.manifest import MAX_CONFIG_BYTES, sha256_file
 from model_export.model import Encoder, TokenEmbeddings
-from service.runtime import PROBE_TEXT
+from service.tokenizer import PROBE_TEXT
 from tests.conftest import ServerFailed, ServerProcess, free_port, server_process
 
 OUTSIDE = Path("/etc/hostname")  # a readable file beyond any repository

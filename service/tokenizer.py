@@ -1,0 +1,146 @@
+"""A model's text front end: its tokenizer (the ``tokenizers`` package) and BM42's
+stopwords, apart from the onnxruntime sessions (``runtime.py``).
+
+Two instances of the tokenizer, so no request ever flips shared truncation
+state; a probe at load proves it can encode and decode (else the model never
+becomes ready). Its errors are the model's: a text it cannot take is a 422
+naming the model, never a 500.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from service.errors import InvalidInput, ModelLoadError
+from service.model_info import ModelInfo, cannot_load
+
+# Tokenized at load (both ways) before a model with a tokenizer may serve: words no
+# vocabulary holds, accents, scripts, an emoji, control and zero-width characters.
+PROBE_TEXT = (
+    "Probe: qzxv-unknownword Xylophonist's naïve café, Größe, ﬁ, 東京 مرحبا 🙂\u200b\t\x00 end."
+)
+
+
+class TextFrontEnd:
+    """Tokenize, bound by prefix, map tokens to characters, decode."""
+
+    def __init__(self, info: ModelInfo, path: Path, stopwords: frozenset[str]) -> None:
+        self.info = info
+        self.stopwords = stopwords  # words left out of BM42 vectors
+        self._tokenizer = self._load_tokenizer(info, path, None)
+        self.special_tokens = frozenset(  # [CLS], [SEP], [PAD], ...
+            token.content
+            for token in self._tokenizer.get_added_tokens_decoder().values()
+            if token.special
+        )
+        self._truncating = self._load_tokenizer(info, path, info.max_seq_len)
+
+    @classmethod
+    def load(cls, info: ModelInfo) -> TextFrontEnd | None:
+        """The front end of a model whose manifest names a tokenizer (None otherwise),
+        probed before it may serve."""
+        text = info.manifest.text
+        if text is None or text.tokenizer is None:
+            return None
+        stopwords: frozenset[str] = frozenset()
+        if text.stopwords is not None:
+            words = info.file(text.stopwords).read_text(encoding="utf-8").split()
+            stopwords = frozenset(words)
+        front_end = cls(info, info.file(text.tokenizer), stopwords)
+        front_end._probe(text.vocab_size)
+        return front_end
+
+    @staticmethod
+    def _load_tokenizer(info: ModelInfo, path: Path, truncate_at: int | None) -> Tokenizer:
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad files
+            raise cannot_load(info, path, path.name, exc) from exc
+        tokenizer.no_padding()
+        if truncate_at is None:
+            tokenizer.no_truncation()
+        else:
+            tokenizer.enable_truncation(max_length=truncate_at)
+        return tokenizer
+
+    def _probe(self, vocab_size: int) -> None:
+        """Encode PROBE_TEXT both ways at load: a tokenizer that loads but cannot encode
+        (its unknown-word token missing from its vocabulary) or gives ids beyond the
+        embedding table would fail every request; such a model never becomes ready."""
+        try:
+            for truncate in (False, True):
+                for _, ids, _ in self.tokenize([PROBE_TEXT, ""], truncate=truncate):
+                    beyond = [i for i in ids if not 0 <= i < vocab_size]
+                    if beyond:
+                        raise ModelLoadError(
+                            f"model {self.info.name!r}: its tokenizer gives token id "
+                            f"{beyond[0]}, beyond the vocabulary of {vocab_size}"
+                        )
+                self.token_spans([PROBE_TEXT], truncate=truncate)
+            self.decode([[0]], skip_special_tokens=True)
+        except InvalidInput as exc:
+            raise ModelLoadError(f"model {self.info.name!r}: {exc.message}") from exc
+
+    def _tokenizer_for(self, truncate: bool) -> Tokenizer:
+        return self._truncating if truncate else self._tokenizer
+
+    def tokenize(
+        self, texts: list[str], *, truncate: bool, special_tokens: bool = True
+    ) -> list[tuple[list[str], list[int], list[int]]]:
+        """Texts -> (tokens, ids, type ids) each, special tokens included unless
+        ``special_tokens`` is false."""
+        tokenizer = self._tokenizer_for(truncate)
+        with self._tokenizer_errors():
+            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+        return [(e.tokens, e.ids, e.type_ids) for e in encoded]
+
+    def final_tokens(self, prefix: str) -> int:
+        """Tokens of ``prefix`` (specials excluded) that no continuation of it can change:
+        those of its words before the last, which may be cut. Words are the
+        pre-tokenizer's; a tokenizer without one has a single word, so none are final."""
+        with self._tokenizer_errors():
+            words = self._tokenizer_for(False).encode(prefix, add_special_tokens=False).word_ids
+        known = [w for w in words if w is not None]
+        if not known:
+            return 0
+        last = max(known)
+        return sum(1 for w in known if w < last)
+
+    def token_spans(
+        self, texts: list[str], *, truncate: bool, special_tokens: bool = True
+    ) -> list[list[tuple[int, int] | None]]:
+        """Each token's [start, stop) characters in its text; None for special tokens.
+        The same tokenization as ``tokenize`` (late chunking: which tokens a span
+        holds; TEI's /tokenize: where each token came from)."""
+        tokenizer = self._tokenizer_for(truncate)
+        with self._tokenizer_errors():
+            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+        return [
+            [
+                None if special else offsets
+                for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
+            ]
+            for e in encoded
+        ]
+
+    def decode(self, ids: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
+        """Token ids -> text, one string per sequence."""
+        tokenizer = self._tokenizer_for(False)
+        with self._tokenizer_errors():
+            return list(tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
+
+    @contextlib.contextmanager
+    def _tokenizer_errors(self) -> Iterator[None]:
+        """The tokenizers package raises bare Exceptions (e.g. "Missing [UNK] token from
+        the vocabulary"): the model cannot take this text, a 422 naming it, never a 500."""
+        try:
+            yield
+        except Exception as exc:
+            raise InvalidInput(
+                f"the tokenizer of model {self.info.name!r} cannot encode or decode this input: "
+                f"{str(exc)[:200]}"
+            ) from exc
