@@ -87,6 +87,7 @@ class DrainingServer(uvicorn.Server):
                 self.force_exit = True
             return
         settings = self.engine.settings
+        # Ctrl-C: no balancer to wait for (what was accepted is still answered).
         drain = 0.0 if sig == signal.SIGINT else settings.drain_seconds
         log.info(
             "%s: draining for %g s, exiting within %g s",
