@@ -245,7 +245,8 @@ class Settings(BaseSettings):
         5.0,
         ge=0,
         description="After SIGTERM: seconds to keep listening (readiness 503, new work 503) "
-        "while load balancers stop routing here; accepted requests are answered meanwhile.",
+        "while load balancers stop routing here; accepted requests are answered meanwhile. "
+        "SIGINT (Ctrl-C) skips it.",
     )
     shutdown_timeout: float = Field(
         30.0,
