@@ -3,10 +3,13 @@
 - uvicorn's httptools protocol with the limits it lacks (header size and
   time, connection cap, send stalls: ``connection_guard.py``), its connection
   cap kept below the descriptor limit.
-- :class:`DrainingServer`: on SIGTERM (or SIGINT) readiness and new work answer
-  503 at once while the listener stays open ``drain_seconds`` (load balancers
-  and Kubernetes endpoints catch up), then uvicorn's graceful shutdown answers
-  what was accepted. What is still running at the end of that grace window is
+- :class:`DrainingServer`: on SIGTERM readiness and new work answer 503 at
+  once while the listener stays open ``drain_seconds`` (load balancers and
+  Kubernetes endpoints catch up), then uvicorn's graceful shutdown answers
+  what was accepted. SIGINT (Ctrl-C) skips the drain: a person at a terminal
+  has no balancer to wait for (orchestrators send SIGTERM; gunicorn and nginx
+  also read INT as the quick stop), so an idle server exits at once and a busy
+  one once what it accepted is answered. What is still running at the end of that grace window is
   answered 503 ``shutting_down`` with Retry-After by the engine (in its
   protocol's shape: the shipped nginx retries a 503 elsewhere, not uvicorn's
   plain 500), and the process exits 0 within ``shutdown_timeout`` whatever
@@ -84,14 +87,16 @@ class DrainingServer(uvicorn.Server):
                 self.force_exit = True
             return
         settings = self.engine.settings
+        # Ctrl-C: no balancer to wait for (what was accepted is still answered).
+        drain = 0.0 if sig == signal.SIGINT else settings.drain_seconds
         log.info(
             "%s: draining for %g s, exiting within %g s",
             signal.Signals(sig).name,
-            settings.drain_seconds,
+            drain,
             settings.shutdown_timeout,
         )
         self.engine.begin_shutdown()
-        self._drain_until = time.monotonic() + settings.drain_seconds
+        self._drain_until = time.monotonic() + drain
         watchdog = threading.Timer(settings.shutdown_timeout, _exit_now)
         watchdog.daemon = True
         watchdog.start()

@@ -339,7 +339,8 @@ class Settings(BaseSettings):
         description=(
             "After SIGTERM: seconds the listener stays open answering readiness and new work with "
             "503 `shutting_down` while load balancers stop routing here; accepted requests are "
-            "answered meanwhile (see [Shutdown and drain](#shutdown-and-drain))."
+            "answered meanwhile (see [Shutdown and drain](#shutdown-and-drain)). SIGINT "
+            "(Ctrl-C) skips it."
         ),
     )
     shutdown_timeout: float = Field(

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from model_export import graph_io
+from model_export import cli, graph_io
 from model_export.cli import main
 from model_export.config import EncoderConfig, preset
 from model_export.manifest import FORMAT_VERSION, Manifest
@@ -114,6 +114,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliRuns]:
             "--name", "demo", "--out", str(root / "local"),
         ],
         "import-cli": [sys.executable, "-c", code],
+        # The default exporter, whose registry logs that torchvision is missing.
+        "dynamo": [
+            *EXPORT, "--preset", "tiny", "--n-layers", "1",
+            "--out", str(root / "dynamo"),
+        ],
     }  # fmt: skip
     runs = CliRuns(root)
     try:
@@ -241,13 +246,46 @@ def test_importing_the_cli_does_not_import_torch(runs: CliRuns) -> None:
     assert runs.result("import-cli").returncode == 0
 
 
+def test_an_export_prints_nothing_on_stderr(runs: CliRuns) -> None:
+    """No third-party notice a user cannot act on (torch's about torchvision: ~20 lines)."""
+    run = runs.result("dynamo")
+    assert run.returncode == 0, run.stderr
+    assert (
+        json.loads((runs.root / "dynamo" / graph_io.CONFIG_FILE).read_text())["exporter"][
+            "exporter"
+        ]
+        == "dynamo"
+    )
+    assert run.stderr == ""
+    assert f"wrote {runs.root / 'dynamo'} in " in run.stdout
+
+
+def test_only_the_torchvision_notice_is_dropped() -> None:
+    """The control: torch's exporter logs it where the filter sits, and nothing else of
+    that logger is dropped."""
+    import torch.onnx._internal.exporter._registration as registration
+
+    assert registration.logger.name == cli.TORCHVISION_NOTICE_LOGGER
+    source = Path(registration.__file__).read_text()
+    assert f'logger.warning("{cli.TORCHVISION_NOTICE}. Skipping %s"' in source
+    notice = logging.LogRecord(
+        registration.logger.name, logging.WARNING, "", 0, cli.TORCHVISION_NOTICE + ". Skipping %s",
+        ("torchvision::nms",), None,
+    )  # fmt: skip
+    other = logging.LogRecord(
+        registration.logger.name, logging.WARNING, "", 0, "something else: %s", ("x",), None
+    )
+    assert not cli._without_torchvision_notice(notice)
+    assert cli._without_torchvision_notice(other)
+
+
 @pytest.fixture
 def restore_torch_logger() -> Iterator[None]:
-    # cli.main() lowers the "torch" logger's level; keep the test process as it was.
-    logger = logging.getLogger("torch")
-    level = logger.level
+    # cli.main() adds a filter to a torch logger; keep the test process as it was.
+    logger = logging.getLogger(cli.TORCHVISION_NOTICE_LOGGER)
+    filters = list(logger.filters)
     yield None
-    logger.setLevel(level)
+    logger.filters[:] = filters
 
 
 @pytest.mark.parametrize("case", ["negative-atol", "weights-of-another-architecture"])
@@ -269,6 +307,7 @@ def test_cli_failures_are_one_line_errors(
     assert err[0].startswith("attnserve-export: error: ")
 
 
+@pytest.mark.usefixtures("restore_torch_logger")
 def test_unless_current_exports_an_older_format_again_and_skips_a_current_one(
     tmp_path: Path,
 ) -> None:

@@ -91,7 +91,8 @@ def ort_outputs(
 ) -> list[dict[str, np.ndarray]]:
     """Run ``seqs`` as one zero-padded batch; each one's outputs by name, trimmed to it."""
     longest = max(len(s) for s in seqs)
-    embeds = np.zeros((len(seqs), longest, D_MODEL), dtype=np.float32)  # (B, T, d)
+    width = seqs[0].shape[-1]  # the tiny model's D_MODEL, or another model's
+    embeds = np.zeros((len(seqs), longest, width), dtype=np.float32)  # (B, T, d)
     mask = np.zeros((len(seqs), longest), dtype=np.int64)  # (B, T)
     for row, seq in enumerate(seqs):
         embeds[row, : len(seq)] = seq

@@ -1,8 +1,7 @@
 """docs/api.md: every example runs against a live server, and the page covers the API.
 
-```bash blocks run against the tiny model's server, or MiniLM's when marked
-``# model: minilm-l6``; ```python blocks (the openai client, LangChain,
-tritonclient) run against MiniLM's with ``ATTNSERVE_URL`` set.
+Every ```bash and ```python block runs against a server on MiniLM (the model
+`make serve` serves), with only the variables the page's setup block exports.
 
 Each example's answer is checked for its status and its content (shapes,
 values, the fields the page promises), not only for the absence of an error:
@@ -29,17 +28,24 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from model_export import graph_io
 from service import errors
 from service.settings import Settings
-from tests.service.helpers import D_MODEL, N_HEADS, N_LAYERS, as_array, ort_encode
+from tests.service.helpers import as_array, new_session, ort_encode
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 TEXT = API_MD.read_text()
 BLOCKS = re.findall(r"^```bash\n(.*?)^```", TEXT, flags=re.DOTALL | re.MULTILINE)
 PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", TEXT, flags=re.DOTALL | re.MULTILINE)
 EXPECT_ERROR = re.compile(r"^# expect error: (\w+)$", re.MULTILINE)
-MINILM = "# model: minilm-l6"
+# The page's setup block: the variables every example may read, and nothing else.
+SETUP = re.search(r"^```text\n(export ATTNSERVE_URL=.*?)^```", TEXT, flags=re.DOTALL | re.M)
+MODEL = "minilm-l6"  # what `make serve` serves, and the examples are written for
 MINILM_WIDTH = 384
+MINILM_LAYERS = 6
+MINILM_HEADS = 12
+# Where an example names a model: a path, a JSON body, a client's keyword.
+MODEL_NAMED = re.compile(r'models/([\w.-]+)|"model": "([\w.-]+)"|model="([\w.-]+)"')
 # Every example has one curl; this wrapper makes it also write its status to stderr.
 STATUS_LINE = "attnserve-example-status"
 CURL_WITH_STATUS = (
@@ -60,7 +66,7 @@ class Answer:
         return json.loads(self.stdout)
 
 
-# A check gets the answer and onnxruntime on the tiny model's model.onnx, to compare with.
+# A check gets the answer and onnxruntime on MiniLM's model.onnx, to compare with.
 Check = Callable[[Answer, ort.InferenceSession], None]
 
 
@@ -94,19 +100,31 @@ def seeded_sequences(seed: int, lengths: tuple[int, ...]) -> list[np.ndarray]:
     """The inputs an example's ``random.seed(seed)`` one-liner generates, in the same order."""
     rng = random.Random(seed)
     return [
-        np.array([[rng.gauss(0, 1) for _ in range(D_MODEL)] for _ in range(n)], dtype=np.float32)
+        np.array(
+            [[rng.gauss(0, 1) for _ in range(MINILM_WIDTH)] for _ in range(n)], dtype=np.float32
+        )
         for n in lengths
     ]
 
 
 def two_sequences(answer: Answer, session: ort.InferenceSession) -> None:
     body = ok(answer)
-    assert body["model"] == "tiny" and body["usage"] == {"sequences": 2, "tokens": 8}
+    assert body["model"] == MODEL and body["usage"] == {"sequences": 2, "tokens": 8}
     seqs = seeded_sequences(0, (5, 3))
     want = ort_encode(session, seqs)
     for i, (item, (hidden, _)) in enumerate(zip(body["data"], want, strict=True)):
         assert item["index"] == i and item["attention"] is None and item["pooled"] is None
+        assert item["span_embeddings"] is None and item["tokens"] is None
         np.testing.assert_allclose(as_array(item["embeddings"]), hidden, rtol=0, atol=1e-5)
+
+
+def text_tokens_and_pooled(answer: Answer, session: ort.InferenceSession) -> None:
+    (item,) = ok(answer)["data"]
+    assert item["tokens"] == ["[CLS]", "attention", "is", "all", "you", "need", ".", "[SEP]"]
+    assert item["embeddings"] is None and item["span_embeddings"] is None
+    pooled = as_array(item["pooled"])
+    assert pooled.shape == (MINILM_WIDTH,)
+    unit_length(pooled)
 
 
 def attention_maps(layers: int, heads: int, tokens: int) -> Check:
@@ -124,20 +142,20 @@ def pooled_unit_vectors(answer: Answer, session: ort.InferenceSession) -> None:
     data = ok(answer)["data"]
     assert len(data) == 2 and all(item["embeddings"] is None for item in data)
     pooled = np.stack([as_array(item["pooled"]) for item in data])
-    assert pooled.shape == (2, D_MODEL)
+    assert pooled.shape == (2, MINILM_WIDTH)
     unit_length(pooled)
 
 
 def base64_both_ways(answer: Answer, session: ort.InferenceSession) -> None:
     (item,) = ok(answer)["data"]
     embeddings = item["embeddings"]
-    assert embeddings["shape"] == [2, D_MODEL] and embeddings["dtype"] == "float32"
+    assert embeddings["shape"] == [2, MINILM_WIDTH] and embeddings["dtype"] == "float32"
     assert np.isfinite(as_array(embeddings)).all()
 
 
 def deadline_and_request_id(answer: Answer, session: ort.InferenceSession) -> None:
     (item,) = ok(answer)["data"]
-    assert item["embeddings"] is None and len(item["pooled"]) == D_MODEL
+    assert item["embeddings"] is None and len(item["pooled"]) == MINILM_WIDTH
     headers = answer.stderr.lower()
     for name in ("x-request-id: order-1234", "x-queue-time:", "x-compute-time:"):
         assert name in headers, answer.stderr
@@ -184,12 +202,13 @@ def equals(expected: Any) -> Check:
 
 def v2_model_metadata(answer: Answer, session: ort.InferenceSession) -> None:
     body = ok(answer)
-    assert (body["name"], body["versions"]) == ("tiny", ["1"])
+    assert (body["name"], body["versions"]) == (MODEL, ["1"])
     inputs = {t["name"]: (t["datatype"], t["shape"]) for t in body["inputs"]}
-    assert inputs["inputs_embeds"] == ("FP32", [-1, -1, D_MODEL])
+    assert inputs["inputs_embeds"] == ("FP32", [-1, -1, MINILM_WIDTH])
+    assert inputs["text"] == ("BYTES", [-1])
     outputs = {t["name"]: (t["datatype"], t["shape"]) for t in body["outputs"]}
-    assert outputs["last_hidden_state"] == ("FP32", [-1, -1, D_MODEL])
-    assert outputs["attentions"] == ("FP32", [-1, N_LAYERS, N_HEADS, -1, -1])
+    assert outputs["last_hidden_state"] == ("FP32", [-1, -1, MINILM_WIDTH])
+    assert outputs["attentions"] == ("FP32", [-1, MINILM_LAYERS, MINILM_HEADS, -1, -1])
 
 
 def v2_outputs(answer: Answer) -> dict[str, np.ndarray]:
@@ -204,24 +223,28 @@ def v2_infer_padded(answer: Answer, session: ort.InferenceSession) -> None:
     outputs = v2_outputs(answer)
     assert set(outputs) == {"last_hidden_state", "pooled"}
     hidden = outputs["last_hidden_state"]
-    assert hidden.shape == (2, 3, D_MODEL) and outputs["pooled"].shape == (2, D_MODEL)
+    assert hidden.shape == (2, 3, MINILM_WIDTH) and outputs["pooled"].shape == (2, MINILM_WIDTH)
     assert not hidden[1, 2].any(), "the padded position answers zeros"
     np.testing.assert_allclose(outputs["pooled"][1], hidden[1, :2].mean(axis=0), atol=1e-5)
 
 
 def v2_infer_every_output(answer: Answer, session: ort.InferenceSession) -> None:
     outputs = v2_outputs(answer)
-    assert outputs["last_hidden_state"].shape == (1, 2, D_MODEL)
-    assert outputs["attentions"].shape == (1, N_LAYERS, N_HEADS, 2, 2)
+    assert outputs["last_hidden_state"].shape == (1, 2, MINILM_WIDTH)
+    assert outputs["attentions"].shape == (1, MINILM_LAYERS, MINILM_HEADS, 2, 2)
     rows_sum_to_one(outputs["attentions"])
-    assert outputs["hidden_states"].shape == (1, N_LAYERS + 1, 2, D_MODEL)
+    assert outputs["hidden_states"].shape == (1, MINILM_LAYERS + 1, 2, MINILM_WIDTH)
     assert "pooled" not in outputs  # it needs parameters.pooling
 
 
 def model_card(card: dict[str, Any]) -> None:
-    assert (card["name"], card["id"], card["object"]) == ("tiny", "tiny", "model")
-    assert (card["d_model"], card["heads"], card["layers"]) == (D_MODEL, N_HEADS, N_LAYERS)
-    assert card["tokenizer"] is False and card["default"] is True
+    assert (card["name"], card["id"], card["object"]) == (MODEL, MODEL, "model")
+    assert (card["d_model"], card["heads"], card["layers"]) == (
+        MINILM_WIDTH,
+        MINILM_HEADS,
+        MINILM_LAYERS,
+    )
+    assert card["tokenizer"] is True and card["default"] is True
 
 
 def model_list(answer: Answer, session: ort.InferenceSession) -> None:
@@ -237,7 +260,7 @@ def one_model_card(answer: Answer, session: ort.InferenceSession) -> None:
 
 def metrics(answer: Answer, session: ort.InferenceSession) -> None:
     assert answer.status == 200
-    counts = re.findall(r'^attnserve_tokens_total\{model="tiny"\} (\S+)$', answer.stdout, re.M)
+    counts = re.findall(r'^attnserve_tokens_total\{model="minilm-l6"\} (\S+)$', answer.stdout, re.M)
     assert counts and float(counts[0]) > 0, answer.stdout
 
 
@@ -287,7 +310,13 @@ def tei_decode(answer: Answer, session: ort.InferenceSession) -> None:
 
 
 def repository_index(answer: Answer, session: ort.InferenceSession) -> None:
-    assert ok(answer) == [{"name": "tiny", "version": "1", "state": "READY", "reason": ""}]
+    assert ok(answer) == [{"name": MODEL, "version": "1", "state": "READY", "reason": ""}]
+
+
+def tokenized(answer: Answer, session: ort.InferenceSession) -> None:
+    (item,) = ok(answer)["data"]
+    assert item["tokens"] == ["[CLS]", "attention", "is", "all", "you", "need", "[SEP]"]
+    assert len(item["ids"]) == 7 and item["ids"][0] == 101 and item["embeddings"] is None
 
 
 def tei_info(answer: Answer, session: ort.InferenceSession) -> None:
@@ -310,17 +339,18 @@ BASH_CHECKS: dict[str, Check] = {
     path("/info"): tei_info,
     path("/health"): tei_health,
     path("/v1/embed_sparse"): sparse_vector,
+    r"Attention is all you need\.": text_tokens_and_pooled,
     r"random\.seed\(0\)": two_sequences,
     r"random\.seed\(1\)": attention_maps(1, 2, 3),
-    r'"reduce": "mean"': attention_maps(N_LAYERS, 1, 4),
+    r'"reduce": "mean"': attention_maps(MINILM_LAYERS, 1, 4),
     r'"reduce": "rollout"': attention_maps(1, 1, 4),
     r"random\.seed\(3\)": pooled_unit_vectors,
     r"random\.seed\(4\)": base64_both_ways,
     r"order-1234": deadline_and_request_id,
     r"no-such-model": Refused(404, "model_not_found"),
-    path("/v2/repository/models/tiny/load"): Refused(400, "load_failed"),
-    path("/v2/repository/models/tiny/unload"): Refused(400, "load_failed"),
-    path("/v1/tokenize"): Refused(422, "unsupported_by_model"),
+    path("/v2/repository/models/minilm-l6/load"): Refused(400, "load_failed"),
+    path("/v2/repository/models/minilm-l6/unload"): Refused(400, "load_failed"),
+    path("/v1/tokenize"): tokenized,
     r"Someone plays the guitar": openai_embeddings,
     r'"word " \* 300': Refused(400, "context_length_exceeded", openai_param="input[0]"),
     path("/v2"): equals(
@@ -332,15 +362,15 @@ BASH_CHECKS: dict[str, Check] = {
     ),
     path("/v2/health/live"): equals({"live": True}),
     path("/v2/health/ready"): equals({"ready": True}),
-    path("/v2/models/tiny"): v2_model_metadata,
-    path("/v2/models/tiny/versions/1"): v2_model_metadata,
-    path("/v2/models/tiny/ready"): equals({"name": "tiny", "ready": True}),
-    path("/v2/models/tiny/versions/1/ready"): equals({"name": "tiny", "ready": True}),
+    path("/v2/models/minilm-l6"): v2_model_metadata,
+    path("/v2/models/minilm-l6/versions/1"): v2_model_metadata,
+    path("/v2/models/minilm-l6/ready"): equals({"name": MODEL, "ready": True}),
+    path("/v2/models/minilm-l6/versions/1/ready"): equals({"name": MODEL, "ready": True}),
     r'"id": "r1"': v2_infer_padded,
-    path("/v2/models/tiny/versions/1/infer"): v2_infer_every_output,
+    path("/v2/models/minilm-l6/versions/1/infer"): v2_infer_every_output,
     r'"FP16"': Refused(422, "invalid_input"),
     path("/v1/models"): model_list,
-    path("/v1/models/tiny"): one_model_card,
+    path("/v1/models/minilm-l6"): one_model_card,
     path("/health/live"): equals({"status": "alive"}),
     path("/health/ready"): equals({"status": "ready"}),
     path("/metrics"): metrics,
@@ -398,6 +428,45 @@ def matching(patterns: dict[str, Any], block: str) -> list[str]:
     return [p for p in patterns if re.search(p, block)]
 
 
+def setup_variables() -> dict[str, str]:
+    """The variables the page's setup block exports, with their values."""
+    assert SETUP is not None, "docs/api.md lost its setup block (export ATTNSERVE_URL=...)"
+    return dict(re.findall(r"^export (\w+)=(\S+)", SETUP.group(1), flags=re.M))
+
+
+def example_env(url: str, grpc_address: str, path_env: str) -> dict[str, str]:
+    """The environment an example runs in: the setup block's variables (pointed at the test
+    server) and no other ATTNSERVE_* one, so an example reading an undefined one fails."""
+    values = {"ATTNSERVE_URL": url, "ATTNSERVE_GRPC": grpc_address}
+    assert set(setup_variables()) == set(values), setup_variables()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSERVE_")}
+    return {**env, **values, "PATH": path_env}
+
+
+def test_the_setup_block_defines_every_variable_the_examples_read() -> None:
+    defined = setup_variables()
+    assert defined["ATTNSERVE_URL"] == "http://127.0.0.1:8000"  # `make serve`'s address
+    assert defined["ATTNSERVE_GRPC"] == "127.0.0.1:8001"
+    read = {name for block in BLOCKS for name in re.findall(r"\$\{?(\w+)", block)}
+    for block in PYTHON_BLOCKS:
+        read |= set(re.findall(r"os\.(?:environ\[|environ\.get\(|getenv\()\"(\w+)\"", block))
+    assert "ATTNSERVE_GRPC" in read and "ATTNSERVE_URL" in read  # the patterns see them
+    assert read <= set(defined), read - set(defined)
+
+
+def test_examples_name_only_the_model_make_serve_serves() -> None:
+    makefile = (API_MD.parents[1] / "Makefile").read_text()
+    assert re.search(rf"^DEFAULT_MODEL \?= {MODEL}$", makefile, flags=re.M)
+    named = {
+        name
+        for block in BLOCKS + PYTHON_BLOCKS
+        for names in MODEL_NAMED.findall(block)
+        for name in names
+        if name
+    }
+    assert named == {MODEL, "no-such-model"}, named
+
+
 def test_page_has_examples() -> None:
     assert len(BLOCKS) >= 10
     for block in BLOCKS:
@@ -436,9 +505,8 @@ def python3_on_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def run_block(block: str, url: str, path_env: str) -> Answer:
+def run_block(block: str, env: dict[str, str]) -> Answer:
     """Run one example as a reader would, with curl also reporting the HTTP status."""
-    env = {**os.environ, "ATTNSERVE_URL": url, "PATH": path_env}
     done = subprocess.run(
         ["bash", "-c", f"set -euo pipefail\n{CURL_WITH_STATUS}\n{block}"],
         env=env,
@@ -453,21 +521,27 @@ def run_block(block: str, url: str, path_env: str) -> Answer:
     return Answer(int(statuses[0]), done.stdout, stderr)
 
 
+@pytest.fixture(scope="module")
+def minilm_session(minilm_repository: Path) -> ort.InferenceSession:
+    """onnxruntime on MiniLM's model.onnx, run directly (not through the service)."""
+    return new_session(str(minilm_repository / MODEL / graph_io.GRAPH_EMBEDDINGS))
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[_block_id(b) for b in BLOCKS])
 def test_example_answers_as_documented(
     block: str,
-    server_url: str,
+    minilm_server_url: str,
+    minilm_grpc_address: str,
     python3_on_path: str,
-    embeddings_session: ort.InferenceSession,
-    request: pytest.FixtureRequest,
+    minilm_session: ort.InferenceSession,
 ) -> None:
-    url = request.getfixturevalue("minilm_server_url") if MINILM in block else server_url
     if "/metrics" in block:  # the counter the example greps for exists once tokens were encoded
-        body = {"inputs": [[[0.5] * D_MODEL] * 2]}
-        assert httpx.post(f"{server_url}/v1/encode", json=body, timeout=30).status_code == 200
-    answer = run_block(block, url, python3_on_path)
+        body = {"inputs": ["Tokens to count."]}
+        r = httpx.post(f"{minilm_server_url}/v1/encode", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+    answer = run_block(block, example_env(minilm_server_url, minilm_grpc_address, python3_on_path))
     (pattern,) = matching(BASH_CHECKS, block)
-    BASH_CHECKS[pattern](answer, embeddings_session)
+    BASH_CHECKS[pattern](answer, minilm_session)
 
 
 def test_page_has_python_examples() -> None:
@@ -477,9 +551,11 @@ def test_page_has_python_examples() -> None:
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.split("\n")[0] for b in PYTHON_BLOCKS])
-def test_python_example_runs(block: str, minilm_server_url: str, minilm_grpc_address: str) -> None:
+def test_python_example_runs(
+    block: str, minilm_server_url: str, minilm_grpc_address: str, python3_on_path: str
+) -> None:
     (pattern,) = matching(PYTHON_CHECKS, block)
-    env = {**os.environ, "ATTNSERVE_URL": minilm_server_url, "ATTNSERVE_GRPC": minilm_grpc_address}
+    env = example_env(minilm_server_url, minilm_grpc_address, python3_on_path)
     # The pretrained tests set HF_HUB_OFFLINE=1 for this process (no weights from a hub);
     # huggingface_hub applies it to every URL, so the examples' own 127.0.0.1 too.
     env["HF_HUB_OFFLINE"] = "0"

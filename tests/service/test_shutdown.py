@@ -1,10 +1,11 @@
-"""SIGTERM drains (issue 10), through a real server on 127.0.0.1.
+"""SIGTERM drains (issue 10) and Ctrl-C does not, through a real server on 127.0.0.1.
 
 On SIGTERM readiness and new work answer 503 ``shutting_down`` with
 Retry-After while the listener stays open ATTNSERVE_DRAIN_SECONDS; every
 request accepted before the signal is answered; then the process exits 0
 within ATTNSERVE_SHUTDOWN_TIMEOUT, whatever slow, idle or silent clients do. A
-second signal skips the rest of the drain.
+second signal skips the rest of the drain. SIGINT (Ctrl-C) skips the drain: an
+idle server exits at once, a busy one once what it accepted is answered.
 """
 
 from __future__ import annotations
@@ -242,6 +243,7 @@ def test_second_sigterm_skips_the_drain(model_repository: Path) -> None:
 # 16 kB of input, so a request of a few megabytes runs for seconds.
 SLOW_D_FF = 16384
 SLOW_SEQUENCES = 256  # per request: ~6 s of runs here, several times the grace window
+CTRL_C_SEQUENCES = 128  # ~3 s of runs here: longer than an idle server takes to exit
 CUT_DRAIN = 0.5
 CUT_SHUTDOWN = 4.0  # grace window: 4 - 0.5 drain - 0.5 answer - 2 lifespan = 1 s
 
@@ -361,6 +363,75 @@ def test_work_past_the_grace_window_is_answered_503_not_cut(slow_repository: Pat
     assert "shutting down" in (grpc_answer.details() or "")
     assert float(dict(grpc_answer.trailing_metadata() or ())["retry-after"]) > 0
     assert "shutdown timeout reached" not in log  # a graceful exit
+
+
+# -- Ctrl-C: no drain, but what was accepted is answered -----------------------------------
+
+IDLE_EXIT_SECONDS = 1.5  # SIGINT to exit, idle (measured ~0.4 s here)
+LONG_DRAIN = "20"  # a drain no test waits for: seen only if a signal does not skip it
+
+
+def test_ctrl_c_stops_an_idle_server_at_once_while_sigterm_drains(model_repository: Path) -> None:
+    """SIGINT is a person at a terminal: no balancer to wait for, so no drain. SIGTERM on
+    the same idle server still keeps listening for the drain (the control)."""
+    with (
+        server_process(
+            model_repository, drain_seconds=LONG_DRAIN, shutdown_timeout="30"
+        ) as terminal,
+        server_process(
+            model_repository, drain_seconds=LONG_DRAIN, shutdown_timeout="30"
+        ) as orchestrated,
+    ):
+        orchestrated.proc.send_signal(signal.SIGTERM)
+        terminal.proc.send_signal(signal.SIGINT)
+        assert exit_status(terminal, IDLE_EXIT_SECONDS) == 0, terminal.log()
+        assert "shutdown timeout reached" not in terminal.log()
+
+        assert orchestrated.proc.poll() is None, "SIGTERM skipped the drain"
+        assert_shutting_down(httpx.get(f"{orchestrated.url}/health/ready", timeout=5))
+        orchestrated.proc.send_signal(signal.SIGTERM)  # a second one skips the rest
+        assert exit_status(orchestrated, 5.0) == 0, orchestrated.log()
+
+
+def test_ctrl_c_answers_the_work_in_progress_before_exiting(slow_repository: Path) -> None:
+    lengths = (MODEL_MAX_SEQ_LEN,) * CTRL_C_SEQUENCES
+    body = {
+        "inputs": [b64_array(s) for s in sequences(lengths, seed=5)],
+        "pooling": "mean",
+        "encoding_format": "base64",
+    }
+    with server_process(
+        slow_repository, drain_seconds=LONG_DRAIN, shutdown_timeout="40", log_level="info"
+    ) as server:
+        url = server.url
+        answers: list[httpx.Response | httpx.TransportError] = []
+
+        def post() -> None:
+            try:
+                answers.append(httpx.post(f"{url}/v1/encode", json=body, timeout=30))
+            except httpx.TransportError as exc:  # cut: what must not happen
+                answers.append(exc)
+
+        call = threading.Thread(target=post)
+        call.start()
+        assert wait_for(lambda: metric(url, "attnserve_in_flight_requests") == 1, 10.0)
+        server.proc.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        time.sleep(IDLE_EXIT_SECONDS)
+        # The control: an idle server would be gone by now; this one is still at work.
+        assert not answers, "the request ended too soon to show the wait"
+        assert server.proc.poll() is None, server.log()
+        call.join(30)
+        assert exit_status(server, 10.0) == 0, server.log()
+        waited = time.monotonic() - signalled
+
+    (answer,) = answers
+    assert isinstance(answer, httpx.Response), answer
+    assert answer.status_code == 200, answer.text
+    data = answer.json()["data"]
+    assert len(data) == CTRL_C_SEQUENCES
+    assert all(as_array(item["pooled"]).shape == (D_MODEL,) for item in data)
+    assert waited < float(LONG_DRAIN), "the drain was not skipped"
 
 
 # -- model loads: refused once draining, an accepted one answered -----------------------
