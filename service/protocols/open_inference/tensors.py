@@ -396,10 +396,10 @@ def _output(result: EncodeResult, name: str, lengths: list[int], length: int) ->
         return (np.arange(length)[None, :] < np.array(lengths)[:, None]).astype("<i8")
     if name == OUTPUT_POOLED:
         return wire.float32_le(np.stack([o.pooled for o in outs if o.pooled is not None]))
-    field, axes = {
-        graph_io.OUTPUT_HIDDEN: ("embeddings", (0,)),
-        graph_io.OUTPUT_ATTENTIONS: ("attention", (2, 3)),
-        graph_io.OUTPUT_HIDDEN_STATES: ("hidden_states", (1,)),
+    field = {
+        graph_io.OUTPUT_HIDDEN: "embeddings",
+        graph_io.OUTPUT_ATTENTIONS: "attention",  # unreduced: [L, H, n, n] as the graph's
+        graph_io.OUTPUT_HIDDEN_STATES: "hidden_states",
     }[name]
     arrays = [getattr(o, field) for o in outs]
-    return wire.float32_le(repad(arrays, length, axes))
+    return wire.float32_le(repad(arrays, length, graph_io.TOKEN_AXES[name]))
