@@ -1,4 +1,4 @@
-"""Admission and dynamic batching between the HTTP layer and the runtime.
+"""Dynamic batching between the engine and the inference thread.
 
 No fixed batching window: a fixed window costs its whole length at low load.
 Instead each model's worker takes whatever has queued while the previous run
@@ -7,8 +7,8 @@ length and cuts them into the runs of least modelled time (``run_planner``:
 each run within ``max_batch_tokens`` padded tokens and the attention budget,
 its cost fitted per graph from timed shapes at warm-up and every live run),
 so short and long sequences are not padded to each other. Runs execute one at
-a time on a single inference thread: on a small CPU, concurrent onnxruntime
-runs only fight over the same cores. Admission happens above, in the engine.
+a time on the one inference thread (``inference_thread``). Admission happens
+above, in the engine.
 
 Fair by request, not by part: every part of one request is submitted with its
 ``Flow``, and a batch is filled sequence by sequence, first from the requests
@@ -37,36 +37,23 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 
 from model_export.manifest import graph_io
 from service.errors import DeadlineExceeded, Overloaded, PayloadTooLarge
 from service.fair_queue import FairQueue, Flow
-from service.metrics import Metrics
+from service.inference_thread import InferenceThread, SequenceResult, calibration_shapes
+from service.metrics import GRAPH_LABELS, Metrics
 from service.run_planner import RunCostModel, plan_runs
-from service.runtime import ModelRuntime, pad
+from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.timing import RunTiming
 
 log = logging.getLogger(__name__)
 
-# One sequence's outputs by name, trimmed to its n tokens: last_hidden_state [n, d],
-# attentions [L, H, n, n], hidden_states [L + 1, n, d], value_norms [L, H, n] (the last
-# three when its graph has them).
-SequenceResult = dict[str, np.ndarray]
 
-
-# Shapes (sequences, tokens) timed per graph at warm-up, so the run planner has a cost
-# model before the first request (each is run twice; the first pays allocations). The
-# graphs with attention or hidden-state outputs get small shapes only: onnxruntime's
-# arena keeps what a run needed, and their outputs grow with B·T² (with all of them,
-# idle RSS was 540 MB instead of 300); their live runs refine the fit.
-CALIBRATION_SHAPES = ((1, 8), (1, 64), (8, 16), (4, 32), (2, 128), (4, 96))
-SMALL_CALIBRATION_SHAPES = ((1, 8), (1, 32), (4, 8), (2, 32), (1, 64), (4, 16))
 # Weight of the newest run in the tokens-per-second estimate.
 RATE_SMOOTHING = 0.2
 # Retry-After bounds, in seconds.
@@ -101,51 +88,6 @@ class _Job:
 _Slice = tuple[_Job, int, int]
 
 
-def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
-    """A copy of ``value`` cut to its first ``n`` tokens along ``axes``."""
-    index = [slice(None)] * value.ndim
-    for axis in axes:
-        index[axis] = slice(0, n)
-    return value[tuple(index)].copy()
-
-
-def _run_and_split(
-    runtime: ModelRuntime, sequences: list[np.ndarray], graph: str
-) -> list[SequenceResult]:
-    """Pad, run and cut the outputs back per sequence, all on the inference thread.
-
-    When every sequence fills the run (one sequence, or equal lengths) each gets a
-    view of its row: no copy, and the run's tensors are exactly the answers'. Else
-    each is copied out, cut to its length, so the run's full [B, L, H, T, T] tensor
-    is freed now, not when the last response is serialised; and none of this
-    copying blocks the event loop.
-    """
-    embeds, mask = pad(sequences)
-    outputs = runtime.run(embeds, mask, graph)
-    if all(len(seq) == embeds.shape[1] for seq in sequences):
-        return [
-            {name: value[row] for name, value in outputs.items()} for row in range(len(sequences))
-        ]
-    return [
-        {
-            name: _trim(value[row], graph_io.TOKEN_AXES[name], len(seq))
-            for name, value in outputs.items()
-        }
-        for row, seq in enumerate(sequences)
-    ]
-
-
-# The inference metric's graph label (the values of the first release kept).
-GRAPH_LABELS = {
-    graph_io.GRAPH_EMBEDDINGS: "embeddings",
-    graph_io.GRAPH_HIDDEN_STATES: "hidden_states",
-    graph_io.GRAPH_ATTENTION: "attention",
-    graph_io.GRAPH_TEXT: "text",
-    graph_io.GRAPH_SPARSE: "sparse",
-    graph_io.GRAPH_TOKEN_EMBEDDINGS: "token_embeddings",
-}
-
-
 class Batcher:
     """One queue and worker per model, one inference thread for the process."""
 
@@ -161,7 +103,7 @@ class Batcher:
         self._wakeups: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._started_workers = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._thread = InferenceThread()
         self._queued = 0  # jobs waiting for their first run
         self._backlog_tokens = 0  # tokens of jobs not yet finished
         self._tokens_per_second: float | None = None
@@ -200,39 +142,27 @@ class Batcher:
         for task in self._workers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._thread.shutdown()
 
     async def calibrate(self, runtimes: list[ModelRuntime] | None = None) -> None:
         """Time ``CALIBRATION_SHAPES`` per model (every served one, or ``runtimes``) and
         graph on the inference thread: the run planner's first cost model (every live run
         refines it)."""
-        loop = asyncio.get_running_loop()
         for runtime in list(self._runtimes.values()) if runtimes is None else runtimes:
-            name = runtime.info.name
             most = runtime.info.max_seq_len
             for graph in runtime.graphs:
                 fits = self._fits(runtime, graph)
-                shapes = (
-                    CALIBRATION_SHAPES
-                    if graph in (graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_TEXT)
-                    else SMALL_CALIBRATION_SHAPES
-                )
-                for batch, longest in shapes:
+                for batch, longest in calibration_shapes(graph):
                     longest = min(longest, most)
-                    if not fits(batch, longest):
-                        continue
-                    sequences = [runtime.sample_sequence(graph, longest)] * batch
-                    run = partial(_run_and_split, runtime, sequences, graph)
-                    await loop.run_in_executor(self._executor, run)
-                    start = time.monotonic()
-                    await loop.run_in_executor(self._executor, run)
-                    cost = self._costs.setdefault((name, graph), RunCostModel())
-                    cost.observe(batch, longest, time.monotonic() - start)
+                    if fits(batch, longest):
+                        seconds = await self._thread.time(runtime, graph, batch, longest)
+                        cost = self._costs.setdefault((runtime.info.name, graph), RunCostModel())
+                        cost.observe(batch, longest, seconds)
 
     async def warm_up(self, runtime: ModelRuntime) -> None:
         """A small ragged batch per graph of ``runtime`` (a model being loaded), on the
         inference thread like every other run: proves its sessions run."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, runtime.warmup)
+        await self._thread.warm_up(runtime)
 
     def cost_model(self, model: str, graph: str) -> RunCostModel:
         return self._costs[model, graph]
@@ -453,14 +383,8 @@ class Batcher:
             start = time.monotonic()
             self._started(jobs, start)
             try:
-                results = await loop.run_in_executor(
-                    self._executor,
-                    partial(
-                        _run_and_split,
-                        runtime,
-                        [slots[k][0].sequences[slots[k][1]] for k in run],
-                        graph,
-                    ),
+                results = await self._thread.run(
+                    runtime, [slots[k][0].sequences[slots[k][1]] for k in run], graph
                 )
             except Exception as exc:  # fail this run's requests only, not their neighbours'
                 log.exception("inference failed for model %s", runtime.info.name)

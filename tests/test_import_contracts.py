@@ -23,7 +23,7 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 # Contract name -> (module file, an import that breaches it and no other contract).
 PLANTS = {
-    "Data flows one way: protocols -> engine -> batcher -> runtime": (
+    "Data flows one way: protocols -> engine -> batcher -> inference thread -> runtime": (
         "service/runtime.py",
         "from service.engine import types",
     ),

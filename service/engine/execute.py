@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.batcher import Batcher, SequenceResult
+from service.batcher import Batcher
 from service.engine.finish import finish
 from service.engine.lifecycle import Lifecycle
 from service.engine.prepare import PARTS_IN_FLIGHT, PreparedEncode
@@ -30,6 +30,7 @@ from service.engine.scope import Disconnected, RequestScope
 from service.engine.types import EncodeResult, SequenceOutput
 from service.errors import ClientClosedRequest, DeadlineExceeded, NotReady
 from service.fair_queue import Flow
+from service.inference_thread import SequenceResult
 from service.metrics import Metrics
 from service.runtime import ModelRuntime
 from service.settings import Settings

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.batcher import SequenceResult
 from service.engine import postprocess
 from service.engine.prepare import PreparedEncode
 from service.engine.types import EncodeResult, SequenceOutput
 from service.errors import InvalidInput
+from service.inference_thread import SequenceResult
 
 
 def finish(prepared: PreparedEncode, results: list[SequenceResult]) -> EncodeResult:

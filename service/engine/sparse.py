@@ -23,7 +23,6 @@ import numpy as np
 from py_rust_stemmers import SnowballStemmer
 
 from model_export.manifest import graph_io
-from service.batcher import SequenceResult
 from service.engine import text
 from service.engine.admit import Admit
 from service.engine.execute import Executor
@@ -31,6 +30,7 @@ from service.engine.registry import Registry
 from service.engine.scope import RequestScope
 from service.engine.types import SparseRequest, SparseResult, SparseVector
 from service.errors import InvalidInput, UnsupportedByModel
+from service.inference_thread import SequenceResult
 from service.runtime import ModelRuntime
 from service.settings import Settings
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from service import metrics, settings
-from service.batcher import GRAPH_LABELS
-from service.metrics import Metrics
+from service.metrics import GRAPH_LABELS, Metrics
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.batcher import _run_and_split
 from service.engine import Engine
 from service.engine.postprocess import select_attention
+from service.inference_thread import run_and_split
 from service.protocols.kserve_v2 import codec
 from service.protocols.open_inference.padding import repad
 from service.runtime import ModelRuntime
@@ -36,11 +36,11 @@ def sequences(*lengths: int) -> list[np.ndarray]:
 
 
 def test_sequences_that_fill_their_run_are_views_of_it(tiny_runtime: ModelRuntime) -> None:
-    full = _run_and_split(tiny_runtime, sequences(9, 9, 9), graph_io.GRAPH_ATTENTION)
+    full = run_and_split(tiny_runtime, sequences(9, 9, 9), graph_io.GRAPH_ATTENTION)
     base = full[0][ATTENTIONS].base
     assert base is not None  # a view, of the run's one buffer
     assert all(result[ATTENTIONS].base is base for result in full)
-    ragged = _run_and_split(tiny_runtime, sequences(9, 4), graph_io.GRAPH_ATTENTION)
+    ragged = run_and_split(tiny_runtime, sequences(9, 4), graph_io.GRAPH_ATTENTION)
     assert all(result[ATTENTIONS].base is None for result in ragged)  # own copies, cut
     assert ragged[1][ATTENTIONS].shape[-2:] == (4, 4)
 
