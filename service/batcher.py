@@ -11,12 +11,9 @@ a time on the one inference thread (``inference_thread``). Admission happens
 above, in the engine.
 
 Fair by request, not by part: every part of one request is submitted with its
-``Flow``, and a batch is filled sequence by sequence, first from the requests
-that fit in one batch (first come, first served), then from the larger ones a
-batch each in turn (``FairQueue``). A job larger than the batch is taken a
-batch at a time, and each job is answered after its own last run, so a
-one-text request waits for at most the run in progress, however many large
-requests are queued; large requests share the model round-robin.
+``Flow``, and batches are filled small requests first, then the large ones a
+batch each in turn (``fair_queue``), so a one-text request waits for at most
+the run in progress.
 A request whose estimated work (the run cost model) cannot meet its deadline
 by a clear factor is refused when its flow opens (413 if alone on an idle
 server it would miss its deadline, 429 if the requests running make it late),

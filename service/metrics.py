@@ -151,17 +151,3 @@ class Metrics:
     def _note(self, name: str, kind: str, labels: Sequence[str], help: str) -> None:
         """A metric of this app, noted for the docs' table."""
         self.documented.append(Documented(name, kind, tuple(labels), help))
-
-
-def markdown_table() -> str:
-    """The metrics table of docs/deployment.md (``python -m service.metrics``)."""
-    lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
-    lines += [
-        f"| `{m.name}` | {m.kind} | {', '.join(f'`{label}`' for label in m.labels)} | {m.help} |"
-        for m in Metrics().documented
-    ]
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(markdown_table())

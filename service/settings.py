@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -422,48 +421,3 @@ def _key_list(keys: SecretStr | None) -> list[str]:
     if keys is None:
         return []
     return [k.strip() for k in keys.get_secret_value().split(",") if k.strip()]
-
-
-def _size(name: str, value: float) -> str:
-    """A number as the docs write it: bytes settings also in MiB or GiB."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    text = f"`{value}`"
-    if isinstance(value, int) and name.endswith("_bytes") and value >= MiB:
-        unit, size = ("GiB", value / 1024**3) if value >= 1024**3 else ("MiB", value / MiB)
-        text += f" ({size:g} {unit})"
-    return text
-
-
-def _default(name: str, value: object) -> str:
-    """A setting's default as the docs write it."""
-    if value is None:
-        return "unset"
-    if value == "":
-        return "empty"
-    if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
-    if isinstance(value, int | float):
-        return _size(name, value)
-    return f"`{value}`"
-
-
-def _meaning(name: str, field: FieldInfo) -> str:
-    """The field's description, and its lower bound where one matters (above 1)."""
-    floors = [m.ge for m in field.metadata if isinstance(getattr(m, "ge", None), int | float)]
-    floor = f" At least {_size(name, floors[0])}." if floors and floors[0] > 1 else ""
-    return f"{field.description}{floor}"
-
-
-def markdown_table() -> str:
-    """The settings table of docs/deployment.md (``python -m service.settings``): every
-    field's variable, default and description, in the order of the class."""
-    lines = ["| variable | default | meaning |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
-        variable = f"`ATTNSERVE_{name.upper()}`"
-        lines.append(f"| {variable} | {_default(name, field.default)} | {_meaning(name, field)} |")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(markdown_table())

@@ -1,5 +1,5 @@
 """docs/deployment.md's settings and metrics tables are the code's: each is generated
-(``python -m service.settings``, ``python -m service.metrics``) and the page must hold
+(``python -m service.reference_tables``) and the page must hold
 exactly it, no row more or less; the label values a reader needs are checked against
 the values the code uses."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service import metrics, settings
+from service import reference_tables
 from service.metrics import GRAPH_LABELS, Metrics
 from service.settings import Settings
 
@@ -30,13 +30,13 @@ def table_at(text: str, header: str) -> str:
 
 
 def generated_tables() -> list[str]:
-    return [settings.markdown_table(), metrics.markdown_table()]
+    return [reference_tables.settings_table(), reference_tables.metrics_table()]
 
 
 @pytest.mark.parametrize("table", generated_tables(), ids=["settings", "metrics"])
 def test_the_page_holds_the_generated_table(table: str) -> None:
     assert table_at(DEPLOYMENT_MD.read_text(), table.splitlines()[0]) == table, (
-        "regenerate it: python -m service.settings / python -m service.metrics"
+        "regenerate it: python -m service.reference_tables"
     )
 
 
@@ -54,7 +54,7 @@ def test_a_row_more_or_less_fails() -> None:
 
 
 def test_every_setting_has_a_row_with_its_default() -> None:
-    rows = settings.markdown_table().splitlines()[2:]
+    rows = reference_tables.settings_table().splitlines()[2:]
     assert len(rows) == len(Settings.model_fields)
     for row, (name, field) in zip(rows, Settings.model_fields.items(), strict=True):
         assert row.startswith(f"| `ATTNSERVE_{name.upper()}` | "), row
