@@ -274,7 +274,7 @@ class Settings(BaseSettings):
             "onnxruntime's memory arena for the embeddings and hidden-state graphs (the attention "
             "graph never has one): allocations are reused, but the arena keeps the largest run's "
             "memory for good; `false` returns it after each run (measured in "
-            "[benchmarks.md](benchmarks.md#memory-under-shape-churn-benchbench_shape_churnpy))."
+            "[benchmarks.md](benchmarks.md#memory-under-shape-churn-benchshape_churnpy))."
         ),
     )
 

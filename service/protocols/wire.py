@@ -26,7 +26,7 @@ JSON_ARRAYS = dict(per_float=17.0, per_row=12.0, per_array=3.0)
 BASE64_ARRAYS = dict(per_float=16.0 / 3.0, per_array=96.0)
 
 # What parsing a JSON body costs at its peak, measured with tracemalloc (orjson, then
-# numpy for arrays; bench/bench_floods.py): orjson's parser reserves ~13 bytes per body
+# numpy for arrays; bench/floods.py): orjson's parser reserves ~13 bytes per body
 # byte while it runs, then each value becomes a Python object in a list slot (a float
 # 24 + 8, and 8 more in a float64 array), each array or object an empty list or dict
 # (56-64), each string ~48 + its text. 1.0-1.4x the measured peak of floats, ints,

@@ -1,4 +1,4 @@
-"""Smoke run of bench/bench_peers.py: ours and in-process onnxruntime on the tiny model.
+"""Smoke run of ``python -m bench.peers``: ours and in-process onnxruntime on the tiny model.
 
 The real benchmark is run by hand (peers need their own venvs and minutes of
 CPU); this proves the command, its numerical check and its report still work,
@@ -21,6 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.peers.checks import WrongAnswer, check_answers, check_summary
+from bench.peers.common import ATOL, Bench, Results, Row, Server
+from bench.peers.measure import measure_contender
+from bench.peers.ratios import cell, limit_of, ratios, unpaired
+from bench.peers.wire import native_call
+from bench.peers.workloads import WORKLOADS, Inputs
+
 ROOT = Path(__file__).resolve().parents[2]
 CONTENDERS = ("ours JSON floats", "ours base64", "ours /v2 binary")
 
@@ -28,7 +35,7 @@ CONTENDERS = ("ours JSON floats", "ours base64", "ours /v2 binary")
 def test_smoke_run_reports_every_row(tiny_model_dir: Path, tmp_path: Path) -> None:
     doc, png, raw = tmp_path / "benchmarks.md", tmp_path / "peers.png", tmp_path / "peers.json"
     doc.write_text("# Benchmarks\n\nkept as it is\n")
-    cmd = [sys.executable, str(ROOT / "bench" / "bench_peers.py"), "--smoke"]
+    cmd = [sys.executable, "-m", "bench.peers", "--smoke"]
     cmd += ["--model-dir", str(tiny_model_dir), "--doc", str(doc), "--plot", str(png)]
     cmd += ["--json", str(raw)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -53,7 +60,7 @@ def test_smoke_run_reports_every_row(tiny_model_dir: Path, tmp_path: Path) -> No
 
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nkept as it is\n")
-    assert "## Against peers: `bench/bench_peers.py`" in text
+    assert "## Against peers: `bench/peers/`" in text
     block = text[text.index("<!-- peers:begin -->") : text.index("<!-- peers:end -->")]
     for contender in CONTENDERS:
         assert f"| W1 | {contender} |" in block
@@ -62,22 +69,20 @@ def test_smoke_run_reports_every_row(tiny_model_dir: Path, tmp_path: Path) -> No
 
 # ---------------------------------------------------------------- unit tests, no timing
 
-sys.path.insert(0, str(ROOT / "bench"))
-import bench_peers as bp  # noqa: E402
-
-W1 = next(w for w in bp.WORKLOADS if w.key == "W1")
+W1 = next(w for w in WORKLOADS if w.key == "W1")
 
 
-def _bench(seq: np.ndarray | None = None) -> bp.Bench:
+def _bench(seq: np.ndarray | None = None) -> Bench:
     seqs = {"W1": [seq]} if seq is not None else {}
-    inputs = bp.Inputs(seqs=seqs, texts=[], ids={})
-    bench = bp.Bench(Path("."), 4, "t", inputs, requests=6, seconds=2.0, runs=1, text=False)
+    inputs = Inputs(seqs=seqs, texts=[], ids={})
+    results = Results("t", 4, 16, rounds=3, requests=6, seconds=2.0)
+    bench = Bench(Path("."), inputs, runs=1, text=False, results=results)
     if seq is not None:
         bench.reference["W1"] = [{"hidden": [seq * 2]}]
     return bench
 
 
-def _rounds(row: bp.Row, items: dict[int, float]) -> None:
+def _rounds(row: Row, items: dict[int, float]) -> None:
     row.rounds += [{"round": r, "items_per_s": v, "p50_ms": 1.0} for r, v in items.items()]
 
 
@@ -88,9 +93,9 @@ def test_a_failed_round_does_not_shift_later_rounds() -> None:
     _rounds(peer, {1: 50.0, 3: 200.0})  # its round 2 failed
     peer.failures.append({"round": 2, "reason": "wrong answer"})
     # Paired by round id; zip(strict=False) gave [0.5, 1.0]: round 3 against round 2's limit.
-    assert bp.ratios(bench, W1, peer) == [0.5, 0.5]
-    assert bp.cell(bp.ratios(bench, W1, peer), 3) == "0.50 (0.50–0.50) [2/3 rounds]"
-    assert bp.check_summary(peer).startswith("✗ round 2 failed")
+    assert ratios(bench.results, W1, peer) == [0.5, 0.5]
+    assert cell(ratios(bench.results, W1, peer), 3) == "0.50 (0.50–0.50) [2/3 rounds]"
+    assert check_summary(peer).startswith("✗ round 2 failed")
 
 
 def test_a_round_without_its_limit_is_dropped_not_paired_with_another() -> None:
@@ -99,10 +104,10 @@ def test_a_round_without_its_limit_is_dropped_not_paired_with_another() -> None:
     _rounds(bench.row("W1 limit", "batch ×2"), {1: 100.0, 3: 800.0})  # lost in round 2
     peer = bench.row("W1", "peer")
     _rounds(peer, {1: 50.0, 2: 100.0, 3: 400.0})
-    best, _ = bp.limit_of(bench, W1)
+    best, _ = limit_of(bench.results, W1)
     assert best == {1: 100.0, 3: 800.0}  # round 2's best would have been ×1 alone
-    assert bp.ratios(bench, W1, peer) == [0.5, 0.5]
-    assert bp.unpaired(bench, W1, peer) == [2]
+    assert ratios(bench.results, W1, peer) == [0.5, 0.5]
+    assert unpaired(bench.results, W1, peer) == [2]
 
 
 class _Native(BaseHTTPRequestHandler):
@@ -157,19 +162,19 @@ def test_a_wrong_answer_fails_the_round_loudly(good: int, capsys: Any) -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        call = bp.native_call([seq], "base64", attention=False)
-        target = bp.Server("fake", os.getpid(), server.server_address[1], lambda w: {})
-        bp.measure_contender(bench, target, W1, "peer", [call])
+        call = native_call([seq], "base64", attention=False)
+        target = Server("fake", os.getpid(), server.server_address[1], lambda w: {})
+        measure_contender(bench, target, W1, "peer", [call])
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
-    row = bench.rows[("W1", "peer")]
+    row = bench.results.rows[("W1", "peer")]
     assert row.rounds == []  # not counted
     assert row.failures == [{"round": 1, "reason": row.failures[0]["reason"]}]
     assert "max |difference| 1.00e-03 > 0.0001" in row.failures[0]["reason"]
     assert "round 1 FAILED" in capsys.readouterr().out
-    assert any(n.startswith("✗ W1 peer: round 1 failed") for n in bench.notes)
+    assert any(n.startswith("✗ W1 peer: round 1 failed") for n in bench.results.notes)
     # good == 0: caught before timing, nothing sent beyond the check; good == 3: timed,
     # then the sample of answers received under load caught it.
     assert (_Native.served == 1) == (good == 0)
@@ -178,11 +183,11 @@ def test_a_wrong_answer_fails_the_round_loudly(good: int, capsys: Any) -> None:
 def test_right_answers_count_the_round_with_their_check() -> None:
     seq = np.arange(8, dtype=np.float32).reshape(2, 4)
     bench = _bench(seq)
-    stats = bp.check_answers(bench, W1, [(0, {"hidden": [seq * 2 + 5e-5]})])
-    assert stats["checked"] == 1 and 4e-5 < stats["check_max_abs"] <= bp.ATOL
-    with pytest.raises(bp.WrongAnswer, match="shape"):
-        bp.check_answers(bench, W1, [(0, {"hidden": [seq[:1] * 2]})])
-    with pytest.raises(bp.WrongAnswer, match="no answer"):
-        bp.check_answers(bench, W1, [])
-    with pytest.raises(bp.WrongAnswer):  # NaN is never within the tolerance
-        bp.check_answers(bench, W1, [(0, {"hidden": [seq * np.nan]})])
+    stats = check_answers(bench, W1, [(0, {"hidden": [seq * 2 + 5e-5]})])
+    assert stats["checked"] == 1 and 4e-5 < stats["check_max_abs"] <= ATOL
+    with pytest.raises(WrongAnswer, match="shape"):
+        check_answers(bench, W1, [(0, {"hidden": [seq[:1] * 2]})])
+    with pytest.raises(WrongAnswer, match="no answer"):
+        check_answers(bench, W1, [])
+    with pytest.raises(WrongAnswer):  # NaN is never within the tolerance
+        check_answers(bench, W1, [(0, {"hidden": [seq * np.nan]})])

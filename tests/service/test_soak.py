@@ -1,4 +1,4 @@
-"""The soak of ``bench/soak.py`` in its 30-second form, against the tiny model.
+"""The soak of ``python -m bench.soak`` in its 30-second form, against the tiny model.
 
 Eight clients mix valid requests (with and without attention, each answer
 compared with onnxruntime in this process), invalid, oversized and abandoned
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.lib.workloads import b64_array as b64
 from bench.soak import (
     ABANDONED,
     ATTENTION,
@@ -30,7 +31,6 @@ from bench.soak import (
     Soak,
     SoakConfig,
     SoakReport,
-    b64,
     run_soak,
 )
 from model_export.manifest import Manifest

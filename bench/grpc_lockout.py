@@ -8,17 +8,15 @@ their status, median and worst latency, what the server did with the silent
 streams (taken, refused with RST_STREAM and which code), and the same probes
 with no silent calls for comparison. One real server on 127.0.0.1.
 
-    .venv/bin/python bench/bench_grpc_lockout.py --model-dir models/minilm-l6
+    .venv/bin/python -m bench.grpc_lockout --model-dir models/minilm-l6
 
-Writes ``bench/out/grpc_lockout.json`` and prints a markdown table.
+Writes ``bench/out/grpc_lockout.json`` and prints a markdown table rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,12 +27,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_serving import free_port, running_server  # noqa: E402
-
-from tests.service.raw_h2 import RawH2  # noqa: E402
+from bench.lib.models import DEFAULT_MODEL_DIR, OUT
+from bench.lib.report import table
+from bench.lib.results import write_json
+from bench.lib.server import free_port, running_server
+from tests.service.raw_h2 import RawH2  # the tests' raw HTTP/2 client (run from the checkout)
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
@@ -46,7 +43,8 @@ def probe(address: str, model: str) -> dict[str, Any]:
     with grpc.insecure_channel(address, options=OWN_CONNECTION) as channel:
         start = time.perf_counter()
         try:
-            answer = health_pb2_grpc.HealthStub(channel).Check(
+            stub = health_pb2_grpc.HealthStub(channel)
+            answer = stub.Check(  # type: ignore[attr-defined]  # typeshed's stub lacks it
                 health_pb2.HealthCheckRequest(service=""), timeout=10
             )
             out["health"] = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
@@ -79,14 +77,38 @@ def summary(probes: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def render(result: dict[str, Any]) -> str:
+    head = (
+        f"silent calls: {result['silent_calls_sent']} sent on one connection, "
+        f"{result['silent_not_reset']} not reset, "
+        f"refused (RST_STREAM code: count) {result['silent_refused_by_rst_stream_code']}, "
+        f"connection open: {result['connection_still_open']}"
+    )
+    rows = []
+    for name in ("idle", "while_held"):
+        s = result[name]
+        rows.append(
+            [
+                name,
+                s["health"],
+                f"{s['health_ms_median']:.1f} / {s['health_ms_max']:.1f}",
+                s["infer"],
+                f"{s['infer_ms_median']:.1f} / {s['infer_ms_max']:.1f}",
+            ]
+        )
+    header = ["", "health", "health ms (median / max)", "infer", "infer ms (median / max)"]
+    return head + "\n" + table(header, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--silent", type=int, default=1000)
     parser.add_argument("--probes", type=int, default=20)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=OUT / "grpc_lockout.json")
+    args = parser.parse_args(argv)
     grpc_port = free_port()
-    with running_server(args.model_dir, grpc_port=str(grpc_port), body_timeout="30"):
+    with running_server(args.model_dir, GRPC_PORT=str(grpc_port), BODY_TIMEOUT="30"):
         address = f"127.0.0.1:{grpc_port}"
         model = args.model_dir.name
         idle = summary([probe(address, model) for _ in range(args.probes)])
@@ -107,24 +129,10 @@ def main() -> None:
             }
         finally:
             silent.close()
-    out = ROOT / "bench" / "out"
-    out.mkdir(exist_ok=True)
-    (out / "grpc_lockout.json").write_text(json.dumps(result, indent=2))
-    print(
-        f"silent calls: {args.silent} sent on one connection, "
-        f"{result['silent_not_reset']} not reset, "
-        f"refused (RST_STREAM code: count) {refused}, connection open: "
-        f"{result['connection_still_open']}"
-    )
-    print("| | health | health ms (median / max) | infer | infer ms (median / max) |")
-    print("|---|---|---|---|---|")
-    for name in ("idle", "while_held"):
-        s = result[name]
-        print(
-            f"| {name} | {s['health']} | {s['health_ms_median']:.1f} / {s['health_ms_max']:.1f} "
-            f"| {s['infer']} | {s['infer_ms_median']:.1f} / {s['infer_ms_max']:.1f} |"
-        )
+    write_json(args.out, result)
+    print(render(result))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

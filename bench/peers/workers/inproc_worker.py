@@ -1,14 +1,14 @@
-"""In-process contenders for bench_peers.py, one process per venv and round.
+"""In-process contenders for ``python -m bench.peers``, one process per venv and round.
 
 Runs under whichever Python the benchmark picks: our own venv for onnxruntime
 (on our graphs and on the optimum export of the same weights), the optimum venv
 for sentence-transformers (on torch, and on its ONNX backend). It imports only
 numpy at the top so any of those venvs can run it. The job is a JSON file (plus
-an .npz of inputs) written by bench_peers.py; the answer is a JSON file of
+an .npz of inputs) written by bench.peers; the answer is a JSON file of
 timings plus an .npz of outputs (every text batch's) for the numerical check.
 Every loop is bounded by count and time.
 
-    python bench/peers/inproc_worker.py JOB.json
+    python bench/peers/workers/inproc_worker.py JOB.json
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Mean over real tokens, then L2-normalised (all-MiniLM-L6-v2's own pooling)."""
     m = mask[..., None].astype(np.float32)
     pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
-    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    normed: np.ndarray = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    return normed
 
 
 class Text:
@@ -84,9 +85,11 @@ class Text:
         types = np.zeros_like(ids)
         if self.optimum:
             feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            return self.model.run(None, feeds)[0]
-        (embeds,) = self.embed.run(None, {"input_ids": ids, "token_type_ids": types})
-        return self.model.run(None, {"inputs_embeds": embeds, "attention_mask": mask})[0]
+        else:
+            (embeds,) = self.embed.run(None, {"input_ids": ids, "token_type_ids": types})
+            feeds = {"inputs_embeds": embeds, "attention_mask": mask}
+        hidden: np.ndarray = self.model.run(None, feeds)[0]
+        return hidden
 
     def texts(self, texts: list[str]) -> np.ndarray:
         encodings = self.tokenizer.encode_batch(texts)
@@ -95,7 +98,7 @@ class Text:
         return mean_pool(self.ids(ids, mask), mask)
 
 
-def run_task(task: dict[str, Any], inputs: Any, outputs: dict[str, np.ndarray]) -> dict[str, Any]:
+def run_task(task: dict[str, Any], inputs: Any, outputs: dict[str, Any]) -> dict[str, Any]:
     kind, seconds, runs, threads = task["kind"], task["seconds"], task["runs"], task["threads"]
     if kind == "embeds":  # our model.onnx / model_attn.onnx on inputs_embeds
         session = ort_session(task["graph"], threads)
@@ -118,7 +121,8 @@ def run_task(task: dict[str, Any], inputs: Any, outputs: dict[str, np.ndarray]) 
         model = sentence_transformer(task)
 
         def encode(texts: list[str]) -> np.ndarray:
-            return model.encode(texts, batch_size=len(texts), convert_to_numpy=True)
+            vectors: np.ndarray = model.encode(texts, batch_size=len(texts), convert_to_numpy=True)
+            return vectors
 
         return timed_texts(task, encode, outputs)
     raise ValueError(f"unknown task kind {kind!r}")
@@ -164,7 +168,7 @@ def main() -> int:
     job_path = Path(sys.argv[1])
     job = json.loads(job_path.read_text())
     inputs = np.load(job["inputs"]) if job.get("inputs") else {}
-    outputs: dict[str, np.ndarray] = {}
+    outputs: dict[str, Any] = {}  # name -> array (np.savez takes them as keywords)
     results: dict[str, Any] = {}
     for task in job["tasks"]:
         try:

@@ -17,9 +17,9 @@ The deadline check: one large request alone on the idle server with
 answer and the message. Work sure to miss its deadline should be refused at
 once, not run to a 504.
 
-    .venv/bin/python bench/bench_starvation.py --model-dir models/minilm-l6
+    .venv/bin/python -m bench.starvation --model-dir models/minilm-l6
 
-Writes ``bench/out/starvation.json`` and prints a markdown table. The machine is
+Writes ``bench/out/starvation.json`` and prints a markdown table rendered from it. The machine is
 shared: the numbers are absolute latencies, only comparable within one run.
 """
 
@@ -37,22 +37,19 @@ from typing import Any
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serving import ROOT, running_server
+from bench.lib.models import DEFAULT_MODEL_DIR, OUT
+from bench.lib.report import table
+from bench.lib.results import write_json
+from bench.lib.server import running_server
+from bench.lib.workloads import ONE_TOKEN_WORDS
 
-# Words that are one token each in MiniLM's uncased WordPiece vocabulary.
-WORDS = (
-    *("river", "bank", "money", "loan", "water", "stream", "account", "deposit", "flood"),
-    *("bridge", "boat", "credit", "fish", "interest", "rate", "current", "flow", "branch"),
-    *("shore", "city", "house", "light", "music", "paper", "road", "school", "table"),
-)
 SHORT = {"model": "minilm-l6", "input": ["A short sentence to embed."]}
 
 
 def large_body(texts: int, words: int, seed: int) -> bytes:
     """A pooled request of ``texts`` texts of ``words`` one-token words (+[CLS], [SEP])."""
     rng = np.random.default_rng(seed)
-    inputs = [" ".join(rng.choice(WORDS, size=words)) for _ in range(texts)]
+    inputs = [" ".join(rng.choice(ONE_TOKEN_WORDS, size=words)) for _ in range(texts)]
     return json.dumps({"model": "minilm-l6", "input": inputs}).encode()
 
 
@@ -139,9 +136,37 @@ async def deadline_check(port: int, body: bytes, timeout: float) -> dict[str, An
     }
 
 
-def main() -> int:
+def render(results: dict[str, Any]) -> str:
+    check = results["deadline_check"]
+    return "\n".join(
+        [
+            f"one-text request every {results['interval']:g} s for {results['seconds']:g} s "
+            f"behind large pooled requests of {results['texts']} texts x "
+            f"{results['words'] + 2} tokens "
+            f"(ATTNSERVE_MAX_BATCH_TOKENS={results['batch_tokens']})\n",
+            table(
+                ["large requests", "short requests", "p50 ms", "p99 ms", "max ms"],
+                [
+                    [
+                        r["large_requests"],
+                        r["short_requests"],
+                        f"{r['p50_ms']:.0f}",
+                        f"{r['p99_ms']:.0f}",
+                        f"{r['max_ms']:.0f}",
+                    ]
+                    for r in results["rows"]
+                ],
+            ),
+            f"\none large request alone, X-Request-Timeout {check['timeout_s']:g}: "
+            f"{check['status']} after {check['seconds']:.2f} s "
+            f"(Retry-After {check['retry_after']}): {check['message']}",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--large", default="1,2,4,8", help="counts of large requests")
     parser.add_argument("--texts", type=int, default=2048, help="texts per large request")
     parser.add_argument("--words", type=int, default=124, help="words per text (~+2 tokens)")
@@ -152,52 +177,32 @@ def main() -> int:
     parser.add_argument(
         "--batch-tokens", default="4096", help="ATTNSERVE_MAX_BATCH_TOKENS: one run's most"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "starvation.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=OUT / "starvation.json")
+    args = parser.parse_args(argv)
     counts = [int(c) for c in args.large.split(",")]
     bodies = [large_body(args.texts, args.words, seed) for seed in range(max(counts))]
     rows = []
     settings = {"REQUEST_TIMEOUT": "600", "MAX_BATCH_TOKENS": args.batch_tokens}
-    with running_server(args.model_dir, **settings) as port:
+    with running_server(args.model_dir, **settings) as server:
         for large in counts:
-            rows.append(
-                asyncio.run(probe(port, large, bodies, args.seconds, args.interval, args.settle))
-            )
+            window = probe(server.port, large, bodies, args.seconds, args.interval, args.settle)
+            rows.append(asyncio.run(window))
             print(f"{large} large: p99 {rows[-1]['p99_ms']:.0f} ms", file=sys.stderr)
-    with running_server(args.model_dir) as port:
-        check = asyncio.run(deadline_check(port, bodies[0], args.deadline))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "texts": args.texts,
-                "words": args.words,
-                "batch_tokens": int(args.batch_tokens),
-                "rows": rows,
-                "deadline_check": check,
-            },
-            indent=2,
-        )
-    )
-    print(
-        f"one-text request every {args.interval:g} s for {args.seconds:g} s behind large "
-        f"pooled requests of {args.texts} texts x {args.words + 2} tokens "
-        f"(ATTNSERVE_MAX_BATCH_TOKENS={args.batch_tokens})\n"
-    )
-    print("| large requests | short requests | p50 ms | p99 ms | max ms |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['large_requests']} | {r['short_requests']} | {r['p50_ms']:.0f} "
-            f"| {r['p99_ms']:.0f} | {r['max_ms']:.0f} |"
-        )
-    print(
-        f"\none large request alone, X-Request-Timeout {check['timeout_s']:g}: "
-        f"{check['status']} after {check['seconds']:.2f} s "
-        f"(Retry-After {check['retry_after']}): {check['message']}"
-    )
+    with running_server(args.model_dir) as server:
+        check = asyncio.run(deadline_check(server.port, bodies[0], args.deadline))
+    results = {
+        "texts": args.texts,
+        "words": args.words,
+        "batch_tokens": int(args.batch_tokens),
+        "seconds": args.seconds,
+        "interval": args.interval,
+        "rows": rows,
+        "deadline_check": check,
+    }
+    write_json(args.out, results)
+    print(render(results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

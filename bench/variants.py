@@ -7,47 +7,60 @@ interleaved (the machine is shared and noisy); reported: median ms per shape
 and each directory's time as a ratio of the first one's, measured in the same
 run.
 
-    .venv/bin/python bench/bench_variants.py models/minilm-l6-plain models/minilm-l6 \\
+    .venv/bin/python -m bench.variants models/minilm-l6-plain models/minilm-l6 \\
         models/minilm-l6-int8
+
+Writes ``bench/out/variants.json`` and prints a markdown table rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import onnxruntime as ort
+
+from bench.lib.models import OUT, model_config
+from bench.lib.reference import ort_session
+from bench.lib.report import table
+from bench.lib.results import write_json
 
 SHAPES = ((1, 16), (16, 16), (8, 128), (16, 128))
 
 
-def session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+def render(results: dict[str, Any]) -> str:
+    names = results["models"]
+    header = ["[batch, seq]", *(f"{n} ms" for n in names)]
+    header += [f"{n} ÷ {names[0]}" for n in names[1:]]
+    rows = []
+    for r in results["rows"]:
+        medians = r["median_ms"]
+        rows.append(
+            [
+                f"[{r['batch']}, {r['seq']}]",
+                *(f"{medians[n]:.2f}" for n in names),
+                *(f"{medians[n] / medians[names[0]]:.2f}" for n in names[1:]),
+            ]
+        )
+    return table(header, rows)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dirs", type=Path, nargs="+")
     parser.add_argument("--graph", default="model.onnx")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=0.5, help="per shape, round, model")
-    args = parser.parse_args()
-    d_model = json.loads((args.model_dirs[0] / "config.json").read_text())["architecture"][
-        "d_model"
-    ]
-    sessions = {d.name: session(d / args.graph) for d in args.model_dirs}
+    parser.add_argument("--out", type=Path, default=OUT / "variants.json")
+    args = parser.parse_args(argv)
+    d_model = model_config(args.model_dirs[0])["architecture"]["d_model"]
+    sessions = {d.name: ort_session(d / args.graph, 2) for d in args.model_dirs}
     names = list(sessions)
-    print(f"| [batch, seq] | {' | '.join(f'{n} ms' for n in names)} | "
-          f"{' | '.join(f'{n} ÷ {names[0]}' for n in names[1:])} |")  # fmt: skip
-    print("|---" * (2 * len(names)) + "|")
     rng = np.random.default_rng(0)
+    rows = []
     for batch, seq in SHAPES:
         feeds = {
             "inputs_embeds": rng.standard_normal((batch, seq, d_model), dtype=np.float32),
@@ -63,9 +76,11 @@ def main() -> int:
                     runs += 1
                 times[name].append((time.perf_counter() - start) / runs * 1000)
         medians = {n: statistics.median(t) for n, t in times.items()}
-        ratios = " | ".join(f"{medians[n] / medians[names[0]]:.2f}" for n in names[1:])
-        cells = " | ".join(f"{medians[n]:.2f}" for n in names)
-        print(f"| [{batch}, {seq}] | {cells} | {ratios} |")
+        rows.append({"batch": batch, "seq": seq, "median_ms": medians})
+        print(f"[{batch}, {seq}] done", flush=True)
+    results = {"graph": args.graph, "models": names, "rows": rows}
+    write_json(args.out, results)
+    print(render(results))
     return 0
 
 

@@ -12,65 +12,39 @@ each round (the median of the last three, against that of the last three warm-up
 rounds: the allocator's transient peaks and dips aside),
 the gauge, and growth against the target: at most the bound + 10%.
 
-    .venv/bin/python bench/bench_cache_rss.py --model-dir models/minilm-l6
+    .venv/bin/python -m bench.cache_rss --model-dir models/minilm-l6
+
+Writes ``bench/out/cache_rss.json`` and prints a report rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cache import WORDS
-from bench_serving import ROOT, _wait_ready, free_port
+from bench.lib.models import DEFAULT_MODEL_DIR, OUT
+from bench.lib.procs import vm_rss
+from bench.lib.results import write_json
+from bench.lib.server import running_server
+from bench.lib.workloads import BANK_WORDS
 
 MiB = 2**20
 
 
-@contextmanager
-def served(model_dir: Path, **settings: str) -> Iterator[tuple[str, int]]:
-    """``python -m service`` on ``model_dir``: its base URL and process id."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "ATTNSERVE_MODEL_REPOSITORY": str(model_dir.parent),
-        "ATTNSERVE_DEFAULT_MODEL": model_dir.name,
-        "ATTNSERVE_HOST": "127.0.0.1",
-        "ATTNSERVE_PORT": str(port),
-        "ATTNSERVE_GRPC_PORT": "0",
-        "ATTNSERVE_LOG_LEVEL": "warning",
-        **{f"ATTNSERVE_{k}": v for k, v in settings.items()},
-    }
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log
-        )
-        try:
-            _wait_ready(port, server)
-            yield f"http://127.0.0.1:{port}", server.pid
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-
-
-def vm_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+def rss(pid: int) -> int:
+    """The server's RSS in bytes (it must be alive)."""
+    value = vm_rss(pid)
+    if value is None:
+        raise RuntimeError(f"no VmRSS for pid {pid}")
+    return value
 
 
 def metric(url: str, name: str, **labels: str) -> float:
@@ -86,7 +60,7 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 def texts(rng: np.random.Generator, count: int, tokens: int) -> list[str]:
     """``count`` texts of ``tokens`` tokens each ([CLS] and [SEP] included: one-token words)."""
-    return [" ".join(rng.choice(WORDS, size=tokens - 2)) for _ in range(count)]
+    return [" ".join(rng.choice(BANK_WORDS, size=tokens - 2)) for _ in range(count)]
 
 
 def post(url: str, body: dict[str, object]) -> None:
@@ -120,39 +94,61 @@ def pinning_round(url: str, seed: int, batch: int, tokens: int) -> bool:
     return metric(url, "attnserve_batch_sequences_bucket", le="1.0") == alone
 
 
-def main() -> None:
+def render(results: dict[str, Any]) -> str:
+    bound, rounds = results["cache_mib"] * MiB, results["rounds"]
+    start = results["rss_start"]
+    lines = [f"cache bound {results['cache_mib']} MiB; RSS after warm-up {start / MiB:.0f} MiB"]
+    for r, (rss_, gauge) in enumerate(zip(rounds["rss"], rounds["gauge"], strict=True), 1):
+        lines.append(f"round {r:2}: RSS {rss_ / MiB:7.0f} MiB  gauge {gauge / MiB:6.1f} MiB")
+    grown = statistics.median(rounds["rss"][-3:]) - start
+    verdict = "met" if grown <= 1.1 * bound else "NOT met"
+    lines.append(
+        f"{results['shared']}/{len(rounds['rss'])} rounds shared a run; RSS grew "
+        f"{grown / MiB:.0f} MiB (median of the last three rounds, against the warm-up's), "
+        f"target <= {1.1 * bound / MiB:.0f} MiB: {verdict}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, default=Path("models/minilm-l6"))
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch", type=int, default=64, help="sequences in the shared run")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--cache-mib", type=int, default=64)
     parser.add_argument("--warm-up", type=int, default=5, help="rounds before the baseline")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=OUT / "cache_rss.json")
+    args = parser.parse_args(argv)
     bound = args.cache_mib * MiB
     # One tenant, no API key: the cache must be told it may be shared to be on at all.
     cache = {"RESPONSE_CACHE_BYTES": str(bound), "RESPONSE_CACHE_SHARED": "true"}
-    with served(args.model_dir, **cache) as (url, pid):
+    with running_server(args.model_dir, **cache) as server:
+        url, pid = server.url, server.pid
         at_rest = []
         for seed in range(10_000, 10_000 + args.warm_up):  # the allocator's and arenas' plateau
             pinning_round(url, seed, args.batch, args.tokens)
-            at_rest.append(vm_rss(pid))
+            at_rest.append(rss(pid))
         start = statistics.median(at_rest[-3:])  # as the end: transient peaks and dips aside
-        print(f"cache bound {args.cache_mib} MiB; RSS after warm-up {start / MiB:.0f} MiB")
-        shared, rss = 0, []
+        print(f"RSS after warm-up {start / MiB:.0f} MiB", flush=True)
+        shared, rounds = 0, {"rss": list[float](), "gauge": list[float]()}
         for r in range(1, args.rounds + 1):
             shared += pinning_round(url, r, args.batch, args.tokens)
-            rss.append(vm_rss(pid))
-            gauge = metric(url, "attnserve_response_cache_bytes")
-            print(f"round {r:2}: RSS {rss[-1] / MiB:7.0f} MiB  gauge {gauge / MiB:6.1f} MiB")
-    grown = statistics.median(rss[-3:]) - start
-    verdict = "met" if grown <= 1.1 * bound else "NOT met"
-    print(
-        f"{shared}/{args.rounds} rounds shared a run; RSS grew {grown / MiB:.0f} MiB "
-        f"(median of the last three rounds, against the warm-up's), "
-        f"target <= {1.1 * bound / MiB:.0f} MiB: {verdict}"
-    )
+            rounds["rss"].append(rss(pid))
+            rounds["gauge"].append(metric(url, "attnserve_response_cache_bytes"))
+            print(f"round {r:2}: RSS {rounds['rss'][-1] / MiB:7.0f} MiB", flush=True)
+    results = {
+        "cache_mib": args.cache_mib,
+        "batch": args.batch,
+        "tokens": args.tokens,
+        "rss_start": start,
+        "shared": shared,
+        "rounds": rounds,
+    }
+    write_json(args.out, results)
+    print(render(results))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -8,8 +8,10 @@ and T1, 32 sentences per request at c=4 through /v1/embeddings (sentences/s). Re
 over rounds and each variant's ratio to the first one, with the min–max of the
 per-round ratios.
 
-    .venv/bin/python bench/bench_settings.py default \\
+    .venv/bin/python -m bench.settings default \\
         one-thread:INTRA_OP_THREADS=1 batch-1024:MAX_BATCH_TOKENS=1024
+
+Writes ``bench/out/settings.json`` and prints a markdown table rendered from it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,16 @@ import sys
 from contextlib import ExitStack
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from bench_serving import ROOT, Scenario, load_process, request_body, running_server
+
+from bench.lib.load import load_process
+from bench.lib.models import DEFAULT_MODEL_DIR, OUT, model_config
+from bench.lib.report import table
+from bench.lib.results import write_json
+from bench.lib.server import running_server
+from bench.lib.workloads import encode_body
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -38,7 +47,7 @@ def workloads(model: str, d_model: int) -> dict[str, tuple[str, bytes, int, int]
     """name -> (path, body, requests per round, concurrency)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((16, d_model), dtype=np.float32)
-    small = request_body(x, Scenario("w", 16, 1))
+    small = encode_body([x], "base64")
     batch = [
         {"shape": [128, d_model], "data": base64.b64encode(row.tobytes()).decode()}
         for row in rng.standard_normal((8, 128, d_model), dtype=np.float32)
@@ -61,18 +70,41 @@ def measure(name: str, stats: dict[str, float], requests_per_round: int) -> floa
     return per_request * stats["requests"] / stats["wall_s"]
 
 
-def main() -> int:
+def render(results: dict[str, Any]) -> str:
+    """Each variant's median per workload, and its per-round ratios to the first one."""
+    rows = []
+    for workload, by_variant in results["values"].items():
+        base = by_variant[results["first"]]
+        for variant, values in by_variant.items():
+            ratios = [v / b for v, b in zip(values, base, strict=True)]
+            rows.append(
+                [
+                    workload,
+                    variant,
+                    f"{statistics.median(values):,.1f}",
+                    f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})",
+                ]
+            )
+    head = (
+        f"model {results['model']}; {results['rounds']} interleaved rounds; "
+        f"ratio ÷ {results['first']}\n"
+    )
+    return head + "\n" + table(["workload", "variant", "median", "ratio (min–max)"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+", help="name[:KEY=VALUE,KEY=VALUE]")
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="", help="only workloads whose name has this")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=OUT / "settings.json")
+    args = parser.parse_args(argv)
     variants: dict[str, dict[str, str]] = {}
     for spec in args.variants:
         name, _, overrides = spec.partition(":")
         variants[name] = dict(kv.split("=", 1) for kv in overrides.split(",") if kv)
-    config = json.loads((args.model_dir / "config.json").read_text())
+    config = model_config(args.model_dir)
     loads = {
         k: v
         for k, v in workloads(config["name"], config["architecture"]["d_model"]).items()
@@ -82,7 +114,7 @@ def main() -> int:
     ctx = get_context("spawn")
     with ExitStack() as stack, ctx.Pool(1) as pool:
         ports = {
-            v: stack.enter_context(running_server(args.model_dir, **settings))
+            v: stack.enter_context(running_server(args.model_dir, **settings)).port
             for v, settings in variants.items()
         }
         for port in ports.values():  # warm up
@@ -94,19 +126,17 @@ def main() -> int:
                     stats = pool.apply(load_process, (port, body, requests, concurrency, path))
                     results[workload][variant].append(measure(workload, stats, requests))
             print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
-    first = next(iter(variants))
-    print(f"model {config['name']}; {args.rounds} interleaved rounds; ratio ÷ {first}\n")
-    print("| workload | variant | median | ratio (min–max) |")
-    print("|---|---|---|---|")
-    for workload, by_variant in results.items():
-        for variant, values in by_variant.items():
-            ratios = [v / b for v, b in zip(values, by_variant[first], strict=True)]
-            print(
-                f"| {workload} | {variant} | {statistics.median(values):,.1f} | "
-                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |"
-            )
+    saved = {
+        "model": config["name"],
+        "rounds": args.rounds,
+        "variants": variants,
+        "first": next(iter(variants)),
+        "values": results,
+    }
+    write_json(args.out, saved)
+    print(render(saved))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -11,35 +11,36 @@ graphs text ran through before it (``embeddings.onnx``, then ``model.onnx``, wit
 the per-sequence hand-over the runtime does), interleaved in one process on the
 same token ids; outputs compared first (1e-5).
 
-    .venv/bin/python bench/bench_graphs.py --model-dir models/minilm-l6 --seq 128 256
-    .venv/bin/python bench/bench_graphs.py --text-graph --batch 32 --seq 16 64 128
+    .venv/bin/python -m bench.graphs --model-dir models/minilm-l6 --seq 128 256
+    .venv/bin/python -m bench.graphs --text-graph --batch 32 --seq 16 64 128
+
+Writes ``bench/out/graphs.json`` (``graphs_text.json`` with ``--text-graph``) and
+prints a markdown table rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
-import sys
 import time
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.lib.models import DEFAULT_MODEL_DIR, OUT, model_config
+from bench.lib.reference import ort_session
+from bench.lib.report import table
+from bench.lib.results import write_json
+
 GRAPHS = ("model.onnx", "model_hidden.onnx", "model_attn.onnx")
 
 
 def run_graph(path: str, batch: int, seq: int, d_model: int, repeats: int) -> tuple[float, float]:
     """(median ms, peak RSS MB) of ``repeats`` runs in this (fresh) process."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session = ort_session(path, 2)
     rng = np.random.default_rng(0)
     feeds = {
         "inputs_embeds": rng.standard_normal((batch, seq, d_model), dtype=np.float32),
@@ -57,19 +58,9 @@ def run_graph(path: str, batch: int, seq: int, d_model: int, repeats: int) -> tu
 def text_graph_ratios(model_dir: Path, batch: int, seq: int, repeats: int) -> tuple[float, float]:
     """(two graphs ms, text graph ms), medians over interleaved runs, for ``batch``
     sequences of random token ids with lengths spread over seq/4..seq."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-
-    def open_graph(name: str) -> ort.InferenceSession:
-        return ort.InferenceSession(
-            str(model_dir / name), options, providers=["CPUExecutionProvider"]
-        )
-
-    embeddings, encoder, text = map(
-        open_graph, ("embeddings.onnx", "model.onnx", "text_model.onnx")
+    embeddings, encoder, text = (
+        ort_session(model_dir / name, 2)
+        for name in ("embeddings.onnx", "model.onnx", "text_model.onnx")
     )
     rng = np.random.default_rng(0)
     lengths = rng.integers(max(1, seq // 4), seq + 1, size=batch)
@@ -104,41 +95,79 @@ def text_graph_ratios(model_dir: Path, batch: int, seq: int, repeats: int) -> tu
     return statistics.median(times["two"]), statistics.median(times["one"])
 
 
-def main() -> int:
+def render_text(rows: list[dict[str, Any]]) -> str:
+    return table(
+        [
+            "token ids [batch, longest]",
+            "embeddings.onnx + model.onnx ms",
+            "text_model.onnx ms",
+            "speed-up",
+        ],
+        [
+            [
+                f"[{r['batch']},{r['seq']}]",
+                f"{r['two_graphs_ms']:.1f}",
+                f"{r['text_graph_ms']:.1f}",
+                f"{r['two_graphs_ms'] / r['text_graph_ms']:.2f}×",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    base = {(r["batch"], r["seq"]): r["ms"] for r in rows if r["graph"] == "model.onnx"}
+    return table(
+        ["input", "graph", "median ms", "÷ model.onnx", "peak RSS MB"],
+        [
+            [
+                f"[{r['batch']},{r['seq']}]",
+                r["graph"],
+                f"{r['ms']:.0f}",
+                f"{r['ms'] / base[(r['batch'], r['seq'])]:.2f}",
+                f"{r['peak_rss_mb']:.0f}",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, nargs="+", default=[128, 256])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--text-graph", action="store_true", help="text_model.onnx vs two graphs")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None, help="default bench/out/graphs.json")
+    args = parser.parse_args(argv)
     if args.text_graph:
-        print(
-            "| token ids [batch, longest] | embeddings.onnx + model.onnx ms | text_model.onnx ms"
-            " | speed-up |"
-        )
-        print("|---|---|---|---|")
+        rows = []
         for seq in args.seq:
             two, one = text_graph_ratios(args.model_dir, args.batch, seq, args.repeats)
-            print(f"| [{args.batch},{seq}] | {two:.1f} | {one:.1f} | {two / one:.2f}× |")
+            rows.append(
+                {"batch": args.batch, "seq": seq, "two_graphs_ms": two, "text_graph_ms": one}
+            )
+        write_json(args.out or OUT / "graphs_text.json", rows)
+        print(render_text(rows))
         return 0
-    d_model = json.loads((args.model_dir / "config.json").read_text())["architecture"]["d_model"]
+    d_model = model_config(args.model_dir)["architecture"]["d_model"]
     ctx = get_context("spawn")
-    print("| input | graph | median ms | ÷ model.onnx | peak RSS MB |")
-    print("|---|---|---|---|---|")
+    rows = []
     for seq in args.seq:
-        results = {}
         for graph in GRAPHS:
             with ctx.Pool(1) as pool:
-                results[graph] = pool.apply(
+                ms, rss = pool.apply(
                     run_graph,
                     (str(args.model_dir / graph), args.batch, seq, d_model, args.repeats),
                 )
-        base = results["model.onnx"][0]
-        for graph, (ms, rss) in results.items():
-            print(f"| [{args.batch},{seq}] | {graph} | {ms:.0f} | {ms / base:.2f} | {rss:.0f} |")
+            rows.append(
+                {"batch": args.batch, "seq": seq, "graph": graph, "ms": ms, "peak_rss_mb": rss}
+            )
+    write_json(args.out or OUT / "graphs.json", rows)
+    print(render(rows))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

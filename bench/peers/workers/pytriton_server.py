@@ -1,4 +1,4 @@
-"""PyTriton (Triton core + dynamic batcher) serving our exported graphs, for bench_peers.py.
+"""PyTriton (Triton core + dynamic batcher) serving our graphs, for ``python -m bench.peers``.
 
 Runs in its own venv (bench/peers/setup_pytriton.sh: PyTriton pins numpy < 2).
 Two models: ``<name>`` from ``model.onnx`` (last_hidden_state) and
@@ -10,13 +10,13 @@ comparison is of the serving layers, not of the runtime.
 The batcher as Triton's docs recommend tuning it (server docs/user_guide/batcher.md,
 "Recommended Configuration Process"): no preferred batch sizes ("should not be
 used for most models"), a queue delay of 0 (Triton's default) unless raising it
-buys throughput within the latency budget, which bench_peers.py measures with one
+buys throughput within the latency budget, which bench.peers measures with one
 server per ``--delay-us``; ``--instances`` binds that many infer functions (PyTriton's
 multi-instance models), each with its own session and ``threads / instances``
 intra-op threads, so the cores are shared, not oversubscribed.
 
     LD_LIBRARY_PATH=$(python -c 'import sys;print(sys.base_prefix)')/lib \\
-        bench/peers/.venvs/pytriton/bin/python bench/peers/pytriton_server.py \\
+        bench/peers/.venvs/pytriton/bin/python bench/peers/workers/pytriton_server.py \\
         --model-dir models/minilm-l6 --port 8100 --workspace /tmp/pytriton-ws
 
 Triton's Python backend loads libpython through LD_LIBRARY_PATH: without the

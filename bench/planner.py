@@ -6,9 +6,9 @@ queues like the text workload (32 sentences of 8-60 tokens) and ragged ones
 (8-512 tokens) plans them both ways and runs both plans alternately on the same
 inputs: modelled and measured seconds, greedy ÷ planned as the ratio.
 
-    .venv/bin/python bench/bench_planner.py --model-dir models/minilm-l6 --rounds 10
+    .venv/bin/python -m bench.planner --model-dir models/minilm-l6 --rounds 10
 
-Writes ``bench/out/planner.json`` and prints a markdown table.
+Writes ``bench/out/planner.json`` and prints a markdown table rendered from it.
 """
 
 from __future__ import annotations
@@ -18,17 +18,20 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from bench.lib.models import DEFAULT_MODEL_DIR, OUT
+from bench.lib.report import table
+from bench.lib.results import write_json
 from model_export.manifest import graph_io
-from service.batcher import CALIBRATION_SHAPES, _run_and_split
+from service.inference_thread import CALIBRATION_SHAPES, run_and_split
 from service.model_info import read_model_info
 from service.run_planner import RunCostModel, plan_runs
 from service.runtime import ModelRuntime
 from service.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
 QUEUES = {
     "text: 32 sentences, 8-60 tokens": (32, 8, 60),
     "ragged: 16 sequences, 8-512 tokens": (16, 8, 512),
@@ -41,9 +44,9 @@ def calibrate(runtime: ModelRuntime, graph: str) -> RunCostModel:
     width = runtime.info.config.d_model
     for batch, longest in CALIBRATION_SHAPES:
         sequences = [np.zeros((longest, width), np.float32)] * batch
-        _run_and_split(runtime, sequences, graph)
+        run_and_split(runtime, sequences, graph)
         start = time.perf_counter()
-        _run_and_split(runtime, sequences, graph)
+        run_and_split(runtime, sequences, graph)
         model.observe(batch, longest, time.perf_counter() - start)
     model.fit()
     return model
@@ -52,19 +55,17 @@ def calibrate(runtime: ModelRuntime, graph: str) -> RunCostModel:
 def timed(runtime: ModelRuntime, runs: list[list[int]], seqs: list[np.ndarray]) -> float:
     start = time.perf_counter()
     for run in runs:
-        _run_and_split(runtime, [seqs[i] for i in run], graph_io.GRAPH_EMBEDDINGS)
+        run_and_split(runtime, [seqs[i] for i in run], graph_io.GRAPH_EMBEDDINGS)
     return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "planner.json")
+    parser.add_argument("--out", type=Path, default=OUT / "planner.json")
     args = parser.parse_args(argv)
-    settings = Settings(  # type: ignore[call-arg]
-        _env_file=None, intra_op_threads=2, model_repository=args.model_dir.parent
-    )
+    settings = Settings(_env_file=None, intra_op_threads=2, model_repository=args.model_dir.parent)
     runtime = ModelRuntime(read_model_info(args.model_dir, settings), settings)
     runtime.warmup()
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):  # alternate, so drift hits both alike
             measured["greedy"].append(timed(runtime, greedy, seqs))
             measured["planned"].append(timed(runtime, planned, seqs))
-        row = {
+        row: dict[str, Any] = {
             "queue": name,
             "greedy_runs": [[lengths[i] for i in run] for run in greedy],
             "planned_runs": [[lengths[i] for i in run] for run in planned],
@@ -97,20 +98,26 @@ def main(argv: list[str] | None = None) -> int:
         row["speedup"] = row["measured_greedy_ms"] / row["measured_planned_ms"]
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_runs")}), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"coefficients": model.coefficients, "queues": rows}, indent=2) + "\n"
-    )
-    print("\n| queue | runs greedy → planned | modelled ms | measured ms (median) | speed-up |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['queue']} | {len(r['greedy_runs'])} → {len(r['planned_runs'])} "
-            f"| {r['modelled_greedy_ms']:.1f} → {r['modelled_planned_ms']:.1f} "
-            f"| {r['measured_greedy_ms']:.1f} → {r['measured_planned_ms']:.1f} "
-            f"| ×{r['speedup']:.2f} |"
-        )
+    results = {"coefficients": model.coefficients, "queues": rows}
+    write_json(args.out, results)
+    print("\n" + render(results))
     return 0
+
+
+def render(results: dict[str, Any]) -> str:
+    return table(
+        ["queue", "runs greedy → planned", "modelled ms", "measured ms (median)", "speed-up"],
+        [
+            [
+                r["queue"],
+                f"{len(r['greedy_runs'])} → {len(r['planned_runs'])}",
+                f"{r['modelled_greedy_ms']:.1f} → {r['modelled_planned_ms']:.1f}",
+                f"{r['measured_greedy_ms']:.1f} → {r['measured_planned_ms']:.1f}",
+                f"×{r['speedup']:.2f}",
+            ]
+            for r in results["queues"]
+        ],
+    )
 
 
 if __name__ == "__main__":

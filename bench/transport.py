@@ -7,27 +7,27 @@ and without attention. Reported: median wall ms per call, the ratio binary /
 base64 (below 1: binary is faster), and the bytes each moves. Loops are
 bounded by ``--calls`` per round.
 
-    .venv/bin/python bench/bench_transport.py --model-dir models/minilm-l6
+    .venv/bin/python -m bench.transport --model-dir models/minilm-l6
+
+Writes ``bench/out/transport.json`` and prints a markdown table rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import numpy as np
 
 from attnserve_client import Client
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_serving import running_server  # noqa: E402
+from bench.lib.models import DEFAULT_MODEL_DIR, OUT, model_config
+from bench.lib.report import table
+from bench.lib.results import write_json
+from bench.lib.server import running_server
 
 
 class CountingTransport(httpx.HTTPTransport):
@@ -49,7 +49,7 @@ def measure(
     url: str, batch: np.ndarray, attention: bool, rounds: int, calls: int
 ) -> dict[str, Any]:
     """Median ms per call and bytes per call of each wire format, interleaved."""
-    times: dict[str, list[float]] = {"binary": [], "base64": []}
+    times: dict[Literal["binary", "base64"], list[float]] = {"binary": [], "base64": []}
     sizes: dict[str, tuple[int, int]] = {}
     for _ in range(rounds):
         for fmt in times:
@@ -73,36 +73,48 @@ def measure(
     }
 
 
-def main() -> int:
+def render(results: list[dict[str, Any]]) -> str:
+    return table(
+        [
+            "[8,128]",
+            "binary ms",
+            "base64 JSON ms",
+            "binary / base64",
+            "bytes sent, received (binary)",
+            "(base64)",
+        ],
+        [
+            [
+                "+ attention" if r["attention"] else "embeddings",
+                f"{r['binary_ms']:.1f}",
+                f"{r['base64_ms']:.1f}",
+                f"{r['ratio_binary_vs_base64']:.2f}",
+                f"{r['binary_bytes'][0]:,}, {r['binary_bytes'][1]:,}",
+                f"{r['base64_bytes'][0]:,}, {r['base64_bytes'][1]:,}",
+            ]
+            for r in results
+        ],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "minilm-l6")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=10, help="calls per round and format")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "transport.json")
-    args = parser.parse_args()
-    d_model = json.loads((args.model_dir / "config.json").read_text())["architecture"]["d_model"]
+    parser.add_argument("--out", type=Path, default=OUT / "transport.json")
+    args = parser.parse_args(argv)
+    d_model = model_config(args.model_dir)["architecture"]["d_model"]
     batch = np.random.default_rng(0).standard_normal((8, 128, d_model), dtype=np.float32)
-    with running_server(args.model_dir) as port:
-        url = f"http://127.0.0.1:{port}"
+    with running_server(args.model_dir) as server:
         results = [
-            measure(url, batch, attention, args.rounds, args.calls) for attention in (False, True)
+            measure(server.url, batch, attention, args.rounds, args.calls)
+            for attention in (False, True)
         ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(
-        "| [8,128] | binary ms | base64 JSON ms | binary / base64 "
-        "| bytes sent, received (binary) | (base64) |"
-    )
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        print(
-            f"| {'+ attention' if r['attention'] else 'embeddings'} | {r['binary_ms']:.1f} | "
-            f"{r['base64_ms']:.1f} | {r['ratio_binary_vs_base64']:.2f} | "
-            f"{r['binary_bytes'][0]:,}, {r['binary_bytes'][1]:,} | "
-            f"{r['base64_bytes'][0]:,}, {r['base64_bytes'][1]:,} |"
-        )
+    write_json(args.out, results)
+    print(render(results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -12,31 +12,31 @@ text requests and liveness probes: their p99 under the flood as a ratio of the
 same p99 measured idle in the same run; and the server's peak RSS over its
 idle RSS, against the memory budget (ATTNSERVE_MAX_INFLIGHT_BYTES).
 
-    .venv/bin/python bench/bench_floods.py --model-dir models --seconds 10
+    .venv/bin/python -m bench.floods --model-dir models --seconds 10
 
-Writes ``bench/out/floods.json`` and prints a markdown table.
+Writes ``bench/out/floods.json`` and prints a markdown table rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.lib.models import MODELS, OUT
+from bench.lib.procs import vm_rss
+from bench.lib.report import table
+from bench.lib.results import write_json
+from bench.lib.server import running_repository
+
 BODY_BYTES = 32 * 1024 * 1024 - 4096  # just under the default 32 MiB limit
 SMALL_TEXT = {"input": ["A short sentence to embed."], "model": "minilm-l6"}
 
@@ -76,48 +76,9 @@ FLOODS: dict[str, Callable[[], tuple[str, bytes, dict[str, str]]]] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def server(model_dir: Path) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "ATTNSERVE_MODEL_REPOSITORY": str(model_dir),
-        "ATTNSERVE_PORT": str(port),
-        "ATTNSERVE_GRPC_PORT": "0",
-        # Every request computed: the cache would answer repeats (bench_cache measures it).
-        "ATTNSERVE_RESPONSE_CACHE_BYTES": "0",
-        "ATTNSERVE_LOG_LEVEL": "warning",
-    }
-    proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("the server did not become ready")
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
-def rss_mb(pid: int, field: str = "VmRSS") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def rss_mb(pid: int) -> float:
+    """The server's RSS in MiB (0 once it is gone)."""
+    return (vm_rss(pid) or 0) / 2**20
 
 
 def probe_latencies(url: str, seconds: float) -> dict[str, list[float]]:
@@ -126,10 +87,11 @@ def probe_latencies(url: str, seconds: float) -> dict[str, list[float]]:
     stop = time.monotonic() + seconds
     with httpx.Client(base_url=url, timeout=60) as client:
         while time.monotonic() < stop:
-            for kind, call in (
+            calls: tuple[tuple[str, Callable[[], httpx.Response]], ...] = (
                 ("text", lambda: client.post("/v1/embeddings", json=SMALL_TEXT)),
                 ("live", lambda: client.get("/health/live")),
-            ):
+            )
+            for kind, call in calls:
                 started = time.perf_counter()
                 response = call()
                 elapsed = time.perf_counter() - started
@@ -232,34 +194,42 @@ def measure(url: str, pid: int, name: str, seconds: float, senders: int) -> dict
     }
 
 
+def render(rows: list[dict[str, Any]]) -> str:
+    return table(
+        ["flood", "alone", "text p99 idle → flood", "live p99 idle → flood", "RSS peak over idle"],
+        [
+            [
+                r["flood"],
+                f"{r['alone_status']} in {r['alone_seconds']} s",
+                f"{r['text_p99_idle_ms']} → {r['text_p99_flood_ms']} ms (×{r['text_p99_ratio']})",
+                f"{r['live_p99_idle_ms']} → {r['live_p99_flood_ms']} ms (×{r['live_p99_ratio']})",
+                f"+{r['rss_peak_over_idle_mb']} MB",
+            ]
+            for r in rows
+        ],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=ROOT / "models")
+    parser.add_argument(
+        "--model-dir", type=Path, default=MODELS, help="the model repository served (all of it)"
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--senders", type=int, default=4)
     parser.add_argument("--only", default="", help="run the floods whose name contains this")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "floods.json")
+    parser.add_argument("--out", type=Path, default=OUT / "floods.json")
     args = parser.parse_args(argv)
     rows = []
     for name in FLOODS:
         if args.only not in name:
             continue
-        with server(args.model_dir) as (url, pid):  # a fresh server per flood: RSS is per flood
-            rows.append(measure(url, pid, name, args.seconds, args.senders))
+        # A fresh server per flood: RSS is per flood.
+        with running_repository(args.model_dir) as server:
+            rows.append(measure(server.url, server.pid, name, args.seconds, args.senders))
         print(json.dumps(rows[-1]), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2) + "\n")
-    print(
-        "\n| flood | alone | text p99 idle → flood | live p99 idle → flood | RSS peak over idle |"
-    )
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['flood']} | {r['alone_status']} in {r['alone_seconds']} s "
-            f"| {r['text_p99_idle_ms']} → {r['text_p99_flood_ms']} ms (×{r['text_p99_ratio']}) "
-            f"| {r['live_p99_idle_ms']} → {r['live_p99_flood_ms']} ms (×{r['live_p99_ratio']}) "
-            f"| +{r['rss_peak_over_idle_mb']} MB |"
-        )
+    write_json(args.out, rows)
+    print("\n" + render(rows))
     return 0
 
 

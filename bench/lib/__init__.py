@@ -1,0 +1,1 @@
+"""What the benchmarks share: servers, the load client, sampling, references, results."""

@@ -1,0 +1,167 @@
+"""The one server launcher: ``python -m service`` on 127.0.0.1, and peers' servers.
+
+``running_server`` (one model) and ``running_repository`` (a whole model
+repository) start our service in a process of its own, wait until it is ready and
+yield where it listens and its pid; ``peer_process`` does the same for another
+project's server (a whole process group, stopped as one).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from bench.lib.models import ROOT
+from bench.lib.procs import process_tree
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the OS's choice on 127.0.0.1)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running server: its HTTP port and its process id (the process that listens)."""
+
+    port: int
+    pid: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def running_server(model_dir: Path, /, **settings: str) -> Iterator[Served]:
+    """``python -m service`` with ``model_dir`` as its default model (the repository
+    served is its parent folder); yields once ``/health/ready`` answers 200, stops the
+    server on exit.
+
+    ``settings`` are ATTNSERVE_* values without the prefix. By default gRPC is off and
+    the response cache too: every request is computed (``bench.cache`` measures the
+    cache by turning it on).
+    """
+    models = {
+        "ATTNSERVE_MODEL_REPOSITORY": str(model_dir.parent),
+        "ATTNSERVE_DEFAULT_MODEL": model_dir.name,
+    }
+    with _serve(models, settings) as served:
+        yield served
+
+
+@contextmanager
+def running_repository(repository: Path, /, **settings: str) -> Iterator[Served]:
+    """``running_server`` for a whole model ``repository``, its default model left to
+    the service's settings."""
+    with _serve({"ATTNSERVE_MODEL_REPOSITORY": str(repository)}, settings) as served:
+        yield served
+
+
+@contextmanager
+def _serve(models: dict[str, str], settings: dict[str, str]) -> Iterator[Served]:
+    port = free_port()
+    env = {
+        **os.environ,
+        **models,
+        "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_GRPC_PORT": "0",
+        "ATTNSERVE_RESPONSE_CACHE_BYTES": "0",
+        "ATTNSERVE_LOG_LEVEL": "warning",
+        **{f"ATTNSERVE_{k.upper()}": v for k, v in settings.items()},
+    }
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "service"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_ready(port, server, log)
+            yield Served(port, server.pid)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def wait_ready(
+    port: int, server: subprocess.Popen[bytes], log: IO[bytes], timeout: float = 120
+) -> None:
+    """Polls ``/health/ready`` until 200; the log's tail in the error if the server exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            log.seek(0)
+            tail = log.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"server exited with {server.returncode}: {' / '.join(tail)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError("server not ready")
+
+
+@contextmanager
+def peer_process(
+    cmd: list[str],
+    env: dict[str, str],
+    port: int,
+    ready_paths: list[str],
+    log_path: Path,
+    cwd: Path,
+    timeout: float = 180,
+) -> Iterator[int]:
+    """A peer's server in its own process group; yields its pid once every path answers
+    200, and on exit stops the whole group and waits for every process of it."""
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            pending = list(ready_paths)
+            while pending:
+                if proc.poll() is not None:
+                    tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+                    raise RuntimeError(f"exited with {proc.returncode}: {' / '.join(tail)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not ready after {timeout:.0f} s; see {log_path}")
+                try:
+                    url = f"http://127.0.0.1:{port}{pending[0]}"
+                    with urllib.request.urlopen(url, timeout=2) as r:
+                        if r.status == 200:
+                            pending.pop(0)
+                            continue
+                except OSError:
+                    pass
+                time.sleep(0.2)
+            yield proc.pid
+        finally:
+            tree = process_tree(proc.pid)
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)  # the group: Triton's server and stubs too
+            deadline = time.monotonic() + 30
+            # Wait for the whole group (tritonserver outlives its Python parent for a few
+            # seconds): the next contender must not share the cores with its shutdown.
+            while any(Path(f"/proc/{p}").exists() for p in tree) and time.monotonic() < deadline:
+                proc.poll()
+                time.sleep(0.2)
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            proc.wait()

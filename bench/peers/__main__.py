@@ -1,0 +1,5 @@
+"""``python -m bench.peers``."""
+
+from bench.peers.cli import main
+
+raise SystemExit(main())

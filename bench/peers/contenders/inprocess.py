@@ -1,0 +1,180 @@
+"""The in-process contenders: the limit every ratio divides by, and text in-process.
+
+Each runs in a worker process of its own (``workers/inproc_worker.py``): our venv's
+onnxruntime on our graphs (the limit: each workload's request batched as a server
+at best could) and on the optimum export of the same weights; the optimum venv's
+sentence-transformers on torch and on its ONNX backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.peers.checks import WrongAnswer, check_answers, fail_round, record_round
+from bench.peers.common import OUT_PEERS, THREADS, VENVS, WORKERS, Bench, hf_weights
+from bench.peers.workloads import WORKLOADS, Workload, padded
+
+
+def run_inprocess(bench: Bench, w: Workload, optimum_dir: Path | None, st: bool) -> None:
+    """The in-process limit of one workload, in a worker process of its own.
+
+    For text (T1) also: onnxruntime on the optimum export, the graph-against-graph
+    comparison on token ids, and sentence-transformers in the optimum venv.
+    """
+    work = Path(tempfile.mkdtemp(prefix="peers-inproc-"))
+    try:
+        arrays: dict[str, Any] = {}  # name -> array (np.savez takes them as keywords)
+        tasks: list[dict[str, Any]] = []
+        base = {"seconds": bench.seconds, "runs": bench.runs, "threads": THREADS}
+        if not w.text:
+            graph = str(bench.model_dir / ("model_attn.onnx" if w.attention else "model.onnx"))
+            seqs = bench.inputs.seqs[w.key]
+            if w.ragged:  # the request as one padded run
+                sizes = [1]
+            else:  # as the server could merge requests: up to c, ≤ 4096 tokens (8 with attn)
+                cap = 8 if w.attention else 4096 // (w.batch * w.seq)
+                sizes = [k for k in (1, 2, 4, 8, 16, 32) if k <= max(1, min(w.concurrency, cap))]
+            for k in sizes:
+                embeds, mask = padded(seqs * k)
+                arrays[f"{w.key}x{k}_e"], arrays[f"{w.key}x{k}_m"] = embeds, mask
+                tasks.append(
+                    base
+                    | {"name": f"{w.key}x{k}", "kind": "embeds", "graph": graph}
+                    | {"embeds": f"{w.key}x{k}_e", "mask": f"{w.key}x{k}_m"}
+                )
+        else:
+            for label, model_dir, optimum in (
+                ("onnxruntime, our graphs", bench.model_dir, False),
+                ("onnxruntime, optimum export", optimum_dir, True),
+            ):
+                if model_dir is not None:
+                    tasks.append(
+                        base
+                        | {"name": f"T1 {label}", "kind": "text", "texts": bench.inputs.texts}
+                        | {"model_dir": str(model_dir), "optimum": optimum}
+                    )
+            for shape, ids in bench.inputs.ids.items():
+                arrays[f"ids{shape}"] = ids
+                for label, model_dir, optimum in (
+                    ("ours", bench.model_dir, False),
+                    ("optimum", optimum_dir, True),
+                ):
+                    if model_dir is not None:
+                        tasks.append(
+                            base
+                            | {"name": f"graph {shape} {label}", "kind": "ids"}
+                            | {"ids": f"ids{shape}", "model_dir": str(model_dir)}
+                            | {"optimum": optimum}
+                        )
+        results = _worker(Path(sys.executable), work, "ours", tasks, arrays)
+        if st and w.text:  # sentence-transformers on torch and on its ONNX backend
+            st_base = base | {"texts": bench.inputs.texts, "model_dir": str(hf_weights())}
+            st_tasks: list[dict[str, Any]] = [
+                st_base | {"name": "T1 sentence-transformers", "kind": "st"},
+                st_base
+                | {"name": "T1 sentence-transformers ONNX", "kind": "st-onnx"}
+                | {"cache_dir": str(OUT_PEERS / "minilm-st-onnx")},
+            ]
+            try:
+                results |= _worker(VENVS / "optimum" / "bin" / "python", work, "st", st_tasks, {})
+            except (subprocess.SubprocessError, OSError) as exc:  # not the limit's round too
+                reason = f"its worker failed: {type(exc).__name__}: {exc}"
+                results |= {task["name"]: {"error": reason} for task in st_tasks}
+        _record_inprocess(bench, results, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _worker(
+    python: Path, work: Path, tag: str, tasks: list[dict[str, Any]], arrays: dict[str, Any]
+) -> dict[str, Any]:
+    inputs = work / f"{tag}-inputs.npz"
+    np.savez(inputs, **arrays)
+    job: dict[str, Any] = {
+        "tasks": tasks,
+        "inputs": str(inputs),
+        "outputs": str(work / f"{tag}-outputs.npz"),
+        "results": str(work / f"{tag}-results.json"),
+    }
+    (work / f"{tag}.json").write_text(json.dumps(job))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    timeout = 120 + 60 * len(tasks)  # a hung worker must not hang the benchmark
+    subprocess.run(
+        [str(python), str(WORKERS / "inproc_worker.py"), str(work / f"{tag}.json")],
+        check=True,
+        env=env,
+        timeout=timeout,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    results: dict[str, Any] = json.loads(Path(job["results"]).read_text())
+    return results
+
+
+def _record_inprocess(bench: Bench, results: dict[str, Any], work: Path) -> None:
+    """One round of the in-process runs; a text contender's answers (every batch, every
+    round) are checked before its round counts."""
+    outputs: dict[str, np.ndarray] = {}
+    for tag in ("ours", "st"):
+        path = work / f"{tag}-outputs.npz"
+        if path.exists():
+            with np.load(path) as npz:
+                outputs |= {k: npz[k] for k in npz.files}
+    t1 = next(w for w in WORKLOADS if w.key == "T1")
+    for name, stats in results.items():
+        stats["round"] = bench.round
+        if "error" in stats:
+            if name.startswith("T1 "):
+                fail_round(bench, t1, name.removeprefix("T1 "), stats["error"])
+            else:  # a limit's run: the round has no limit, every ratio of it is dropped
+                bench.note(f"✗ in-process {name}: round {bench.round} failed: {stats['error']}")
+            continue
+        stats["items_per_s"] = stats["items"] * stats["runs"] / stats["wall_s"]
+        if name.startswith("graph "):
+            bench.row("graph", name.removeprefix("graph ")).rounds.append(stats)
+        elif name.startswith("T1 "):
+            contender = name.removeprefix("T1 ")
+            answers = [
+                (j, {"pooled": list(outputs[f"{name}#{j}"])})
+                for j in range(len(bench.inputs.texts))
+                if f"{name}#{j}" in outputs
+            ]
+            try:
+                stats |= check_answers(bench, t1, answers)
+            except WrongAnswer as exc:
+                fail_round(bench, t1, contender, f"wrong answer: {exc}")
+                continue
+            record_round(bench, t1, contender, stats)
+        else:
+            key, k = name.split("x")
+            bench.row(f"{key} limit", f"batch ×{k}").rounds.append(stats)
+    print("  in-process done", flush=True)
+
+
+def optimum_export(bench: Bench) -> Path | None:
+    """The standard export of the same weights (cached under bench/out/peers)."""
+    target = OUT_PEERS / "minilm-optimum"
+    if (target / "model.onnx").exists():
+        return target
+    cli = VENVS / "optimum" / "bin" / "optimum-cli"
+    if not cli.exists():
+        bench.note("optimum export: skipped (no venv: run bench/peers/setup_optimum.sh)")
+        return None
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [str(cli), "export", "onnx", "--model", str(hf_weights()), "--task"]
+    cmd += ["feature-extraction", "--library-name", "transformers", str(tmp)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    print("exporting the optimum graph …", flush=True)
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=600)
+    tmp.rename(target)
+    return target
