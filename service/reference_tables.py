@@ -3,10 +3,13 @@
 ``python -m service.reference_tables`` prints the settings table (every field of
 ``Settings``) and the metrics table (every metric ``Metrics`` registers), as the
 error table of docs/api.md comes from ``service.errors``; a test keeps the page
-equal to them.
+equal to them; ``--write`` puts them on the page.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 from pydantic.fields import FieldInfo
 
@@ -65,5 +68,21 @@ def metrics_table() -> str:
     return "\n".join(lines)
 
 
+def rewrite(page: Path) -> None:
+    """Replace each table on ``page`` (found by its header row) with its generated form."""
+    lines = page.read_text(encoding="utf-8").split("\n")
+    for table in (settings_table(), metrics_table()):
+        rows = table.split("\n")
+        start = lines.index(rows[0])
+        end = start
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        lines[start:end] = rows
+    page.write_text("\n".join(lines), encoding="utf-8")
+
+
 if __name__ == "__main__":
-    print(settings_table(), metrics_table(), sep="\n\n")
+    if sys.argv[1:] == ["--write"]:  # run from the checkout's root
+        rewrite(Path("docs/deployment.md"))
+    else:
+        print(settings_table(), metrics_table(), sep="\n\n")

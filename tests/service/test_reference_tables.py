@@ -36,7 +36,7 @@ def generated_tables() -> list[str]:
 @pytest.mark.parametrize("table", generated_tables(), ids=["settings", "metrics"])
 def test_the_page_holds_the_generated_table(table: str) -> None:
     assert table_at(DEPLOYMENT_MD.read_text(), table.splitlines()[0]) == table, (
-        "regenerate it: python -m service.reference_tables"
+        "regenerate it: python -m service.reference_tables --write"
     )
 
 
