@@ -31,7 +31,9 @@ import pytest
 
 from service import errors
 from service.settings import Settings
-from tests.service.helpers import D_MODEL, N_HEADS, N_LAYERS, as_array, ort_encode
+from tests.service.helpers import as_array
+from tests.support.onnx_runs import ort_encode
+from tests.support.tiny import D_MODEL, N_HEADS, N_LAYERS
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 TEXT = API_MD.read_text()
@@ -514,8 +516,8 @@ def test_checks_can_fail() -> None:
         BASH_CHECKS[r"random\.seed\(1\)"](Answer(200, json.dumps(body), ""), session)
 
 
-def test_examples_cover_every_endpoint(client: httpx.Client) -> None:
-    paths = set(client.get("/openapi.json").json()["paths"])
+def test_examples_cover_every_endpoint(http_client: httpx.Client) -> None:
+    paths = set(http_client.get("/openapi.json").json()["paths"])
     assert paths  # the API describes itself
     for route in paths:
         assert f"`{route}`" in TEXT or f" {route}`" in TEXT, f"{route} is not documented"
@@ -540,9 +542,9 @@ def test_the_error_table_is_the_catalog() -> None:
     }
 
 
-def test_openapi_documents_each_routes_own_errors(client: httpx.Client) -> None:
+def test_openapi_documents_each_routes_own_errors(http_client: httpx.Client) -> None:
     """Each route documents the errors its access can raise, in its protocol's shape."""
-    paths = client.get("/openapi.json").json()["paths"]
+    paths = http_client.get("/openapi.json").json()["paths"]
     assert set(paths["/health/live"]["get"]["responses"]) == {"200", "503"}
     assert {"401", "404", "503"} <= set(paths["/v1/models/{name}"]["get"]["responses"])
     assert "413" not in paths["/v2/models/{model}"]["get"]["responses"]

@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from attnserve_client import Client
 from model_export.manifest import graph_io
 from tests.conftest import free_port, server_process
-from tests.service.helpers import D_MODEL
+from tests.support.tiny import D_MODEL
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
