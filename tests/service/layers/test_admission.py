@@ -443,12 +443,13 @@ def with_batcher(
     settings: Settings,
     runtimes: dict[str, ModelRuntime],
     body: Callable[[Batcher, Metrics], Any],
+    before_batch: Callable[[str], None] | None = None,
 ) -> Any:
     """Start a real Batcher on the session's runtimes, await ``body(batcher, metrics)``, stop."""
 
     async def main() -> Any:
         metrics = Metrics()
-        batcher = Batcher(runtimes, settings, metrics)
+        batcher = Batcher(runtimes, settings, metrics, before_batch=before_batch)
         await batcher.start()
         try:
             return await body(batcher, metrics)
@@ -621,26 +622,46 @@ def test_retry_after_is_the_backlog_over_the_measured_rate(
     with_batcher(settings, runtimes, body)
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        # Its run succeeds; recording it divides by its 0 padded tokens.
-        pytest.param([np.zeros((0, D_MODEL), np.float32)], id="empty-sequence"),
-    ],
-)
+class WorkerFault(Exception):
+    """A deliberate fault of a batcher worker, outside any run's own error handling."""
+
+
 def test_a_crashed_worker_is_restarted(
-    settings: Settings, runtimes: dict[str, ModelRuntime], bad: list[Any]
+    settings: Settings, runtimes: dict[str, ModelRuntime]
 ) -> None:
-    """A job the worker cannot handle outside a run's own error handling: that request
-    fails, the restart is counted, and the next request is answered."""
+    """The worker fails on its first batch (the batcher's ``before_batch`` fault seam):
+    that request fails with the fault, the restart is counted, and the next request is
+    answered by the restarted worker."""
     (seq,) = sequences((6,), seed=8)
+    faults = [WorkerFault("injected")]
+
+    def before_batch(model: str) -> None:
+        if faults:
+            raise faults.pop()
 
     async def body(batcher: Batcher, metrics: Metrics) -> None:
-        with pytest.raises(Exception):  # noqa: B017 - whatever broke; it must not hang
-            await asyncio.wait_for(batcher.submit(MODEL, bad, graph=EMBEDDINGS), timeout=30)
+        with pytest.raises(WorkerFault):  # failed with the fault, not left to hang
+            await asyncio.wait_for(batcher.submit(MODEL, [seq], graph=EMBEDDINGS), timeout=30)
+        assert not faults  # the seam was reached
         answer = await asyncio.wait_for(batcher.submit(MODEL, [seq], graph=EMBEDDINGS), timeout=30)
         assert answer[0][graph_io.OUTPUT_HIDDEN].shape == (6, D_MODEL)
         assert metric(metrics.registry, "attnserve_batcher_restarts_total", model=MODEL) == 1
+
+    with_batcher(settings, runtimes, body, before_batch)
+
+
+def test_an_empty_sequence_is_answered_without_a_restart(
+    settings: Settings, runtimes: dict[str, ModelRuntime]
+) -> None:
+    """A run of no tokens has no fill or rate to record (it used to divide by zero there,
+    outside the run's error handling, and crash the worker)."""
+
+    async def body(batcher: Batcher, metrics: Metrics) -> None:
+        empty = np.zeros((0, D_MODEL), np.float32)
+        answer = await asyncio.wait_for(batcher.submit(MODEL, [empty], graph=EMBEDDINGS), 30)
+        assert answer[0][graph_io.OUTPUT_HIDDEN].shape == (0, D_MODEL)
+        assert metric(metrics.registry, "attnserve_batcher_restarts_total", model=MODEL) == 0
+        assert metric(metrics.registry, "attnserve_batch_fill_ratio_count") == 0
 
     with_batcher(settings, runtimes, body)
 
