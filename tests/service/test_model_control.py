@@ -299,23 +299,32 @@ def test_poll_mode_keeps_serving_a_directory_replaced_by_two_renames(
 ) -> None:
     """Replacing a flat model directory is two renames (old out, new in). A scan that falls
     between them finds it missing; unloading then would answer 404 until the next scan.
-    A model is unloaded only when missing at two scans in a row; the gap here (0.45 s,
-    under the 0.5 s interval) spans one scan at most, and usually one."""
+    A model is unloaded only when missing at two scans in a row.
+
+    A scan is made to land between the renames: just after the first, a new model
+    directory (``probe``) appears, and the second rename waits until the server has
+    tried to load it. The scan that found ``probe`` listed the repository after ``other``
+    had gone, so ``other`` was missing at one scan, and the next finds it back."""
     repo = repository(tmp_path, exports, ("1",))
     renamed(exports / "2", repo / "other", "other")
     renamed(exports / "1", tmp_path / "staging", "other")
+    renamed(exports / "1", tmp_path / "probe", "probe")
     want = expected(exports)
     with server_process(
         repo, model_control="poll", poll_seconds="0.5", default_model="tiny"
     ) as server:
         url = server.url
         assert np.allclose(hidden_of(infer(url, model="other"))[1], want["2"], rtol=0, atol=ATOL)
-        shutil.move(repo / "other", tmp_path / "old")
         statuses = set()
-        give_up = time.monotonic() + 0.45
-        while time.monotonic() < give_up:
+
+        def scanned() -> bool:  # a scan found the probe, whatever its load's outcome
             statuses.add(infer(url, model="other").status_code)
-        shutil.move(tmp_path / "staging", repo / "other")
+            return metric(url, "attnserve_model_loads_total", model="probe") > 0
+
+        (repo / "other").rename(tmp_path / "old")
+        (tmp_path / "probe").rename(repo / "probe")
+        wait_until(scanned, "no scan found the probe")
+        (tmp_path / "staging").rename(repo / "other")
         deadline = time.monotonic() + 30
         while True:
             answer = infer(url, model="other")
@@ -327,6 +336,7 @@ def test_poll_mode_keeps_serving_a_directory_replaced_by_two_renames(
         time.sleep(0.6)  # a scan past the swap: still serving, not unloaded late
         statuses.add(infer(url, model="other").status_code)
         assert statuses == {200}
+        assert infer(url, model="probe").status_code == 200  # the probe was loaded
 
 
 def test_poll_mode_with_policy_all_drops_a_removed_version(tmp_path: Path, exports: Path) -> None:
