@@ -338,6 +338,7 @@ def state(server: ServerProcess, name: str) -> str:
     return next(entry["state"] for entry in index if entry["name"] == name)
 
 
+@pytest.mark.slow  # the load is answered at the end of the 27.5 s grace window
 def test_a_slow_load_blocks_neither_other_loads_nor_shutdown(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -95,6 +95,7 @@ def admin() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN}"}
 
 
+@pytest.mark.slow
 def test_a_version_swap_under_load_mixes_nothing(tmp_path: Path, exports: Path) -> None:
     """64 clients for 30 s while version 2 is loaded beside 1 and swapped in: every answer
     is 200 and equals the graph of the version it claims; the old version's memory goes
