@@ -89,11 +89,21 @@ class Batcher:
     """One queue and worker per model, one inference thread for the process."""
 
     def __init__(
-        self, runtimes: dict[str, ModelRuntime], settings: Settings, metrics: Metrics
+        self,
+        runtimes: dict[str, ModelRuntime],
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        before_batch: Callable[[str], None] | None = None,
     ) -> None:
+        """``before_batch``: called with the model's name on each batch its worker takes,
+        outside any run's own error handling, so what it raises fails the worker as an
+        unexpected bug would: the tests' fault-injection point for the restart. None
+        (the engine's) when serving."""
         self._runtimes = dict(runtimes)  # the serving version of each model
         self._settings = settings
         self._metrics = metrics
+        self._before_batch = before_batch
         self._queues: dict[str, FairQueue[_Job]] = {}
         self._flows: dict[str, set[Flow]] = {}  # the open flows of each model
         self._in_hand: dict[str, list[_Job]] = {}
@@ -349,6 +359,8 @@ class Batcher:
                 continue
             taken = self._take_batch(queue)
             self._in_hand[model] = [job for job, _, _ in taken]
+            if self._before_batch is not None:
+                self._before_batch(model)
             # Around a swap, jobs of two versions may share a batch: each runs on its own.
             # Groups go in the order the queue took their first slice (fair order).
             groups: dict[tuple[int, str], list[_Slice]] = {}
@@ -442,11 +454,13 @@ class Batcher:
         self._costs[model, graph].observe(len(run), longest, elapsed)
         self._metrics.inference.labels(model, GRAPH_LABELS[graph]).observe(elapsed)
         self._metrics.batch_sequences.observe(len(run))
-        self._metrics.batch_fill.observe(tokens / (len(run) * longest))
         now = time.monotonic()
         for job in jobs:
             job.timing.compute += elapsed
             job.timing.finished = now
+        if not tokens:  # a run of empty sequences: no fill, and nothing about the rate
+            return
+        self._metrics.batch_fill.observe(tokens / (len(run) * longest))
         if graph == graph_io.GRAPH_TOKEN_EMBEDDINGS:
             return  # a lookup, not the encoder: its speed says nothing of the drain rate
         rate = tokens / max(elapsed, 1e-6)

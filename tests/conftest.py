@@ -1,4 +1,5 @@
-"""Session-wide fixtures: real models exported once per test session."""
+"""Session-wide fixtures: real models exported once per test session, real servers on
+them, and onnxruntime on the same graphs for the tests' own expectations."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+import onnxruntime as ort
 import pytest
 
+from model_export import graph_io
 from model_export.config import EncoderConfig, preset
 from model_export.export import export_model
 from model_export.model import Encoder
+from tests.support.onnx_runs import new_session
 
 TINY_SEED = 1234
 
@@ -45,6 +49,24 @@ def model_repository(tmp_path_factory: pytest.TempPathFactory, tiny_encoder: Enc
 @pytest.fixture(scope="session")
 def tiny_model_dir(model_repository: Path) -> Path:
     return model_repository / "tiny"
+
+
+@pytest.fixture(scope="session")
+def embeddings_session(tiny_model_dir: Path) -> ort.InferenceSession:
+    """onnxruntime on tiny's ``model.onnx``, run by the tests (not through the service)."""
+    return new_session(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS)
+
+
+@pytest.fixture(scope="session")
+def attention_session(tiny_model_dir: Path) -> ort.InferenceSession:
+    """onnxruntime on tiny's ``model_attn.onnx`` (+ attention weights and value norms)."""
+    return new_session(tiny_model_dir / graph_io.GRAPH_ATTENTION)
+
+
+@pytest.fixture(scope="session")
+def hidden_session(tiny_model_dir: Path) -> ort.InferenceSession:
+    """onnxruntime on tiny's ``model_hidden.onnx`` (hidden states, no attention)."""
+    return new_session(tiny_model_dir / graph_io.GRAPH_HIDDEN_STATES)
 
 
 def free_port() -> int:

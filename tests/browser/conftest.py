@@ -131,7 +131,7 @@ def public_url(base_url: str) -> str:
     return base_url.replace("127.0.0.1", PUBLIC_NAME)
 
 
-def wait_until(driver: webdriver.Chrome, script: str, timeout: float = WAIT) -> object:
+def wait_for_script(driver: webdriver.Chrome, script: str, timeout: float = WAIT) -> object:
     """Wait until the JS expression ``script`` is truthy; return its value."""
     return WebDriverWait(driver, timeout).until(lambda d: d.execute_script(f"return {script}"))
 

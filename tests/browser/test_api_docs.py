@@ -9,7 +9,7 @@ from tests.browser.conftest import (
     assert_only_local_requests,
     public_url,
     screenshot,
-    wait_until,
+    wait_for_script,
 )
 
 
@@ -19,7 +19,7 @@ def test_swagger_ui_renders_every_operation_from_local_files(
     # Under a non-localhost name, where Swagger UI would ask validator.swagger.io for a badge.
     url = public_url(server_url)
     browser.get(f"{url}/docs")
-    wait_until(browser, "document.querySelectorAll('.opblock').length > 5")
+    wait_for_script(browser, "document.querySelectorAll('.opblock').length > 5")
     assert "attnserve" in browser.find_element(By.CSS_SELECTOR, ".info .title").text
     paths = {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
     assert {"/v1/encode", "/v1/embeddings", "/v2/models/{model}/infer"} <= paths
@@ -30,7 +30,9 @@ def test_swagger_ui_renders_every_operation_from_local_files(
 def test_redoc_renders_from_local_files(browser: webdriver.Chrome, server_url: str) -> None:
     url = public_url(server_url)
     browser.get(f"{url}/redoc")
-    wait_until(browser, "document.querySelectorAll('[data-section-id^=\"operation/\"]').length > 5")
+    wait_for_script(
+        browser, "document.querySelectorAll('[data-section-id^=\"operation/\"]').length > 5"
+    )
     assert "attnserve" in browser.find_element(By.CSS_SELECTOR, "h1").text
     # ReDoc's bundle always asks cdn.redoc.ly for its logo; the page's policy makes the
     # browser refuse it (a console error, and no request on the network).

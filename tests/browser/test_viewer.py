@@ -25,7 +25,7 @@ from tests.browser.conftest import (
     assert_only_local_requests,
     posted_bodies,
     screenshot,
-    wait_until,
+    wait_for_script,
 )
 from tests.conftest import running_server
 
@@ -56,7 +56,7 @@ def api_attention(
 def open_view(driver: webdriver.Chrome, url: str, **params: str) -> None:
     query = "&".join(f"{k}={quote(v)}" for k, v in params.items())
     driver.get(f"{url}/viewer?{query}")
-    wait_until(driver, RENDERED)
+    wait_for_script(driver, RENDERED)
 
 
 def url_params(driver: webdriver.Chrome) -> dict[str, str]:
@@ -74,7 +74,7 @@ def hover_cell(driver: webdriver.Chrome, canvas: WebElement, i: int, j: int) -> 
     x, y = int((j + 0.5) * cell - width / 2), int((i + 0.5) * cell - height / 2)
     ActionChains(driver).move_to_element_with_offset(canvas, x, y).perform()
     readout = driver.find_element(By.ID, "readout")
-    wait_until(driver, f"document.getElementById('readout').dataset.query === '{i}'")
+    wait_for_script(driver, f"document.getElementById('readout').dataset.query === '{i}'")
     return {k: readout.get_attribute(f"data-{k}") or "" for k in ("query", "key", "weight")}
 
 
@@ -112,7 +112,9 @@ def test_deep_link_renders_one_head_with_labels_hover_and_highlight(
     highlighted = browser.find_elements(By.CSS_SELECTOR, ".tok.selected")
     assert [e.get_attribute("data-index") for e in highlighted] == ["2", "2"]
     ActionChains(browser).move_by_offset(0, -400).perform()  # off the map: the readout returns
-    wait_until(browser, "document.getElementById('readout').textContent.includes('attends most')")
+    wait_for_script(
+        browser, "document.getElementById('readout').textContent.includes('attends most')"
+    )
     top = TOKENS[int(np.argmax(want[2]))]
     assert f"attends most to “{top}”" in browser.find_element(By.ID, "readout").text
     # The page asked for exactly one head of one layer.
@@ -141,8 +143,8 @@ def test_the_norms_toggle_asks_for_attention_norms_and_keeps_the_url_in_step(
     assert abs(float(read["weight"]) - want[1, 2]) <= WEIGHT_TOLERANCE * max(1.0, want.max())
     assert url_params(browser)["measure"] == "norms"
     browser.find_element(By.ID, "norms").click()
-    wait_until(browser, "!location.search.includes('measure')")
-    wait_until(browser, RENDERED)
+    wait_for_script(browser, "!location.search.includes('measure')")
+    wait_for_script(browser, RENDERED)
     bodies = posted_bodies(browser, "/v1/encode")
     assert bodies[-1]["attention"] == {"layers": [1], "heads": [0], "reduce": "none"}
 
@@ -152,7 +154,7 @@ def test_bm42_weights_of_the_text_as_the_api_gives_them(
 ) -> None:
     open_view(browser, minilm, text=TEXT, model="minilm-l6", view="head")
     browser.find_element(By.ID, "show-bm42").click()
-    wait_until(browser, "!document.getElementById('bm42').hidden")
+    wait_for_script(browser, "!document.getElementById('bm42').hidden")
     rows = browser.find_elements(By.CSS_SELECTOR, "#bm42-rows tr")
     shown = [r.get_attribute("data-stem") for r in rows]
     body = {"model": "minilm-l6", "inputs": [TEXT], "return_text": True, "truncate": True}
@@ -173,8 +175,8 @@ def test_grid_click_to_enlarge_then_mean_and_rollout_keep_the_url_in_step(
     screenshot(browser, "viewer-grid")
 
     browser.find_element(By.CSS_SELECTOR, '.thumb canvas[data-head="7"]').click()
-    wait_until(browser, "document.getElementById('stage').dataset.view === 'head'")
-    wait_until(browser, RENDERED)
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'head'")
+    wait_for_script(browser, RENDERED)
     assert url_params(browser) | {"text": TEXT} == {
         "text": TEXT,
         "model": "minilm-l6",
@@ -186,16 +188,16 @@ def test_grid_click_to_enlarge_then_mean_and_rollout_keep_the_url_in_step(
     assert len(posted_bodies(browser, "/v1/encode")) == 1
 
     browser.find_element(By.CSS_SELECTOR, "input[value=mean]").click()
-    wait_until(browser, "document.getElementById('stage').dataset.view === 'mean'")
-    wait_until(browser, RENDERED)
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'mean'")
+    wait_for_script(browser, RENDERED)
     assert url_params(browser)["view"] == "mean"
     canvas = browser.find_element(By.ID, "heatmap")
     want = api_attention(minilm, [TEXT], {"layers": [4], "reduce": "mean"}, "minilm-l6")[0, 0]
     assert abs(float(hover_cell(browser, canvas, 5, 1)["weight"]) - want[5, 1]) <= WEIGHT_TOLERANCE
 
     browser.find_element(By.CSS_SELECTOR, "input[value=rollout]").click()
-    wait_until(browser, "document.getElementById('stage').dataset.view === 'rollout'")
-    wait_until(browser, RENDERED)
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'rollout'")
+    wait_for_script(browser, RENDERED)
     assert url_params(browser)["view"] == "rollout"
     assert "rollout through layers 0-4" in browser.find_element(By.ID, "status").text
     canvas = browser.find_element(By.ID, "heatmap")
@@ -221,7 +223,7 @@ def test_keyboard_reads_cells_and_selects_a_token(browser: webdriver.Chrome, min
     canvas = browser.find_element(By.ID, "heatmap")
     # The first arrow lands on (0, 0); then two right and one down.
     canvas.send_keys(Keys.ARROW_DOWN, Keys.ARROW_RIGHT, Keys.ARROW_RIGHT, Keys.ARROW_DOWN)
-    wait_until(browser, "document.getElementById('readout').dataset.query === '1'")
+    wait_for_script(browser, "document.getElementById('readout').dataset.query === '1'")
     readout = browser.find_element(By.ID, "readout")
     assert (readout.get_attribute("data-query"), readout.get_attribute("data-key")) == ("1", "2")
     want = api_attention(minilm, [TEXT], {"layers": [5], "heads": [11]}, "minilm-l6")[0, 0]
@@ -229,7 +231,7 @@ def test_keyboard_reads_cells_and_selects_a_token(browser: webdriver.Chrome, min
         abs(float(readout.get_attribute("data-weight") or "nan") - want[1, 2]) <= WEIGHT_TOLERANCE
     )
     canvas.send_keys(Keys.ENTER)
-    wait_until(browser, "document.getElementById('stage').dataset.selected === '1'")
+    wait_for_script(browser, "document.getElementById('stage').dataset.selected === '1'")
 
 
 def test_long_text_is_cut_to_the_model_limit_and_scrolls_with_labels(
@@ -273,14 +275,14 @@ def test_api_key_and_npy_upload_for_a_model_without_tokenizer(
     browser: webdriver.Chrome, keyed_tiny: str, tmp_path: Path
 ) -> None:
     browser.get(f"{keyed_tiny}/viewer?model=tiny&layer=1&view=mean")
-    wait_until(browser, "document.getElementById('status').dataset.state === 'error'")
+    wait_for_script(browser, "document.getElementById('status').dataset.state === 'error'")
     assert "401" in browser.find_element(By.ID, "status").text
     browser.get_log("browser")  # the 401 the page was meant to get is not a console error
 
     key = browser.find_element(By.ID, "api-key")
     key.send_keys(KEY)
     browser.find_element(By.TAG_NAME, "h1").click()  # leaving the field commits it
-    wait_until(browser, "document.getElementById('model').options.length > 0")
+    wait_for_script(browser, "document.getElementById('model').options.length > 0")
     assert browser.execute_script("return sessionStorage.getItem('attnserve.apiKey')") == KEY
     assert not browser.find_element(By.ID, "text").is_enabled()  # tiny takes arrays only
     assert "takes token embeddings only" in browser.find_element(By.ID, "status").text
@@ -291,7 +293,7 @@ def test_api_key_and_npy_upload_for_a_model_without_tokenizer(
     path = tmp_path / "tokens.npy"
     np.save(path, sequence)
     browser.find_element(By.ID, "npy").send_keys(str(path))
-    wait_until(browser, RENDERED)
+    wait_for_script(browser, RENDERED)
     assert labels(browser, "queries") == [f"#{i}" for i in range(5)]
     canvas = browser.find_element(By.ID, "heatmap")
     inputs = [sequence.astype(np.float32).tolist()]
@@ -310,26 +312,26 @@ def test_npy_files_are_read_in_any_byte_order_and_bad_ones_explained(
     browser: webdriver.Chrome, server_url: str, tmp_path: Path
 ) -> None:
     browser.get(f"{server_url}/viewer?model=tiny&layer=0&head=1&view=head")
-    wait_until(browser, "document.getElementById('model').options.length > 0")
+    wait_for_script(browser, "document.getElementById('model').options.length > 0")
     d_model = httpx.get(f"{server_url}/v1/models/tiny").json()["d_model"]
     upload = browser.find_element(By.ID, "npy")
 
     cube = tmp_path / "batch.npy"
     np.save(cube, np.zeros((2, 3, d_model), dtype=np.float32))
     upload.send_keys(str(cube))
-    wait_until(browser, "document.getElementById('status').textContent.includes('batch.npy')")
+    wait_for_script(browser, "document.getElementById('status').textContent.includes('batch.npy')")
     assert "expected [n, d_model]" in browser.find_element(By.ID, "status").text
     narrow = tmp_path / "narrow.npy"
     np.save(narrow, np.zeros((3, d_model + 1), dtype=np.float32))
     upload.send_keys(str(narrow))
-    wait_until(browser, "document.getElementById('status').textContent.includes('narrow.npy')")
+    wait_for_script(browser, "document.getElementById('status').textContent.includes('narrow.npy')")
     assert f"does not match tiny's d_model {d_model}" in browser.find_element(By.ID, "status").text
 
     sequence = np.random.default_rng(3).standard_normal((4, d_model)).astype(">f4")
     big_endian = tmp_path / "big.npy"
     np.save(big_endian, sequence)
     upload.send_keys(str(big_endian))
-    wait_until(browser, RENDERED)
+    wait_for_script(browser, RENDERED)
     canvas = browser.find_element(By.ID, "heatmap")
     inputs = [sequence.astype("<f4").tolist()]
     want = api_attention(server_url, inputs, {"layers": [0], "heads": [1]}, "tiny")[0, 0]

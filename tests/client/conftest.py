@@ -1,4 +1,4 @@
-"""Fixtures of the SDK tests: real servers and direct onnxruntime sessions.
+"""Fixtures of the SDK tests: the SDK and real servers (onnxruntime sessions: tests/conftest.py).
 
 The SDK is tested against real ``python -m service`` processes. The only fake
 is ``httpx.MockTransport`` in the retry and configuration tests, which need
@@ -11,35 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import onnxruntime as ort
 import pytest
 
 from attnserve_client import Client
-from model_export import graph_io
-from tests.client.helpers import MODEL, new_session, poison_model
+from tests.client.helpers import poison_model
 from tests.conftest import free_port, running_server
-
-
-@pytest.fixture(scope="session")
-def embeddings_session(tiny_model_dir: Path) -> ort.InferenceSession:
-    """onnxruntime on tiny's ``model.onnx``, run by the tests (not through the service)."""
-    return new_session(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS)
-
-
-@pytest.fixture(scope="session")
-def attention_session(tiny_model_dir: Path) -> ort.InferenceSession:
-    """onnxruntime on tiny's ``model_attn.onnx``."""
-    return new_session(tiny_model_dir / graph_io.GRAPH_ATTENTION)
-
-
-@pytest.fixture(scope="session")
-def hidden_session(tiny_model_dir: Path) -> ort.InferenceSession:
-    """onnxruntime on tiny's ``model_hidden.onnx`` (hidden states, no attention)."""
-    return new_session(tiny_model_dir / graph_io.GRAPH_HIDDEN_STATES)
+from tests.support.tiny import MODEL
 
 
 @pytest.fixture(scope="module")
-def client(server_url: str) -> Iterator[Client]:
+def sdk_client(server_url: str) -> Iterator[Client]:
     """The SDK on the session's real server (tiny model)."""
     with Client(server_url) as c:
         yield c

@@ -1,7 +1,8 @@
-"""Helpers of the SDK tests: inputs, direct onnxruntime runs, real transports, servers.
+"""What the SDK tests share beyond tests/support: real transports that count or rewrite,
+and a poisoned model directory.
 
 Nothing here imports ``service``: the tests talk to real servers through the SDK
-and compute their expectations from the ONNX files and numpy alone.
+and compute their expectations from the ONNX files and numpy alone (tests/support).
 """
 
 from __future__ import annotations
@@ -14,45 +15,10 @@ from typing import Any
 import httpx
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import numpy_helper
 
 from model_export import graph_io
 from model_export.manifest import sha256_file
-
-# The tiny preset the session fixtures export (model_export.config.PRESETS["tiny"]).
-D_MODEL = 32
-N_HEADS = 4
-N_LAYERS = 2
-MODEL_MAX_SEQ_LEN = 128
-MODEL = "tiny"
-
-# The server runs the same ONNX graphs as the tests do directly, so the two agree to
-# float32 noise; a wrong token, head or layer is off by ~1e-1.
-ATOL_ORT = 1e-5
-
-
-def sequences(lengths: tuple[int, ...], seed: int) -> list[np.ndarray]:
-    """Random float32 [n_i, D_MODEL] sequences."""
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal((n, D_MODEL), dtype=np.float32) for n in lengths]
-
-
-def new_session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def ort_run(session: ort.InferenceSession, seq: np.ndarray) -> dict[str, np.ndarray]:
-    """One [n, d] sequence alone (batch of one, no padding): the graph's outputs by name,
-    batch axis dropped: last_hidden_state (n, d), attentions (L, H, n, n), hidden_states
-    (L + 1, n, d), those the graph has."""
-    mask = np.ones((1, len(seq)), dtype=np.int64)  # (1, n)
-    names = [o.name for o in session.get_outputs()]
-    outputs = session.run(names, {graph_io.INPUT_EMBEDS: seq[None], graph_io.INPUT_MASK: mask})
-    return {name: out[0] for name, out in zip(names, outputs, strict=True)}
 
 
 class CountingTransport(httpx.HTTPTransport):

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from attnserve_client import AsyncClient, Client
-from tests.client.helpers import MODEL, sequences
+from tests.support.inputs import sequences
+from tests.support.tiny import MODEL
 
 ATOL = 1e-6  # the same graphs on the same sequences; batch composition aside, float32 noise
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from attnserve_client import AsyncClient, Client
-from tests.client.helpers import MODEL
+from tests.support.tiny import MODEL
 
 ENV_KEY = "ATTNSERVE_API_KEY"
 ENV_URL = "ATTNSERVE_BASE_URL"

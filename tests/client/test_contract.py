@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from attnserve_client import EncodeResult, ModelCard, TokenizeResult
-from tests.client.helpers import MODEL
+from tests.support.tiny import MODEL
 
 Schema = dict[str, Any]
 Body = dict[str, Any]

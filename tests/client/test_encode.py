@@ -16,16 +16,10 @@ import pytest
 from attnserve_client import AsyncClient, Client, EncodeResult
 from attnserve_client._base import Pooling, Reduce
 from model_export import graph_io
-from tests.client.helpers import (
-    ATOL_ORT,
-    D_MODEL,
-    MODEL,
-    N_HEADS,
-    N_LAYERS,
-    RecordingTransport,
-    ort_run,
-    sequences,
-)
+from tests.client.helpers import RecordingTransport
+from tests.support.inputs import sequences
+from tests.support.onnx_runs import ATOL_ORT, ort_run
+from tests.support.tiny import D_MODEL, MODEL, N_HEADS, N_LAYERS
 
 RAGGED = (9, 4, 1, 13)
 ATOL_UNIT = 1e-5  # L2 norm of a normalised float32 vector
@@ -59,12 +53,12 @@ def assert_matches_onnxruntime(
 
 
 def test_sync_encode_matches_onnxruntime(
-    client: Client,
+    sdk_client: Client,
     embeddings_session: ort.InferenceSession,
     attention_session: ort.InferenceSession,
 ) -> None:
     seqs = sequences(RAGGED, seed=1)
-    result = client.encode(seqs, return_attention=True)
+    result = sdk_client.encode(seqs, return_attention=True)
     assert_matches_onnxruntime(result, seqs, embeddings_session, attention_session)
 
 
@@ -84,10 +78,10 @@ def test_async_encode_matches_onnxruntime(
 
 
 def test_embeddings_only_by_default(
-    client: Client, embeddings_session: ort.InferenceSession
+    sdk_client: Client, embeddings_session: ort.InferenceSession
 ) -> None:
     seqs = sequences(RAGGED, seed=3)
-    result = client.encode(seqs)
+    result = sdk_client.encode(seqs)
     assert result.attention is None and result.pooled is None
     assert result.embeddings is not None
     assert [e.shape for e in result.embeddings] == [(n, D_MODEL) for n in RAGGED]
@@ -97,9 +91,11 @@ def test_embeddings_only_by_default(
         )
 
 
-def test_batch_array_input_stacks(client: Client, embeddings_session: ort.InferenceSession) -> None:
+def test_batch_array_input_stacks(
+    sdk_client: Client, embeddings_session: ort.InferenceSession
+) -> None:
     batch = np.stack(sequences((6, 6, 6), seed=4))  # (B, T, d)
-    result = client.encode(batch)
+    result = sdk_client.encode(batch)
     stacked = result.stack()
     assert stacked.shape == (3, 6, D_MODEL)
     for row, hidden in zip(batch, stacked, strict=True):
@@ -108,17 +104,17 @@ def test_batch_array_input_stacks(client: Client, embeddings_session: ort.Infere
         )
 
 
-def test_stack_refuses_ragged_and_absent_fields(client: Client) -> None:
-    result = client.encode(sequences((3, 5), seed=5))
+def test_stack_refuses_ragged_and_absent_fields(sdk_client: Client) -> None:
+    result = sdk_client.encode(sequences((3, 5), seed=5))
     with pytest.raises(ValueError, match="differ in length"):
         result.stack()
     with pytest.raises(ValueError, match="attention"):
         result.stack("attention")
 
 
-def test_one_2d_array_is_refused_before_sending(client: Client) -> None:
+def test_one_2d_array_is_refused_before_sending(sdk_client: Client) -> None:
     with pytest.raises(ValueError, match=r"inputs\[None\]"):
-        client.encode(sequences((4,), seed=6)[0])
+        sdk_client.encode(sequences((4,), seed=6)[0])
 
 
 @pytest.mark.parametrize("return_attention", [False, True])
@@ -161,14 +157,14 @@ HIDDEN_SELECTIONS: list[tuple[list[int] | None, bool]] = [
 
 @pytest.mark.parametrize(("hidden_layers", "return_attention"), HIDDEN_SELECTIONS)
 def test_hidden_states_match_onnxruntime(
-    client: Client,
+    sdk_client: Client,
     hidden_session: ort.InferenceSession,
     attention_session: ort.InferenceSession,
     hidden_layers: list[int] | None,
     return_attention: bool,
 ) -> None:
     seqs = sequences((6, 1, 11), seed=12)
-    result = client.encode(
+    result = sdk_client.encode(
         seqs,
         return_hidden_states=True,
         hidden_layers=hidden_layers,
@@ -223,14 +219,16 @@ SELECTIONS: list[tuple[list[int] | None, list[int] | None, Reduce | None]] = [
 
 @pytest.mark.parametrize(("layers", "heads", "reduce"), SELECTIONS)
 def test_attention_selection_shapes_and_values(
-    client: Client,
+    sdk_client: Client,
     attention_session: ort.InferenceSession,
     layers: list[int] | None,
     heads: list[int] | None,
     reduce: Reduce | None,
 ) -> None:
     seqs = sequences((5, 8), seed=8)
-    result = client.encode(seqs, return_attention=True, layers=layers, heads=heads, reduce=reduce)
+    result = sdk_client.encode(
+        seqs, return_attention=True, layers=layers, heads=heads, reduce=reduce
+    )
     n_layers = N_LAYERS if layers is None else len(layers)
     n_heads = N_HEADS if heads is None else len(heads)
     assert result.attention is not None
@@ -259,10 +257,10 @@ POOLINGS: list[Pooling] = ["mean", "cls", "max"]
 
 @pytest.mark.parametrize("pooling", POOLINGS)
 def test_pooling_with_normalize_gives_unit_vectors(
-    client: Client, embeddings_session: ort.InferenceSession, pooling: Pooling
+    sdk_client: Client, embeddings_session: ort.InferenceSession, pooling: Pooling
 ) -> None:
     seqs = sequences(RAGGED, seed=9)
-    result = client.encode(seqs, pooling=pooling, normalize=True)
+    result = sdk_client.encode(seqs, pooling=pooling, normalize=True)
     assert result.embeddings is None  # pooling replaces the per-token embeddings by default
     assert result.pooled is not None
     reduce = {"mean": np.mean, "max": np.max, "cls": lambda h, axis: h[0]}[pooling]

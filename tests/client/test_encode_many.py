@@ -26,7 +26,10 @@ from attnserve_client import (
     UnprocessableEntityError,
 )
 from model_export import graph_io
-from tests.client.helpers import ATOL_ORT, D_MODEL, CountingTransport, ort_run, sequences
+from tests.client.helpers import CountingTransport
+from tests.support.inputs import sequences
+from tests.support.onnx_runs import ATOL_ORT, ort_run
+from tests.support.tiny import D_MODEL
 
 # Distinct lengths, so a sequence's length tells where it went.
 LENGTHS = (12, 3, 7, 1, 9, 5, 2, 11, 4)
@@ -141,16 +144,16 @@ def test_batch_size_splits_requests(
     assert [a.shape[-1] for a in result.attention] == [4, 6, 1, 3, 2]
 
 
-def test_batch_array_and_generator_inputs(client: Client) -> None:
+def test_batch_array_and_generator_inputs(sdk_client: Client) -> None:
     batch = np.stack(sequences((3,) * 5, seed=4))  # (B, T, d)
-    from_array = client.encode_many(batch, batch_size=2)
-    from_generator = client.encode_many((row for row in batch), batch_size=4)
+    from_array = sdk_client.encode_many(batch, batch_size=2)
+    from_generator = sdk_client.encode_many((row for row in batch), batch_size=4)
     assert from_array.stack().shape == from_generator.stack().shape == (5, 3, D_MODEL)
     np.testing.assert_array_equal(from_array.stack(), from_generator.stack())  # atol 0
 
 
-def test_sync_progress_bar(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
-    result = client.encode_many(sequences(LENGTHS, seed=5), batch_size=4, progress=True)
+def test_sync_progress_bar(sdk_client: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    result = sdk_client.encode_many(sequences(LENGTHS, seed=5), batch_size=4, progress=True)
     assert len(result) == len(LENGTHS)
     err = capsys.readouterr().err  # tqdm writes to stderr
     assert f"{len(LENGTHS)}/{len(LENGTHS)}" in err, err
@@ -169,9 +172,13 @@ def test_async_progress_bar(server_url: str, capsys: pytest.CaptureFixture[str])
 
 
 @pytest.mark.parametrize(("batch_size", "concurrency"), [(0, 1), (1, 0)])
-def test_bad_batch_size_or_concurrency(client: Client, batch_size: int, concurrency: int) -> None:
+def test_bad_batch_size_or_concurrency(
+    sdk_client: Client, batch_size: int, concurrency: int
+) -> None:
     with pytest.raises(ValueError, match=r"batch_size|concurrency"):
-        client.encode_many(sequences((2,), seed=7), batch_size=batch_size, concurrency=concurrency)
+        sdk_client.encode_many(
+            sequences((2,), seed=7), batch_size=batch_size, concurrency=concurrency
+        )
 
 
 MODES = ["sync", "async"]

@@ -36,15 +36,10 @@ from attnserve_client import (
     UnprocessableEntityError,
     UnsupportedMediaTypeError,
 )
-from tests.client.helpers import (
-    D_MODEL,
-    MODEL,
-    MODEL_MAX_SEQ_LEN,
-    CountingTransport,
-    RewritingTransport,
-    sequences,
-)
+from tests.client.helpers import CountingTransport, RewritingTransport
 from tests.conftest import running_server
+from tests.support.inputs import sequences
+from tests.support.tiny import D_MODEL, MODEL, MODEL_MAX_SEQ_LEN
 
 OVERLOAD_ROUNDS = 10  # bursts of concurrent requests before giving up on seeing a 429
 OVERLOAD_BURST = 16
@@ -66,12 +61,12 @@ def assert_server_error(exc: APIStatusError, status: int, error_type: str, *word
         assert word.lower() in exc.error.lower(), exc.error
 
 
-def test_unknown_model_is_not_found(client: Client) -> None:
+def test_unknown_model_is_not_found(sdk_client: Client) -> None:
     with pytest.raises(NotFoundError) as info:
-        client.encode(sequences((3,), seed=1), model="nope")
+        sdk_client.encode(sequences((3,), seed=1), model="nope")
     assert_server_error(info.value, 404, "model_not_found", "nope")
     with pytest.raises(NotFoundError) as info:
-        client.model("nope")
+        sdk_client.model("nope")
     assert_server_error(info.value, 404, "model_not_found", "nope")
 
 
@@ -89,9 +84,9 @@ def test_too_many_sequences_is_payload_too_large(two_sequence_url: str, wire_for
     assert transport.sent == 1  # the caller's to fix: never retried
 
 
-def test_too_long_sequence_is_payload_too_large(client: Client) -> None:
+def test_too_long_sequence_is_payload_too_large(sdk_client: Client) -> None:
     with pytest.raises(PayloadTooLargeError) as info:
-        client.encode(sequences((MODEL_MAX_SEQ_LEN + 1,), seed=3))
+        sdk_client.encode(sequences((MODEL_MAX_SEQ_LEN + 1,), seed=3))
     assert_server_error(info.value, 413, "payload_too_large", str(MODEL_MAX_SEQ_LEN))
 
 
@@ -133,12 +128,12 @@ def test_wrong_width_is_unprocessable(server_url: str, wire_format: str) -> None
     assert transport.sent == 1
 
 
-def test_text_without_tokenizer_is_unprocessable(client: Client) -> None:
+def test_text_without_tokenizer_is_unprocessable(sdk_client: Client) -> None:
     with pytest.raises(UnprocessableEntityError) as info:
-        client.encode(["the tiny model has no tokenizer"])
+        sdk_client.encode(["the tiny model has no tokenizer"])
     assert_server_error(info.value, 422, "unsupported_by_model", "tokenizer")
     with pytest.raises(UnprocessableEntityError) as info:
-        client.tokenize("no tokenizer")
+        sdk_client.tokenize("no tokenizer")
     assert_server_error(info.value, 422, "unsupported_by_model", "tokenizer")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from attnserve_client import APITimeoutError, AsyncClient, Client, ModelCard
 from model_export import graph_io
-from tests.client.helpers import D_MODEL, MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS
+from tests.support.tiny import D_MODEL, MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS
 
 WAIT = 0.5  # seconds wait_until_ready is given where it must give up
 GIVE_UP_WITHIN = 3.0  # ... and the most it may take to do so
@@ -31,11 +31,11 @@ def assert_tiny_card(card: ModelCard, tiny_model_dir: Path) -> None:
     assert card.raw["sha256"] == {g: config["graphs"][g]["sha256"] for g in graph_io.GRAPH_OUTPUTS}
 
 
-def test_models_and_model(client: Client, tiny_model_dir: Path) -> None:
-    cards = client.models()
+def test_models_and_model(sdk_client: Client, tiny_model_dir: Path) -> None:
+    cards = sdk_client.models()
     assert [c.name for c in cards] == [MODEL]
     assert_tiny_card(cards[0], tiny_model_dir)
-    card = client.model(MODEL)
+    card = sdk_client.model(MODEL)
     assert_tiny_card(card, tiny_model_dir)
     assert card == cards[0]
 
@@ -51,10 +51,10 @@ def test_async_models_and_model(server_url: str, tiny_model_dir: Path) -> None:
     assert card == cards[0]
 
 
-def test_ready_server(client: Client) -> None:
-    assert client.ready() is True
+def test_ready_server(sdk_client: Client) -> None:
+    assert sdk_client.ready() is True
     start = time.monotonic()
-    client.wait_until_ready(timeout=10.0)
+    sdk_client.wait_until_ready(timeout=10.0)
     assert time.monotonic() - start < 1.0  # ready at once: no polling interval spent
 
 

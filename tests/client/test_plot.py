@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attnserve_client import Client, EncodeResult, plot_attention
-from tests.client.helpers import sequences
+from tests.support.inputs import sequences
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -43,9 +43,9 @@ def png_size(data: bytes) -> tuple[int, int]:
     ],
 )
 def test_png_has_the_figure_size(
-    client: Client, tmp_path: Path, n: int, size_px: tuple[int, int]
+    sdk_client: Client, tmp_path: Path, n: int, size_px: tuple[int, int]
 ) -> None:
-    result = client.encode(sequences((n,), seed=n), return_attention=True)
+    result = sdk_client.encode(sequences((n,), seed=n), return_attention=True)
     path = tmp_path / "attention.png"
     fig = plot_attention(result, layer=-1, path=path)
     data = path.read_bytes()
@@ -56,8 +56,8 @@ def test_png_has_the_figure_size(
     assert fig.axes[0].get_title().startswith(f"{result.model}: sequence 0, layer -1")
 
 
-def test_one_head_and_labels(client: Client, tmp_path: Path) -> None:
-    result = client.encode(sequences((2, 4), seed=1), return_attention=True)
+def test_one_head_and_labels(sdk_client: Client, tmp_path: Path) -> None:
+    result = sdk_client.encode(sequences((2, 4), seed=1), return_attention=True)
     labels = ["a", "b", "c", "d"]
     path = tmp_path / "head.png"
     fig = plot_attention(result, index=1, layer=0, head=2, tokens=labels, path=path)
@@ -71,16 +71,16 @@ def test_one_head_and_labels(client: Client, tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(shown), result.attention[1][0, 2])  # atol 0
 
 
-def test_no_file_without_path(client: Client, tmp_path: Path) -> None:
-    result = client.encode(sequences((3,), seed=2), return_attention=True, reduce="rollout")
+def test_no_file_without_path(sdk_client: Client, tmp_path: Path) -> None:
+    result = sdk_client.encode(sequences((3,), seed=2), return_attention=True, reduce="rollout")
     fig = plot_attention(result)
     assert fig.axes and not list(tmp_path.iterdir())
 
 
-def test_refusals(client: Client) -> None:
-    without: EncodeResult = client.encode(sequences((3,), seed=3))
+def test_refusals(sdk_client: Client) -> None:
+    without: EncodeResult = sdk_client.encode(sequences((3,), seed=3))
     with pytest.raises(ValueError, match="return_attention"):
         plot_attention(without)
-    with_attention = client.encode(sequences((3,), seed=3), return_attention=True)
+    with_attention = sdk_client.encode(sequences((3,), seed=3), return_attention=True)
     with pytest.raises(ValueError, match="2 token labels for a 3x3"):
         plot_attention(with_attention, tokens=["a", "b"])

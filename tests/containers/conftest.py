@@ -24,6 +24,7 @@ import pytest
 from attnserve_client import Client
 from tests.conftest import running_server
 from tests.containers.podman import ROOT, Compose, HealthChecks, Podman
+from tests.support.wait import wait_until
 
 ENABLED = os.environ.get("ATTNSERVE_CONTAINER_CHECK") == "1"
 collect_ignore_glob = [] if ENABLED else ["test_*.py"]
@@ -111,7 +112,12 @@ def compose_stack(podman: Podman, image: str, health_checks: HealthChecks) -> It
             # --wait would also wait for Prometheus; up returns once nginx has started,
             # which depends_on holds back until both replicas are healthy.
             compose("compose up", "up", "--detach", "--no-build", timeout=300)
-            wait_for(lambda: ok("http://127.0.0.1:8000/health/ready"), 120, "nginx → replicas")
+            wait_until(
+                lambda: ok("http://127.0.0.1:8000/health/ready"),
+                "nginx → replicas",
+                120,
+                interval=0.2,
+            )
             record(compose_up_seconds=round(time.monotonic() - started, 1))
             yield compose
         finally:
@@ -128,13 +134,3 @@ def ok(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.TransportError:
         return False
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> float:
-    """Poll ``condition()`` until true; seconds waited, or fail naming ``what``."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"{what}: not after {timeout}s")
-        time.sleep(0.2)
-    return time.monotonic() - started

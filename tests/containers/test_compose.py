@@ -19,8 +19,9 @@ import httpx
 import numpy as np
 
 from attnserve_client import AttnserveError, Client
-from tests.containers.conftest import EMBEDDING_ATOL, SENTENCES, record, wait_for
+from tests.containers.conftest import EMBEDDING_ATOL, SENTENCES, record
 from tests.containers.podman import Compose, Podman
+from tests.support.wait import wait_until
 
 BALANCER = "http://127.0.0.1:8000"
 PROMETHEUS = "http://127.0.0.1:9090"
@@ -122,7 +123,11 @@ def test_prometheus_scrapes_both_replicas(compose_stack: Compose) -> None:
         active = targets["data"]["activeTargets"]
         return len(active) == 2 and all(t["health"] == "up" for t in active)
 
-    record(prometheus_targets_up_after_seconds=round(wait_for(both_up, 90, "Prometheus"), 1))
+    record(
+        prometheus_targets_up_after_seconds=round(
+            wait_until(both_up, "Prometheus", 90, interval=0.2), 1
+        )
+    )
 
 
 def test_sigkill_of_a_replica_under_load_loses_nothing(
@@ -141,8 +146,12 @@ def test_sigkill_of_a_replica_under_load_loses_nothing(
     assert result.failed == [] and result.wrong == 0
     assert result.answered > 20
     # restart: unless-stopped brings it back.
-    wait_for(lambda: podman.inspect(victim, "{{.RestartCount}}") != "0", 60, "restart")
-    wait_for(lambda: podman.inspect(victim, "{{.State.Running}}") == "true", 60, "restart")
+    wait_until(
+        lambda: podman.inspect(victim, "{{.RestartCount}}") != "0", "restart", 60, interval=0.2
+    )
+    wait_until(
+        lambda: podman.inspect(victim, "{{.State.Running}}") == "true", "restart", 60, interval=0.2
+    )
 
 
 def test_sigterm_drains_a_replica_under_load(

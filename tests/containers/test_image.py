@@ -6,14 +6,15 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from attnserve_client import Client
 from model_export.graph_io import GRAPH_EMBEDDINGS, INPUT_EMBEDS, INPUT_MASK, OUTPUT_HIDDEN
 from tests.conftest import free_port
-from tests.containers.conftest import EMBEDDING_ATOL, ROOT, SENTENCES, ok, record, wait_for
+from tests.containers.conftest import EMBEDDING_ATOL, ROOT, SENTENCES, ok, record
 from tests.containers.podman import Podman
+from tests.support.onnx_runs import new_session
+from tests.support.wait import wait_until
 
 CONTAINER = "attnserve-check-image"
 
@@ -28,7 +29,7 @@ def served(podman: Podman, image: str) -> Iterator[str]:
     podman.run("image run", "run", "--detach", "--name", CONTAINER,
                "--publish", f"127.0.0.1:{port}:8000", image)  # fmt: skip
     try:
-        wait_for(lambda: ok(f"{url}/health/ready"), 120, "image: /health/ready")
+        wait_until(lambda: ok(f"{url}/health/ready"), "image: /health/ready", 120, interval=0.2)
         record(image_cold_start_seconds=round(time.monotonic() - started, 2))
         yield url
     finally:
@@ -47,7 +48,7 @@ def test_image_answers_embeddings_like_onnxruntime_on_the_host(served: str) -> N
     inputs = np.random.default_rng(0).normal(size=(2, 7, 384)).astype(np.float32)
     with Client(served) as client:
         got = client.encode(inputs).stack()  # raw float32 over /v2 binary tensors
-    session = ort.InferenceSession(str(ROOT / "models" / "minilm-l6" / GRAPH_EMBEDDINGS))
+    session = new_session(ROOT / "models" / "minilm-l6" / GRAPH_EMBEDDINGS)
     (want,) = session.run(
         [OUTPUT_HIDDEN], {INPUT_EMBEDS: inputs, INPUT_MASK: np.ones((2, 7), dtype=np.int64)}
     )

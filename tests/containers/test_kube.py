@@ -20,8 +20,9 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve_client import Client
-from tests.containers.conftest import EMBEDDING_ATOL, ROOT, SENTENCES, ok, record, wait_for
+from tests.containers.conftest import EMBEDDING_ATOL, ROOT, SENTENCES, ok, record
 from tests.containers.podman import Podman
+from tests.support.wait import wait_until
 
 K8S = ROOT / "deploy" / "k8s"
 DEPLOYMENT = K8S / "deployment.yaml"
@@ -55,7 +56,9 @@ def pod_url(podman: Podman, image: str) -> Iterator[str]:
         ip = podman.inspect(infra.stdout.strip(), "{{range .NetworkSettings.Networks}}"
                             "{{.IPAddress}}{{end}}")  # fmt: skip
         url = f"http://{ip}:{container['ports'][0]['containerPort']}"
-        seconds = wait_for(lambda: ok(f"{url}/health/ready"), 150, "kube: readiness")
+        seconds = wait_until(
+            lambda: ok(f"{url}/health/ready"), "kube: readiness", 150, interval=0.2
+        )
         record(kube_ready_seconds=round(seconds, 1))
         yield url
     finally:

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ServerProcess, free_port, server_process
+from tests.support.metrics import metric
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "nginx" / "nginx.conf"
@@ -93,12 +94,9 @@ def running_nginx(tmp: Path, upstreams: list[str], **grpc: Any) -> Iterator[str]
 
 def encodes_answered(url: str) -> float:
     """``attnserve_requests_total`` of /v1/encode with status 200, from one replica."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    pattern = (
-        r'attnserve_requests_total\{protocol="native",route="/v1/encode",status="200"\} ([0-9.e+]+)'
+    return metric(
+        url, "attnserve_requests_total", protocol="native", route="/v1/encode", status="200"
     )
-    match = re.search(pattern, text)
-    return float(match.group(1)) if match else 0.0
 
 
 BODY = {"inputs": [np.ones((5, 32), dtype=np.float32).tolist()]}

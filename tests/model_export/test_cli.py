@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -27,6 +26,7 @@ from model_export.config import EncoderConfig, preset
 from model_export.manifest import FORMAT_VERSION, Manifest
 from model_export.model import Encoder
 from tests.model_export.reference import ragged_batch
+from tests.support.onnx_runs import new_session
 
 PARITY_ATOL = 1e-4  # ONNX Runtime vs PyTorch, fp32 (observed ~1e-6)
 CASES = ("single token", "one sequence", "equal batch", "ragged batch with padding", "long ragged")
@@ -130,9 +130,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliRuns]:
 
 
 def onnx_hidden(model_dir: Path, embeds: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(
-        str(model_dir / graph_io.GRAPH_EMBEDDINGS), providers=["CPUExecutionProvider"]
-    )
+    session = new_session(model_dir / graph_io.GRAPH_EMBEDDINGS)
     (hidden,) = session.run(
         [graph_io.OUTPUT_HIDDEN], {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
     )

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from model_export.config import PRESETS, SIZE_BOUNDS, ConfigError, EncoderConfig, preset
+from model_export.config import (
+    CHECKPOINT_PRESETS,
+    PRESETS,
+    SIZE_BOUNDS,
+    ConfigError,
+    EncoderConfig,
+    preset,
+)
+
+MODELS_MD = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 
 
 def kwargs(field: str, value: Any) -> dict[str, Any]:
@@ -155,8 +165,23 @@ def test_tiny_preset_max_seq_len() -> None:
     assert preset("small").max_seq_len == 512
 
 
+def documented_presets() -> dict[str, list[str]]:
+    """The rows of the table under docs/models.md's "## Presets": name -> its cells."""
+    section = MODELS_MD.read_text().split("\n## Presets\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| `")]
+    return {cells[0].strip().strip("`"): [c.strip() for c in cells[1:]] for cells in rows}
+
+
 def test_preset_set_is_documented() -> None:
-    assert sorted(PRESETS) == ["base", "small", "tiny"]
+    """docs/models.md lists every preset the CLI accepts, no other, each with its sizes."""
+    table = documented_presets()
+    assert sorted(table) == sorted([*PRESETS, *CHECKPOINT_PRESETS])
+    for name, config in PRESETS.items():
+        sizes = [int(cell) for cell in table[name][:4]]  # d_model, heads, layers, d_ff
+        assert sizes == [config.d_model, config.n_heads, config.n_layers, config.d_ff], name
+        assert table[name][4] == "random (seed)", name
+    for name in CHECKPOINT_PRESETS:
+        assert table[name][4].startswith("real: "), name
 
 
 def test_preset_overrides_are_applied_and_validated() -> None:

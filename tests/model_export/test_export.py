@@ -28,6 +28,7 @@ from model_export.validate import (
 )
 from tests.conftest import TINY_SEED
 from tests.model_export.reference import ragged_batch
+from tests.support.onnx_runs import new_session
 
 PARITY_ATOL = 1e-4  # ONNX Runtime vs PyTorch, fp32 (observed ~1e-6)
 
@@ -46,10 +47,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def session(path: Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 def dims(value_info: onnx.ValueInfoProto) -> list[str | int]:
@@ -92,7 +89,7 @@ def assert_parity(encoder: Encoder, model_dir: Path, lengths: tuple[int, ...], s
     want = torch_outputs(encoder, embeds, mask)
     padded = ~mask.astype(bool)
     for graph, names in graph_io.GRAPH_OUTPUTS.items():
-        got = session(model_dir / graph).run(
+        got = new_session(model_dir / graph).run(
             list(names), {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
         )
         for name, value in zip(names, got, strict=True):
@@ -350,7 +347,7 @@ def assert_hidden_states_graphs(model_dir: Path, config: EncoderConfig, seed: in
     feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
     states = {}
     for graph in (graph_io.GRAPH_HIDDEN_STATES, graph_io.GRAPH_ATTENTION):
-        hidden, value = session(model_dir / graph).run(
+        hidden, value = new_session(model_dir / graph).run(
             [graph_io.OUTPUT_HIDDEN, graph_io.OUTPUT_HIDDEN_STATES], feeds
         )
         assert value.shape == (3, config.n_layers + 1, 9, config.d_model), graph
@@ -443,7 +440,7 @@ def test_variant_masks_are_exact_in_onnx(variant: tuple[Encoder, Path]) -> None:
     encoder, model_dir = variant
     config = encoder.config
     embeds, mask = ragged_batch((12, 5), config.d_model, seed=3)
-    (attn,) = session(model_dir / graph_io.GRAPH_ATTENTION).run(
+    (attn,) = new_session(model_dir / graph_io.GRAPH_ATTENTION).run(
         [graph_io.OUTPUT_ATTENTIONS], {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
     )
     i, j = np.indices((12, 12))

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from model_export import graph_io
@@ -18,6 +17,7 @@ from model_export.export import export_model
 from model_export.model import Encoder
 from model_export.validate import make_inputs
 from tests.conftest import TINY_SEED
+from tests.support.onnx_runs import new_session
 
 # What the tiny preset (2 post-LN layers, GELU, no causal mask or window) fuses into, per
 # graph: the residual add + LayerNorm twice per layer, the bias add + Erf-based GELU once
@@ -60,10 +60,7 @@ def test_no_optimize_keeps_the_plain_graphs_and_the_same_answers(
     embeds, mask = make_inputs((7, 3, 5), tiny_config.d_model, seed=3)
     feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
     for graph in graph_io.GRAPH_OUTPUTS:
-        fused = ort.InferenceSession(
-            str(tiny_model_dir / graph), providers=["CPUExecutionProvider"]
-        )
-        unfused = ort.InferenceSession(str(plain / graph), providers=["CPUExecutionProvider"])
+        fused, unfused = new_session(tiny_model_dir / graph), new_session(plain / graph)
         for got, want in zip(fused.run(None, feeds), unfused.run(None, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
 

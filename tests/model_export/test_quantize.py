@@ -17,7 +17,7 @@ from model_export.cli import main
 from model_export.manifest import Manifest
 from model_export.quantize import MIN_COSINE, quantize_model_dir
 from tests.conftest import running_server
-from tests.service.helpers import sequences
+from tests.support.inputs import sequences
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from py_rust_stemmers import SnowballStemmer
 
 from model_export.stopwords import ENGLISH
 from tests.pretrained.reference import Reference
+from tests.support.metrics import metric
 
 WEIGHT_ATOL = 1e-4
 HELD_OUT = [
@@ -94,10 +95,7 @@ def test_stems_and_indices_are_fastembeds(minilm_server_url: str) -> None:
 
 def test_queries_weigh_one_per_stem_without_a_model_run(minilm_server_url: str) -> None:
     def sparse_runs() -> float:
-        for line in httpx.get(f"{minilm_server_url}/metrics").text.splitlines():
-            if line.startswith("attnserve_inference_seconds_count") and '"sparse"' in line:
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        return metric(minilm_server_url, "attnserve_inference_seconds_count", graph="sparse")
 
     before = sparse_runs()
     r = embed_sparse(

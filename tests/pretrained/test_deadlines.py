@@ -16,7 +16,6 @@ of theirs (two requests of 8 x 256 tokens with attention) takes about 2 s on 2 c
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,7 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.metrics import metric
+from tests.support.wait import wait_until
 
 MODEL = "minilm-l6"
 LONG_REQUESTS = 6
@@ -36,25 +37,8 @@ SMALL = {"inputs": [[[0.01 * ((i * 7 + j) % 11) for j in range(D_MODEL)] for i i
 TIMEOUT = httpx.Timeout(120.0)
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """One sample of the server's /metrics (0 when absent: a labelled child never touched)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
-
-
 def deadline_refusals(url: str) -> float:
     return metric(url, "attnserve_refusals_total", reason="deadline")
-
-
-def wait_for(check: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not so after {timeout} s"
-        time.sleep(0.02)
 
 
 def long_body(k: int) -> dict[str, Any]:
@@ -97,12 +81,14 @@ def behind_long_requests(minilm_server_url: str) -> Behind:
             for k in range(LONG_REQUESTS)
         ]
         # A run of long requests is under way and more of them wait behind it.
-        wait_for(
+        wait_until(
             lambda: (
                 metric(url, "attnserve_queue_seconds_count") > runs
                 and metric(url, "attnserve_queued_requests") >= 2
             ),
+            "no run under way with two requests queued",
             timeout=60,
+            interval=0.02,
         )
         small = httpx.post(
             f"{url}/v1/encode", json=SMALL, headers={"X-Request-Timeout": "0.2"}, timeout=TIMEOUT

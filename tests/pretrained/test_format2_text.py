@@ -19,6 +19,7 @@ import pytest
 from model_export import graph_io
 from tests.conftest import running_server
 from tests.pretrained.reference import SENTENCES
+from tests.support.metrics import scrape
 
 AGREEMENT_ATOL = 1e-5
 
@@ -42,12 +43,7 @@ def format2_url(minilm_repository: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 def _graph_runs(url: str) -> dict[str, float]:
-    runs = {}
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("attnserve_inference_seconds_count"):
-            graph = line.split('graph="', 1)[1].split('"', 1)[0]
-            runs[graph] = float(line.rsplit(" ", 1)[1])
-    return runs
+    return scrape(url).by("graph", "attnserve_inference_seconds_count")
 
 
 def test_format_2_text_runs_two_graphs_and_agrees_with_the_text_graph(

@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -29,6 +28,8 @@ from tests.pretrained.reference import (
     SENTENCES,
     Reference,
 )
+from tests.support.metrics import metric
+from tests.support.onnx_runs import new_session
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_pytorch_encoder_matches_bert(reference: Reference, checkpoint: Checkpoi
 def test_onnx_export_matches_bert(reference: Reference, minilm_repository: Path) -> None:
     model_dir = minilm_repository / "minilm-l6"
     run = {
-        name: ort.InferenceSession(str(model_dir / name), providers=["CPUExecutionProvider"])
+        name: new_session(model_dir / name)
         for name in (graph_io.GRAPH_TOKEN_EMBEDDINGS, graph_io.GRAPH_ATTENTION)
     }
     (embeds,) = run[graph_io.GRAPH_TOKEN_EMBEDDINGS].run(
@@ -87,9 +88,7 @@ def test_onnx_export_matches_bert(reference: Reference, minilm_repository: Path)
 def test_text_graph_matches_bert(reference: Reference, minilm_repository: Path) -> None:
     """text_model.onnx: token ids to last_hidden_state in one run, vs HF (1e-4)."""
     model_dir = minilm_repository / "minilm-l6"
-    session = ort.InferenceSession(
-        str(model_dir / graph_io.GRAPH_TEXT), providers=["CPUExecutionProvider"]
-    )
+    session = new_session(model_dir / graph_io.GRAPH_TEXT)
     ids = reference.ids.astype(np.int64)
     (hidden,) = session.run(
         None,
@@ -105,11 +104,7 @@ def test_text_graph_matches_bert(reference: Reference, minilm_repository: Path) 
 
 def _text_runs(url: str) -> float:
     """How many runs the server's text graph has made (its inference histogram count)."""
-    metrics = httpx.get(f"{url}/metrics").text
-    for line in metrics.splitlines():
-        if line.startswith("attnserve_inference_seconds_count") and 'graph="text"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric(url, "attnserve_inference_seconds_count", graph="text")
 
 
 def test_served_text_embeddings_run_the_text_graph_and_match_bert(

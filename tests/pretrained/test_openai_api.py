@@ -59,7 +59,7 @@ def vectors(response: openai.types.CreateEmbeddingResponse) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def client(minilm_server_url: str) -> Iterator[openai.OpenAI]:
+def openai_client(minilm_server_url: str) -> Iterator[openai.OpenAI]:
     # Any key works against a server without keys; the client refuses to start without one.
     with openai.OpenAI(base_url=f"{minilm_server_url}/v1", api_key="unused", max_retries=0) as c:
         yield c
@@ -83,17 +83,17 @@ def matryoshka_url(
 
 @pytest.mark.parametrize("encoding_format", [None, "float", "base64"])
 def test_embeddings_equal_encode_and_transformers(
-    client: openai.OpenAI,
+    openai_client: openai.OpenAI,
     minilm_server_url: str,
     reference: Reference,
     encoding_format: Literal["float", "base64"] | None,
 ) -> None:
     """None: the client's default, which asks for base64 and decodes it itself."""
     if encoding_format is None:
-        response = client.embeddings.create(model=MODEL, input=SENTENCES)
+        response = openai_client.embeddings.create(model=MODEL, input=SENTENCES)
         assert isinstance(response.data[0].embedding, list)
     else:
-        response = client.embeddings.create(
+        response = openai_client.embeddings.create(
             model=MODEL, input=SENTENCES, encoding_format=encoding_format
         )
         assert isinstance(response.data[0].embedding, str if encoding_format == "base64" else list)
@@ -108,8 +108,8 @@ def test_embeddings_equal_encode_and_transformers(
     assert (response.usage.prompt_tokens, response.usage.total_tokens) == (tokens, tokens)
 
 
-def test_one_string_input(client: openai.OpenAI, reference: Reference) -> None:
-    got = vectors(client.embeddings.create(model=MODEL, input=SENTENCES[1]))
+def test_one_string_input(openai_client: openai.OpenAI, reference: Reference) -> None:
+    got = vectors(openai_client.embeddings.create(model=MODEL, input=SENTENCES[1]))
     np.testing.assert_allclose(got[0], reference.sentence[1], rtol=0, atol=REFERENCE_ATOL)
 
 
@@ -127,20 +127,22 @@ def test_async_client(minilm_server_url: str, reference: Reference) -> None:
     np.testing.assert_allclose(got, reference.sentence, rtol=0, atol=REFERENCE_ATOL)
 
 
-def test_token_id_input_equals_text_input(client: openai.OpenAI, reference: Reference) -> None:
+def test_token_id_input_equals_text_input(
+    openai_client: openai.OpenAI, reference: Reference
+) -> None:
     """Ids of the model's own tokenizer ([CLS] ... [SEP] included) give the text's vector."""
     ids = [reference.ids[i, :n].tolist() for i, n in enumerate(reference.lengths)]
-    text_vectors = vectors(client.embeddings.create(model=MODEL, input=SENTENCES))
-    many = vectors(client.embeddings.create(model=MODEL, input=ids))
+    text_vectors = vectors(openai_client.embeddings.create(model=MODEL, input=SENTENCES))
+    many = vectors(openai_client.embeddings.create(model=MODEL, input=ids))
     np.testing.assert_allclose(many, text_vectors, rtol=0, atol=NATIVE_ATOL)
-    one = vectors(client.embeddings.create(model=MODEL, input=ids[0]))
+    one = vectors(openai_client.embeddings.create(model=MODEL, input=ids[0]))
     np.testing.assert_allclose(one[0], text_vectors[0], rtol=0, atol=NATIVE_ATOL)
 
 
-def test_models_list_and_retrieve(client: openai.OpenAI) -> None:
-    models = list(client.models.list())
+def test_models_list_and_retrieve(openai_client: openai.OpenAI) -> None:
+    models = list(openai_client.models.list())
     assert [m.id for m in models] == [MODEL]
-    card = client.models.retrieve(MODEL)
+    card = openai_client.models.retrieve(MODEL)
     assert (card.id, card.object, card.owned_by) == (MODEL, "model", "attnserve")
     assert card.created > 1_600_000_000
 
@@ -182,29 +184,29 @@ BAD_REQUESTS = [
     ("kwargs", "param", "code", "says"), BAD_REQUESTS, ids=[b[1] + "-" + b[3] for b in BAD_REQUESTS]
 )
 def test_bad_requests_raise_bad_request_error(
-    client: openai.OpenAI, kwargs: dict[str, object], param: str, code: str, says: str
+    openai_client: openai.OpenAI, kwargs: dict[str, object], param: str, code: str, says: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client.embeddings.create(model=MODEL, **kwargs)  # type: ignore[arg-type]
+        openai_client.embeddings.create(model=MODEL, **kwargs)  # type: ignore[arg-type]
     error = caught.value.body
     assert isinstance(error, dict), error
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
     assert says.lower() in error["message"].lower(), error["message"]
     # ... and the next good request is answered.
-    assert len(client.embeddings.create(model=MODEL, input="ok").data) == 1
+    assert len(openai_client.embeddings.create(model=MODEL, input="ok").data) == 1
 
 
-def test_unknown_model_raises_not_found(client: openai.OpenAI) -> None:
+def test_unknown_model_raises_not_found(openai_client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
-        client.embeddings.create(model="text-embedding-3-small", input="hi")
+        openai_client.embeddings.create(model="text-embedding-3-small", input="hi")
     assert caught.value.body["code"] == "model_not_found"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
-        client.models.retrieve("text-embedding-3-small")
+        openai_client.models.retrieve("text-embedding-3-small")
 
 
-def test_too_many_inputs_is_413(client: openai.OpenAI) -> None:
+def test_too_many_inputs_is_413(openai_client: openai.OpenAI) -> None:
     with pytest.raises(openai.APIStatusError) as caught:  # ATTNSERVE_MAX_POOLED_SEQUENCES
-        client.embeddings.create(model=MODEL, input=["hi"] * 2049)
+        openai_client.embeddings.create(model=MODEL, input=["hi"] * 2049)
     assert caught.value.status_code == 413
     assert "2049 sequences in one request; the limit is 2048" in caught.value.message
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess, server_process
-from tests.service.raw_http import metric
+from tests.support.metrics import metric
 
 MODEL = "minilm-l6"
 RUNS = "attnserve_inference_seconds_count"

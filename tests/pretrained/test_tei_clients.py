@@ -27,6 +27,7 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from tests.conftest import running_server
 from tests.pretrained.test_tei import ATOL, hub_may_call_localhost, native  # noqa: F401
+from tests.support.metrics import metric
 
 TEXTS = [f"text number {i} about rivers and their banks" for i in range(40)]
 LONG = "word " * 400  # 402 tokens: MiniLM takes 256
@@ -36,11 +37,7 @@ TEI = "text_embeddings_inference"
 
 def posts(url: str, route: str) -> float:
     """Answered requests to ``route`` so far, from the server's own metrics."""
-    prefix = f'attnserve_requests_total{{protocol="tei",route="{route}",status="200"}} '
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(prefix):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric(url, "attnserve_requests_total", protocol="tei", route=route, status="200")
 
 
 # -- the three clients, built as their docs say (docs/api.md has the same snippets) -----------
@@ -199,26 +196,26 @@ def hub_error(exc: BaseException, status: int, *says: str) -> None:
 CLIENTS = ("haystack", "llamaindex", "langchain")
 
 
-def caller(client: str, url: str, token: str | None) -> Callable[[str], Any]:
-    """One text through ``client``, truncation off (each client's option for it)."""
-    if client == "haystack":
+def caller(client_name: str, url: str, token: str | None) -> Callable[[str], Any]:
+    """One text through the client named, truncation off (each client's option for it)."""
+    if client_name == "haystack":
         return haystack_text(url, token, truncate=False)
-    if client == "llamaindex":
+    if client_name == "llamaindex":
         embeddings = llama(url, token, truncate_text=False)
         return lambda text: embeddings.get_text_embedding_batch([text])
     embeddings = langchain(url, token)
     return lambda text: embeddings.embed_documents([text])
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-def test_each_client_shows_our_message(client: str, guarded_url: str) -> None:
+@pytest.mark.parametrize("client_name", CLIENTS)
+def test_each_client_shows_our_message(client_name: str, guarded_url: str) -> None:
     url = guarded_url
-    embed = caller(client, url, KEY)
+    embed = caller(client_name, url, KEY)
     cases = {  # name: (call, status, our message's words, TEI's error kind)
         "empty": (lambda: embed(""), 400, "is empty: send some text", "Empty"),
         "too long": (lambda: embed(LONG), 422, "402 tokens", "Validation"),
         "wrong key": (
-            lambda: caller(client, url, "hf_not_ours")("hi"),
+            lambda: caller(client_name, url, "hf_not_ours")("hi"),
             401,
             "API key",
             "Validation",
@@ -226,7 +223,7 @@ def test_each_client_shows_our_message(client: str, guarded_url: str) -> None:
     }
     for name, (call, status, words, kind) in cases.items():
         exc = failure(call)
-        if client == "llamaindex":
+        if client_name == "llamaindex":
             # No raise_for_status: our body is what its parsing chokes on, shown whole or
             # shortened in the middle (pydantic): the message's start or the kind.
             assert words in str(exc) or (kind and kind in str(exc)), (name, str(exc))
@@ -235,7 +232,7 @@ def test_each_client_shows_our_message(client: str, guarded_url: str) -> None:
         assert "hf_not_ours" not in str(exc)
     with saturated(url):
         exc = failure(lambda: embed("hello"))
-    if client == "llamaindex":
+    if client_name == "llamaindex":
         assert "Overloaded" in str(exc), str(exc)
     else:
         hub_error(exc, 429, "the server is at capacity")

@@ -1,12 +1,9 @@
-"""What the hostile-client and shutdown tests share: raw requests, metrics, polling."""
+"""What the hostile-client and shutdown tests share: requests written byte by byte, and
+what the server holds for a body it is reading."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from service.protocols.wire import JsonCost
 
 
 def address(url: str) -> tuple[str, int]:
@@ -21,23 +18,8 @@ def post_head(path: str, length: int, **headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """The sum of the samples ``name`` on /metrics that carry ``labels`` (0 if none)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
-
-
-def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``check`` until it holds or ``timeout`` passes; whether it held."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if check():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
+def held_for(received: bytes) -> int:
+    """What admission holds for the part of a JSON body received so far (its parse cost)."""
+    cost = JsonCost()
+    cost.add(received)
+    return cost.decoded_bytes

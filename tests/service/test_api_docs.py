@@ -23,9 +23,9 @@ def references(html: str) -> list[str]:
     ],
 )
 def test_docs_pages_load_everything_from_this_server(
-    client: httpx.Client, page: str, assets: tuple[str, ...]
+    http_client: httpx.Client, page: str, assets: tuple[str, ...]
 ) -> None:
-    answer = client.get(page)
+    answer = http_client.get(page)
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/html")
     html = answer.text
@@ -35,13 +35,13 @@ def test_docs_pages_load_everything_from_this_server(
     assert "cdn.jsdelivr.net" not in html and "fonts.googleapis.com" not in html
     for asset in assets:
         assert f"/docs-assets/{asset}" in found
-        served = client.get(f"/docs-assets/{asset}")
+        served = http_client.get(f"/docs-assets/{asset}")
         assert served.status_code == 200
         assert len(served.content) > 1000  # the real bundle, not an error page
     assert "/openapi.json" in html
-    assert client.get("/openapi.json").json()["info"]["title"] == "attnserve"
+    assert http_client.get("/openapi.json").json()["info"]["title"] == "attnserve"
 
 
-def test_docs_assets_are_not_in_the_api_schema(client: httpx.Client) -> None:
-    paths = client.get("/openapi.json").json()["paths"]
+def test_docs_assets_are_not_in_the_api_schema(http_client: httpx.Client) -> None:
+    paths = http_client.get("/openapi.json").json()["paths"]
     assert not any(p.startswith(("/docs", "/redoc")) for p in paths)

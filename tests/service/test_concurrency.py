@@ -8,10 +8,11 @@ from typing import Any
 
 import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import running_server
-from tests.service.helpers import TIMEOUT, as_array, b64_array, encode, sequences
+from tests.service.helpers import TIMEOUT, as_array, b64_array, encode
+from tests.support.inputs import sequences
+from tests.support.metrics import metric
 
 N_REQUESTS = 16
 CONCURRENCY = 8  # in flight at once: enough to queue several requests per onnxruntime run
@@ -27,20 +28,16 @@ def _request(k: int) -> dict[str, Any]:
     return body
 
 
-def _onnxruntime_runs(client: httpx.Client) -> float:
+def _onnxruntime_runs(url: str) -> float:
     """The count of attnserve_batch_sequences: one observation per onnxruntime run."""
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == "attnserve_batch_sequences_count":
-                return sample.value
-    raise AssertionError("attnserve_batch_sequences_count is missing from /metrics")
+    return metric(url, "attnserve_batch_sequences_count")
 
 
-def test_concurrent_requests_equal_solo(client: httpx.Client, server_url: str) -> None:
+def test_concurrent_requests_equal_solo(http_client: httpx.Client, server_url: str) -> None:
     bodies = [_request(k) for k in range(N_REQUESTS)]
-    runs_before = _onnxruntime_runs(client)
-    solo = [encode(client, **body) for body in bodies]  # one at a time: nothing to batch with
-    runs_solo = _onnxruntime_runs(client) - runs_before
+    runs_before = _onnxruntime_runs(server_url)
+    solo = [encode(http_client, **body) for body in bodies]  # one at a time: nothing to batch with
+    runs_solo = _onnxruntime_runs(server_url) - runs_before
     assert runs_solo == N_REQUESTS  # each small request is one run of its own
 
     async def all_at_once() -> list[httpx.Response]:
@@ -55,7 +52,7 @@ def test_concurrent_requests_equal_solo(client: httpx.Client, server_url: str) -
             return await asyncio.gather(*(one(b) for b in bodies))
 
     responses = asyncio.run(all_at_once())
-    runs_together = _onnxruntime_runs(client) - runs_before - runs_solo
+    runs_together = _onnxruntime_runs(server_url) - runs_before - runs_solo
     # The batcher merged sequences of different requests into shared runs (observed:
     # 9-12 runs for the 16 requests on 2 cores).
     assert runs_together < N_REQUESTS

@@ -8,23 +8,20 @@ many onnxruntime runs happened.
 
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
 
 import httpx
 
+from tests.support.metrics import metric
+
 TEXTS = ["word " * 250] * 16  # 16 sequences of 252 tokens: several seconds with attention
 BODY = {"inputs": TEXTS, "return_attention": True, "attention": {"reduce": "rollout"}}
 
 
 def attention_runs(url: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    match = re.search(
-        r'attnserve_inference_seconds_count\{graph="attention",model="minilm-l6"\} (\S+)', text
-    )
-    return float(match.group(1)) if match else 0.0
+    return metric(url, "attnserve_inference_seconds_count", graph="attention", model="minilm-l6")
 
 
 def send_and_hang_up(url: str) -> None:

@@ -12,6 +12,7 @@ here until it has a check.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import random
@@ -30,7 +31,8 @@ import pytest
 
 from model_export import graph_io
 from service import errors
-from tests.service.helpers import as_array, new_session, ort_encode
+from tests.service.helpers import as_array
+from tests.support.onnx_runs import new_session, ort_encode
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 TEXT = API_MD.read_text()
@@ -543,10 +545,78 @@ def test_example_answers_as_documented(
     BASH_CHECKS[pattern](answer, minilm_session)
 
 
+# The client libraries the page shows in Python, by top-level module: each must have an
+# example that imports it.
+PYTHON_CLIENTS = {
+    "attnserve_client",
+    "openai",
+    "langchain_openai",
+    "tritonclient",
+    "huggingface_hub",
+    "haystack_integrations",
+    "llama_index",
+    "langchain_huggingface",
+}
+
+
+def python_example(block: str) -> tuple[set[str], list[str]]:
+    """What a ```python block imports (top-level modules), and why it is not a runnable
+    example against the server (empty when it is): it must parse, use a library beyond
+    the standard one and numpy, read the server's address from an ``ATTNSERVE_*``
+    variable (``test_python_example_runs`` sets them) and print what it shows."""
+    try:
+        tree = ast.parse(block)
+    except SyntaxError as exc:
+        return set(), [f"does not parse: {exc}"]
+    imported: set[str] = set()
+    read: list[ast.expr] = []  # the names read from the environment
+    calls: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            read.append(node.slice)
+        elif isinstance(node, ast.Call):
+            calls.add(ast.unparse(node.func))
+            if ast.unparse(node.func) in ("os.environ.get", "os.getenv") and node.args:
+                read.append(node.args[0])
+    problems = []
+    if not imported - set(sys.stdlib_module_names) - {"numpy"}:
+        problems.append("imports no client library")
+    if not any(isinstance(n, ast.Constant) and str(n.value).startswith("ATTNSERVE_") for n in read):
+        problems.append("reads no ATTNSERVE_* variable for the server's address")
+    if "print" not in calls:
+        problems.append("prints nothing")
+    return imported, problems
+
+
 def test_page_has_python_examples() -> None:
-    assert any("openai" in b for b in PYTHON_BLOCKS) and any(
-        "langchain" in b for b in PYTHON_BLOCKS
+    """Every ```python block is an example (see ``python_example``), and between them
+    they show every client of PYTHON_CLIENTS."""
+    shown: set[str] = set()
+    for block in PYTHON_BLOCKS:
+        imported, problems = python_example(block)
+        assert not problems, (problems, block)
+        shown |= imported
+    assert shown >= PYTHON_CLIENTS, PYTHON_CLIENTS - shown
+
+
+def test_the_python_example_check_can_fail() -> None:
+    """Words in a comment (all the old check looked for), a syntax error, a block that
+    never reaches the server or shows nothing: none is an example."""
+    assert python_example("# openai and langchain\nprint(1)\n")[1] == [
+        "imports no client library",
+        "reads no ATTNSERVE_* variable for the server's address",
+    ]
+    assert python_example("import openai\nclient = openai.OpenAI(\n")[1][0].startswith(
+        "does not parse"
     )
+    local = 'import openai\nclient = openai.OpenAI(base_url="http://127.0.0.1:8000")\nprint(1)'
+    assert python_example(local)[1] == ["reads no ATTNSERVE_* variable for the server's address"]
+    silent = 'import os\nimport openai\nopenai.OpenAI(base_url=os.environ["ATTNSERVE_URL"])'
+    assert python_example(silent)[1] == ["prints nothing"]
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.split("\n")[0] for b in PYTHON_BLOCKS])
@@ -589,8 +659,8 @@ def test_checks_can_fail() -> None:
         BASH_CHECKS[r"random\.seed\(1\)"](Answer(200, json.dumps(body), ""), session)
 
 
-def test_examples_cover_every_endpoint(client: httpx.Client) -> None:
-    paths = set(client.get("/openapi.json").json()["paths"])
+def test_examples_cover_every_endpoint(http_client: httpx.Client) -> None:
+    paths = set(http_client.get("/openapi.json").json()["paths"])
     assert paths  # the API describes itself
     for route in paths:
         assert f"`{route}`" in TEXT or f" {route}`" in TEXT, f"{route} is not documented"
@@ -610,9 +680,9 @@ def test_the_error_table_is_the_catalog() -> None:
     }
 
 
-def test_openapi_documents_each_routes_own_errors(client: httpx.Client) -> None:
+def test_openapi_documents_each_routes_own_errors(http_client: httpx.Client) -> None:
     """Each route documents the errors its access can raise, in its protocol's shape."""
-    paths = client.get("/openapi.json").json()["paths"]
+    paths = http_client.get("/openapi.json").json()["paths"]
     assert set(paths["/health/live"]["get"]["responses"]) == {"200", "503"}
     assert {"401", "404", "503"} <= set(paths["/v1/models/{name}"]["get"]["responses"])
     assert "413" not in paths["/v2/models/{model}"]["get"]["responses"]

@@ -20,17 +20,10 @@ import torch
 
 from model_export.model import Encoder
 from model_export.validate import make_inputs
-from tests.service.helpers import (
-    D_MODEL,
-    MODEL,
-    N_HEADS,
-    N_LAYERS,
-    as_array,
-    b64_array,
-    encode,
-    ort_encode,
-    sequences,
-)
+from tests.service.helpers import as_array, b64_array, encode
+from tests.support.inputs import sequences
+from tests.support.onnx_runs import ort_encode
+from tests.support.tiny import D_MODEL, MODEL, N_HEADS, N_LAYERS
 
 ATOL_ORT = 1e-5  # same graph, possibly different padding: float32 noise only
 ATOL_TORCH = 1e-4  # PyTorch eager vs onnxruntime
@@ -48,12 +41,12 @@ def _embeddings(item: dict[str, Any]) -> np.ndarray:
 
 
 def test_embeddings_match_onnxruntime_and_pytorch(
-    client: httpx.Client, embeddings_session: ort.InferenceSession, tiny_encoder: Encoder
+    http_client: httpx.Client, embeddings_session: ort.InferenceSession, tiny_encoder: Encoder
 ) -> None:
     lengths = (9, 4, 1)
     embeds, mask = make_inputs(lengths, D_MODEL, seed=11)  # (B, T, d), (B, T)
     seqs = [embeds[i, :n] for i, n in enumerate(lengths)]
-    body = encode(client, seqs)
+    body = encode(http_client, seqs)
 
     assert body["model"] == MODEL
     assert body["usage"] == {"sequences": 3, "tokens": sum(lengths)}
@@ -71,7 +64,7 @@ def test_embeddings_match_onnxruntime_and_pytorch(
 
 
 def test_attention_matches_attention_graph(
-    client: httpx.Client,
+    http_client: httpx.Client,
     attention_session: ort.InferenceSession,
     embeddings_session: ort.InferenceSession,
     tiny_encoder: Encoder,
@@ -79,7 +72,7 @@ def test_attention_matches_attention_graph(
     lengths = (7, 12)
     embeds, mask = make_inputs(lengths, D_MODEL, seed=12)
     seqs = [embeds[i, :n] for i, n in enumerate(lengths)]
-    body = encode(client, seqs, return_attention=True)
+    body = encode(http_client, seqs, return_attention=True)
 
     expected = ort_encode(attention_session, seqs)
     hidden_only = ort_encode(embeddings_session, seqs)
@@ -99,13 +92,13 @@ def test_attention_matches_attention_graph(
         np.testing.assert_allclose(_embeddings(item), hidden_only[i][0], rtol=0, atol=ATOL_ORT)
 
 
-def test_ragged_batch_equals_each_sequence_alone(client: httpx.Client) -> None:
+def test_ragged_batch_equals_each_sequence_alone(http_client: httpx.Client) -> None:
     seqs = sequences(RAGGED, seed=13)
-    batch = encode(client, seqs, return_attention=True)["data"]
+    batch = encode(http_client, seqs, return_attention=True)["data"]
     assert [item["index"] for item in batch] == list(range(len(RAGGED)))
     for seq, item in zip(seqs, batch, strict=True):
         n = len(seq)
-        alone = encode(client, [seq], return_attention=True)["data"][0]
+        alone = encode(http_client, [seq], return_attention=True)["data"][0]
         emb, attn = _embeddings(item), as_array(item["attention"])
         # Trimmed to this sequence's own length: no padded rows or columns leak out.
         assert emb.shape == (n, D_MODEL)
@@ -163,7 +156,7 @@ SELECTIONS = [
 
 @pytest.mark.parametrize(("layers", "heads", "reduce", "lead"), SELECTIONS)
 def test_attention_selection_and_reduce(
-    client: httpx.Client,
+    http_client: httpx.Client,
     attention_session: ort.InferenceSession,
     layers: list[int] | None,
     heads: list[int] | None,
@@ -176,7 +169,7 @@ def test_attention_selection_and_reduce(
         attention["layers"] = layers
     if heads is not None:
         attention["heads"] = heads
-    body = encode(client, seqs, return_attention=True, attention=attention)
+    body = encode(http_client, seqs, return_attention=True, attention=attention)
     full = ort_encode(attention_session, seqs)
     for seq, item, (_, want_full) in zip(seqs, body["data"], full, strict=True):
         assert want_full is not None
@@ -226,10 +219,10 @@ def pooling_reference(hidden: np.ndarray, pooling: str, normalize: bool) -> np.n
 
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
-def test_pooling_on_real_tokens(client: httpx.Client, pooling: str, normalize: bool) -> None:
+def test_pooling_on_real_tokens(http_client: httpx.Client, pooling: str, normalize: bool) -> None:
     # Ragged, with negative-shifted inputs so a padded zero would win a max and skew a mean.
     seqs = [s - 3.0 for s in sequences(RAGGED, seed=16)]
-    body = encode(client, seqs, pooling=pooling, normalize=normalize, return_embeddings=True)
+    body = encode(http_client, seqs, pooling=pooling, normalize=normalize, return_embeddings=True)
     for seq, item in zip(seqs, body["data"], strict=True):
         hidden = _embeddings(item)
         assert hidden.shape == (len(seq), D_MODEL)
@@ -243,14 +236,16 @@ def test_pooling_on_real_tokens(client: httpx.Client, pooling: str, normalize: b
             assert abs(float(np.linalg.norm(pooled)) - 1.0) < 1e-5
 
 
-def test_pooling_defaults_drop_embeddings(client: httpx.Client) -> None:
+def test_pooling_defaults_drop_embeddings(http_client: httpx.Client) -> None:
     seqs = sequences((4, 2), seed=17)
-    pooled = encode(client, seqs, pooling="mean")["data"]
+    pooled = encode(http_client, seqs, pooling="mean")["data"]
     assert all(item["embeddings"] is None for item in pooled)
     assert all(len(item["pooled"]) == D_MODEL for item in pooled)
-    plain = encode(client, seqs)["data"]
+    plain = encode(http_client, seqs)["data"]
     assert all(item["pooled"] is None and item["attention"] is None for item in plain)
-    embeddings_off = encode(client, seqs, return_embeddings=False, return_attention=True)["data"]
+    embeddings_off = encode(http_client, seqs, return_embeddings=False, return_attention=True)[
+        "data"
+    ]
     assert all(item["embeddings"] is None for item in embeddings_off)
     assert [as_array(i["attention"]).shape for i in embeddings_off] == [
         (N_LAYERS, N_HEADS, 4, 4),
@@ -261,7 +256,7 @@ def test_pooling_defaults_drop_embeddings(client: httpx.Client) -> None:
 # --- base64 --------------------------------------------------------------------------------
 
 
-def test_base64_round_trip_is_bitwise(client: httpx.Client) -> None:
+def test_base64_round_trip_is_bitwise(http_client: httpx.Client) -> None:
     seqs = sequences((6, 2), seed=18)
     options: dict[str, Any] = {
         "return_attention": True,
@@ -269,9 +264,11 @@ def test_base64_round_trip_is_bitwise(client: httpx.Client) -> None:
         "pooling": "max",
         "return_embeddings": True,
     }
-    as_floats = encode(client, seqs, **options)
-    b64_in = encode(client, [b64_array(s) for s in seqs], **options)
-    b64_both = encode(client, [b64_array(s) for s in seqs], encoding_format="base64", **options)
+    as_floats = encode(http_client, seqs, **options)
+    b64_in = encode(http_client, [b64_array(s) for s in seqs], **options)
+    b64_both = encode(
+        http_client, [b64_array(s) for s in seqs], encoding_format="base64", **options
+    )
 
     for f, bi, bb, seq in zip(
         as_floats["data"], b64_in["data"], b64_both["data"], seqs, strict=True
@@ -291,17 +288,14 @@ def test_base64_round_trip_is_bitwise(client: httpx.Client) -> None:
     assert as_floats["usage"] == b64_in["usage"] == b64_both["usage"]
 
 
-def test_rollout_uses_each_layer_once_bottom_up(client: httpx.Client) -> None:
+def test_rollout_uses_each_layer_once_bottom_up(http_client: httpx.Client) -> None:
     """Rollout is a product over layers in model order: [1, 0] means layers 0 then 1."""
     x = sequences((6,), seed=77)[0] * np.float32(8)
     opts = {"return_attention": True, "encoding_format": "base64"}
-    got = [
-        as_array(
-            encode(client, [x], attention={"layers": layers, "reduce": "rollout"}, **opts)["data"][
-                0
-            ]["attention"]
-        )
+    answers = [
+        encode(http_client, [x], attention={"layers": layers, "reduce": "rollout"}, **opts)
         for layers in ([1, 0], [0, 1], None)
     ]
+    got = [as_array(answer["data"][0]["attention"]) for answer in answers]
     np.testing.assert_array_equal(got[0], got[1])  # same computation: exactly equal
     np.testing.assert_array_equal(got[1], got[2])

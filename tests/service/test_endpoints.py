@@ -11,20 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
 from service.settings import Settings
-from tests.service.helpers import (
-    D_FF,
-    D_MODEL,
-    MODEL,
-    MODEL_MAX_SEQ_LEN,
-    N_HEADS,
-    N_LAYERS,
-    encode,
-    sequences,
-)
+from tests.service.helpers import encode
+from tests.support.inputs import sequences
+from tests.support.metrics import scrape
+from tests.support.tiny import D_FF, D_MODEL, MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS
 
 
 def _file_sha256(path: Path) -> str:
@@ -34,8 +27,8 @@ def _file_sha256(path: Path) -> str:
 # --- /v1/models ----------------------------------------------------------------------------
 
 
-def test_model_list_and_card(client: httpx.Client, tiny_model_dir: Path) -> None:
-    listing = client.get("/v1/models")
+def test_model_list_and_card(http_client: httpx.Client, tiny_model_dir: Path) -> None:
+    listing = http_client.get("/v1/models")
     assert listing.status_code == 200
     cards = listing.json()["data"]
     assert [c["name"] for c in cards] == [MODEL]
@@ -53,13 +46,13 @@ def test_model_list_and_card(client: httpx.Client, tiny_model_dir: Path) -> None
     assert graphs == ["model.onnx", "model_attn.onnx", "model_hidden.onnx"]
     assert card["sha256"] == {name: _file_sha256(tiny_model_dir / name) for name in graphs}
 
-    single = client.get(f"/v1/models/{MODEL}")
+    single = http_client.get(f"/v1/models/{MODEL}")
     assert single.status_code == 200
     assert single.json() == card
 
 
-def test_unknown_model_card_is_404(client: httpx.Client) -> None:
-    r = client.get("/v1/models/no-such-model")
+def test_unknown_model_card_is_404(http_client: httpx.Client) -> None:
+    r = http_client.get("/v1/models/no-such-model")
     assert r.status_code == 404
     assert r.json()["error_type"] == "model_not_found"
     assert MODEL in r.json()["error"]  # names what is available
@@ -68,10 +61,10 @@ def test_unknown_model_card_is_404(client: httpx.Client) -> None:
 # --- health and readiness ------------------------------------------------------------------
 
 
-def test_real_server_is_live_and_ready(client: httpx.Client) -> None:
-    live = client.get("/health/live")
+def test_real_server_is_live_and_ready(http_client: httpx.Client) -> None:
+    live = http_client.get("/health/live")
     assert (live.status_code, live.json()) == (200, {"status": "alive"})
-    ready = client.get("/health/ready")
+    ready = http_client.get("/health/ready")
     assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
 
 
@@ -117,49 +110,41 @@ def test_not_ready_before_lifespan_then_ready_after(model_repository: Path) -> N
 # --- /metrics ------------------------------------------------------------------------------
 
 
-def _samples(client: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    r = client.get("/metrics")
+def test_metrics_are_prometheus_text(http_client: httpx.Client) -> None:
+    r = http_client.get("/metrics")
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(r.text)
-        for s in family.samples
-    }
 
 
-def _total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str) -> float:
-    return sum(v for (n, _), v in samples.items() if n == name)
-
-
-def test_metrics_count_requests_and_tokens(client: httpx.Client) -> None:
-    before = _samples(client)
+def test_metrics_count_requests_and_tokens(http_client: httpx.Client, server_url: str) -> None:
+    before = scrape(server_url)
     lengths = (5, 2)
-    encode(client, sequences(lengths, seed=32))
-    after = _samples(client)
-    tokens = ("attnserve_tokens_total", frozenset({("model", MODEL)}))
-    assert after[tokens] - before.get(tokens, 0.0) == sum(lengths)
+    encode(http_client, sequences(lengths, seed=32))
+    after = scrape(server_url)
+    tokens = "attnserve_tokens_total"
+    assert after.value(tokens, model=MODEL) - before.value(tokens, model=MODEL) == sum(lengths)
     # The encode and the first /metrics scrape (counted once it has answered).
-    assert _total(after, "attnserve_requests_total") - _total(
-        before, "attnserve_requests_total"
-    ) == pytest.approx(2)
+    requests = "attnserve_requests_total"
+    assert after.value(requests) - before.value(requests) == pytest.approx(2)
 
 
-def test_metrics_label_requests_by_protocol_and_route(client: httpx.Client) -> None:
+def test_metrics_label_requests_by_protocol_and_route(
+    http_client: httpx.Client, server_url: str
+) -> None:
     """Requests are counted under their protocol and route template, not lumped together
     as "unmatched"; a path no protocol serves counts as plain ``http``."""
-    before = _samples(client)
-    encode(client, sequences((3,), seed=33))
-    client.get("/v1/models")
-    client.get(f"/v1/models/{MODEL}")
-    client.get("/health")  # TEI's
-    client.get(f"/v2/models/{MODEL}")
-    client.get("/no/such/path")
-    after = _samples(client)
+    before = scrape(server_url)
+    encode(http_client, sequences((3,), seed=33))
+    http_client.get("/v1/models")
+    http_client.get(f"/v1/models/{MODEL}")
+    http_client.get("/health")  # TEI's
+    http_client.get(f"/v2/models/{MODEL}")
+    http_client.get("/no/such/path")
+    after = scrape(server_url)
     seen = sorted(
-        (dict(labels)["protocol"], dict(labels)["route"], dict(labels)["status"])
-        for name, labels in after
-        if name == "attnserve_requests_total"
+        (s.labels["protocol"], s.labels["route"], s.labels["status"])
+        for s in after.samples
+        if s.name == "attnserve_requests_total"
     )
     for protocol, route, status in (
         ("native", "/v1/encode", "200"),
@@ -169,9 +154,11 @@ def test_metrics_label_requests_by_protocol_and_route(client: httpx.Client) -> N
         ("kserve_v2", "/v2/models/{model}", "200"),
         ("http", "unmatched", "404"),
     ):
-        labels = frozenset({("protocol", protocol), ("route", route), ("status", status)})
-        key = ("attnserve_requests_total", labels)
-        assert after.get(key, 0.0) - before.get(key, 0.0) == 1, f"seen: {seen}"
+        labels = {"protocol": protocol, "route": route, "status": status}
+        counted = after.value("attnserve_requests_total", **labels) - before.value(
+            "attnserve_requests_total", **labels
+        )
+        assert counted == 1, f"seen: {seen}"
 
 
 # --- OpenAPI -------------------------------------------------------------------------------
@@ -195,8 +182,8 @@ def _refs(node: Any) -> list[str]:
     return []
 
 
-def test_openapi_describes_encode(client: httpx.Client) -> None:
-    r = client.get("/openapi.json")
+def test_openapi_describes_encode(http_client: httpx.Client) -> None:
+    r = http_client.get("/openapi.json")
     assert r.status_code == 200
     doc = r.json()
     post = doc["paths"]["/v1/encode"]["post"]

@@ -19,17 +19,10 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import running_server
-from tests.service.helpers import (
-    D_MODEL,
-    MODEL_MAX_SEQ_LEN,
-    N_HEADS,
-    N_LAYERS,
-    TIMEOUT,
-    as_array,
-    b64_array,
-    ort_encode,
-    sequences,
-)
+from tests.service.helpers import TIMEOUT, as_array, b64_array
+from tests.support.inputs import sequences
+from tests.support.onnx_runs import ort_encode
+from tests.support.tiny import D_MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS
 
 LIMITS = {
     "max_sequences": "3",
@@ -296,8 +289,8 @@ def test_body_at_limit_is_accepted(limited_url: str) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_content_type_with_charset_is_accepted(client: httpx.Client) -> None:
-    r = client.post(
+def test_content_type_with_charset_is_accepted(http_client: httpx.Client) -> None:
+    r = http_client.post(
         "/v1/encode",
         content=json.dumps({"inputs": [[ROW]]}).encode(),
         headers={"content-type": "application/json; charset=utf-8"},
@@ -306,7 +299,9 @@ def test_content_type_with_charset_is_accepted(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("encoding_format", ["float", "base64"])
-def test_huge_finite_inputs_never_answer_nan(client: httpx.Client, encoding_format: str) -> None:
+def test_huge_finite_inputs_never_answer_nan(
+    http_client: httpx.Client, encoding_format: str
+) -> None:
     """1e20 is a valid float32, but LayerNorm's variance overflows: the model yields NaN.
 
     A 200 must never carry NaN (JSON null in float format); the server should refuse
@@ -314,7 +309,7 @@ def test_huge_finite_inputs_never_answer_nan(client: httpx.Client, encoding_form
     """
     x = sequences((4,), seed=24)[0] * np.float32(1e20)
     assert np.isfinite(x).all()
-    r = client.post(
+    r = http_client.post(
         "/v1/encode",
         json={
             "inputs": [b64_array(x)],

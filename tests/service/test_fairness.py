@@ -22,17 +22,21 @@ import base64
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import onnxruntime as ort
 import pytest
 
-from model_export import graph_io
 from tests.conftest import running_server
-from tests.service.helpers import D_MODEL, b64_array, new_session, ort_encode
+from tests.service.helpers import b64_array
+from tests.support.metrics import metric
+from tests.support.onnx_runs import ort_encode
+from tests.support.tiny import D_MODEL, MODEL
+from tests.support.wait import wait_until
 
 LARGE = 10_000  # sequences of one large request
 TOKENS = 1  # tokens of each sequence, = the batch budget: one sequence per batch
@@ -51,20 +55,8 @@ def url(model_repository: Path) -> Iterator[str]:
         yield base
 
 
-def metric(url: str, pattern: str) -> float:
-    match = re.search("(?m)^" + pattern + r" (\S+)", httpx.get(f"{url}/metrics", timeout=10).text)
-    return float(match.group(1)) if match else 0.0
-
-
 def runs(url: str) -> float:
-    return metric(url, r'attnserve_inference_seconds_count\{graph="embeddings",model="tiny"\}')
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not so after {timeout} s"
-        time.sleep(0.01)
+    return metric(url, "attnserve_inference_seconds_count", graph="embeddings", model=MODEL)
 
 
 def pooled_body(seqs: list[np.ndarray]) -> dict[str, Any]:
@@ -86,7 +78,7 @@ def in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thread, lis
 
 
 def test_a_small_request_is_answered_before_the_large_one_running(
-    url: str, tiny_model_dir: Path
+    url: str, embeddings_session: ort.InferenceSession
 ) -> None:
     rng = np.random.default_rng(7)
     large = [
@@ -97,13 +89,16 @@ def test_a_small_request_is_answered_before_the_large_one_running(
     before = runs(url)
     started = metric(url, "attnserve_queue_seconds_count")  # requests that began a run
     first, first_answer = in_background(url, pooled_body(large[0]))
-    wait_for(lambda: runs(url) > before)  # the first large request is running
+    wait_until(lambda: runs(url) > before, "the first never ran", 60, interval=0.01)
     second, second_answer = in_background(url, pooled_body(large[1]))
-    wait_for(  # the second is queued (the old FIFO) or has begun its turns
+    wait_until(  # the second is queued (the old FIFO) or has begun its turns
         lambda: (
             metric(url, "attnserve_queued_requests") >= 1
             or metric(url, "attnserve_queue_seconds_count") >= started + 2
-        )
+        ),
+        "the second was neither queued nor begun",
+        60,
+        interval=0.01,
     )
     answer = httpx.post(f"{url}/v1/encode", json=pooled_body([small]), timeout=TIMEOUT)
     assert answer.status_code == 200, answer.text
@@ -111,7 +106,6 @@ def test_a_small_request_is_answered_before_the_large_one_running(
     assert first.is_alive()
     first.join(timeout=120)
     second.join(timeout=120)
-    session = new_session(str(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS))
     for seqs, got in ((large[0], first_answer[0]), (large[1], second_answer[0])):
         assert got.status_code == 200, got.text
         data = got.json()["data"]
@@ -119,7 +113,9 @@ def test_a_small_request_is_answered_before_the_large_one_running(
         vectors = np.stack(
             [np.frombuffer(base64.b64decode(d["pooled"]["data"]), "<f4") for d in data]
         )
-        expected = np.stack([hidden.mean(axis=0) for hidden, _ in ort_encode(session, seqs)])
+        expected = np.stack(
+            [hidden.mean(axis=0) for hidden, _ in ort_encode(embeddings_session, seqs)]
+        )
         np.testing.assert_allclose(vectors, expected, rtol=0, atol=ATOL)
 
 
@@ -139,7 +135,7 @@ def test_work_that_cannot_meet_its_deadline_is_refused_up_front(minilm_server_ur
     part = httpx.post(f"{url}/v1/embeddings", json=body, timeout=TIMEOUT)
     assert part.status_code == 200, part.text
     estimate = (time.monotonic() - start) * 2048 / 64  # the whole request, about
-    before = metric(url, r'attnserve_refusals_total\{reason="late"\}')
+    before = metric(url, "attnserve_refusals_total", reason="late")
     r = httpx.post(
         f"{url}/v1/embeddings",
         json={"model": "minilm-l6", "input": texts(2048, 2)},
@@ -150,4 +146,4 @@ def test_work_that_cannot_meet_its_deadline_is_refused_up_front(minilm_server_ur
     message = r.json()["error"]["message"]
     assert re.search(r"estimated at \d+\.\d s of inference", message), message
     assert "cannot finish within its deadline" in message, message
-    assert metric(url, r'attnserve_refusals_total\{reason="late"\}') == before + 1
+    assert metric(url, "attnserve_refusals_total", reason="late") == before + 1

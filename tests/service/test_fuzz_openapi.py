@@ -32,7 +32,7 @@ import jsonschema
 import pytest
 
 from tests.service import fuzz_hooks
-from tests.service.helpers import MODEL
+from tests.support.tiny import MODEL
 
 EXAMPLES_PER_OPERATION = 40
 HOOKS = Path(fuzz_hooks.__file__)

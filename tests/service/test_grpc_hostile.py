@@ -17,10 +17,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from model_export import graph_io
-from tests.service.helpers import D_MODEL, MODEL
 from tests.service.raw_h2 import RawH2, grpc_message
-from tests.service.raw_http import metric, wait_for
 from tests.service.test_kserve_grpc import Servers, serving
+from tests.support.metrics import metric
+from tests.support.tiny import D_MODEL, MODEL
+from tests.support.wait import wait_until
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 # Options that give a channel a connection of its own (grpc shares them by target).
@@ -72,10 +73,11 @@ def test_silent_calls_on_one_connection_lock_out_nobody(servers: Servers) -> Non
         assert shape == (1, 4, D_MODEL)
         assert metric(servers.url, "attnserve_in_flight_requests") == 0
         # The streams the server took wait for their message 2 s at most.
-        assert wait_for(
+        wait_until(
             lambda: (
                 metric(servers.url, "attnserve_refusals_total", reason="body_timeout") > timeouts
             ),
+            "no body_timeout refusal",
             timeout=15,
         )
         assert len(streams) == 1000
@@ -103,10 +105,16 @@ def test_an_unread_answer_counts_in_the_budget_until_send_timeout(servers: Serve
             message = infer_request(1, 64, (graph_io.OUTPUT_ATTENTIONS,), seed=100 + seed)
             reader.send(reader.open(INFER), grpc_message(message))
         # All six computed; their answers wait for a window the client never grants.
-        assert wait_for(
-            lambda: metric(url, "attnserve_tokens_total", model=MODEL) >= tokens + 6 * 64, 15
+        wait_until(
+            lambda: metric(url, "attnserve_tokens_total", model=MODEL) >= tokens + 6 * 64,
+            "the six answers were not computed",
+            15,
         )
-        assert wait_for(lambda: metric(url, "attnserve_in_flight_bytes") >= 6 * answer, 2)
+        wait_until(
+            lambda: metric(url, "attnserve_in_flight_bytes") >= 6 * answer,
+            "the six unread answers are not held",
+            2,
+        )
         assert reader.closed.wait(15)  # dropped by the server
         assert not reader.data_bytes  # nothing of an answer was sent
     finally:
@@ -115,9 +123,12 @@ def test_an_unread_answer_counts_in_the_budget_until_send_timeout(servers: Serve
     # connection, and the others fire within the same milliseconds or are cancelled
     # first (a full run saw 3), so from one to six are counted.
     assert 1 <= metric(url, "attnserve_refusals_total", reason="send_timeout") - stalls <= 6
-    assert wait_for(lambda: metric(url, "attnserve_in_flight_bytes") == 0, timeout=10)
-    assert wait_for(
+    wait_until(
+        lambda: metric(url, "attnserve_in_flight_bytes") == 0, "bytes still held", timeout=10
+    )
+    wait_until(
         lambda: metric(url, "attnserve_requests_total", route=INFER, status="499") == cut + 6,
+        "not six 499s",
         timeout=10,
     )
     assert health_and_infer(servers.grpc) == (
@@ -139,14 +150,15 @@ def test_a_malformed_message_is_invalid_argument_counted_and_logged_once(
             raw_call(b"\xff\xff\xff", timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid inference.ModelInferRequest message" in str(caught.value.details())
-    assert wait_for(  # counted as the call ends, just after its status went out
+    wait_until(  # counted as the call ends, just after its status went out
         lambda: (
             metric(servers.url, "attnserve_requests_total", route=INFER, status="422")
             == refused + 1
         ),
+        "the 422 was not counted",
         timeout=5,
     )
-    assert wait_for(lambda: f"{INFER} 422" in servers.process.log()[len(log_before) :], 5)
+    wait_until(lambda: f"{INFER} 422" in servers.process.log()[len(log_before) :], "no log line", 5)
     new_lines = servers.process.log()[len(log_before) :]
     assert "Traceback" not in new_lines and new_lines.count(INFER) == 1
 

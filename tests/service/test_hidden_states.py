@@ -15,7 +15,6 @@ formats, which carry the same float32 values.
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,18 +29,11 @@ import pytest
 from model_export import graph_io
 from model_export.manifest import GraphFile, Manifest, sha256_file
 from tests.conftest import running_server
-from tests.service.helpers import (
-    D_MODEL,
-    MODEL,
-    N_HEADS,
-    N_LAYERS,
-    TIMEOUT,
-    as_array,
-    b64_array,
-    encode,
-    ort_outputs,
-    sequences,
-)
+from tests.service.helpers import TIMEOUT, as_array, b64_array, encode
+from tests.support.inputs import sequences
+from tests.support.metrics import scrape
+from tests.support.onnx_runs import ort_outputs
+from tests.support.tiny import D_MODEL, MODEL, N_HEADS, N_LAYERS
 
 ATOL_ORT = 1e-5  # same graph, possibly other padding: float32 noise only
 STATES = N_LAYERS + 1  # the input embeddings, then each layer's output
@@ -66,25 +58,23 @@ def states_of(body: dict[str, Any]) -> list[np.ndarray]:
     return [as_array(item["hidden_states"]) for item in body["data"]]
 
 
-def inference_runs(client: httpx.Client) -> dict[str, float]:
+def inference_runs(url: str) -> dict[str, float]:
     """The server's onnxruntime runs of tiny so far, by graph label."""
-    text = client.get("/metrics").text
-    pattern = rf'attnserve_inference_seconds_count\{{graph="(\w+)",model="{MODEL}"\}} (\S+)'
-    return {graph: float(count) for graph, count in re.findall(pattern, text)}
+    return scrape(url).by("graph", "attnserve_inference_seconds_count", model=MODEL)
 
 
 # -- values -------------------------------------------------------------------------------
 
 
 def test_hidden_states_match_onnxruntime_in_both_wire_formats(
-    client: httpx.Client, hidden_session: ort.InferenceSession
+    http_client: httpx.Client, hidden_session: ort.InferenceSession
 ) -> None:
     seqs = sequences(RAGGED, seed=61)
     want = ort_outputs(hidden_session, seqs)  # the same three as one padded batch
     answers: dict[str, list[np.ndarray]] = {}
     for wire_format in WIRE_FORMATS:
         body = encode(
-            client,
+            http_client,
             wire_inputs(seqs, wire_format),
             return_hidden_states=True,
             encoding_format=wire_format,
@@ -115,11 +105,11 @@ def test_hidden_states_match_onnxruntime_in_both_wire_formats(
     ids=["first+last", "last", "reversed", "bounds"],
 )
 def test_hidden_states_layers_select_in_order(
-    client: httpx.Client, hidden_session: ort.InferenceSession, layers: list[int]
+    http_client: httpx.Client, hidden_session: ort.InferenceSession, layers: list[int]
 ) -> None:
     seqs = sequences(RAGGED, seed=62)
     body = encode(
-        client,
+        http_client,
         seqs,
         return_hidden_states=True,
         hidden_states={"layers": layers},
@@ -137,14 +127,14 @@ def test_hidden_states_layers_select_in_order(
 
 
 def test_with_attention_the_attention_graph_gives_the_same_states(
-    client: httpx.Client,
+    http_client: httpx.Client,
     hidden_session: ort.InferenceSession,
     attention_session: ort.InferenceSession,
 ) -> None:
     seqs = sequences(RAGGED, seed=63)
     options = {"return_hidden_states": True, "hidden_states": {"layers": [0, -1]}}
-    alone = encode(client, seqs, encoding_format="base64", **options)
-    both = encode(client, seqs, encoding_format="base64", return_attention=True, **options)
+    alone = encode(http_client, seqs, encoding_format="base64", **options)
+    both = encode(http_client, seqs, encoding_format="base64", return_attention=True, **options)
     with_attention = ort_outputs(attention_session, seqs)
     without = ort_outputs(hidden_session, seqs)
     for i, seq in enumerate(seqs):
@@ -174,7 +164,7 @@ def test_with_attention_the_attention_graph_gives_the_same_states(
         )
 
 
-def test_each_request_runs_the_lightest_graph(client: httpx.Client) -> None:
+def test_each_request_runs_the_lightest_graph(http_client: httpx.Client, server_url: str) -> None:
     """Hidden states alone never run the attention graph (its maps are the costly part)."""
     seqs = sequences((5, 2), seed=64)
     cases: list[tuple[dict[str, Any], str]] = [
@@ -183,9 +173,9 @@ def test_each_request_runs_the_lightest_graph(client: httpx.Client) -> None:
         ({"return_hidden_states": True, "return_attention": True}, "attention"),
     ]
     for options, graph in cases:
-        before = inference_runs(client)
-        body = encode(client, seqs, **options)
-        after = inference_runs(client)
+        before = inference_runs(server_url)
+        body = encode(http_client, seqs, **options)
+        after = inference_runs(server_url)
         ran = {g for g in after if after[g] != before.get(g, 0.0)}
         assert ran == {graph}, (options, before, after)
         asked = options.get("return_hidden_states", False)
@@ -201,7 +191,7 @@ def test_each_request_runs_the_lightest_graph(client: httpx.Client) -> None:
 )
 @pytest.mark.parametrize("asked", [True, False], ids=["asked", "not-asked"])
 def test_out_of_range_layer_is_422_naming_the_field(
-    client: httpx.Client, layers: list[int], bad: list[int], asked: bool
+    http_client: httpx.Client, layers: list[int], bad: list[int], asked: bool
 ) -> None:
     """Valid indices are -(L + 1)..L (-3..2 on the 2-layer tiny), checked even when the
     hidden states are not asked for: a wrong index is wrong either way."""
@@ -209,7 +199,7 @@ def test_out_of_range_layer_is_422_naming_the_field(
     body: dict[str, Any] = {"inputs": [seq.tolist()], "hidden_states": {"layers": layers}}
     if asked:
         body["return_hidden_states"] = True
-    r = post(client, body)
+    r = post(http_client, body)
     assert r.status_code == 422, r.text
     error = r.json()
     assert error["error_type"] == "invalid_input"
@@ -224,11 +214,11 @@ def test_out_of_range_layer_is_422_naming_the_field(
     ids=["empty", "float", "unknown-key", "string"],
 )
 def test_malformed_hidden_states_options_are_422(
-    client: httpx.Client, hidden_states: dict[str, Any]
+    http_client: httpx.Client, hidden_states: dict[str, Any]
 ) -> None:
     (seq,) = sequences((2,), seed=66)
     r = post(
-        client,
+        http_client,
         {"inputs": [seq.tolist()], "return_hidden_states": True, "hidden_states": hidden_states},
     )
     assert r.status_code == 422, r.text

@@ -22,13 +22,11 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess, server_process
-from tests.service.helpers import (
-    D_MODEL,
-    MODEL,
-    MODEL_MAX_SEQ_LEN,
-    long_attention_body,
-)
-from tests.service.raw_http import address, metric, post_head, wait_for
+from tests.service.helpers import long_attention_body
+from tests.service.raw_http import address, post_head
+from tests.support.metrics import metric
+from tests.support.tiny import D_MODEL, MODEL, MODEL_MAX_SEQ_LEN
+from tests.support.wait import wait_until
 
 KiB = 1024
 MAX_HEADER_BYTES = 64 * KiB  # the server's default ATTNSERVE_MAX_HEADER_BYTES
@@ -221,12 +219,12 @@ def test_an_answer_cut_at_the_send_timeout_is_not_counted_as_200(model_repositor
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(address(url))
         sock.sendall(post_head("/v1/encode", len(body)) + body)
-        dropped = wait_for(
+        wait_until(
             lambda: metric(url, "attnserve_refusals_total", reason="send_timeout") >= 1,
+            "the stalled reader was not dropped",
             SEND_TIMEOUT + 30.0,
         )
-        assert dropped, "the stalled reader was not dropped"
-        assert wait_for(lambda: count("499") == 1, 5.0), server.log()[-2000:]
+        wait_until(lambda: count("499") == 1, f"no 499: {server.log()[-2000:]}", 5.0)
         assert count("200") == 0
         assert "answer was cut" in server.log()
 

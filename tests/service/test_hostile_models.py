@@ -12,7 +12,6 @@ import json
 import shutil
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from model_export.manifest import MAX_CONFIG_BYTES, sha256_file
 from model_export.model import Encoder, TokenEmbeddings
 from service.tokenizer import PROBE_TEXT
 from tests.conftest import ServerFailed, ServerProcess, free_port, server_process
+from tests.support.wait import wait_until
 
 OUTSIDE = Path("/etc/hostname")  # a readable file beyond any repository
 
@@ -338,13 +338,7 @@ def state(server: ServerProcess, name: str) -> str:
     return next(entry["state"] for entry in index if entry["name"] == name)
 
 
-def until(check: Callable[[], bool], what: str, seconds: float = 30) -> None:
-    give_up = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < give_up, what
-        time.sleep(0.05)
-
-
+@pytest.mark.slow  # the load is answered at the end of the 27.5 s grace window
 def test_a_slow_load_blocks_neither_other_loads_nor_shutdown(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -362,7 +356,7 @@ def test_a_slow_load_blocks_neither_other_loads_nor_shutdown(
         answers: dict[str, httpx.Response] = {}
         loading = threading.Thread(target=lambda: answers.update(slow=load(s, "slow")))
         loading.start()
-        until(lambda: state(s, "slow") == "LOADING", "the slow load never started")
+        wait_until(lambda: state(s, "slow") == "LOADING", "the slow load never started")
         assert load(s, "other").status_code == 200  # not queued behind the slow one
         assert state(s, "slow") == "LOADING"
         assert httpx.get(f"{s.url}/health/ready").status_code == 200

@@ -29,7 +29,8 @@ from tritonclient.utils import InferenceServerException
 from model_export import graph_io
 from service.version import VERSION
 from tests.conftest import ServerProcess, free_port, server_process
-from tests.service.helpers import D_MODEL, MODEL
+from tests.support.inputs import ragged_batch
+from tests.support.tiny import D_MODEL, MODEL
 
 HIDDEN, ATTENTIONS, STATES = (
     graph_io.OUTPUT_HIDDEN,
@@ -65,14 +66,6 @@ def serving(repository: Path, **settings: str) -> Iterator[Servers]:
 def servers(model_repository: Path) -> Iterator[Servers]:
     with serving(model_repository) as running:
         yield running
-
-
-def ragged(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """[3, 7, d] embeddings, rows of 7, 4 and 2 tokens (padding holds noise)."""
-    rng = np.random.default_rng(seed)
-    embeds = rng.standard_normal((3, 7, D_MODEL)).astype(np.float32)
-    mask = (np.arange(7)[None, :] < np.array([7, 4, 2])[:, None]).astype(np.int64)
-    return embeds, mask
 
 
 def grpc_inputs(embeds: np.ndarray, mask: np.ndarray) -> list[tgrpc.InferInput]:
@@ -134,7 +127,7 @@ def test_metadata_and_health_match_http(servers: Servers) -> None:
 
 
 def test_every_output_kind_equals_http_bitwise(servers: Servers) -> None:
-    embeds, mask = ragged(1)
+    embeds, mask = ragged_batch(1)
     want = http_answer(servers, embeds, mask, EVERY_OUTPUT, pooling="mean", normalize=True)
     client = servers.client()
     result = client.infer(
@@ -155,7 +148,7 @@ def test_every_output_kind_equals_http_bitwise(servers: Servers) -> None:
 
 
 def test_only_the_outputs_asked_for(servers: Servers) -> None:
-    embeds, mask = ragged(2)
+    embeds, mask = ragged_batch(2)
     client = servers.client()
     result = client.infer(
         MODEL, grpc_inputs(embeds, mask), outputs=[tgrpc.InferRequestedOutput(HIDDEN)]
@@ -170,7 +163,7 @@ def test_typed_contents_equal_raw_contents(servers: Servers) -> None:
     """Inputs as InferTensorContents (not raw_input_contents): the same answer."""
     from tritonclient.grpc import service_pb2 as pb
 
-    embeds, mask = ragged(3)
+    embeds, mask = ragged_batch(3)
     request = pb.ModelInferRequest(model_name=MODEL)
     first = request.inputs.add(name=graph_io.INPUT_EMBEDS, datatype="FP32", shape=embeds.shape)
     first.contents.fp32_contents.extend(embeds.ravel().tolist())
@@ -192,7 +185,7 @@ def status_of(call: Any) -> InferenceServerException:
 
 def test_errors_map_to_grpc_codes_with_the_http_messages(servers: Servers) -> None:
     client = servers.client()
-    embeds, mask = ragged(4)
+    embeds, mask = ragged_batch(4)
     error = status_of(lambda: client.infer("nope", grpc_inputs(embeds, mask)))
     assert error.status() == "StatusCode.NOT_FOUND" and "'nope' is not served here" in str(error)
     wrong = tgrpc.InferInput("embeds", [1, 2, D_MODEL], "FP32")
@@ -233,13 +226,13 @@ def test_a_deadline_that_expires_is_deadline_exceeded(servers: Servers) -> None:
         )
     )
     assert error.status() == "StatusCode.DEADLINE_EXCEEDED"
-    small, small_mask = ragged(6)
+    small, small_mask = ragged_batch(6)
     assert client.infer(MODEL, grpc_inputs(small, small_mask)).as_numpy(HIDDEN) is not None
     client.close()
 
 
 def test_64_concurrent_calls_through_the_aio_client(servers: Servers) -> None:
-    batches = [ragged(100 + i) for i in range(64)]
+    batches = [ragged_batch(100 + i) for i in range(64)]
 
     async def scenario() -> list[np.ndarray]:
         client = tgrpc_aio.InferenceServerClient(servers.grpc)
@@ -294,7 +287,7 @@ def test_text_equals_http(minilm_repository: Path) -> None:
 
 
 def test_api_key_in_metadata(model_repository: Path) -> None:
-    embeds, mask = ragged(7)
+    embeds, mask = ragged_batch(7)
     with serving(model_repository, api_key=KEY) as servers:
         client = servers.client()
         assert client.is_server_live()  # health stays open
@@ -319,7 +312,7 @@ def test_an_oversized_message_is_refused_and_the_server_goes_on(model_repository
             lambda: client.infer(MODEL, grpc_inputs(embeds, np.ones((4, 100), np.int64)))
         )
         assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
-        small, small_mask = ragged(8)
+        small, small_mask = ragged_batch(8)
         assert client.infer(MODEL, grpc_inputs(small, small_mask)).as_numpy(HIDDEN) is not None
         client.close()
 
@@ -419,7 +412,7 @@ def test_rpcs_not_served_answer_unimplemented(servers: Servers) -> None:
 def test_calls_are_logged_as_json_with_protocol_and_request_id(model_repository: Path) -> None:
     with serving(model_repository, log_format="json", log_level="info") as servers:
         client = servers.client()
-        client.infer(MODEL, grpc_inputs(*ragged(12)), headers={"x-request-id": "grpc-log-1"})
+        client.infer(MODEL, grpc_inputs(*ragged_batch(12)), headers={"x-request-id": "grpc-log-1"})
         client.close()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

@@ -25,7 +25,9 @@ import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 from model_export import graph_io
-from tests.service.helpers import D_MODEL, MODEL, N_HEADS, N_LAYERS, TIMEOUT, new_session
+from tests.service.helpers import TIMEOUT
+from tests.support.inputs import ragged_batch
+from tests.support.tiny import D_MODEL, MODEL, N_HEADS, N_LAYERS
 
 ATOL = 1e-5
 HIDDEN, ATTENTIONS, STATES = (
@@ -34,19 +36,6 @@ HIDDEN, ATTENTIONS, STATES = (
     graph_io.OUTPUT_HIDDEN_STATES,
 )
 INFER = f"/v2/models/{MODEL}/infer"
-
-
-def ragged_batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """[3, 7, d] embeddings, right-padded rows of 7, 4 and 2 tokens (padding holds noise)."""
-    rng = np.random.default_rng(seed)
-    embeds = rng.standard_normal((3, 7, D_MODEL)).astype(np.float32)
-    mask = (np.arange(7)[None, :] < np.array([7, 4, 2])[:, None]).astype(np.int64)
-    return embeds, mask
-
-
-@pytest.fixture(scope="module")
-def everything_session(tiny_model_dir: Any) -> ort.InferenceSession:
-    return new_session(str(tiny_model_dir / graph_io.GRAPH_ATTENTION))
 
 
 def reference(
@@ -101,13 +90,13 @@ def test_server_and_model_metadata(triton_client: triton.InferenceServerClient) 
 @pytest.mark.parametrize("mask_type", ["INT64", "INT32", "BOOL"])
 def test_ragged_infer_equals_onnxruntime(
     triton_client: triton.InferenceServerClient,
-    everything_session: ort.InferenceSession,
+    attention_session: ort.InferenceSession,
     binary_in: bool,
     binary_out: bool,
     mask_type: str,
 ) -> None:
     embeds, mask = ragged_batch()
-    want = reference(everything_session, embeds, mask)
+    want = reference(attention_session, embeds, mask)
     outputs = [triton.InferRequestedOutput(n, binary_data=binary_out) for n in want]
     result = triton_client.infer(
         MODEL,
@@ -123,10 +112,10 @@ def test_ragged_infer_equals_onnxruntime(
 
 
 def test_only_the_embeddings_output_and_no_mask(
-    triton_client: triton.InferenceServerClient, everything_session: ort.InferenceSession
+    triton_client: triton.InferenceServerClient, attention_session: ort.InferenceSession
 ) -> None:
     embeds, _ = ragged_batch(seed=1)
-    want = reference(everything_session, embeds, np.ones(embeds.shape[:2], np.int64))
+    want = reference(attention_session, embeds, np.ones(embeds.shape[:2], np.int64))
     result = triton_client.infer(
         MODEL, inputs(embeds, None, binary=True), outputs=[triton.InferRequestedOutput(HIDDEN)]
     )
@@ -135,10 +124,10 @@ def test_only_the_embeddings_output_and_no_mask(
 
 
 def test_every_output_when_none_is_named_and_pooled_with_a_parameter(
-    triton_client: triton.InferenceServerClient, everything_session: ort.InferenceSession
+    triton_client: triton.InferenceServerClient, attention_session: ort.InferenceSession
 ) -> None:
     embeds, mask = ragged_batch(seed=2)
-    want = reference(everything_session, embeds, mask)
+    want = reference(attention_session, embeds, mask)
     result = triton_client.infer(
         MODEL, inputs(embeds, mask, binary=True), parameters={"pooling": "mean", "normalize": True}
     )
@@ -152,9 +141,9 @@ def test_every_output_when_none_is_named_and_pooled_with_a_parameter(
         )
 
 
-def test_aio_client(server_url: str, everything_session: ort.InferenceSession) -> None:
+def test_aio_client(server_url: str, attention_session: ort.InferenceSession) -> None:
     embeds, mask = ragged_batch(seed=3)
-    want = reference(everything_session, embeds, mask)
+    want = reference(attention_session, embeds, mask)
 
     async def main() -> dict[str, np.ndarray]:
         client = triton_aio.InferenceServerClient(server_url.removeprefix("http://"))
@@ -259,37 +248,37 @@ BAD: list[tuple[str, tuple[bytes, dict[str, str]], int, str]] = [
 
 @pytest.mark.parametrize(("body", "status", "says"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
 def test_framing_mistakes_are_4xx_then_a_good_request_works(
-    client: httpx.Client, body: tuple[bytes, dict[str, str]], status: int, says: str
+    http_client: httpx.Client, body: tuple[bytes, dict[str, str]], status: int, says: str
 ) -> None:
     content, headers = body
-    r = client.post(INFER, content=content, headers=headers)
+    r = http_client.post(INFER, content=content, headers=headers)
     assert r.status_code == status, r.text
     # tritonclient needs "error"; error_type keeps the SDK's exceptions the same.
     assert set(r.json()) == {"error", "error_type"}, r.json()
     assert says.lower() in r.json()["error"].lower(), r.json()
     good, good_headers = binary_body({"inputs": [embeds_input(X)]}, XB)
-    ok = client.post(INFER, content=good, headers=good_headers)
+    ok = http_client.post(INFER, content=good, headers=good_headers)
     assert ok.status_code == 200, ok.text
 
 
-def test_unknown_model_and_version_are_404(client: httpx.Client) -> None:
+def test_unknown_model_and_version_are_404(http_client: httpx.Client) -> None:
     body, headers = binary_body({"inputs": [embeds_input(X)]}, XB)
     for path in ("/v2/models/nope/infer", f"/v2/models/{MODEL}/versions/9/infer"):
-        r = client.post(path, content=body, headers=headers)
+        r = http_client.post(path, content=body, headers=headers)
         assert r.status_code == 404 and r.json()["error_type"] == "model_not_found", r.text
 
 
-def test_content_type_is_never_consulted(client: httpx.Client) -> None:
+def test_content_type_is_never_consulted(http_client: httpx.Client) -> None:
     """tritonclient's sync client sends none; its aio one octet-stream even for JSON."""
     body = json.dumps({"inputs": [embeds_input(X, binary=False)]}).encode()
     for content_type in (None, "application/octet-stream", "text/plain"):
         headers = {} if content_type is None else {"content-type": content_type}
-        r = client.post(INFER, content=body, headers=headers)
+        r = http_client.post(INFER, content=body, headers=headers)
         assert r.status_code == 200, r.text
         assert r.json()["outputs"][0]["name"] == HIDDEN
 
 
-def test_bytes_where_fp32_is_expected_is_refused(client: httpx.Client) -> None:
+def test_bytes_where_fp32_is_expected_is_refused(http_client: httpx.Client) -> None:
     """The datatype is checked before any BYTES framing is read (MiniLM's tests read it)."""
     blob = struct.pack("<I", 10) + b"abc"
     body, headers = binary_body(
@@ -305,11 +294,11 @@ def test_bytes_where_fp32_is_expected_is_refused(client: httpx.Client) -> None:
         },
         blob,
     )
-    r = client.post(INFER, content=body, headers=headers)
+    r = http_client.post(INFER, content=body, headers=headers)
     assert r.status_code == 422 and "datatype" in r.json()["error"], r.text
 
 
-def test_answer_framing_of_mixed_outputs(client: httpx.Client) -> None:
+def test_answer_framing_of_mixed_outputs(http_client: httpx.Client) -> None:
     """Binary outputs follow the JSON header in the order asked; JSON ones carry data."""
     embeds, _ = ragged_batch(seed=4)
     body, headers = binary_body(
@@ -323,7 +312,7 @@ def test_answer_framing_of_mixed_outputs(client: httpx.Client) -> None:
         },
         embeds.tobytes(),
     )
-    r = client.post(INFER, content=body, headers=headers)
+    r = http_client.post(INFER, content=body, headers=headers)
     assert r.status_code == 200, r.text
     head_len = int(r.headers["inference-header-content-length"])
     header = json.loads(r.content[:head_len])
@@ -359,10 +348,10 @@ def test_answer_size_counts_the_padding(server_url: str, model_repository: Any) 
     assert "response" in r.json()["error"]
 
 
-def test_openapi_documents_the_v2_errors_as_answered(client: httpx.Client) -> None:
+def test_openapi_documents_the_v2_errors_as_answered(http_client: httpx.Client) -> None:
     """Datatype and shape errors are 422 in {"error", "error_type"}: the schema said 400,
     and its 422 was FastAPI's HTTPValidationError, which any object matched."""
-    schema = client.get("/openapi.json").json()
+    schema = http_client.get("/openapi.json").json()
     infer = schema["paths"]["/v2/models/{model}/infer"]["post"]["responses"]
     assert "datatype" in infer["422"]["description"]
     assert "datatype" not in infer["400"]["description"]
@@ -374,6 +363,6 @@ def test_openapi_documents_the_v2_errors_as_answered(client: httpx.Client) -> No
         if path.startswith("/v2"):
             assert "HTTPValidationError" not in str(operations), path
     # And an answer matches it.
-    r = client.post(f"/v2/models/{MODEL}/infer", json={"inputs": [{"name": "x"}]})
+    r = http_client.post(f"/v2/models/{MODEL}/infer", json={"inputs": [{"name": "x"}]})
     assert r.status_code == 422
     assert set(r.json()) == {"error", "error_type"}

@@ -10,7 +10,6 @@ server batches them differently, which changes float summation order only).
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,14 +19,12 @@ import pytest
 import tritonclient.http as triton
 
 from model_export import graph_io
-from tests.service.helpers import D_MODEL, MODEL, TIMEOUT, b64_array, new_session, ort_encode
+from tests.service.helpers import TIMEOUT, b64_array
+from tests.support.metrics import metric
+from tests.support.onnx_runs import ort_encode
+from tests.support.tiny import D_MODEL, MODEL
 
 ATOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def session(tiny_model_dir: Path) -> ort.InferenceSession:
-    return new_session(str(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS))
 
 
 def many(count: int, seed: int) -> list[np.ndarray]:
@@ -47,7 +44,7 @@ def decode(item: dict[str, Any]) -> np.ndarray:
 
 
 def test_a_thousand_pooled_inputs_come_back_in_order(
-    server_url: str, session: ort.InferenceSession
+    server_url: str, embeddings_session: ort.InferenceSession
 ) -> None:
     seqs = many(1000, seed=1)
     body = {
@@ -62,11 +59,11 @@ def test_a_thousand_pooled_inputs_come_back_in_order(
     assert [item["index"] for item in data] == list(range(1000))
     assert r.json()["usage"]["tokens"] == sum(len(s) for s in seqs)
     got = np.stack([decode(item["pooled"]) for item in data])
-    np.testing.assert_allclose(got, mean_pooled(session, seqs), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got, mean_pooled(embeddings_session, seqs), rtol=0, atol=ATOL)
 
 
 def test_pooled_text_of_the_open_inference_protocol_too(
-    server_url: str, session: ort.InferenceSession
+    server_url: str, embeddings_session: ort.InferenceSession
 ) -> None:
     """A [300, 8, d] tensor asking only for 'pooled' (the /v2 way): 300 vectors."""
     rng = np.random.default_rng(2)
@@ -81,7 +78,7 @@ def test_pooled_text_of_the_open_inference_protocol_too(
         parameters={"pooling": "mean"},
     )
     client.close()
-    want = mean_pooled(session, list(embeds))
+    want = mean_pooled(embeddings_session, list(embeds))
     np.testing.assert_allclose(result.as_numpy("pooled"), want, rtol=0, atol=ATOL)
 
 
@@ -97,14 +94,9 @@ def test_limits_still_answer_413_before_any_work(
     server_url: str, count: int, options: dict[str, Any], says: str
 ) -> None:
     body = {"inputs": [[[0.0] * D_MODEL]] * count, **options}
-    before = httpx.get(f"{server_url}/metrics").text
+    runs = "attnserve_inference_seconds_count"
+    before = metric(server_url, runs)
     r = httpx.post(f"{server_url}/v1/encode", json=body, timeout=TIMEOUT)
     assert r.status_code == 413, r.text[:300]
     assert says in r.json()["error"]
-    after = httpx.get(f"{server_url}/metrics").text
-    runs = [
-        line for line in after.splitlines() if line.startswith("attnserve_inference_seconds_count")
-    ]
-    assert runs == [
-        line for line in before.splitlines() if line.startswith("attnserve_inference_seconds_count")
-    ]  # no run was made for it
+    assert metric(server_url, runs) == before  # no run was made for it

@@ -12,12 +12,10 @@ import dataclasses
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
-import onnxruntime as ort
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
@@ -28,8 +26,10 @@ from model_export.export import export_model
 from model_export.manifest import Manifest, graph_io
 from model_export.model import Encoder
 from tests.conftest import free_port, server_process
-from tests.service.helpers import D_MODEL, ort_encode
-from tests.service.raw_http import metric
+from tests.support.metrics import metric
+from tests.support.onnx_runs import new_session, ort_encode
+from tests.support.tiny import D_MODEL
+from tests.support.wait import wait_until
 
 ATOL = 1e-5
 ADMIN = "admin-key"
@@ -64,7 +64,7 @@ def expected(exports: Path) -> dict[str, np.ndarray]:
     """Each version's last_hidden_state for INPUT, from onnxruntime on its own graph."""
     answers = {}
     for version in SEEDS:
-        session = ort.InferenceSession(str(exports / version / graph_io.GRAPH_EMBEDDINGS))
+        session = new_session(exports / version / graph_io.GRAPH_EMBEDDINGS)
         answers[version] = ort_encode(session, [INPUT])[0][0]
     return answers
 
@@ -90,18 +90,12 @@ def hidden_of(answer: httpx.Response) -> tuple[str, np.ndarray]:
     return body["model_version"], np.asarray(output["data"], np.float32).reshape(6, D_MODEL)
 
 
-def until(check: Callable[[], bool], what: str, seconds: float = 30) -> None:
-    give_up = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < give_up, what
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def admin() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN}"}
 
 
+@pytest.mark.slow
 def test_a_version_swap_under_load_mixes_nothing(tmp_path: Path, exports: Path) -> None:
     """64 clients for 30 s while version 2 is loaded beside 1 and swapped in: every answer
     is 200 and equals the graph of the version it claims; the old version's memory goes
@@ -233,7 +227,7 @@ def test_poll_mode_swaps_in_a_new_version(tmp_path: Path, exports: Path) -> None
     with server_process(repo, model_control="poll", poll_seconds="0.2") as server:
         assert hidden_of(infer(server.url))[0] == "1"
         shutil.copytree(exports / "2", repo / "tiny" / "2")
-        until(lambda: hidden_of(infer(server.url))[0] == "2", "the new version never served")
+        wait_until(lambda: hidden_of(infer(server.url))[0] == "2", "the new version never served")
 
 
 def test_without_model_control_the_repository_is_fixed(server_url: str) -> None:
@@ -268,7 +262,7 @@ def test_the_poll_survives_a_repository_that_vanishes_for_a_while(
         assert hidden_of(infer(server.url))[0] == "1"  # serving from memory meanwhile
         shutil.copytree(exports / "2", away / "tiny" / "2")
         away.rename(repo)
-        until(lambda: hidden_of(infer(server.url))[0] == "2", "the poll stopped")
+        wait_until(lambda: hidden_of(infer(server.url))[0] == "2", "the poll stopped")
 
 
 def test_poll_mode_unloads_a_model_whose_directory_is_gone(tmp_path: Path, exports: Path) -> None:
@@ -284,14 +278,16 @@ def test_poll_mode_unloads_a_model_whose_directory_is_gone(tmp_path: Path, expor
         url = server.url
         assert infer(url, model="other").status_code == 200
         shutil.move(repo / "other", tmp_path / "other")
-        until(lambda: infer(url, model="other").status_code == 404, "the removed model served on")
+        wait_until(
+            lambda: infer(url, model="other").status_code == 404, "the removed model served on"
+        )
         assert "removed from the repository" in infer(url, model="other").json()["error"]
         assert hidden_of(infer(url))[0] == "1"  # the other model serves on
         index = httpx.post(f"{url}/v2/repository/index").json()
         assert [m["name"] for m in index] == ["tiny"]
         assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["tiny"]
         shutil.move(tmp_path / "other", repo / "other")
-        until(lambda: infer(url, model="other").status_code == 200, "it never came back")
+        wait_until(lambda: infer(url, model="other").status_code == 200, "it never came back")
         # Empty: both directories moved out at once. Nothing is unloaded.
         shutil.move(repo, tmp_path / "away")
         repo.mkdir()
@@ -304,23 +300,32 @@ def test_poll_mode_keeps_serving_a_directory_replaced_by_two_renames(
 ) -> None:
     """Replacing a flat model directory is two renames (old out, new in). A scan that falls
     between them finds it missing; unloading then would answer 404 until the next scan.
-    A model is unloaded only when missing at two scans in a row; the gap here (0.45 s,
-    under the 0.5 s interval) spans one scan at most, and usually one."""
+    A model is unloaded only when missing at two scans in a row.
+
+    A scan is made to land between the renames: just after the first, a new model
+    directory (``probe``) appears, and the second rename waits until the server has
+    tried to load it. The scan that found ``probe`` listed the repository after ``other``
+    had gone, so ``other`` was missing at one scan, and the next finds it back."""
     repo = repository(tmp_path, exports, ("1",))
     renamed(exports / "2", repo / "other", "other")
     renamed(exports / "1", tmp_path / "staging", "other")
+    renamed(exports / "1", tmp_path / "probe", "probe")
     want = expected(exports)
     with server_process(
         repo, model_control="poll", poll_seconds="0.5", default_model="tiny"
     ) as server:
         url = server.url
         assert np.allclose(hidden_of(infer(url, model="other"))[1], want["2"], rtol=0, atol=ATOL)
-        shutil.move(repo / "other", tmp_path / "old")
         statuses = set()
-        give_up = time.monotonic() + 0.45
-        while time.monotonic() < give_up:
+
+        def scanned() -> bool:  # a scan found the probe, whatever its load's outcome
             statuses.add(infer(url, model="other").status_code)
-        shutil.move(tmp_path / "staging", repo / "other")
+            return metric(url, "attnserve_model_loads_total", model="probe") > 0
+
+        (repo / "other").rename(tmp_path / "old")
+        (tmp_path / "probe").rename(repo / "probe")
+        wait_until(scanned, "no scan found the probe")
+        (tmp_path / "staging").rename(repo / "other")
         deadline = time.monotonic() + 30
         while True:
             answer = infer(url, model="other")
@@ -332,6 +337,7 @@ def test_poll_mode_keeps_serving_a_directory_replaced_by_two_renames(
         time.sleep(0.6)  # a scan past the swap: still serving, not unloaded late
         statuses.add(infer(url, model="other").status_code)
         assert statuses == {200}
+        assert infer(url, model="probe").status_code == 200  # the probe was loaded
 
 
 def test_poll_mode_with_policy_all_drops_a_removed_version(tmp_path: Path, exports: Path) -> None:
@@ -344,7 +350,7 @@ def test_poll_mode_with_policy_all_drops_a_removed_version(tmp_path: Path, expor
         url = server.url
         assert infer(url, version="1").status_code == 200
         shutil.rmtree(repo / "tiny" / "1")
-        until(lambda: infer(url, version="1").status_code == 404, "version 1 served on")
+        wait_until(lambda: infer(url, version="1").status_code == 404, "version 1 served on")
         assert httpx.get(f"{url}/v2/models/tiny").json()["versions"] == ["2"]
         assert hidden_of(infer(url))[0] == "2"
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.helpers import MODEL
+from tests.support.tiny import MODEL
 
 CASES = [
     # (id, body or raw bytes, headers, status, code, param)
@@ -39,7 +39,7 @@ CASES = [
     ids=[c[0] for c in CASES],
 )
 def test_errors_in_openai_shape(
-    client: httpx.Client,
+    http_client: httpx.Client,
     body: dict[str, Any] | bytes,
     headers: dict[str, str] | None,
     status: int,
@@ -47,13 +47,13 @@ def test_errors_in_openai_shape(
     param: str | None,
 ) -> None:
     if isinstance(body, bytes):
-        r = client.post(
+        r = http_client.post(
             "/v1/embeddings",
             content=body,
             headers=headers or {"content-type": "application/json"},
         )
     else:
-        r = client.post("/v1/embeddings", json=body)
+        r = http_client.post("/v1/embeddings", json=body)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
@@ -61,5 +61,5 @@ def test_errors_in_openai_shape(
     assert error["type"] == "invalid_request_error"
     assert error["message"] and "Traceback" not in r.text
     # The native routes keep their own shape on the same server.
-    native = client.post("/v1/encode", json={"inputs": [], "model": "nope"})
+    native = http_client.post("/v1/encode", json={"inputs": [], "model": "nope"})
     assert set(native.json()) == {"error", "error_type"}

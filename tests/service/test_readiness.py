@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import server_process
-from tests.service.helpers import MODEL
+from tests.support.tiny import MODEL
 
 READY_ROUTES = ("/health/ready", "/v2/health/ready", "/health")  # native, KServe V2, TEI
 

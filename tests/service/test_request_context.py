@@ -14,7 +14,9 @@ import pytest
 from service.server import warn_if_exposed
 from service.settings import Settings
 from tests.conftest import ServerFailed, running_server, server_process
-from tests.service.helpers import D_MODEL, TIMEOUT, sequences
+from tests.service.helpers import TIMEOUT
+from tests.support.inputs import sequences
+from tests.support.tiny import D_MODEL
 
 # An error about a 1 MB value stays this short (its message is cut at 1,000 characters).
 MAX_ERROR_BODY = 2_000
@@ -25,21 +27,27 @@ def _seq(n: int = 3) -> list[list[float]]:
     return rows
 
 
-def test_every_response_carries_request_id_and_timings(client: httpx.Client) -> None:
-    r = client.post("/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-id": "job-42"})
+def test_every_response_carries_request_id_and_timings(http_client: httpx.Client) -> None:
+    r = http_client.post(
+        "/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-id": "job-42"}
+    )
     assert r.status_code == 200 and r.headers["x-request-id"] == "job-42"
     queue, compute = float(r.headers["x-queue-time"]), float(r.headers["x-compute-time"])
     assert queue >= 0 and compute > 0  # it ran: onnxruntime time is never zero
-    for response in (client.get("/health/live"), client.get("/nowhere"), client.get("/metrics")):
+    for response in (
+        http_client.get("/health/live"),
+        http_client.get("/nowhere"),
+        http_client.get("/metrics"),
+    ):
         generated = response.headers["x-request-id"]
         assert len(generated) == 32 and int(generated, 16) >= 0  # a fresh uuid4 hex
         assert float(response.headers["x-compute-time"]) == 0.0  # no inference
     # An id that is too long or not visible ASCII is replaced, never echoed.
-    r = client.get("/health/live", headers={"x-request-id": "x" * 200})
+    r = http_client.get("/health/live", headers={"x-request-id": "x" * 200})
     assert r.headers["x-request-id"] != "x" * 200
 
 
-def test_strict_booleans_numbers_and_indices(client: httpx.Client) -> None:
+def test_strict_booleans_numbers_and_indices(http_client: httpx.Client) -> None:
     """JSON true is not 1.0, "yes" is not a boolean, "0" and true are not indices."""
     row = [0.5] * D_MODEL
     cases = [
@@ -51,49 +59,53 @@ def test_strict_booleans_numbers_and_indices(client: httpx.Client) -> None:
         {"inputs": [_seq()], "return_attention": True, "attention": {"heads": [0.0]}},
     ]
     for body in cases:
-        r = client.post("/v1/encode", json=body)
+        r = http_client.post("/v1/encode", json=body)
         assert r.status_code == 422, (body, r.text)
         assert r.json()["error_type"] == "invalid_input"
-    assert client.post("/v1/encode", json={"inputs": [[row]]}).status_code == 200
+    assert http_client.post("/v1/encode", json={"inputs": [[row]]}).status_code == 200
 
 
-def test_repeated_attention_indices_are_refused_not_multiplied(client: httpx.Client) -> None:
+def test_repeated_attention_indices_are_refused_not_multiplied(http_client: httpx.Client) -> None:
     """200,000 repeats of head 0 once asked numpy for 293 GiB (a 500); now a short 422."""
     body = {
         "inputs": [_seq(8)],
         "return_attention": True,
         "attention": {"heads": [0] * 200_000, "reduce": "mean"},
     }
-    r = client.post("/v1/encode", json=body)
+    r = http_client.post("/v1/encode", json=body)
     assert r.status_code == 422, r.text
     assert "heads [0] repeated" in r.json()["error"]
     assert len(r.content) < MAX_ERROR_BODY
 
 
-def test_errors_do_not_echo_huge_values(client: httpx.Client) -> None:
-    r = client.post("/v1/encode", json={"inputs": [_seq()], "model": "m" * 1_000_000})
+def test_errors_do_not_echo_huge_values(http_client: httpx.Client) -> None:
+    r = http_client.post("/v1/encode", json={"inputs": [_seq()], "model": "m" * 1_000_000})
     assert r.status_code == 404 and r.json()["error_type"] == "model_not_found"
     assert len(r.content) < MAX_ERROR_BODY
-    r = client.post("/v1/encode", content=b"{}", headers={"content-type": "text/" + "x" * 5000})
+    r = http_client.post(
+        "/v1/encode", content=b"{}", headers={"content-type": "text/" + "x" * 5000}
+    )
     assert r.status_code == 415 and len(r.content) < MAX_ERROR_BODY
 
 
-def test_bad_request_timeout_header_is_400(client: httpx.Client) -> None:
+def test_bad_request_timeout_header_is_400(http_client: httpx.Client) -> None:
     for value in ("soon", "-1", "0", "nan", "inf", "1e9"):
-        r = client.post(
+        r = http_client.post(
             "/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-timeout": value}
         )
         assert r.status_code == 400, (value, r.text)
         assert r.json()["error_type"] == "invalid_header"
 
 
-def test_deadline_already_passed_is_504_with_retry_after(client: httpx.Client) -> None:
-    r = client.post(
+def test_deadline_already_passed_is_504_with_retry_after(http_client: httpx.Client) -> None:
+    r = http_client.post(
         "/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-timeout": "0.000001"}
     )
     assert r.status_code == 504 and r.json()["error_type"] == "deadline_exceeded"
     assert int(r.headers["retry-after"]) >= 1
-    ok = client.post("/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-timeout": "30"})
+    ok = http_client.post(
+        "/v1/encode", json={"inputs": [_seq()]}, headers={"x-request-timeout": "30"}
+    )
     assert ok.status_code == 200
 
 
@@ -142,15 +154,15 @@ def test_warns_when_exposed_without_a_key(
     assert ("no API key" in caplog.text) == warned
 
 
-def test_booleans_in_kserve_fp32_data_are_refused(client: httpx.Client) -> None:
+def test_booleans_in_kserve_fp32_data_are_refused(http_client: httpx.Client) -> None:
     data = np.zeros((1, 2, D_MODEL), np.float32).tolist()
     data[0][0][0] = True
     body = {"inputs": [{"name": "inputs_embeds", "datatype": "FP32", "shape": [1, 2, D_MODEL],
                         "data": data}]}  # fmt: skip
-    r = client.post("/v2/models/tiny/infer", json=body)
+    r = http_client.post("/v2/models/tiny/infer", json=body)
     assert r.status_code == 422 and "FP32 values" in r.json()["error"], r.text
     data[0][0][0] = 1.0
-    assert client.post("/v2/models/tiny/infer", json=body).status_code == 200
+    assert http_client.post("/v2/models/tiny/infer", json=body).status_code == 200
 
 
 def test_an_early_answer_is_the_only_answer(server_url: str) -> None:

@@ -21,8 +21,9 @@ from service.app import PROTOCOLS, create_app
 from service.engine import Access
 from service.settings import Settings
 from tests.conftest import running_server
-from tests.service.helpers import D_MODEL, MODEL, TIMEOUT
-from tests.service.raw_http import metric
+from tests.service.helpers import TIMEOUT
+from tests.support.metrics import metric
+from tests.support.tiny import D_MODEL, MODEL
 
 KEY = "scope-test-key"
 ADMIN_KEY = "scope-test-admin-key"  # the repository API's (ATTNSERVE_ADMIN_KEYS)

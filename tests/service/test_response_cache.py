@@ -18,9 +18,11 @@ import pytest
 from service.engine.response_cache import compact, result_bytes
 from service.engine.types import EncodeResult, SequenceOutput
 from tests.conftest import running_server, server_process
-from tests.service.helpers import D_MODEL, b64_array
-from tests.service.raw_http import metric, wait_for
+from tests.service.helpers import b64_array
 from tests.service.test_model_control import exports, hidden_of, infer, repository  # noqa: F401
+from tests.support.metrics import metric
+from tests.support.tiny import D_MODEL
+from tests.support.wait import wait_until
 
 BOUND = 1024 * 1024
 
@@ -184,7 +186,11 @@ def pinning_round(url: str, seed: int) -> bool:
     blocker = arrays_body(seed, 64, return_embeddings=False, **rollout)
     sent = [threading.Thread(target=encode, args=(url, blocker))]
     sent[0].start()
-    wait_for(lambda: metric(url, "attnserve_queue_seconds_count") > started, timeout=30)
+    wait_until(
+        lambda: metric(url, "attnserve_queue_seconds_count") > started,
+        "the blocker never started",
+        timeout=30,
+    )
     keeper = arrays_body(seed + 2, 1, return_attention=True)
     for body in (arrays_body(seed + 1, 63, return_embeddings=False, **rollout), keeper):
         sent.append(threading.Thread(target=encode, args=(url, body)))

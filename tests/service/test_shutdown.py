@@ -34,17 +34,13 @@ from model_export.export import export_model
 from model_export.manifest import Manifest
 from model_export.model import Encoder
 from tests.conftest import ServerProcess, free_port, server_process
-from tests.service.helpers import (
-    D_MODEL,
-    MODEL_MAX_SEQ_LEN,
-    N_HEADS,
-    N_LAYERS,
-    as_array,
-    b64_array,
-    ort_encode,
-    sequences,
-)
-from tests.service.raw_http import address, metric, post_head, wait_for
+from tests.service.helpers import as_array, b64_array
+from tests.service.raw_http import address, held_for, post_head
+from tests.support.inputs import sequences
+from tests.support.metrics import metric
+from tests.support.onnx_runs import ort_encode
+from tests.support.tiny import D_MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS
+from tests.support.wait import wait_until
 
 DRAIN_SECONDS = 2.0
 SHUTDOWN_TIMEOUT = 6.0
@@ -118,17 +114,19 @@ def test_sigterm_answers_in_flight_requests_and_drains(
         # holding its announced bytes) when the signal comes, and still in progress.
         for sock, body in zip(socks, bodies, strict=True):
             sock.sendall(post_head("/v1/encode", len(body)) + body[:-1])
-        held = sum(4 * len(b) for b in bodies)
-        wait_for(
-            lambda: metric(url, "attnserve_in_flight_bytes") == held, 5.0
-        )  # all of them are being read
+        held = sum(held_for(body[:-1]) for body in bodies)
+        wait_until(  # all of them are being read
+            lambda: metric(url, "attnserve_in_flight_bytes") == held,
+            "the bodies are not all being read",
+            10.0,
+        )
 
         server.proc.send_signal(signal.SIGTERM)
         for sock, body in zip(socks, bodies, strict=True):
             sock.sendall(body[-1:])
 
         # Draining: the listener is open, readiness and new work answer 503.
-        assert wait_for(lambda: ready_status(url) != 200, DRAIN_SECONDS)
+        wait_until(lambda: ready_status(url) != 200, "still ready", DRAIN_SECONDS)
         assert ready_status(url) == 503, "the listener closed at once"
         assert_shutting_down(httpx.get(f"{url}/health/ready", timeout=5))
         assert_shutting_down(httpx.post(f"{url}/v1/encode", json=GOOD, timeout=5))
@@ -193,9 +191,11 @@ def test_sigterm_exits_despite_slow_idle_and_silent_clients(model_repository: Pa
         sender = threading.Thread(target=trickle, args=(slow, stop))
         sender.start()
         stack.callback(sender.join, 5.0)
-        wait_for(
-            lambda: metric(url, "attnserve_in_flight_bytes") == 4000, 5.0
-        )  # its body is being read
+        wait_until(
+            lambda: metric(url, "attnserve_in_flight_bytes") >= held_for(b"{"),
+            "its body is not being read",
+            10.0,
+        )
 
         idle = connect()  # keep-alive, between requests
         idle.sendall(b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
@@ -229,7 +229,7 @@ def test_second_sigterm_skips_the_drain(model_repository: Path) -> None:
         url = server.url
         server.proc.send_signal(signal.SIGTERM)
 
-        assert wait_for(lambda: ready_status(url) != 200, 5.0)
+        wait_until(lambda: ready_status(url) != 200, "still ready", 5.0)
         assert ready_status(url) == 503, "the listener closed at once"
         assert_shutting_down(httpx.get(f"{url}/health/ready", timeout=5))
         server.proc.send_signal(signal.SIGTERM)
@@ -345,7 +345,9 @@ def test_work_past_the_grace_window_is_answered_503_not_cut(slow_repository: Pat
         for call in calls:
             call.start()
         # All three accepted (bodies read, work queued) before the signal.
-        assert wait_for(lambda: metric(url, "attnserve_in_flight_requests") == 3, 10.0), answers
+        wait_until(
+            lambda: metric(url, "attnserve_in_flight_requests") == 3, f"not 3: {answers}", 10.0
+        )
         server.proc.send_signal(signal.SIGTERM)
         for call in calls:
             call.join(CUT_SHUTDOWN + EXIT_MARGIN)
@@ -414,7 +416,11 @@ def test_ctrl_c_answers_the_work_in_progress_before_exiting(slow_repository: Pat
 
         call = threading.Thread(target=post)
         call.start()
-        assert wait_for(lambda: metric(url, "attnserve_in_flight_requests") == 1, 10.0)
+        wait_until(
+            lambda: metric(url, "attnserve_in_flight_requests") == 1,
+            "the request never started",
+            10.0,
+        )
         server.proc.send_signal(signal.SIGINT)
         signalled = time.monotonic()
         time.sleep(IDLE_EXIT_SECONDS)
@@ -469,9 +475,11 @@ def test_draining_refuses_new_loads_at_once_and_answers_an_accepted_one(
             )
         )
         accepted.start()
-        assert wait_for(lambda: index_state(url, "slow") == "LOADING", 10.0), server.log()
+        wait_until(
+            lambda: index_state(url, "slow") == "LOADING", f"not loading: {server.log()}", 10.0
+        )
         server.proc.send_signal(signal.SIGTERM)
-        assert wait_for(lambda: ready_status(url) == 503, 5.0)
+        wait_until(lambda: ready_status(url) == 503, "still ready", 5.0)
 
         # A new load is refused at once, while the accepted one is still at work (it holds
         # the load lock: before, the new one waited for it, then did its own work).

@@ -44,6 +44,7 @@ CONFIG = SoakConfig(
 )
 
 
+@pytest.mark.slow
 def test_soak_30s_mixed_clients(tiny_model_dir: Path) -> None:
     report = run_soak(tiny_model_dir, CONFIG)
     text = report.render()

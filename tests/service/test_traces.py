@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from attnserve_client import Client
 from model_export.manifest import graph_io
 from tests.conftest import free_port, server_process
-from tests.service.helpers import D_MODEL
+from tests.support.tiny import D_MODEL
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -211,20 +211,32 @@ def test_grpc_metadata_and_the_sdk_propagate_too(traced: Any, receiver: Receiver
     assert roots and {r.parent_span_id.hex() for r in roots} == {f"{context.span_id:016x}"}
 
 
-def test_nothing_is_sent_without_an_endpoint(
-    model_repository: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Even with OpenTelemetry's own variable pointing at a collector."""
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    trace_id = "11111111111111111111111111111111"
-    with server_process(model_repository) as server:
+def spans_sent(model_repository: Path, receiver: Receiver, trace_id: str, **settings: str) -> int:
+    """How many spans of ``trace_id`` the receiver got from one traced request to a server
+    run with ``settings``, counted 0.5 s after the answer, once the server has exited
+    (which flushes what it holds)."""
+    with server_process(model_repository, **settings) as server:
         headers = {"traceparent": f"00-{trace_id}-{PARENT_ID}-01"}
         answer = httpx.post(f"{server.url}/v1/encode", json={"inputs": ROWS.tolist()},
                             headers=headers, timeout=30)  # fmt: skip
         assert answer.status_code == 200
         time.sleep(0.5)
-    assert [s for s in receiver.spans if s.trace_id.hex() == trace_id] == []
+    return sum(s.trace_id.hex() == trace_id for s in receiver.spans)
+
+
+def test_nothing_is_sent_without_an_endpoint(
+    model_repository: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even with OpenTelemetry's own variable pointing at a collector. The control: the
+    same request, wait and exit with ATTNSERVE_OTLP_ENDPOINT set deliver its spans, so
+    none arriving means none were sent, not that the window was too short."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    assert spans_sent(model_repository, receiver, "11111111111111111111111111111111") == 0
+    traced = spans_sent(
+        model_repository, receiver, "33333333333333333333333333333333", otlp_endpoint=receiver.url
+    )
+    assert traced == 1 + len(PHASES)  # the request and its phases
 
 
 # With the collector unreachable the flush at exit is cut short: measured here 1.2 s from

@@ -19,24 +19,24 @@ JS = "text/javascript"
 IGNORED = shutil.ignore_patterns("__pycache__")
 
 
-def test_root_redirects_to_the_viewer_with_a_relative_location(client: httpx.Client) -> None:
+def test_root_redirects_to_the_viewer_with_a_relative_location(http_client: httpx.Client) -> None:
     for method in ("GET", "HEAD"):
-        answer = client.request(method, "/", headers={"Host": "evil.example"})
+        answer = http_client.request(method, "/", headers={"Host": "evil.example"})
         assert answer.status_code == 307
         assert answer.headers["location"] == "/viewer"  # nothing taken from the Host header
 
 
-def test_root_redirect_keeps_the_deep_link_query(client: httpx.Client) -> None:
+def test_root_redirect_keeps_the_deep_link_query(http_client: httpx.Client) -> None:
     """``/?text=…`` is a shared deep link: the redirect must carry its query along."""
     query = "text=The%20cat%20sat.&layer=2&head=-1&view=grid"
-    answer = client.get(f"/?{query}", headers={"Host": "evil.example"})
+    answer = http_client.get(f"/?{query}", headers={"Host": "evil.example"})
     assert answer.status_code == 307
     assert answer.headers["location"] == f"/viewer?{query}"
 
 
-def test_root_redirect_cannot_be_turned_into_an_open_redirect(client: httpx.Client) -> None:
+def test_root_redirect_cannot_be_turned_into_an_open_redirect(http_client: httpx.Client) -> None:
     # The query is appended after "/viewer?", so no client input can change the path or host.
-    answer = client.get("/?//evil.example/%0d%0aSet-Cookie:x=1")
+    answer = http_client.get("/?//evil.example/%0d%0aSet-Cookie:x=1")
     assert answer.status_code == 307
     location = answer.headers["location"]
     assert location.startswith("/viewer?")
@@ -44,8 +44,8 @@ def test_root_redirect_cannot_be_turned_into_an_open_redirect(client: httpx.Clie
     assert "set-cookie" not in {name.lower() for name in answer.headers if name != "location"}
 
 
-def test_viewer_page_is_locked_to_this_origin(client: httpx.Client) -> None:
-    answer = client.get("/viewer")
+def test_viewer_page_is_locked_to_this_origin(http_client: httpx.Client) -> None:
+    answer = http_client.get("/viewer")
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/html")
     policy = answer.headers["content-security-policy"]
@@ -53,12 +53,12 @@ def test_viewer_page_is_locked_to_this_origin(client: httpx.Client) -> None:
         assert directive in policy
     assert "unsafe-inline" not in policy and "*" not in policy
     assert answer.headers["x-content-type-options"] == "nosniff"
-    assert client.head("/viewer").status_code == 200
+    assert http_client.head("/viewer").status_code == 200
 
 
 @pytest.mark.parametrize("asset", ASSETS)
-def test_assets_are_served_with_their_types(client: httpx.Client, asset: str) -> None:
-    answer = client.get(f"/viewer/static/{asset}")
+def test_assets_are_served_with_their_types(http_client: httpx.Client, asset: str) -> None:
+    answer = http_client.get(f"/viewer/static/{asset}")
     assert answer.status_code == 200
     # A module script with another type is refused by the browser.
     assert answer.headers["content-type"].startswith(JS if asset.endswith(".js") else "text/css")
@@ -80,13 +80,13 @@ def test_page_and_scripts_name_no_other_host() -> None:
     ]
 
 
-def test_no_static_file_escapes_its_folder(client: httpx.Client) -> None:
-    assert client.get("/viewer/static/../__init__.py").status_code == 404
-    assert client.get("/viewer/static/%2e%2e/__init__.py").status_code == 404
+def test_no_static_file_escapes_its_folder(http_client: httpx.Client) -> None:
+    assert http_client.get("/viewer/static/../__init__.py").status_code == 404
+    assert http_client.get("/viewer/static/%2e%2e/__init__.py").status_code == 404
 
 
-def test_viewer_is_not_in_the_api_schema(client: httpx.Client) -> None:
-    paths = client.get("/openapi.json").json()["paths"]
+def test_viewer_is_not_in_the_api_schema(http_client: httpx.Client) -> None:
+    paths = http_client.get("/openapi.json").json()["paths"]
     assert not any(p == "/" or p.startswith("/viewer") for p in paths)
 
 

@@ -28,7 +28,7 @@ from service.metrics import Metrics
 from service.model_info import ModelInfo
 from service.runtime import ModelRuntime, load_repository
 from service.settings import Settings
-from tests.service.helpers import MODEL
+from tests.support.tiny import MODEL
 
 T = TypeVar("T")
 

@@ -59,7 +59,6 @@ from service.protocols.native import codec
 from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.timing import RunTiming
-from tests.service.helpers import D_MODEL, MODEL, N_HEADS, N_LAYERS, sequences
 from tests.service.layers.conftest import (
     layer_settings,
     tokenize_texts,
@@ -68,6 +67,9 @@ from tests.service.layers.conftest import (
 )
 from tests.service.layers.test_engine import COST, arrays, request_of
 from tests.service.layers.test_postprocess import SHARP, reference_rollout
+from tests.support.inputs import sequences
+from tests.support.metrics import metric
+from tests.support.tiny import D_MODEL, MODEL, N_HEADS, N_LAYERS
 
 FLOAT32 = 4
 MiB = 1024 * 1024
@@ -78,27 +80,21 @@ ATOL_ROLLOUT = 1e-6
 EMBEDDINGS = graph_io.GRAPH_EMBEDDINGS
 
 
-def sample(metrics: Metrics, name: str, **labels: str) -> float:
-    """A sample of the registry; 0 for a labelled child never touched (so never exported)."""
-    value = metrics.registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
-
-
 def in_flight(metrics: Metrics) -> tuple[float, float]:
     """The admission gauges: (requests, bytes)."""
     return (
-        sample(metrics, "attnserve_in_flight_requests"),
-        sample(metrics, "attnserve_in_flight_bytes"),
+        metric(metrics.registry, "attnserve_in_flight_requests"),
+        metric(metrics.registry, "attnserve_in_flight_bytes"),
     )
 
 
 def refusals(metrics: Metrics, reason: str) -> float:
-    return sample(metrics, "attnserve_refusals_total", reason=reason)
+    return metric(metrics.registry, "attnserve_refusals_total", reason=reason)
 
 
 def runs(metrics: Metrics, graph: str) -> float:
     """onnxruntime runs of one of tiny's graphs (label as in the inference metric)."""
-    return sample(metrics, "attnserve_inference_seconds_count", model=MODEL, graph=graph)
+    return metric(metrics.registry, "attnserve_inference_seconds_count", model=MODEL, graph=graph)
 
 
 def never_decoded(rows: int) -> ArrayInput:
@@ -449,12 +445,13 @@ def with_batcher(
     settings: Settings,
     runtimes: dict[str, ModelRuntime],
     body: Callable[[Batcher, Metrics], Any],
+    before_batch: Callable[[str], None] | None = None,
 ) -> Any:
     """Start a real Batcher on the session's runtimes, await ``body(batcher, metrics)``, stop."""
 
     async def main() -> Any:
         metrics = Metrics()
-        batcher = Batcher(runtimes, settings, metrics)
+        batcher = Batcher(runtimes, settings, metrics, before_batch=before_batch)
         await batcher.start()
         try:
             return await body(batcher, metrics)
@@ -484,9 +481,9 @@ def test_a_job_past_its_deadline_never_runs(
             D_MODEL,
         )
         assert runs(metrics, "embeddings") == 1
-        assert sample(metrics, "attnserve_batch_sequences_sum") == 1  # not the late one's
+        assert metric(metrics.registry, "attnserve_batch_sequences_sum") == 1  # not the late one's
         assert refusals(metrics, "deadline") == 1
-        assert sample(metrics, "attnserve_queued_requests") == 0
+        assert metric(metrics.registry, "attnserve_queued_requests") == 0
         assert batcher.backlog_seconds() == 0
 
     with_batcher(settings, runtimes, body)
@@ -525,7 +522,9 @@ def queued_past_deadline(settings: Settings) -> Dropped:
     async def body(engine: Engine) -> Dropped:
         metrics = engine.metrics
         queued = [asyncio.ensure_future(engine.run(engine.prepare(long))) for _ in range(2)]
-        while sample(metrics, "attnserve_queue_seconds_count") < 1:  # a long run has started
+        while (
+            metric(metrics.registry, "attnserve_queue_seconds_count") < 1
+        ):  # a long run has started
             await asyncio.sleep(0.001)
         prepared = engine.prepare(small)
         error: BaseException | None = None
@@ -538,7 +537,7 @@ def queued_past_deadline(settings: Settings) -> Dropped:
             error,
             runs(metrics, "embeddings"),
             refusals(metrics, "deadline"),
-            sample(metrics, "attnserve_queued_requests"),
+            metric(metrics.registry, "attnserve_queued_requests"),
         )
 
     return with_started_engine(settings, body)
@@ -567,10 +566,10 @@ def test_run_timing_is_filled_for_a_normal_run(settings: Settings) -> None:
     assert timing.compute > 0 and timing.queue >= 0
     # Alone, the request is one run: its times are exactly what the histograms observed.
     assert runs(metrics, "embeddings") == 1
-    assert timing.compute == sample(
-        metrics, "attnserve_inference_seconds_sum", model=MODEL, graph="embeddings"
+    assert timing.compute == metric(
+        metrics.registry, "attnserve_inference_seconds_sum", model=MODEL, graph="embeddings"
     )
-    assert timing.queue == sample(metrics, "attnserve_queue_seconds_sum")
+    assert timing.queue == metric(metrics.registry, "attnserve_queue_seconds_sum")
 
 
 def test_retry_after_is_the_backlog_over_the_measured_rate(
@@ -620,31 +619,51 @@ def test_retry_after_is_the_backlog_over_the_measured_rate(
                 job.cancel()
             await asyncio.gather(*jobs, return_exceptions=True)
         assert (batcher.retry_after(), batcher.backlog_seconds()) == ("1", 0.0)
-        assert sample(metrics, "attnserve_queued_requests") == 0
+        assert metric(metrics.registry, "attnserve_queued_requests") == 0
 
     with_batcher(settings, runtimes, body)
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        # Its run succeeds; recording it divides by its 0 padded tokens.
-        pytest.param([np.zeros((0, D_MODEL), np.float32)], id="empty-sequence"),
-    ],
-)
+class WorkerFault(Exception):
+    """A deliberate fault of a batcher worker, outside any run's own error handling."""
+
+
 def test_a_crashed_worker_is_restarted(
-    settings: Settings, runtimes: dict[str, ModelRuntime], bad: list[Any]
+    settings: Settings, runtimes: dict[str, ModelRuntime]
 ) -> None:
-    """A job the worker cannot handle outside a run's own error handling: that request
-    fails, the restart is counted, and the next request is answered."""
+    """The worker fails on its first batch (the batcher's ``before_batch`` fault seam):
+    that request fails with the fault, the restart is counted, and the next request is
+    answered by the restarted worker."""
     (seq,) = sequences((6,), seed=8)
+    faults = [WorkerFault("injected")]
+
+    def before_batch(model: str) -> None:
+        if faults:
+            raise faults.pop()
 
     async def body(batcher: Batcher, metrics: Metrics) -> None:
-        with pytest.raises(Exception):  # noqa: B017 - whatever broke; it must not hang
-            await asyncio.wait_for(batcher.submit(MODEL, bad, graph=EMBEDDINGS), timeout=30)
+        with pytest.raises(WorkerFault):  # failed with the fault, not left to hang
+            await asyncio.wait_for(batcher.submit(MODEL, [seq], graph=EMBEDDINGS), timeout=30)
+        assert not faults  # the seam was reached
         answer = await asyncio.wait_for(batcher.submit(MODEL, [seq], graph=EMBEDDINGS), timeout=30)
         assert answer[0][graph_io.OUTPUT_HIDDEN].shape == (6, D_MODEL)
-        assert sample(metrics, "attnserve_batcher_restarts_total", model=MODEL) == 1
+        assert metric(metrics.registry, "attnserve_batcher_restarts_total", model=MODEL) == 1
+
+    with_batcher(settings, runtimes, body, before_batch)
+
+
+def test_an_empty_sequence_is_answered_without_a_restart(
+    settings: Settings, runtimes: dict[str, ModelRuntime]
+) -> None:
+    """A run of no tokens has no fill or rate to record (it used to divide by zero there,
+    outside the run's error handling, and crash the worker)."""
+
+    async def body(batcher: Batcher, metrics: Metrics) -> None:
+        empty = np.zeros((0, D_MODEL), np.float32)
+        answer = await asyncio.wait_for(batcher.submit(MODEL, [empty], graph=EMBEDDINGS), 30)
+        assert answer[0][graph_io.OUTPUT_HIDDEN].shape == (0, D_MODEL)
+        assert metric(metrics.registry, "attnserve_batcher_restarts_total", model=MODEL) == 0
+        assert metric(metrics.registry, "attnserve_batch_fill_ratio_count") == 0
 
     with_batcher(settings, runtimes, body)
 
@@ -658,8 +677,8 @@ def test_a_refused_submit_leaves_nothing_queued(
         with pytest.raises(TypeError):
             await batcher.submit(MODEL, [5], graph=EMBEDDINGS)  # type: ignore[list-item]
         await batcher.submit(MODEL, [seq], graph=EMBEDDINGS)
-        assert sample(metrics, "attnserve_queued_requests") == 0
-        assert sample(metrics, "attnserve_batcher_restarts_total", model=MODEL) == 0
+        assert metric(metrics.registry, "attnserve_queued_requests") == 0
+        assert metric(metrics.registry, "attnserve_batcher_restarts_total", model=MODEL) == 0
 
     with_batcher(settings, runtimes, body)
 
@@ -670,7 +689,7 @@ def test_submit_refuses_an_unknown_graph(
     async def body(batcher: Batcher, metrics: Metrics) -> None:
         with pytest.raises(ValueError, match=r"unknown graph 'model_fast\.onnx'"):
             await batcher.submit(MODEL, sequences((3,), seed=0), graph="model_fast.onnx")
-        assert sample(metrics, "attnserve_queued_requests") == 0
+        assert metric(metrics.registry, "attnserve_queued_requests") == 0
         assert batcher.backlog_seconds() == 0
 
     with_batcher(settings, runtimes, body)

@@ -23,7 +23,7 @@ from service.protocols import wire
 from service.protocols.native import codec
 from service.protocols.openai import codec as openai_codec
 from service.protocols.openai.codec import embeddings_request
-from tests.service.helpers import D_MODEL, MODEL
+from tests.support.tiny import D_MODEL, MODEL
 
 # derandomize and no database: the same examples every run, nothing written to disk.
 PROPERTY = settings(max_examples=200, deadline=None, derandomize=True, database=None)

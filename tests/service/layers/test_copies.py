@@ -22,25 +22,21 @@ from service.inference_thread import run_and_split
 from service.protocols.kserve_v2 import codec
 from service.protocols.open_inference.padding import repad
 from service.runtime import ModelRuntime
-from tests.service.helpers import D_MODEL, MODEL
 from tests.service.layers.conftest import layer_settings, with_started_engine, work_scope
+from tests.support.inputs import sequences
+from tests.support.tiny import MODEL
 
 ATTENTIONS = graph_io.OUTPUT_ATTENTIONS
 # What framing may allocate beyond the answer's arrays: the JSON header and bookkeeping.
 FRAMING_SLACK_BYTES = 64 * 1024
 
 
-def sequences(*lengths: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
-    return [rng.standard_normal((n, D_MODEL)).astype(np.float32) for n in lengths]
-
-
 def test_sequences_that_fill_their_run_are_views_of_it(tiny_runtime: ModelRuntime) -> None:
-    full = run_and_split(tiny_runtime, sequences(9, 9, 9), graph_io.GRAPH_ATTENTION)
+    full = run_and_split(tiny_runtime, sequences((9, 9, 9), seed=0), graph_io.GRAPH_ATTENTION)
     base = full[0][ATTENTIONS].base
     assert base is not None  # a view, of the run's one buffer
     assert all(result[ATTENTIONS].base is base for result in full)
-    ragged = run_and_split(tiny_runtime, sequences(9, 4), graph_io.GRAPH_ATTENTION)
+    ragged = run_and_split(tiny_runtime, sequences((9, 4), seed=0), graph_io.GRAPH_ATTENTION)
     assert all(result[ATTENTIONS].base is None for result in ragged)  # own copies, cut
     assert ragged[1][ATTENTIONS].shape[-2:] == (4, 4)
 
@@ -62,7 +58,7 @@ def test_one_unpadded_sequence_is_repadded_as_a_view() -> None:
 
 def test_a_binary_attention_answer_is_framed_without_copying_it(model_repository: Path) -> None:
     settings = layer_settings(model_repository)
-    embeds = sequences(128)[0][None]  # [1, 128, d]
+    embeds = sequences((128,), seed=0)[0][None]  # [1, 128, d]
     header = json.dumps(
         {
             "inputs": [{"name": "inputs_embeds", "datatype": "FP32", "shape": list(embeds.shape),

@@ -41,16 +41,6 @@ from service.metrics import Metrics
 from service.protocols.native.codec import ENCODE_COST
 from service.runtime import ModelRuntime
 from service.settings import Settings
-from tests.service.helpers import (
-    D_MODEL,
-    MODEL,
-    MODEL_MAX_SEQ_LEN,
-    N_HEADS,
-    N_LAYERS,
-    ort_encode,
-    ort_outputs,
-    sequences,
-)
 from tests.service.layers.conftest import (
     layer_settings,
     loaded_engine,
@@ -58,6 +48,9 @@ from tests.service.layers.conftest import (
     with_started_engine,
     work_scope,
 )
+from tests.support.inputs import sequences
+from tests.support.onnx_runs import ort_encode, ort_outputs
+from tests.support.tiny import D_MODEL, MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS
 
 COST = ENCODE_COST["float"]
 

@@ -21,8 +21,9 @@ from service.model_info import ModelInfo, read_model_info
 from service.protocols import wire
 from service.protocols.native import codec
 from service.settings import Settings
-from tests.service.helpers import D_MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS, sequences
 from tests.service.layers.conftest import layer_settings, with_started_engine
+from tests.support.inputs import sequences
+from tests.support.tiny import D_MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS
 
 # -- counts and lengths -------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.run_planner import RunCostModel, plan_runs
-from tests.service.helpers import MODEL_MAX_SEQ_LEN
+from tests.support.tiny import MODEL_MAX_SEQ_LEN
 
 # Bounded: each example is microseconds, 200 of them a few tenths of a second.
 # derandomize and no database: the same examples every run, nothing written to disk.

@@ -16,7 +16,8 @@ from model_export import graph_io
 from service.engine import postprocess
 from service.errors import InvalidInput
 from service.runtime import ModelRuntime
-from tests.service.helpers import D_MODEL, N_HEADS, N_LAYERS, sequences
+from tests.support.inputs import sequences
+from tests.support.tiny import D_MODEL, N_HEADS, N_LAYERS
 
 SHARP = 8.0
 # Rollout is computed in float64 and returned as float32: values in [0, 1] round by
