@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.errors import DeadlineExceeded, Overloaded, PayloadTooLarge
-from service.fair_queue import FairQueue, Flow
+from service.errors import DeadlineExceeded, Overloaded
+from service.fair_queue import FairQueue, Flow, late_refusal
 from service.inference_thread import InferenceThread, SequenceResult, calibration_shapes
 from service.metrics import GRAPH_LABELS, Metrics
 from service.run_planner import RunCostModel, plan_runs
@@ -55,10 +55,6 @@ log = logging.getLogger(__name__)
 RATE_SMOOTHING = 0.2
 # Retry-After bounds, in seconds.
 RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
-# A request is refused up front only when its estimated time exceeds its deadline by
-# this factor: the cost model is fitted on a shared machine and may be off by tens of
-# percent, and a request that might still finish must never be refused.
-LATE_FACTOR = 1.5
 
 
 @dataclass
@@ -199,7 +195,7 @@ class Batcher:
         """One request's flow, open while it runs: submit each of its parts with it.
 
         Refused first, when the run cost model says its sequences (``lengths``) cannot
-        be run by its ``deadline`` (``time.monotonic()``), by ``LATE_FACTOR``: 413 if
+        be run by its ``deadline`` (``time.monotonic()``): ``fair_queue.late_refusal``, 413 if
         alone on an idle server it would miss even the longest deadline, or its own;
         429 with Retry-After if sharing the model with the requests already running
         makes it late. Work that fits in one batch is never refused here.
@@ -227,38 +223,13 @@ class Batcher:
         return sum(cost(len(run), lengths[run[0]]) for run in runs)
 
     def _refuse_late(self, model: str, flow: Flow, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return  # already late: the deadline's own 504 says so
-        longest = self._settings.request_timeout
-        own = flow.seconds
-        said = (
-            f"its {flow.tokens:,} tokens are estimated at {own:.1f} s of inference for model "
-            f"{model!r} on this server"
-        )
-        if own > LATE_FACTOR * min(left, longest):
+        running = [f.remaining_seconds() for f in self._flows.get(model, ())]
+        refusal = late_refusal(model, flow, running, deadline, self._settings.request_timeout)
+        if refusal is not None:
             self._metrics.refusals.labels("late").inc()
-            longer = (
-                f", or give it a longer deadline (at most {longest:g} s)"
-                if own <= LATE_FACTOR * longest
-                else ""
-            )
-            raise PayloadTooLarge(
-                f"this request cannot finish within its deadline of {left:.1f} s even on an "
-                f"idle server: {said}; send fewer or shorter inputs{longer}"
-            )
-        # Large requests share the model round-robin: each one running delays this one
-        # by at most its own remaining time, or this one's.
-        ahead = [f.remaining_seconds() for f in self._flows.get(model, ())]
-        wait = sum(min(seconds, own) for seconds in ahead)
-        if own + wait > LATE_FACTOR * left:
-            self._metrics.refusals.labels("late").inc()
-            raise Overloaded(
-                f"this request would miss its deadline of {left:.1f} s: {said}, plus about "
-                f"{wait:.1f} s shared with the {sum(s > 0 for s in ahead)} large requests "
-                "running; retry after Retry-After seconds",
-                headers={"Retry-After": self.retry_after()},
-            )
+            if isinstance(refusal, Overloaded):
+                refusal.headers = {"Retry-After": self.retry_after()}
+            raise refusal
 
     def retry_after(self) -> str:
         """Retry-After for a refused request: the backlog's drain time, whole seconds."""

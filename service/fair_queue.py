@@ -4,19 +4,23 @@ Every part of a request is queued with that request's ``Flow``. A batch is fille
 sequence by sequence, first from the requests that fit in one batch (first come,
 first served), then from the larger ones a batch each in turn, so a one-text
 request waits for at most the run in progress, however many large requests are
-queued. Kept apart from ``batcher`` (which runs the batches) because the order of
-service is its own concern.
+queued. A large request sure to miss its deadline is not queued at all
+(``late_refusal``). Kept apart from ``batcher`` (which runs the batches) because
+the order of service is its own concern.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
+
+from service.errors import Overloaded, PayloadTooLarge
 
 
 class Flow:
@@ -52,6 +56,10 @@ class QueuedJob(Protocol):
 
 
 J = TypeVar("J", bound=QueuedJob)
+# A request is refused up front only when its estimated time exceeds its deadline by
+# this factor: the cost model is fitted on a shared machine and may be off by tens of
+# percent, and a request that might still finish must never be refused.
+LATE_FACTOR = 1.5
 
 
 class FairQueue(Generic[J]):
@@ -131,3 +139,40 @@ class FairQueue(Generic[J]):
         if not jobs:
             heapq.heappop(self._heap)
             del self._jobs[flow]
+
+
+def late_refusal(
+    model: str, flow: Flow, running: list[float], deadline: float, longest: float
+) -> PayloadTooLarge | Overloaded | None:
+    """Why ``flow`` must not start, if it is sure to miss its ``deadline``
+    (``time.monotonic()``) by ``LATE_FACTOR``: alone on an idle server (413; ``longest``
+    is the longest deadline any request may have), or sharing the model with the large
+    requests ``running`` (their remaining seconds: 429)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None  # already late: the deadline's own 504 says so
+    own = flow.seconds
+    said = (
+        f"its {flow.tokens:,} tokens are estimated at {own:.1f} s of inference for model "
+        f"{model!r} on this server"
+    )
+    if own > LATE_FACTOR * min(left, longest):
+        longer = (
+            f", or give it a longer deadline (at most {longest:g} s)"
+            if own <= LATE_FACTOR * longest
+            else ""
+        )
+        return PayloadTooLarge(
+            f"this request cannot finish within its deadline of {left:.1f} s even on an "
+            f"idle server: {said}; send fewer or shorter inputs{longer}"
+        )
+    # Large requests share the model round-robin: each one running delays this one by at
+    # most its own remaining time, or this one's.
+    wait = sum(min(seconds, own) for seconds in running)
+    if own + wait > LATE_FACTOR * left:
+        return Overloaded(
+            f"this request would miss its deadline of {left:.1f} s: {said}, plus about "
+            f"{wait:.1f} s shared with the {sum(s > 0 for s in running)} large requests "
+            "running; retry after Retry-After seconds"
+        )
+    return None
