@@ -224,7 +224,8 @@ class Engine:
 
     def prepare(self, request: EncodeRequest) -> PreparedEncode:
         """Check everything, before any graph runs (see ``prepare.py``)."""
-        runtime = self.registry.runtime(request.model, request.model_version)
+        resolved = request.resolved and self.registry.runtime_of(request.resolved)
+        runtime = resolved or self.registry.runtime(request.model, request.model_version)
         return prepare.prepare(request, runtime, self.settings)
 
     async def run(

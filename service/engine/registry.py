@@ -37,6 +37,11 @@ class Registry:
         self._model_bytes: dict[int, int] = {}  # id(runtime) -> estimate, while alive
         self._load_serial: dict[int, int] = {}  # id(runtime) -> its load's number, while alive
         self._serials = itertools.count()
+        # id(runtime.info) -> runtime, while it lives (a swapped-out version still runs
+        # the requests resolved to it).
+        self._by_info: weakref.WeakValueDictionary[int, ModelRuntime] = (
+            weakref.WeakValueDictionary()
+        )
 
     # -- resolution -------------------------------------------------------------------------
 
@@ -61,6 +66,11 @@ class Registry:
                 field=("model",),
             )
         return loaded[version]
+
+    def runtime_of(self, info: ModelInfo) -> ModelRuntime | None:
+        """The loaded version ``info`` describes, while it lives."""
+        runtime = self._by_info.get(id(info))
+        return runtime if runtime is not None and runtime.info is info else None
 
     def serving(self, name: str | None) -> ModelRuntime:
         """The serving version of ``name`` (None: the default model)."""
@@ -109,6 +119,7 @@ class Registry:
         key, name = id(runtime), runtime.info.name
         self._model_bytes[key] = runtime.info.estimated_bytes
         self._load_serial[key] = next(self._serials)
+        self._by_info[id(runtime.info)] = runtime
         self._metrics.model_versions.labels(name).inc()
 
         def freed() -> None:

@@ -13,6 +13,8 @@ from typing import Literal
 
 import numpy as np
 
+from service.model_info import ModelInfo
+
 Pooling = Literal["none", "mean", "cls", "max"]
 Reduce = Literal["none", "mean", "max", "rollout"]
 # "model": the model's own sentence-embedding pooling (its manifest), else mean.
@@ -126,6 +128,9 @@ class EncodeRequest:
     wire_cost: WireCost
     model: str | None = None
     model_version: str | None = None  # a version the caller named: must be the serving one
+    # The version a protocol resolved before parsing (its URL named the model): the request
+    # runs there, never resolved a second time (a swap in between changes nothing).
+    resolved: ModelInfo | None = field(default=None, repr=False, compare=False)
     return_attention: bool = False
     attention: AttentionSpec = field(default_factory=AttentionSpec)
     return_hidden_states: bool = False

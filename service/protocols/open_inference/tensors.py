@@ -186,6 +186,7 @@ def encode_request(
         wire_cost=COST[all(outputs.values())],
         model=info.name,
         model_version=version,
+        resolved=info,
         return_attention=graph_io.OUTPUT_ATTENTIONS in outputs,
         attention=AttentionSpec(measure=options.attention_measure),
         return_hidden_states=graph_io.OUTPUT_HIDDEN_STATES in outputs,

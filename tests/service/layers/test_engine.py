@@ -39,7 +39,7 @@ from service.errors import (
 )
 from service.metrics import Metrics
 from service.protocols.native.codec import ENCODE_COST
-from service.runtime import ModelRuntime
+from service.runtime import ModelRuntime, load_repository
 from service.settings import Settings
 from tests.service.layers.conftest import (
     layer_settings,
@@ -111,6 +111,25 @@ def test_unknown_model_is_model_not_found(engine: Engine) -> None:
     with pytest.raises(ModelNotFound) as info:
         engine.prepare(request_of([never_decoded(1)], model="no-such-model"))
     assert info.value.field == ("model",)
+
+
+def test_a_request_its_protocol_resolved_runs_on_that_version(
+    settings: Settings, runtimes: dict[str, ModelRuntime]
+) -> None:
+    """A protocol whose URL names the model resolves it before parsing (the Open Inference
+    Protocol): the engine runs the request there, even if another version was swapped in
+    meanwhile, and never resolves it a second time."""
+    engine = loaded_engine(settings, runtimes)
+    old = runtimes[MODEL]
+    engine.registry.hold(old)
+    newer = load_repository(settings, [MODEL])[MODEL]  # another load: what a swap serves
+    engine.registry.hold(newer)
+    engine.registry.runtimes = {MODEL: newer}
+    (seq,) = sequences((3,), seed=0)
+    resolved = request_of(arrays([seq]), model=MODEL, resolved=old.info)
+    assert engine.prepare(resolved).runtime is old
+    # The control: by name, the request goes to the version serving now.
+    assert engine.prepare(request_of(arrays([seq]), model=MODEL)).runtime is newer
 
 
 def test_engine_without_models_is_not_ready(settings: Settings) -> None:
