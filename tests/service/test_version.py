@@ -19,7 +19,7 @@ def test_the_version_is_pyprojects() -> None:
     assert f"attnserve-client/{declared}" == _constants.USER_AGENT
 
 
-def test_the_server_reports_it_everywhere(client: httpx.Client) -> None:
-    assert client.get("/v2").json()["version"] == VERSION  # Open Inference server metadata
-    assert client.get("/openapi.json").json()["info"]["version"] == VERSION
-    assert client.get("/info").json()["version"] == f"attnserve {VERSION}"  # TEI
+def test_the_server_reports_it_everywhere(http_client: httpx.Client) -> None:
+    assert http_client.get("/v2").json()["version"] == VERSION  # Open Inference metadata
+    assert http_client.get("/openapi.json").json()["info"]["version"] == VERSION
+    assert http_client.get("/info").json()["version"] == f"attnserve {VERSION}"  # TEI
