@@ -18,6 +18,7 @@ so a failed export never leaves a half-written model that a server could load.
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import shutil
@@ -196,12 +197,22 @@ def _export_text_frontend(
     )
     fused = optimize_graph(text_path, encoder.config, fuse_attention=True) if optimize else {}
     checks += validate_text_graph(embeddings, encoder, text_path, atol=atol)
-    sparse_path = export_id_graph(
-        _SparseGraph(embeddings, encoder), graph_io.GRAPH_SPARSE, graph_io.SPARSE_GRAPH_OUTPUTS
+    sparse: dict[str, str | None] = dict.fromkeys(
+        ("sparse_graph", "sparse_graph_sha256", "stopwords", "stopwords_sha256")
     )
-    checks += validate_sparse_graph(embeddings, encoder, sparse_path, atol=atol)
-    stopwords = staging / graph_io.STOPWORDS_FILE
-    stopwords.write_text("\n".join(ENGLISH) + "\n")
+    if tokenizer_file is None or _splits_words_like_wordpiece(tokenizer_file):
+        sparse_path = export_id_graph(
+            _SparseGraph(embeddings, encoder), graph_io.GRAPH_SPARSE, graph_io.SPARSE_GRAPH_OUTPUTS
+        )
+        checks += validate_sparse_graph(embeddings, encoder, sparse_path, atol=atol)
+        stopwords = staging / graph_io.STOPWORDS_FILE
+        stopwords.write_text("\n".join(ENGLISH) + "\n")
+        sparse = {
+            "sparse_graph": graph_io.GRAPH_SPARSE,
+            "sparse_graph_sha256": sha256_file(sparse_path),
+            "stopwords": graph_io.STOPWORDS_FILE,
+            "stopwords_sha256": sha256_file(stopwords),
+        }
     tokenizer = tokenizer_sha256 = None
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, staging / graph_io.TOKENIZER_FILE)
@@ -217,12 +228,17 @@ def _export_text_frontend(
         tokenizer_sha256=tokenizer_sha256,
         graph=graph_io.GRAPH_TEXT,
         graph_sha256=sha256_file(text_path),
-        sparse_graph=graph_io.GRAPH_SPARSE,
-        sparse_graph_sha256=sha256_file(sparse_path),
-        stopwords=graph_io.STOPWORDS_FILE,
-        stopwords_sha256=sha256_file(stopwords),
+        **sparse,
     )
     return front_end, fused
+
+
+def _splits_words_like_wordpiece(tokenizer_file: Path) -> bool:
+    """BM42 merges a word's pieces by WordPiece's ``##`` continuations (as fastembed does):
+    defined for WordPiece tokenizers only. Others (BPE, Unigram) get no BM42 graph, and
+    the service says so (422) instead of answering with wrongly merged words."""
+    model = json.loads(tokenizer_file.read_text(encoding="utf-8")).get("model", {})
+    return isinstance(model, dict) and model.get("type") == "WordPiece"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,11 @@
-"""Import BERT-family checkpoints (safetensors + Hugging Face ``config.json``).
+"""Import checkpoints of the post-LN BERT families (Hugging Face ``config.json`` +
+``model.safetensors`` or ``pytorch_model.bin``).
+
+One :class:`Family` per ``model_type`` says where its weights live and what it
+changes in the input layer: BERT (and ELECTRA with embeddings as wide as the
+encoder), RoBERTa, XLM-RoBERTa and CamemBERT (positions offset by the padding id
++ 1, one token type), DistilBERT (its own key names, no token types). Any other
+``model_type`` is a :class:`CheckpointError` naming it.
 
 The key mapping is written out in full and checked both ways: every encoder
 parameter must be filled with a tensor of the right shape, and every key of
@@ -24,9 +31,12 @@ from model_export.manifest import Pooling
 from model_export.model import Encoder, TokenEmbeddings
 
 # Checkpoint keys we read on purpose and leave out of the model.
-KNOWN_UNUSED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
-# Prefixes of task-head checkpoints (BertForMaskedLM and the like) around the base model.
-MODEL_PREFIXES = ("bert.", "model.")
+KNOWN_UNUSED = (
+    "embeddings.position_ids",
+    "embeddings.token_type_ids",
+    "pooler.dense.weight",
+    "pooler.dense.bias",
+)
 HF_ACTIVATIONS = {
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
@@ -34,7 +44,7 @@ HF_ACTIVATIONS = {
     "relu": "relu",
 }
 
-# Our encoder parameter -> Hugging Face key, for layer {i}.
+# Our encoder parameter -> Hugging Face key, for layer {i} (BERT's names).
 LAYER_KEYS = {
     "attn.q_proj": "attention.self.query",
     "attn.k_proj": "attention.self.key",
@@ -50,6 +60,51 @@ EMBEDDING_KEYS = {
     "position": "embeddings.position_embeddings",
     "token_type": "embeddings.token_type_embeddings",
     "norm": "embeddings.LayerNorm",
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where one architecture family keeps its weights, and how its input layer differs."""
+
+    prefixes: tuple[str, ...]  # around the base model in task-head checkpoints
+    layers: str  # the layer list's key: "encoder.layer" -> encoder.layer.{i}.<key>
+    layer_keys: dict[str, str]
+    embedding_keys: dict[str, str]  # without "token_type": the family has none (zeros)
+    offset_positions: bool = False  # positions start at padding id + 1 (RoBERTa)
+    hf_names: dict[str, str] = dataclasses.field(default_factory=dict)  # ours -> config's
+
+
+BERT = Family(("bert.", "model."), "encoder.layer", LAYER_KEYS, EMBEDDING_KEYS)
+ROBERTA = dataclasses.replace(BERT, prefixes=("roberta.", "model."), offset_positions=True)
+FAMILIES: dict[str, Family] = {
+    "bert": BERT,
+    "electra": dataclasses.replace(BERT, prefixes=("electra.", "model.")),
+    "roberta": ROBERTA,
+    "xlm-roberta": ROBERTA,
+    "camembert": ROBERTA,
+    "distilbert": Family(
+        ("distilbert.", "model."),
+        "transformer.layer",
+        {
+            "attn.q_proj": "attention.q_lin",
+            "attn.k_proj": "attention.k_lin",
+            "attn.v_proj": "attention.v_lin",
+            "attn.out_proj": "attention.out_lin",
+            "attn_norm": "sa_layer_norm",
+            "ffn.up": "ffn.lin1",
+            "ffn.down": "ffn.lin2",
+            "ffn_norm": "output_layer_norm",
+        },
+        {k: v for k, v in EMBEDDING_KEYS.items() if k != "token_type"},
+        hf_names={
+            "hidden_size": "dim",
+            "num_attention_heads": "n_heads",
+            "num_hidden_layers": "n_layers",
+            "intermediate_size": "hidden_dim",
+            "hidden_act": "activation",
+        },
+    ),
 }
 
 
@@ -70,14 +125,41 @@ class Checkpoint:
     normalize: bool  # sentence-transformers' Normalize module follows the pooling
 
 
+def family_of(hf: dict[str, Any]) -> Family:
+    """The family of a Hugging Face ``config.json`` (``model_type``; BERT when absent)."""
+    kind = str(hf.get("model_type", "bert"))
+    if kind not in FAMILIES:
+        named = ", ".join(map(str, hf.get("architectures") or [])) or "no architecture named"
+        raise CheckpointError(
+            f"model_type {kind!r} ({named}) is not supported: this exporter imports "
+            f"{', '.join(sorted(FAMILIES))}"
+        )
+    if kind == "electra" and hf.get("embedding_size", hf["hidden_size"]) != hf["hidden_size"]:
+        raise CheckpointError(
+            "ELECTRA with embeddings narrower than the encoder (embedding_size "
+            f"{hf['embedding_size']} < hidden_size {hf['hidden_size']}) is not supported"
+        )
+    return FAMILIES[kind]
+
+
+def position_offset(hf: dict[str, Any], family: Family) -> int:
+    """Where a family's positions start: RoBERTa's at padding id + 1, others' at 0."""
+    return int(hf.get("pad_token_id", 1)) + 1 if family.offset_positions else 0
+
+
 def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
-    """Our architecture from a Hugging Face BERT ``config.json``."""
+    """Our architecture from a Hugging Face ``config.json`` of a supported family."""
+    family = family_of(hf)
+    hf = {ours: hf[theirs] for ours, theirs in family.hf_names.items() if theirs in hf} | hf
     try:
         act = hf.get("hidden_act", "gelu")
         if act not in HF_ACTIVATIONS:
             raise CheckpointError(f"unsupported hidden_act {act!r}")
         if hf.get("position_embedding_type", "absolute") != "absolute":
             raise CheckpointError("only absolute position embeddings are supported")
+        if hf.get("sinusoidal_pos_embds"):
+            raise CheckpointError("DistilBERT's sinusoidal positions are not supported")
+        positions = int(hf.get("max_position_embeddings", 512)) - position_offset(hf, family)
         return EncoderConfig(
             d_model=int(hf["hidden_size"]),
             n_heads=int(hf["num_attention_heads"]),
@@ -86,24 +168,32 @@ def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
             activation=HF_ACTIVATIONS[act],  # type: ignore[arg-type]
             layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
             norm_placement="post",
-            max_seq_len=int(hf.get("max_position_embeddings", 512)),
+            max_seq_len=positions,
         )
     except KeyError as exc:
         raise CheckpointError(f"config.json lacks {exc.args[0]!r}") from None
 
 
-def _strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    for prefix in MODEL_PREFIXES:
-        if state and all(k.startswith(prefix) or k.startswith("cls.") for k in state):
-            return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+def _strip_prefix(state: dict[str, Tensor], family: Family) -> dict[str, Tensor]:
+    """The base model of a task-head checkpoint (``roberta.*`` beside ``lm_head.*``): its
+    head is not part of the encoder."""
+    if any(k.startswith(family.layers) for k in state):
+        return state
+    for prefix in family.prefixes:
+        inner = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        if inner:
+            return inner
     return state
 
 
 def map_state_dict(
-    hf_state: dict[str, Tensor], encoder: Encoder, embeddings: TokenEmbeddings
+    hf_state: dict[str, Tensor],
+    encoder: Encoder,
+    embeddings: TokenEmbeddings,
+    family: Family = BERT,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Hugging Face keys -> (encoder state_dict, embeddings state_dict), checked both ways."""
-    hf_state = _strip_prefix(hf_state)
+    hf_state = _strip_prefix(hf_state, family)
     used: set[str] = set()
     problems: list[str] = []
 
@@ -120,16 +210,19 @@ def map_state_dict(
     enc_state: dict[str, Tensor] = {}
     enc_params = encoder.state_dict()
     for i in range(encoder.config.n_layers):
-        for ours, theirs in LAYER_KEYS.items():
+        for ours, theirs in family.layer_keys.items():
             for suffix in ("weight", "bias"):
                 key = f"layers.{i}.{ours}.{suffix}"
-                take(enc_state, key, f"encoder.layer.{i}.{theirs}.{suffix}", enc_params[key].shape)
+                want = enc_params[key].shape
+                take(enc_state, key, f"{family.layers}.{i}.{theirs}.{suffix}", want)
     emb_state: dict[str, Tensor] = {}
     emb_params = embeddings.state_dict()
-    for ours, theirs in EMBEDDING_KEYS.items():
+    for ours, theirs in family.embedding_keys.items():
         for suffix in ("weight", "bias") if ours == "norm" else ("weight",):
             key = f"{ours}.{suffix}"
             take(emb_state, key, f"{theirs}.{suffix}", emb_params[key].shape)
+    if "token_type" not in family.embedding_keys:  # no token types: a zero type embedding
+        emb_state["token_type.weight"] = torch.zeros_like(emb_params["token_type.weight"])
     unmapped = set(enc_params) - set(enc_state)
     problems += [f"encoder parameter {k} has no checkpoint key" for k in sorted(unmapped)]
     extra = sorted(set(hf_state) - used - set(KNOWN_UNUSED))
@@ -143,34 +236,50 @@ def map_state_dict(
     return enc_state, emb_state
 
 
-def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> Checkpoint:
-    """Read ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``) of a BERT model."""
-    from safetensors.torch import load_file
+def _weights(root: Path) -> dict[str, Tensor]:
+    """The checkpoint's tensors: ``model.safetensors``, else ``pytorch_model.bin`` (read
+    with ``weights_only``: no pickled code runs)."""
+    safetensors, pickled = root / "model.safetensors", root / "pytorch_model.bin"
+    if safetensors.is_file():
+        from safetensors.torch import load_file
 
+        return load_file(str(safetensors))
+    if pickled.is_file():
+        state = torch.load(pickled, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{pickled} does not hold a state dict")
+        return state
+    raise CheckpointError(f"{safetensors} not found (nor {pickled.name})")
+
+
+def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> Checkpoint:
+    """Read ``config.json`` + the weights (+ ``tokenizer.json``) of a supported family."""
     root = Path(checkpoint_dir)
-    config_path, weights_path = root / "config.json", root / "model.safetensors"
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise CheckpointError(f"{path} not found")
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path} not found")
     hf = json.loads(config_path.read_text())
+    family = family_of(hf)
     config = config_from_hf(hf)
-    positions = config.max_seq_len
+    offset = position_offset(hf, family)
+    table = config.max_seq_len + offset  # every row of the position table
     # sentence-transformers models were trained (and truncate) at max_seq_length,
     # often shorter than the position table: serve them at that length.
     st_path = root / "sentence_bert_config.json"
     if st_path.is_file():
         st_max = json.loads(st_path.read_text()).get("max_seq_length")
-        if isinstance(st_max, int) and 0 < st_max < positions:
+        if isinstance(st_max, int) and 0 < st_max < config.max_seq_len:
             config = dataclasses.replace(config, max_seq_len=st_max)
     encoder = Encoder(config)
     embeddings = TokenEmbeddings(
         int(hf["vocab_size"]),
-        positions,
-        int(hf.get("type_vocab_size", 2)),
+        table,
+        int(hf.get("type_vocab_size", 2)) if "token_type" in family.embedding_keys else 1,
         config.d_model,
         config.layer_norm_eps,
+        position_offset=offset,
     )
-    enc_state, emb_state = map_state_dict(load_file(str(weights_path)), encoder, embeddings)
+    enc_state, emb_state = map_state_dict(_weights(root), encoder, embeddings, family)
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)
     pooling, normalize = sentence_recipe(root)

@@ -296,18 +296,34 @@ class TokenEmbeddings(nn.Module):
     """
 
     def __init__(
-        self, vocab_size: int, max_positions: int, type_vocab_size: int, d_model: int, eps: float
+        self,
+        vocab_size: int,
+        max_positions: int,
+        type_vocab_size: int,
+        d_model: int,
+        eps: float,
+        *,
+        position_offset: int = 0,
     ) -> None:
         super().__init__()
+        # Token t sits at row t + position_offset of the position table (RoBERTa's rows
+        # start after its padding id; BERT's at 0).
+        self.position_offset = position_offset
         self.word = nn.Embedding(vocab_size, d_model)
         self.position = nn.Embedding(max_positions, d_model)
         self.token_type = nn.Embedding(type_vocab_size, d_model)
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.eval()
 
+    @property
+    def max_tokens(self) -> int:
+        """The longest sequence the position table covers."""
+        return self.position.num_embeddings - self.position_offset
+
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         """input_ids, token_type_ids (B, T) int64 -> (B, T, d_model)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+        positions = positions + self.position_offset
         x = self.word(input_ids) + self.position(positions)[None] + self.token_type(token_type_ids)
         out: Tensor = self.norm(x)  # (B, T, d_model)
         return out

@@ -164,7 +164,7 @@ def validate_token_embeddings(
     for case, (batch, seq) in (
         ("one token", (1, 1)),
         ("batch", (3, 17)),
-        ("long", (2, min(128, embeddings.position.num_embeddings))),
+        ("long", (2, min(128, embeddings.max_tokens))),
     ):
         ids = rng.integers(0, vocab, size=(batch, seq), dtype=np.int64)
         type_ids = rng.integers(0, types, size=(batch, seq), dtype=np.int64)
@@ -193,7 +193,7 @@ def _validate_id_graph(
     computed by PyTorch, on the encoder graphs' cases (random ids, ragged, zero-padded)."""
     session = new_session(path)
     vocab, types = embeddings.word.num_embeddings, embeddings.token_type.num_embeddings
-    most = min(encoder.config.max_seq_len, embeddings.position.num_embeddings)
+    most = min(encoder.config.max_seq_len, embeddings.max_tokens)
     results = []
     for i, case in enumerate(default_cases(most)):
         rng = np.random.default_rng(i)

@@ -159,8 +159,9 @@ def prepare(
     manifest_text = info.manifest.text
     if request.kind == "document" and (manifest_text is None or manifest_text.sparse_graph is None):
         raise UnsupportedByModel(
-            f"model {info.name!r} has no BM42 graph: re-export it with this version of "
-            "model_export (a checkpoint with a tokenizer)",
+            f"model {info.name!r} has no BM42 graph: BM42 merges WordPiece's ## word "
+            "pieces, so only models with a WordPiece tokenizer have one (older exports "
+            "of such a model: re-export it with this version of model_export)",
             field=("model",),
         )
     _, encoded = text.tokenize_all(

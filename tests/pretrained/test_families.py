@@ -1,0 +1,221 @@
+"""The post-LN BERT families beside BERT, served and checked against transformers eager.
+
+No package here ships RoBERTa, XLM-RoBERTa or DistilBERT weights, so each is a
+small random-initialised checkpoint that ``transformers`` builds and saves with
+``save_pretrained``, with a tokenizer of its family's kind (byte-level BPE for
+RoBERTa, Unigram for XLM-RoBERTa, the real MiniLM WordPiece for DistilBERT):
+the path a real checkpoint takes. Each is exported by the CLI and served; the
+answers over ``/v1/encode`` (text in) must equal the model's own
+``attn_implementation="eager"`` outputs: last hidden state, every hidden state
+and every attention map within 1e-4 (fp32, 2 layers; observed ~1e-6).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from model_export.hf_import import CheckpointError, load_checkpoint, minilm_l6_dir
+from tests.conftest import running_server
+
+ATOL = 1e-4
+SIZES = {"hidden": 32, "heads": 4, "layers": 2, "ff": 64, "positions": 64}
+TEXTS = [
+    "The attention maps of every family are served.",
+    "Short one.",
+    "Naïve café: positions start after the padding id in RoBERTa, 东京 too.",
+]
+CORPUS = [*TEXTS, "the quick brown fox jumps over the lazy dog " * 4, "padding and offsets"] * 20
+
+
+def _bpe(directory: Path) -> Tokenizer:
+    """RoBERTa's kind: byte-level BPE, <s> text </s>; <pad> is id 1."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return tokenizer
+
+
+def _unigram(directory: Path) -> Tokenizer:
+    """XLM-RoBERTa's kind: SentencePiece-style Unigram with ▁ word starts."""
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=200, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>"
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    return tokenizer
+
+
+def _wordpiece(directory: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(minilm_l6_dir() / "tokenizer.json"))
+
+
+def _roberta(vocab: int, kind: str) -> torch.nn.Module:
+    from transformers import RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
+
+    config_class, model_class = (
+        (RobertaConfig, RobertaModel) if kind == "roberta" else (XLMRobertaConfig, XLMRobertaModel)
+    )
+    config = config_class(
+        vocab_size=vocab,
+        hidden_size=SIZES["hidden"],
+        num_attention_heads=SIZES["heads"],
+        num_hidden_layers=SIZES["layers"],
+        intermediate_size=SIZES["ff"],
+        max_position_embeddings=SIZES["positions"] + 2,  # rows 0, 1: before padding id + 1
+        type_vocab_size=1,
+        layer_norm_eps=1e-5,
+        pad_token_id=1,
+    )
+    model: torch.nn.Module = model_class(config, add_pooling_layer=False)
+    return model
+
+
+def _distilbert(vocab: int, kind: str) -> torch.nn.Module:
+    from transformers import DistilBertConfig, DistilBertModel
+
+    config = DistilBertConfig(
+        vocab_size=vocab,
+        dim=SIZES["hidden"],
+        n_heads=SIZES["heads"],
+        n_layers=SIZES["layers"],
+        hidden_dim=SIZES["ff"],
+        max_position_embeddings=SIZES["positions"],
+    )
+    model: torch.nn.Module = DistilBertModel(config)
+    return model
+
+
+FAMILIES: dict[str, tuple[Callable[[Path], Tokenizer], Callable[[int, str], torch.nn.Module]]] = {
+    "roberta": (_bpe, _roberta),
+    "xlm-roberta": (_unigram, _roberta),
+    "distilbert": (_wordpiece, _distilbert),
+}
+
+
+def _checkpoint(directory: Path, family: str) -> None:
+    """A random-initialised ``family`` checkpoint, as ``save_pretrained`` writes it."""
+    make_tokenizer, make_model = FAMILIES[family]
+    tokenizer = make_tokenizer(directory)
+    torch.manual_seed(0)
+    model = make_model(tokenizer.get_vocab_size(), family)
+    # Random LayerNorm weights too, so a mapping slip between norms cannot pass.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name:
+                param.normal_(1.0, 0.1)
+    model.save_pretrained(directory)
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each family's checkpoint and its export, in one model repository."""
+    from model_export.cli import main
+
+    repo = tmp_path_factory.mktemp("families")
+    checkpoints = {}
+    for family in FAMILIES:
+        source = tmp_path_factory.mktemp(f"ckpt-{family}")
+        _checkpoint(source, family)
+        assert (
+            main(["--checkpoint", str(source), "--name", family, "--out", str(repo / family)]) == 0
+        )
+        checkpoints[family] = source
+    checkpoints["repository"] = repo
+    return checkpoints
+
+
+@pytest.fixture(scope="module")
+def server(families: dict[str, Path]) -> Iterator[str]:
+    with running_server(families["repository"], intra_op_threads="2") as url:
+        yield url
+
+
+def _decode(array: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(array["data"]), dtype="<f4").reshape(array["shape"])
+
+
+def _eager(source: Path, ids: list[int]) -> Any:
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(source, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return model(
+            input_ids=torch.tensor([ids]), output_attentions=True, output_hidden_states=True
+        )
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_served_family_equals_transformers_eager(
+    family: str, families: dict[str, Path], server: str
+) -> None:
+    body = {
+        "model": family,
+        "inputs": TEXTS,
+        "return_attention": True,
+        "return_hidden_states": True,
+        "encoding_format": "base64",
+    }
+    r = httpx.post(f"{server}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    tokenizer = Tokenizer.from_file(str(families[family] / "tokenizer.json"))
+    tokenizer.no_padding()  # (MiniLM's file pads to 128, as sentence-transformers saved it)
+    for text, item in zip(TEXTS, r.json()["data"], strict=True):
+        encoding = tokenizer.encode(text)
+        assert item["tokens"] == encoding.tokens
+        want = _eager(families[family], encoding.ids)
+        n = len(encoding.ids)
+        hidden = _decode(item["embeddings"])
+        np.testing.assert_allclose(hidden, want.last_hidden_state[0].numpy(), rtol=0, atol=ATOL)
+        states = _decode(item["hidden_states"])
+        assert states.shape == (SIZES["layers"] + 1, n, SIZES["hidden"])
+        for layer, state in enumerate(want.hidden_states):
+            np.testing.assert_allclose(states[layer], state[0].numpy(), rtol=0, atol=ATOL)
+        attention = _decode(item["attention"])
+        assert attention.shape == (SIZES["layers"], SIZES["heads"], n, n)
+        for layer, maps in enumerate(want.attentions):
+            np.testing.assert_allclose(attention[layer], maps[0].numpy(), rtol=0, atol=ATOL)
+
+
+def test_bm42_is_refused_for_tokenizers_it_is_not_defined_for(server: str) -> None:
+    """BM42 merges WordPiece's ## pieces: a BPE model has no BM42 graph and says so (422);
+    a WordPiece one (DistilBERT here) answers."""
+    refused = httpx.post(
+        f"{server}/v1/embed_sparse", json={"model": "roberta", "inputs": TEXTS}, timeout=60
+    )
+    assert refused.status_code == 422, refused.text
+    assert "WordPiece" in refused.json()["error"], refused.text
+    served = httpx.post(
+        f"{server}/v1/embed_sparse", json={"model": "distilbert", "inputs": TEXTS}, timeout=60
+    )
+    assert served.status_code == 200, served.text
+
+
+def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "modernbert", "architectures": ["ModernBertModel"]}'
+    )
+    with pytest.raises(CheckpointError, match="'modernbert' \\(ModernBertModel\\)"):
+        load_checkpoint(tmp_path)
