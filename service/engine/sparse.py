@@ -36,7 +36,6 @@ from service.settings import Settings
 
 PUNCTUATION = frozenset(string.punctuation)
 CONTINUATION = "##"  # WordPiece's prefix of a word's later pieces
-DEFAULT_ALPHA = 0.5
 
 
 def words(tokens: Sequence[str], special: frozenset[str]) -> list[tuple[str, list[int]]]:

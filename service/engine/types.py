@@ -228,7 +228,7 @@ class SparseRequest:
     texts: list[str]
     model: str | None = None
     kind: str = "document"  # "document" | "query"
-    alpha: float = 0.5
+    alpha: float = 0.5  # the exponent of log(1 + weight), as fastembed's default
     truncate: bool = False
 
 
