@@ -120,11 +120,15 @@ def _checkpoint(directory: Path, family: str) -> None:
     tokenizer = make_tokenizer(directory)
     torch.manual_seed(0)
     model = make_model(tokenizer.get_vocab_size(), family)
-    # Random LayerNorm weights too, so a mapping slip between norms cannot pass.
+    # Random LayerNorm weights too, so a mapping slip between norms cannot pass; query and
+    # key weights scaled up, as a random init leaves attention near-uniform (a slip in the
+    # maps would hide in it).
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "LayerNorm" in name or "layer_norm" in name:
                 param.normal_(1.0, 0.1)
+            elif name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight")):
+                param.mul_(5.0)
     model.save_pretrained(directory)
     tokenizer.save(str(directory / "tokenizer.json"))
 
