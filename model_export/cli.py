@@ -220,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
             source=str(source),
             pooling=ckpt.pooling,
             normalize=ckpt.normalize,
+            prompts=ckpt.prompts,
+            default_prompt_name=ckpt.default_prompt_name,
             **common,
         )
     else:

@@ -308,6 +308,8 @@ def export_model(
     pooling: Pooling | None = None,
     normalize: bool = False,
     matryoshka_dimensions: tuple[int, ...] = (),
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -317,8 +319,9 @@ def export_model(
     patterns. With ``embeddings`` (and a ``tokenizer_file``) the directory also
     gets the text front end: ``embeddings.onnx``, ``text_model.onnx`` (ids to
     ``last_hidden_state`` in one run) and ``tokenizer.json``.
-    ``pooling``/``normalize``/``matryoshka_dimensions`` go into the manifest as
-    the model's sentence-embedding recipe. ``optimize`` fuses each encoder graph
+    ``pooling``/``normalize``/``matryoshka_dimensions`` (and sentence-transformers'
+    ``prompts``/``default_prompt_name``) go into the manifest as the model's
+    sentence-embedding recipe. ``optimize`` fuses each encoder graph
     with onnxruntime's transformer optimizer (``optimize.py``) before validation;
     the fusions applied are recorded in the manifest.
     """
@@ -372,6 +375,8 @@ def export_model(
             pooling=pooling,
             normalize=normalize,
             matryoshka_dimensions=matryoshka_dimensions,
+            prompts=dict(prompts or {}),
+            default_prompt_name=default_prompt_name,
             record={
                 "seed": seed,
                 "weights_source": source,

@@ -123,6 +123,9 @@ class Checkpoint:
     source: Path
     pooling: Pooling | None  # sentence-transformers' pooling, if the checkpoint says
     normalize: bool  # sentence-transformers' Normalize module follows the pooling
+    # sentence-transformers' prompts (name -> text prepended) and the one used by default
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
+    default_prompt_name: str | None = None
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -283,6 +286,7 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)
     pooling, normalize = sentence_recipe(root)
+    prompts, default_prompt_name = sentence_prompts(root)
     tokenizer = root / "tokenizer.json"
     return Checkpoint(
         name=name or root.name,
@@ -292,6 +296,8 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
         source=root,
         pooling=pooling,
         normalize=normalize,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
     )
 
 
@@ -316,6 +322,20 @@ def sentence_recipe(root: Path) -> tuple[Pooling | None, bool]:
     modules = json.loads(modules_path.read_text()) if modules_path.is_file() else []
     normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
     return (modes[0] if len(modes) == 1 else None), normalize
+
+
+def sentence_prompts(root: Path) -> tuple[dict[str, str], str | None]:
+    """sentence-transformers' ``prompts`` and ``default_prompt_name``
+    (``config_sentence_transformers.json``)."""
+    path = root / "config_sentence_transformers.json"
+    raw = json.loads(path.read_text()) if path.is_file() else {}
+    prompts = raw.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise CheckpointError(f"{path.name}: prompts must map names to texts")
+    default = raw.get("default_prompt_name")
+    return dict(prompts), default if default in prompts else None
 
 
 def minilm_l6_dir() -> Path:

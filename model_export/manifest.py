@@ -64,6 +64,11 @@ READABLE_VERSIONS: Final = (1, 2, 3, 4)
 
 Pooling = Literal["mean", "cls", "max"]
 POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max")
+# sentence-transformers' prompts (config_sentence_transformers.json), bounded: a model
+# directory is untrusted, and a prompt is prepended to every text a request names it for.
+MAX_PROMPTS: Final = 64
+MAX_PROMPT_NAME: Final = 64
+MAX_PROMPT_CHARS: Final = 2048
 
 
 # config.json's bounds, checked before it is parsed: ours are ~5 KiB and 5 levels deep.
@@ -203,7 +208,9 @@ class Manifest:
     (sentence-transformers' ``1_Pooling/config.json``), used by protocols that
     answer one vector per text (OpenAI embeddings). ``matryoshka_dimensions``
     lists the prefix lengths the model was trained to be truncated to; empty
-    means truncation is not supported.
+    means truncation is not supported. ``prompts`` (name -> text prepended to a
+    text) and ``default_prompt_name`` are sentence-transformers' (e.g. E5's
+    ``query: ``); a request names one, or gets the default.
     """
 
     name: str
@@ -214,6 +221,8 @@ class Manifest:
     pooling: Pooling | None = None
     normalize: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
+    prompts: dict[str, str] = field(default_factory=dict, hash=False)
+    default_prompt_name: str | None = None
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -235,12 +244,25 @@ class Manifest:
                 raise ManifestError(f"graphs.{name} has unexpected outputs {list(graph.outputs)}")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ManifestError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        self._check_prompts()
         d_model = self.architecture.d_model
         for dim in self.matryoshka_dimensions:
             if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= d_model:
                 raise ManifestError(
                     f"matryoshka_dimensions must be integers in 1..{d_model}, got {dim!r}"
                 )
+
+    def _check_prompts(self) -> None:
+        if not isinstance(self.prompts, dict) or len(self.prompts) > MAX_PROMPTS:
+            raise ManifestError(f"prompts must be an object of at most {MAX_PROMPTS} prompts")
+        for name, prompt in self.prompts.items():
+            if not (isinstance(name, str) and 0 < len(name) <= MAX_PROMPT_NAME):
+                raise ManifestError(f"a prompt's name must be 1..{MAX_PROMPT_NAME} characters")
+            if not (isinstance(prompt, str) and len(prompt) <= MAX_PROMPT_CHARS):
+                raise ManifestError(f"prompt {name!r} must be text of at most {MAX_PROMPT_CHARS}")
+        default = self.default_prompt_name
+        if default is not None and default not in self.prompts:
+            raise ManifestError(f"default_prompt_name {default!r} is not one of the prompts")
 
     @property
     def has_tokenizer(self) -> bool:
@@ -316,6 +338,8 @@ class Manifest:
             "pooling": self.pooling,
             "normalize": self.normalize,
             "matryoshka_dimensions": list(self.matryoshka_dimensions),
+            "prompts": dict(self.prompts),
+            "default_prompt_name": self.default_prompt_name,
             **self.record,
         }
 
@@ -324,6 +348,7 @@ class Manifest:
         """Parse a ``config.json`` object; ManifestError names what is wrong."""
         known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
+        known |= {"prompts", "default_prompt_name"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -342,6 +367,8 @@ class Manifest:
                 pooling=raw.get("pooling"),
                 normalize=bool(raw.get("normalize", False)),
                 matryoshka_dimensions=tuple(dims),
+                prompts=raw.get("prompts") or {},
+                default_prompt_name=raw.get("default_prompt_name"),
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:

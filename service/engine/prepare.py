@@ -98,7 +98,8 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
     pooled_only = request.pooled_only
     check_count(request, settings)  # before reading them
     inputs = list(request.inputs)
-    tokenized, ids = _front_end(runtime, inputs, request.truncate, settings, pooled_only)
+    prompt = _prompt(info, request, inputs)
+    tokenized, ids = _front_end(runtime, inputs, request.truncate, settings, pooled_only, prompt)
     options = resolve_options(info, request)
     # Text and ids asking only for embeddings run as ids in one graph (when the model
     # has it): the batcher sees them at once.
@@ -107,7 +108,7 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         and not (request.return_attention or request.return_hidden_states)
         and not any(isinstance(item, ArrayInput) for item in inputs)
     )
-    span_tokens = text.span_tokens(runtime, inputs, request.truncate, options.pooling)
+    span_tokens = text.span_tokens(runtime, inputs, request.truncate, options.pooling, prompt)
     sequences = _sequences(info, inputs, tokenized, ids, settings, pooled_only)
     tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
     size, work = _answer_cost(
@@ -136,12 +137,13 @@ def _front_end(
     truncate: bool,
     settings: Settings,
     pooled_only: bool,
+    prompt: str,
 ) -> tuple[dict[int, text.Tokenized], dict[int, list[int]]]:
     """Texts tokenized and token ids checked, by input index; every length known
     before decoding (declared rows for arrays) checked against the limits."""
     info = runtime.info
     texts = {
-        i: text.text_of(item)
+        i: prompt + text.text_of(item)
         for i, item in enumerate(inputs)
         if isinstance(item, str | SpannedText)
     }
@@ -162,6 +164,18 @@ def _front_end(
     ]
     limits.check_lengths(lengths, info, settings, "inputs", pooled_only=pooled_only)
     return tokenized, ids
+
+
+def _prompt(info: ModelInfo, request: EncodeRequest, inputs: list[InputItem]) -> str:
+    """The prompt for the request's text inputs; a prompt asked for without any is a 422."""
+    if not any(isinstance(item, str | SpannedText) for item in inputs):
+        if request.prompt is not None or request.prompt_name is not None:
+            raise InvalidInput(
+                "a prompt is prepended to text inputs: this request has none",
+                field=("prompt" if request.prompt is not None else "prompt_name",),
+            )
+        return ""
+    return text.prompt_of(info, request.prompt_name, request.prompt)
 
 
 def resolve_options(info: ModelInfo, request: EncodeRequest) -> Options:

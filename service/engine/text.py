@@ -50,6 +50,27 @@ def text_of(item: str | SpannedText) -> str:
     return item.text if isinstance(item, SpannedText) else item
 
 
+def prompt_of(info: ModelInfo, prompt_name: str | None, prompt: str | None) -> str:
+    """The text prepended to each text input, as sentence-transformers' ``encode`` does:
+    the caller's ``prompt``, else the model's prompt named ``prompt_name``, else the
+    model's default prompt, else none. 422 for both, or a name the model lacks."""
+    manifest = info.manifest
+    if prompt is not None:
+        if prompt_name is not None:
+            raise InvalidInput("give prompt or prompt_name, not both", field=("prompt",))
+        return prompt
+    if prompt_name is None:
+        default = manifest.default_prompt_name
+        return "" if default is None else manifest.prompts[default]
+    if prompt_name not in manifest.prompts:
+        known = ", ".join(map(repr, manifest.prompts)) or "none"
+        raise InvalidInput(
+            f"model {info.name!r} has no prompt named {prompt_name!r} (its prompts: {known})",
+            field=("prompt_name",),
+        )
+    return manifest.prompts[prompt_name]
+
+
 def bound(
     runtime: ModelRuntime, texts: dict[int, str], truncate: bool, field: str
 ) -> dict[int, str]:
@@ -141,10 +162,15 @@ def check_token_ids(info: ModelInfo, ids: dict[int, list[int]], field: str = "in
 
 
 def span_tokens(
-    runtime: ModelRuntime, inputs: list[InputItem], truncate: bool, pooling: Pooling
+    runtime: ModelRuntime,
+    inputs: list[InputItem],
+    truncate: bool,
+    pooling: Pooling,
+    prompt: str = "",
 ) -> list[list[list[int]] | None]:
     """Late chunking: per input, the tokens of each span (those whose first character
-    lies inside it, special tokens excluded); None for inputs without spans."""
+    lies inside it, special tokens excluded; spans count characters of the text, after
+    any ``prompt``); None for inputs without spans."""
     spanned = {i: item for i, item in enumerate(inputs) if isinstance(item, SpannedText)}
     found: list[list[list[int]] | None] = [None] * len(inputs)
     if not spanned:
@@ -154,13 +180,14 @@ def span_tokens(
             "spans are pooled per chunk: set pooling to mean or max",
             field=("inputs", next(iter(spanned)), "spans"),
         )
+    tokens_of = front_end(runtime).final_tokens
     texts = [
-        limits.bound_text(item.text, runtime.info, truncate, (), front_end(runtime).final_tokens)
+        limits.bound_text(prompt + item.text, runtime.info, truncate, (), tokens_of)
         for item in spanned.values()
     ]
     token_spans = front_end(runtime).token_spans(texts, truncate=truncate)
     for (i, item), spans in zip(spanned.items(), token_spans, strict=True):
-        starts = [None if span is None else span[0] for span in spans]
+        starts = [None if span is None else span[0] - len(prompt) for span in spans]
         per_span = []
         for k, (begin, end) in enumerate(item.spans):
             held = [t for t, c in enumerate(starts) if c is not None and begin <= c < end]

@@ -140,6 +140,10 @@ class EncodeRequest:
     dimensions: int | None = None  # Matryoshka truncation of the pooled vector
     return_embeddings: bool = True
     truncate: bool = False
+    # Text prepended to every text input: one of the model's named prompts, or the caller's
+    # own (sentence-transformers' prompt_name and prompt); neither: the model's default.
+    prompt_name: str | None = None
+    prompt: str | None = None
     # The answer is re-padded to max(pad_to, longest sequence) tokens (rectangular
     # protocols); None: one array per sequence at its own length. Counted in its size.
     pad_to: int | None = None

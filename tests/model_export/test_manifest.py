@@ -174,6 +174,13 @@ def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
             "text.graph and text.graph_sha256 go together",
         ),
         ({"opset": "eighteen"}, "eighteen"),
+        # sentence-transformers' prompts come from an untrusted directory: bounded
+        ({"prompts": {f"p{i}": "x" for i in range(65)}}, "at most 64 prompts"),
+        ({"prompts": ["query: "]}, "at most 64 prompts"),
+        ({"prompts": {"": "x"}}, "name must be 1..64"),
+        ({"prompts": {"q": "x" * 2049}}, "at most 2048"),
+        ({"prompts": {"q": 3}}, "at most 2048"),
+        ({"prompts": {"q": "query: "}, "default_prompt_name": "p"}, "not one of the prompts"),
     ],
 )
 def test_invalid_manifests_are_refused(change: dict[str, Any], says: str) -> None:

@@ -78,6 +78,8 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         normalize=options.normalize,
         return_embeddings=wants_embeddings(options),
         truncate=options.truncate,
+        prompt_name=options.prompt_name,
+        prompt=options.prompt,
     )
     return request, options.encoding_format
 

@@ -94,6 +94,17 @@ class EncodeOptions(BaseModel):
         False,
         description="Cut text items to the model's max_seq_len instead of refusing them (413).",
     )
+    prompt_name: str | None = Field(
+        None,
+        max_length=64,
+        description="One of the model's prompts (sentence-transformers'; a wrong name's 422 "
+        "lists them), prepended to each text input; default: the model's default prompt.",
+    )
+    prompt: str | None = Field(
+        None,
+        max_length=2048,
+        description="Your own text to prepend to each text input (instead of prompt_name).",
+    )
 
 
 class SpannedText(BaseModel):

@@ -38,6 +38,7 @@ def embeddings_request(body: bytes, *, truncate: bool) -> tuple[EncodeRequest, s
         dimensions=options.dimensions,
         return_embeddings=False,
         truncate=truncate,
+        prompt_name=options.prompt_name,
     )
     return request, options.encoding_format
 

@@ -29,6 +29,13 @@ class EmbeddingsOptions(BaseModel):
         "for models whose manifest declares Matryoshka dimensions.",
     )
     user: str | None = Field(None, description="Accepted and ignored.")
+    prompt_name: str | None = Field(
+        None,
+        max_length=64,
+        description="Not OpenAI's: one of the model's prompts (sentence-transformers'), "
+        "prepended to each text (the openai client sends it with extra_body); default: "
+        "the model's default prompt, if it has one.",
+    )
 
 
 class EmbeddingsRequest(EmbeddingsOptions):

@@ -60,7 +60,7 @@ def _texts(inputs: Texts) -> list[str]:
 def _text_request(schema: type[Options], body: bytes) -> tuple[Options, list[str], bool]:
     """A TEI text request's options, its texts and whether to truncate them."""
     options = wire.parse_options(schema, wire.parse_json_object(body))
-    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    truncate = _common(options.truncate, options.truncation_direction)
     return options, _texts(options.inputs), truncate
 
 
@@ -68,16 +68,17 @@ def _characters(texts: list[str]) -> Characters:
     return sum(len(text) for text in texts)
 
 
-def _common(truncate: bool | None, direction: str, prompt_name: str | None) -> bool:
-    """TEI's shared options: truncation (this server's default is off) and prompts."""
+def _common(truncate: bool | None, direction: str) -> bool:
+    """TEI's shared truncation options (this server's default is off)."""
     if direction in LEFT:
         raise InvalidInput("only Right truncation is supported", field=("truncation_direction",))
-    if prompt_name is not None:
-        raise InvalidInput(
-            f"prompt {prompt_name!r} is not defined: this model declares no prompts",
-            field=("prompt_name",),
-        )
     return bool(truncate)
+
+
+def _no_prompt(prompt_name: str | None, route: str) -> None:
+    """The routes that take no prompt say so (a prompt would change what they answer)."""
+    if prompt_name is not None:
+        raise InvalidInput(f"is not supported by {route}", field=("prompt_name",))
 
 
 def embed_request(body: bytes) -> tuple[EncodeRequest, Characters]:
@@ -90,6 +91,7 @@ def embed_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         dimensions=options.dimensions,
         return_embeddings=False,
         truncate=truncate,
+        prompt_name=options.prompt_name,
     )
     return request, _characters(texts)
 
@@ -99,8 +101,14 @@ def embed_response(result: EncodeResult, _: Characters) -> bytes:
 
 
 def embed_all_request(body: bytes) -> tuple[EncodeRequest, Characters]:
-    _, texts, truncate = _text_request(EmbedAllRequest, body)
-    request = EncodeRequest(inputs=texts, wire_cost=COST, return_embeddings=True, truncate=truncate)
+    options, texts, truncate = _text_request(EmbedAllRequest, body)
+    request = EncodeRequest(
+        inputs=texts,
+        wire_cost=COST,
+        return_embeddings=True,
+        truncate=truncate,
+        prompt_name=options.prompt_name,
+    )
     return request, _characters(texts)
 
 
@@ -109,7 +117,8 @@ def embed_all_response(result: EncodeResult, _: Characters) -> bytes:
 
 
 def sparse_request(body: bytes) -> tuple[SparseRequest, Characters]:
-    _, texts, truncate = _text_request(EmbedSparseRequest, body)
+    options, texts, truncate = _text_request(EmbedSparseRequest, body)
+    _no_prompt(options.prompt_name, "/embed_sparse")
     return SparseRequest(texts=texts, truncate=truncate), _characters(texts)
 
 
@@ -124,7 +133,7 @@ def sparse_response(result: SparseResult) -> bytes:
 
 def similarity_request(body: bytes) -> tuple[EncodeRequest, Characters]:
     options = wire.parse_options(SimilarityRequest, wire.parse_json_object(body))
-    truncate = _common(options.truncate, options.truncation_direction, options.prompt_name)
+    truncate = _common(options.truncate, options.truncation_direction)
     if not options.inputs.sentences:
         raise InvalidInput("is empty: send at least one sentence", field=("inputs", "sentences"))
     # An empty text is 400 Empty, as on TEI's other routes (not its special tokens embedded).
@@ -141,6 +150,7 @@ def similarity_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         normalize=True,
         return_embeddings=False,
         truncate=truncate,
+        prompt_name=options.prompt_name,
     )
     return request, _characters(texts)
 
@@ -154,6 +164,7 @@ def similarity_response(result: EncodeResult, _: Characters) -> bytes:
 def tokenize_request(body: bytes) -> tuple[TokenizeRequest, list[str]]:
     """The texts are kept: each token's ``text`` is its slice of them."""
     options, texts, truncate = _text_request(schemas.TokenizeRequest, body)
+    _no_prompt(options.prompt_name, "/tokenize")
     request = TokenizeRequest(
         texts=texts,
         wire_cost=COST,

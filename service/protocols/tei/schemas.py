@@ -18,7 +18,12 @@ class CutOptions(BaseModel):
         None, description="Cut texts to the model's length; default: the server's (off)."
     )
     truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
-    prompt_name: str | None = Field(None, description="Not supported: models declare none.")
+    prompt_name: str | None = Field(
+        None,
+        max_length=64,
+        description="One of the model's prompts (sentence-transformers'), prepended to each "
+        "input; default: the model's default prompt, if it has one.",
+    )
 
 
 class TextOptions(CutOptions):
