@@ -38,6 +38,7 @@ class TextFrontEnd:
             if token.special
         )
         self._truncating = self._load_tokenizer(info, path, info.max_seq_len)
+        self._truncating_left = self._load_tokenizer(info, path, info.max_seq_len, left=True)
 
     @classmethod
     def load(cls, info: ModelInfo) -> TextFrontEnd | None:
@@ -55,7 +56,9 @@ class TextFrontEnd:
         return front_end
 
     @staticmethod
-    def _load_tokenizer(info: ModelInfo, path: Path, truncate_at: int | None) -> Tokenizer:
+    def _load_tokenizer(
+        info: ModelInfo, path: Path, truncate_at: int | None, *, left: bool = False
+    ) -> Tokenizer:
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
@@ -64,7 +67,9 @@ class TextFrontEnd:
         if truncate_at is None:
             tokenizer.no_truncation()
         else:
-            tokenizer.enable_truncation(max_length=truncate_at)
+            tokenizer.enable_truncation(
+                max_length=truncate_at, direction="left" if left else "right"
+            )
         return tokenizer
 
     def _probe(self, vocab_size: int) -> None:
@@ -72,51 +77,58 @@ class TextFrontEnd:
         (its unknown-word token missing from its vocabulary) or gives ids beyond the
         embedding table would fail every request; such a model never becomes ready."""
         try:
-            for truncate in (False, True):
-                for _, ids, _ in self.tokenize([PROBE_TEXT, ""], truncate=truncate):
+            for truncate, left in ((False, False), (True, False), (True, True)):
+                for _, ids, _ in self.tokenize([PROBE_TEXT, ""], truncate=truncate, left=left):
                     beyond = [i for i in ids if not 0 <= i < vocab_size]
                     if beyond:
                         raise ModelLoadError(
                             f"model {self.info.name!r}: its tokenizer gives token id "
                             f"{beyond[0]}, beyond the vocabulary of {vocab_size}"
                         )
-                self.token_spans([PROBE_TEXT], truncate=truncate)
+                self.token_spans([PROBE_TEXT], truncate=truncate, left=left)
             self.decode([[0]], skip_special_tokens=True)
         except InvalidInput as exc:
             raise ModelLoadError(f"model {self.info.name!r}: {exc.message}") from exc
 
-    def _tokenizer_for(self, truncate: bool) -> Tokenizer:
-        return self._truncating if truncate else self._tokenizer
+    def _tokenizer_for(self, truncate: bool, left: bool = False) -> Tokenizer:
+        if not truncate:
+            return self._tokenizer
+        return self._truncating_left if left else self._truncating
 
     def tokenize(
-        self, texts: list[str], *, truncate: bool, special_tokens: bool = True
+        self, texts: list[str], *, truncate: bool, special_tokens: bool = True, left: bool = False
     ) -> list[tuple[list[str], list[int], list[int]]]:
         """Texts -> (tokens, ids, type ids) each, special tokens included unless
-        ``special_tokens`` is false."""
-        tokenizer = self._tokenizer_for(truncate)
+        ``special_tokens`` is false; ``truncate`` keeps the first tokens, or with ``left``
+        the last."""
+        tokenizer = self._tokenizer_for(truncate, left)
         with self._tokenizer_errors():
             encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [(e.tokens, e.ids, e.type_ids) for e in encoded]
 
-    def final_tokens(self, prefix: str) -> int:
-        """Tokens of ``prefix`` (specials excluded) that no continuation of it can change:
-        those of its words before the last, which may be cut. Words are the
-        pre-tokenizer's; a tokenizer without one has a single word, so none are final."""
+    def final_tokens(self, piece: str, *, from_end: bool = False) -> int:
+        """Tokens of a prefix ``piece`` (specials excluded) that no continuation of it can
+        change: those of its words before the last, which may be cut; ``from_end``: of a
+        suffix, those of its words after the first. Words are the pre-tokenizer's; a
+        tokenizer without one has a single word, so none are final."""
         with self._tokenizer_errors():
-            words = self._tokenizer_for(False).encode(prefix, add_special_tokens=False).word_ids
+            words = self._tokenizer_for(False).encode(piece, add_special_tokens=False).word_ids
         known = [w for w in words if w is not None]
         if not known:
             return 0
+        if from_end:
+            first = min(known)
+            return sum(1 for w in known if w > first)
         last = max(known)
         return sum(1 for w in known if w < last)
 
     def token_spans(
-        self, texts: list[str], *, truncate: bool, special_tokens: bool = True
+        self, texts: list[str], *, truncate: bool, special_tokens: bool = True, left: bool = False
     ) -> list[list[tuple[int, int] | None]]:
         """Each token's [start, stop) characters in its text; None for special tokens.
         The same tokenization as ``tokenize`` (late chunking: which tokens a span
         holds; TEI's /tokenize: where each token came from)."""
-        tokenizer = self._tokenizer_for(truncate)
+        tokenizer = self._tokenizer_for(truncate, left)
         with self._tokenizer_errors():
             encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [

@@ -97,6 +97,8 @@ def bound_text(
     truncate: bool,
     field: FieldPath,
     final_tokens: Callable[[str], int],
+    *,
+    left: bool = False,
 ) -> str:
     """The part of ``text`` its tokenizing needs: a prefix with the same truncated tokens
     (``truncate``), a 413 once a prefix alone is too long, else the whole text.
@@ -111,18 +113,21 @@ def bound_text(
     of 256). Cost: the search tokenizes fewer than ``PREFIX_GROWTH / (PREFIX_GROWTH - 1)``
     times the text's characters in all, the tokenizing after it at most the text once
     more (the text itself bounded by ATTNSERVE_MAX_BODY_BYTES); ordinary text stops at
-    the first prefix. A model without a tokenizer gets its text back whole:
-    tokenizing it is refused next."""
+    the first prefix. With ``left`` (truncation keeps the last tokens) the same holds
+    of suffixes, ``final_tokens`` then counting a suffix's tokens after its first
+    word. A model without a tokenizer gets its text back whole: tokenizing it is
+    refused next."""
     size = model.max_seq_len * FIRST_PREFIX_CHARS_PER_TOKEN
     if len(text) <= size or not model.has_tokenizer:
         return text
     while size < len(text):
-        prefix = text[:size]
-        if final_tokens(prefix) > model.max_seq_len:
+        piece = text[-size:] if left else text[:size]
+        if final_tokens(piece) > model.max_seq_len:
             if truncate:
-                return prefix
+                return piece
             raise SequenceTooLong(
-                f"{len(text):,} characters whose first {size:,} already hold over "
+                f"{len(text):,} characters whose {'last' if left else 'first'} {size:,} "
+                "already hold over "
                 f"{model.max_seq_len} tokens: more than model {model.name!r} accepts; "
                 "shorten it or ask for truncation",
                 field=field,

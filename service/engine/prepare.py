@@ -99,7 +99,10 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
     check_count(request, settings)  # before reading them
     inputs = list(request.inputs)
     prompt = _prompt(info, request, inputs)
-    tokenized, ids = _front_end(runtime, inputs, request.truncate, settings, pooled_only, prompt)
+    left = request.truncation_direction == "left"
+    tokenized, ids = _front_end(
+        runtime, inputs, request.truncate, settings, pooled_only, prompt, left
+    )
     options = resolve_options(info, request)
     # Text and ids asking only for embeddings run as ids in one graph (when the model
     # has it): the batcher sees them at once.
@@ -108,7 +111,9 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         and not (request.return_attention or request.return_hidden_states)
         and not any(isinstance(item, ArrayInput) for item in inputs)
     )
-    span_tokens = text.span_tokens(runtime, inputs, request.truncate, options.pooling, prompt)
+    span_tokens = text.span_tokens(
+        runtime, inputs, request.truncate, options.pooling, prompt, left=left
+    )
     sequences = _sequences(info, inputs, tokenized, ids, settings, pooled_only)
     tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
     size, work = _answer_cost(
@@ -138,6 +143,7 @@ def _front_end(
     settings: Settings,
     pooled_only: bool,
     prompt: str,
+    left: bool,
 ) -> tuple[dict[int, text.Tokenized], dict[int, list[int]]]:
     """Texts tokenized and token ids checked, by input index; every length known
     before decoding (declared rows for arrays) checked against the limits."""
@@ -147,8 +153,8 @@ def _front_end(
         for i, item in enumerate(inputs)
         if isinstance(item, str | SpannedText)
     }
-    bounded = text.bound(runtime, texts, truncate, "inputs")
-    tokenized = text.tokenize(runtime, bounded, truncate)
+    bounded = text.bound(runtime, texts, truncate, "inputs", left=left)
+    tokenized = text.tokenize(runtime, bounded, truncate, left=left)
     ids = {i: item.ids for i, item in enumerate(inputs) if isinstance(item, TokenIds)}
     if ids:
         text.check_token_ids(info, ids)

@@ -164,7 +164,13 @@ def prepare(
             field=("model",),
         )
     _, encoded = text.tokenize_all(
-        runtime, request.texts, request.truncate, "inputs", settings, pooled_only=True
+        runtime,
+        request.texts,
+        request.truncate,
+        "inputs",
+        settings,
+        pooled_only=True,
+        left=request.truncation_direction == "left",
     )
     return encoded
 

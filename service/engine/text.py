@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -72,15 +73,15 @@ def prompt_of(info: ModelInfo, prompt_name: str | None, prompt: str | None) -> s
 
 
 def bound(
-    runtime: ModelRuntime, texts: dict[int, str], truncate: bool, field: str
+    runtime: ModelRuntime, texts: dict[int, str], truncate: bool, field: str, *, left: bool = False
 ) -> dict[int, str]:
     """Texts by their index in the request's ``field``, bounded before tokenizing (422
     for a model without a tokenizer)."""
     if not texts:
         return {}
-    tokens_of = front_end(runtime).final_tokens
+    tokens_of = partial(front_end(runtime).final_tokens, from_end=left)
     return {
-        i: limits.bound_text(text, runtime.info, truncate, (field, i), tokens_of)
+        i: limits.bound_text(text, runtime.info, truncate, (field, i), tokens_of, left=left)
         for i, text in texts.items()
     }
 
@@ -96,14 +97,19 @@ def front_end(runtime: ModelRuntime) -> TextFrontEnd:
 
 
 def tokenize(
-    runtime: ModelRuntime, bounded: dict[int, str], truncate: bool, *, special_tokens: bool = True
+    runtime: ModelRuntime,
+    bounded: dict[int, str],
+    truncate: bool,
+    *,
+    special_tokens: bool = True,
+    left: bool = False,
 ) -> dict[int, Tokenized]:
     """Bounded texts (``bound``) tokenized, by the same index. Their lengths are the
     caller's to check, beside any other inputs of the request."""
     if not bounded:
         return {}
     found = front_end(runtime).tokenize(
-        list(bounded.values()), truncate=truncate, special_tokens=special_tokens
+        list(bounded.values()), truncate=truncate, special_tokens=special_tokens, left=left
     )
     return dict(zip(bounded, found, strict=True))
 
@@ -117,12 +123,13 @@ def tokenize_all(
     *,
     pooled_only: bool,
     special_tokens: bool = True,
+    left: bool = False,
 ) -> tuple[list[str], list[Tokenized]]:
     """A request made only of texts: counted, bounded, tokenized, every length checked.
     The bounded texts are handed back beside their tokens."""
     limits.check_sequence_count(len(texts), settings, pooled_only=pooled_only)
-    bounded = bound(runtime, dict(enumerate(texts)), truncate, field)
-    found = tokenize(runtime, bounded, truncate, special_tokens=special_tokens)
+    bounded = bound(runtime, dict(enumerate(texts)), truncate, field, left=left)
+    found = tokenize(runtime, bounded, truncate, special_tokens=special_tokens, left=left)
     encoded = [found[i] for i in range(len(texts))]
     lengths: list[int | None] = [len(tokens) for tokens, _, _ in encoded]
     limits.check_lengths(lengths, runtime.info, settings, field, pooled_only=pooled_only)
@@ -167,6 +174,8 @@ def span_tokens(
     truncate: bool,
     pooling: Pooling,
     prompt: str = "",
+    *,
+    left: bool = False,
 ) -> list[list[list[int]] | None]:
     """Late chunking: per input, the tokens of each span (those whose first character
     lies inside it, special tokens excluded; spans count characters of the text, after
@@ -180,12 +189,12 @@ def span_tokens(
             "spans are pooled per chunk: set pooling to mean or max",
             field=("inputs", next(iter(spanned)), "spans"),
         )
-    tokens_of = front_end(runtime).final_tokens
+    tokens_of = partial(front_end(runtime).final_tokens, from_end=left)
     texts = [
-        limits.bound_text(prompt + item.text, runtime.info, truncate, (), tokens_of)
+        limits.bound_text(prompt + item.text, runtime.info, truncate, (), tokens_of, left=left)
         for item in spanned.values()
     ]
-    token_spans = front_end(runtime).token_spans(texts, truncate=truncate)
+    token_spans = front_end(runtime).token_spans(texts, truncate=truncate, left=left)
     for (i, item), spans in zip(spanned.items(), token_spans, strict=True):
         starts = [None if span is None else span[0] - len(prompt) for span in spans]
         per_span = []
@@ -212,6 +221,7 @@ def tokenize_texts(
         raise InvalidInput("is empty: send at least one string", field=("texts",))
     # Tokens alone are a small answer (like pooled vectors): the larger limits apply.
     small = not request.return_embeddings
+    left = request.truncation_direction == "left"
     bounded, encoded = tokenize_all(
         runtime,
         request.texts,
@@ -220,6 +230,7 @@ def tokenize_texts(
         settings,
         pooled_only=small,
         special_tokens=request.special_tokens,
+        left=left,
     )
     to_embed: list[np.ndarray] = []
     if request.return_embeddings:
@@ -237,7 +248,10 @@ def tokenize_texts(
     if request.spans:
         spans = list(
             front_end(runtime).token_spans(
-                bounded, truncate=request.truncate, special_tokens=request.special_tokens
+                bounded,
+                truncate=request.truncate,
+                special_tokens=request.special_tokens,
+                left=left,
             )
         )
     texts = [

@@ -140,6 +140,7 @@ class EncodeRequest:
     dimensions: int | None = None  # Matryoshka truncation of the pooled vector
     return_embeddings: bool = True
     truncate: bool = False
+    truncation_direction: str = "right"  # "left": truncation keeps the last tokens
     # Text prepended to every text input: one of the model's named prompts, or the caller's
     # own (sentence-transformers' prompt_name and prompt); neither: the model's default.
     prompt_name: str | None = None
@@ -188,6 +189,7 @@ class TokenizeRequest:
     model: str | None = None
     return_embeddings: bool = False
     truncate: bool = False
+    truncation_direction: str = "right"  # "left": truncation keeps the last tokens
     special_tokens: bool = True  # the model's [CLS], [SEP]... around each text
     spans: bool = False  # each token's [start, stop) characters in its text
 
@@ -234,6 +236,7 @@ class SparseRequest:
     kind: str = "document"  # "document" | "query"
     alpha: float = 0.5  # the exponent of log(1 + weight), as fastembed's default
     truncate: bool = False
+    truncation_direction: str = "right"  # "left": truncation keeps the last tokens
 
 
 @dataclass(frozen=True)

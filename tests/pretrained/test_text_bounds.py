@@ -145,3 +145,46 @@ def test_openai_answers_context_length_exceeded(server: ServerProcess) -> None:
     ):
         client.embeddings.create(model=MODEL, input="word " * 10_000)
     assert info.value.code == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        " ".join(f"word{i}" for i in range(400)),  # over 256 tokens, under the search's size
+        "start " + "x " * 3_000_000 + "the very end of it",  # a suffix search of ~6 MB
+        "start " + "\t" * 200_000 + " ".join(f"tail{i}" for i in range(300)),
+    ],
+    ids=["long", "huge", "whitespace-heavy"],
+)
+def test_left_truncation_keeps_what_the_tokenizer_keeps(server: ServerProcess, text: str) -> None:
+    """truncation_direction left equals transformers' truncation_side="left" (the last
+    256 tokens between [CLS] and [SEP]), on every text route; a huge text is bounded by
+    a suffix whose tokens the rest of it cannot change, as the prefix is for right."""
+    tokenizer = BertTokenizerFast.from_pretrained(minilm_l6_dir(), truncation_side="left")
+    want = tokenizer([text[-200_000:]], truncation=True, max_length=MAX_SEQ_LEN)["input_ids"][0]
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        native = c.post(
+            "/v1/tokenize",
+            json={"text": [text], "truncate": True, "truncation_direction": "left"},
+        )
+        assert native.status_code == 200, native.text
+        assert native.json()["data"][0]["ids"] == want
+        right = c.post("/v1/tokenize", json={"text": [text], "truncate": True})
+        assert right.json()["data"][0]["ids"] != want  # the control: right keeps the start
+        tei = c.post(
+            "/tokenize",
+            json={"inputs": text, "truncate": True, "truncation_direction": "Left"},
+        )
+        assert tei.status_code == 200, tei.text
+        assert [t["id"] for t in tei.json()[0]] == want
+        encoded = c.post(
+            "/v1/encode",
+            json={
+                "inputs": [text],
+                "truncate": True,
+                "truncation_direction": "left",
+                "pooling": "mean",
+            },
+        )
+        assert encoded.status_code == 200, encoded.text
+        assert encoded.json()["usage"]["tokens"] == len(want)

@@ -78,6 +78,7 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         normalize=options.normalize,
         return_embeddings=wants_embeddings(options),
         truncate=options.truncate,
+        truncation_direction=options.truncation_direction,
         prompt_name=options.prompt_name,
         prompt=options.prompt,
     )
@@ -252,6 +253,7 @@ def sparse_request(body: bytes) -> tuple[SparseRequest, bool]:
         kind=options.kind,
         alpha=options.alpha,
         truncate=options.truncate,
+        truncation_direction=options.truncation_direction,
     )
     return request, options.return_text
 
@@ -284,6 +286,7 @@ def tokenize_request(body: bytes) -> tuple[TokenizeRequest, str]:
         model=options.model,
         return_embeddings=options.return_embeddings,
         truncate=options.truncate,
+        truncation_direction=options.truncation_direction,
     )
     return request, options.encoding_format
 

@@ -94,6 +94,10 @@ class EncodeOptions(BaseModel):
         False,
         description="Cut text items to the model's max_seq_len instead of refusing them (413).",
     )
+    truncation_direction: Literal["right", "left"] = Field(
+        "right",
+        description="With truncate: keep the first tokens (right) or the last (left).",
+    )
     prompt_name: str | None = Field(
         None,
         max_length=64,
@@ -147,6 +151,10 @@ class EmbedSparseRequest(BaseModel):
     )
     return_text: bool = Field(False, description="Also return the stem behind each index.")
     truncate: bool = Field(False, description="Cut texts to the model's max_seq_len (else 413).")
+    truncation_direction: Literal["right", "left"] = Field(
+        "right",
+        description="With truncate: keep the first tokens (right) or the last (left).",
+    )
 
 
 class SparseItem(BaseModel):
@@ -172,6 +180,10 @@ class TokenizeRequest(BaseModel):
         False, description="Also return the token embeddings [n, d_model] the encoder takes."
     )
     truncate: bool = Field(False, description="Cut texts to the model's max_seq_len.")
+    truncation_direction: Literal["right", "left"] = Field(
+        "right",
+        description="With truncate: keep the first tokens (right) or the last (left).",
+    )
     encoding_format: EncodingFormat = "float"
 
 

@@ -58,21 +58,19 @@ def _texts(inputs: Texts) -> list[str]:
 
 
 def _text_request(schema: type[Options], body: bytes) -> tuple[Options, list[str], bool]:
-    """A TEI text request's options, its texts and whether to truncate them."""
+    """A TEI text request's options, its texts and whether to truncate them (this
+    server's default is off)."""
     options = wire.parse_options(schema, wire.parse_json_object(body))
-    truncate = _common(options.truncate, options.truncation_direction)
-    return options, _texts(options.inputs), truncate
+    return options, _texts(options.inputs), bool(options.truncate)
+
+
+def _direction(options: schemas.CutOptions) -> str:
+    """TEI's truncation_direction (Left/Right, either case) in the engine's terms."""
+    return "left" if options.truncation_direction in LEFT else "right"
 
 
 def _characters(texts: list[str]) -> Characters:
     return sum(len(text) for text in texts)
-
-
-def _common(truncate: bool | None, direction: str) -> bool:
-    """TEI's shared truncation options (this server's default is off)."""
-    if direction in LEFT:
-        raise InvalidInput("only Right truncation is supported", field=("truncation_direction",))
-    return bool(truncate)
 
 
 def _no_prompt(prompt_name: str | None, route: str) -> None:
@@ -91,6 +89,7 @@ def embed_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         dimensions=options.dimensions,
         return_embeddings=False,
         truncate=truncate,
+        truncation_direction=_direction(options),
         prompt_name=options.prompt_name,
     )
     return request, _characters(texts)
@@ -107,6 +106,7 @@ def embed_all_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         wire_cost=COST,
         return_embeddings=True,
         truncate=truncate,
+        truncation_direction=_direction(options),
         prompt_name=options.prompt_name,
     )
     return request, _characters(texts)
@@ -119,7 +119,10 @@ def embed_all_response(result: EncodeResult, _: Characters) -> bytes:
 def sparse_request(body: bytes) -> tuple[SparseRequest, Characters]:
     options, texts, truncate = _text_request(EmbedSparseRequest, body)
     _no_prompt(options.prompt_name, "/embed_sparse")
-    return SparseRequest(texts=texts, truncate=truncate), _characters(texts)
+    request = SparseRequest(
+        texts=texts, truncate=truncate, truncation_direction=_direction(options)
+    )
+    return request, _characters(texts)
 
 
 def sparse_response(result: SparseResult) -> bytes:
@@ -133,7 +136,7 @@ def sparse_response(result: SparseResult) -> bytes:
 
 def similarity_request(body: bytes) -> tuple[EncodeRequest, Characters]:
     options = wire.parse_options(SimilarityRequest, wire.parse_json_object(body))
-    truncate = _common(options.truncate, options.truncation_direction)
+    truncate = bool(options.truncate)
     if not options.inputs.sentences:
         raise InvalidInput("is empty: send at least one sentence", field=("inputs", "sentences"))
     # An empty text is 400 Empty, as on TEI's other routes (not its special tokens embedded).
@@ -150,6 +153,7 @@ def similarity_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         normalize=True,
         return_embeddings=False,
         truncate=truncate,
+        truncation_direction=_direction(options),
         prompt_name=options.prompt_name,
     )
     return request, _characters(texts)
@@ -169,6 +173,7 @@ def tokenize_request(body: bytes) -> tuple[TokenizeRequest, list[str]]:
         texts=texts,
         wire_cost=COST,
         truncate=truncate,
+        truncation_direction=_direction(options),
         special_tokens=options.add_special_tokens,
         spans=True,
     )
