@@ -334,6 +334,14 @@ def sentence_prompts(root: Path) -> tuple[dict[str, str], str | None]:
         isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
     ):
         raise CheckpointError(f"{path.name}: prompts must map names to texts")
+    pooling_path = root / "1_Pooling" / "config.json"
+    pooling = json.loads(pooling_path.read_text()) if pooling_path.is_file() else {}
+    if prompts and pooling.get("include_prompt") is False:
+        # Its vectors pool over the text's tokens only; ours would pool the prompt's too.
+        raise CheckpointError(
+            "1_Pooling/config.json sets include_prompt false, which this exporter does not "
+            "support: its prompts would be pooled into every vector"
+        )
     default = raw.get("default_prompt_name")
     return dict(prompts), default if default in prompts else None
 

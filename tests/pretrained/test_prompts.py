@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,7 +23,7 @@ import pytest
 import torch
 from transformers import BertModel, BertTokenizerFast
 
-from model_export.hf_import import minilm_l6_dir
+from model_export.hf_import import CheckpointError, load_checkpoint, minilm_l6_dir
 from tests.conftest import running_server
 
 MODEL = "prompted"
@@ -121,3 +122,15 @@ def test_prompt_mistakes_are_422_naming_what_exists(url: str) -> None:
         timeout=60,
     )
     assert arrays.status_code == 422 and "text inputs" in arrays.json()["error"], arrays.text
+
+
+def test_prompts_pooled_apart_are_refused_at_export(tmp_path: Path) -> None:
+    """include_prompt false pools the text's tokens only; served as if true, every vector
+    would differ from the model's own: the export says so instead."""
+    source = tmp_path / "ckpt"
+    shutil.copytree(minilm_l6_dir(), source)
+    (source / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
+    pooling = source / "1_Pooling" / "config.json"
+    pooling.write_text(json.dumps({**json.loads(pooling.read_text()), "include_prompt": False}))
+    with pytest.raises(CheckpointError, match="include_prompt"):
+        load_checkpoint(source)
