@@ -1,9 +1,10 @@
 """The post-LN BERT families beside BERT, served and checked against transformers eager.
 
-No package here ships RoBERTa, XLM-RoBERTa or DistilBERT weights, so each is a
-small random-initialised checkpoint that ``transformers`` builds and saves with
-``save_pretrained``, with a tokenizer of its family's kind (byte-level BPE for
-RoBERTa, Unigram for XLM-RoBERTa, the real MiniLM WordPiece for DistilBERT):
+No package here ships RoBERTa, XLM-RoBERTa, DistilBERT or small MPNet weights, so
+each is a small random-initialised checkpoint that ``transformers`` builds and
+saves with ``save_pretrained``, with a tokenizer of its family's kind (byte-level
+BPE for RoBERTa, Unigram for XLM-RoBERTa, the real MiniLM WordPiece for
+DistilBERT and MPNet, whose own tokenizer is WordPiece too):
 the path a real checkpoint takes. Each is exported by the CLI and served; the
 answers over ``/v1/encode`` (text in) must equal the model's own
 ``attn_implementation="eager"`` outputs: last hidden state, every hidden state
@@ -107,10 +108,27 @@ def _distilbert(vocab: int, kind: str) -> torch.nn.Module:
     return model
 
 
+def _mpnet(vocab: int, kind: str) -> torch.nn.Module:
+    from transformers import MPNetConfig, MPNetModel
+
+    config = MPNetConfig(
+        vocab_size=vocab,
+        hidden_size=SIZES["hidden"],
+        num_attention_heads=SIZES["heads"],
+        num_hidden_layers=SIZES["layers"],
+        intermediate_size=SIZES["ff"],
+        max_position_embeddings=SIZES["positions"] + 2,  # rows 0, 1: before padding id + 1
+        layer_norm_eps=1e-5,
+    )
+    model: torch.nn.Module = MPNetModel(config, add_pooling_layer=False)
+    return model
+
+
 FAMILIES: dict[str, tuple[Callable[[Path], Tokenizer], Callable[[int, str], torch.nn.Module]]] = {
     "roberta": (_bpe, _roberta),
     "xlm-roberta": (_unigram, _roberta),
     "distilbert": (_wordpiece, _distilbert),
+    "mpnet": (_wordpiece, _mpnet),
 }
 
 
@@ -122,13 +140,16 @@ def _checkpoint(directory: Path, family: str) -> None:
     model = make_model(tokenizer.get_vocab_size(), family)
     # Random LayerNorm weights too, so a mapping slip between norms cannot pass; query and
     # key weights scaled up, as a random init leaves attention near-uniform (a slip in the
-    # maps would hide in it).
+    # maps would hide in it); MPNet's relative position bias large (std 1), so dropping it shows.
+    queries_keys = ("query.weight", "key.weight", "q_lin.weight", "k_lin.weight")
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "LayerNorm" in name or "layer_norm" in name:
                 param.normal_(1.0, 0.1)
-            elif name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight")):
+            elif name.endswith((*queries_keys, "attn.q.weight", "attn.k.weight")):
                 param.mul_(5.0)
+            elif name.endswith("relative_attention_bias.weight"):
+                param.normal_(0.0, 1.0)
     model.save_pretrained(directory)
     tokenizer.save(str(directory / "tokenizer.json"))
 
