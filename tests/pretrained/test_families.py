@@ -238,6 +238,24 @@ def test_bm42_is_refused_for_tokenizers_it_is_not_defined_for(server: str) -> No
     assert served.status_code == 200, served.text
 
 
+def test_relative_position_buckets_equal_mpnets_at_every_offset() -> None:
+    """Every offset j - i in ±600, past the test models' 64 positions and MPNet's 128
+    max distance, and through 64, where log(8)/log(16)·8 lands exactly on a boundary."""
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    from model_export.config import EncoderConfig
+    from model_export.model import RelativePositionBias
+
+    seq = 601
+    bias = RelativePositionBias(EncoderConfig(d_model=32, n_heads=4, relative_buckets=32))
+    with torch.no_grad():
+        bias.table.weight.copy_(torch.arange(32.0)[:, None].expand(32, 4))  # P = bucket
+        buckets = bias(seq)[0, 0].long()  # (T, T)
+    positions = torch.arange(seq)
+    offsets = positions[None, :] - positions[:, None]  # j - i, as MPNetEncoder computes it
+    assert torch.equal(buckets, MPNetEncoder.relative_position_bucket(offsets))
+
+
 def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(
         '{"model_type": "modernbert", "architectures": ["ModernBertModel"]}'
