@@ -32,6 +32,8 @@ SIZE_BOUNDS: dict[str, int] = {
     "d_ff": 1 << 18,
     "max_seq_len": 1 << 20,
     "window": 1 << 20,
+    "relative_buckets": 1 << 10,
+    "relative_max_distance": 1 << 20,
 }
 
 
@@ -48,6 +50,10 @@ class EncoderConfig:
     Defaults follow BERT: post-LN, GELU, LayerNorm eps 1e-12, no dropout at
     inference. ``window`` is the radius r of restricted self-attention (token i
     sees j when |i - j| <= r); ``None`` means full attention.
+    ``relative_buckets`` adds MPNet's relative position bias to the scores: one
+    learned scalar per head and bucket of j - i (half the buckets for keys after
+    the query; exact distances below a quarter of the buckets, log-spaced up to
+    ``relative_max_distance``); ``None`` means no such bias.
     """
 
     d_model: int = 384
@@ -62,6 +68,8 @@ class EncoderConfig:
     window: int | None = None
     scoring: Scoring = "dot"
     max_seq_len: int = 512
+    relative_buckets: int | None = None
+    relative_max_distance: int = 128
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -86,6 +94,19 @@ class EncoderConfig:
             raise ConfigError(f"causal must be true or false, got {self.causal!r}")
         if self.window is not None:
             check_size("window", self.window, SIZE_BOUNDS["window"], ConfigError)
+        bound = SIZE_BOUNDS["relative_max_distance"]
+        check_size("relative_max_distance", self.relative_max_distance, bound, ConfigError)
+        if self.relative_buckets is not None:
+            bound = SIZE_BOUNDS["relative_buckets"]
+            check_size("relative_buckets", self.relative_buckets, bound, ConfigError)
+            # Each direction's half needs exact buckets below the log-spaced ones.
+            exact = self.relative_buckets // 4
+            if self.relative_buckets % 4 or self.relative_max_distance <= exact:
+                raise ConfigError(
+                    "relative_buckets must be a multiple of 4 with relative_max_distance > "
+                    f"relative_buckets / 4, got {self.relative_buckets} and "
+                    f"{self.relative_max_distance}"
+                )
 
     @property
     def head_dim(self) -> int:
@@ -93,12 +114,14 @@ class EncoderConfig:
         return self.d_model // self.n_heads
 
     def parameters(self) -> int:
-        """Weights of the encoder's layers (attention, feed-forward, layer norms), without
-        token embeddings: what each encoder graph holds."""
+        """Weights of the encoder's layers (attention, feed-forward, layer norms) and its
+        relative position bias table, without token embeddings: what each encoder graph
+        holds."""
         d, ff = self.d_model, self.d_ff
         attention = 4 * d * d + 4 * d
         feed_forward = 2 * d * ff + d + ff
-        return self.n_layers * (attention + feed_forward + 4 * d)
+        relative = (self.relative_buckets or 0) * self.n_heads
+        return self.n_layers * (attention + feed_forward + 4 * d) + relative
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

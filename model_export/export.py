@@ -42,7 +42,7 @@ from model_export.manifest import (
     sha256_file,
     staged_model_dir,
 )
-from model_export.model import Encoder, EncoderBlock, TokenEmbeddings, mask_bias
+from model_export.model import Encoder, EncoderBlock, TokenEmbeddings
 from model_export.optimize import optimize_graph
 from model_export.stopwords import ENGLISH
 from model_export.validate import (
@@ -136,8 +136,7 @@ class _SparseGraph(nn.Module):
         self.encoder = encoder
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        cfg = self.encoder.config
-        bias = mask_bias(attention_mask, causal=cfg.causal, window=cfg.window)  # (B, 1, T, T)
+        bias = self.encoder.attention_bias(attention_mask)  # (B, 1 or h, 1 or T, T)
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.encoder.layers[:-1]:
             x, _, _ = layer(x, bias)

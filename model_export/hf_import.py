@@ -4,8 +4,10 @@
 One :class:`Family` per ``model_type`` says where its weights live and what it
 changes in the input layer: BERT (and ELECTRA with embeddings as wide as the
 encoder), RoBERTa, XLM-RoBERTa and CamemBERT (positions offset by the padding id
-+ 1, one token type), DistilBERT (its own key names, no token types). Any other
-``model_type`` is a :class:`CheckpointError` naming it.
++ 1, one token type), DistilBERT (its own key names, no token types), MPNet
+(its own key names, no token types, RoBERTa's positions, and a relative position
+bias shared by all layers). Any other ``model_type`` is a :class:`CheckpointError`
+naming it.
 
 The key mapping is written out in full and checked both ways: every encoder
 parameter must be filled with a tensor of the right shape, and every key of
@@ -73,6 +75,15 @@ class Family:
     embedding_keys: dict[str, str]  # without "token_type": the family has none (zeros)
     offset_positions: bool = False  # positions start at padding id + 1 (RoBERTa)
     hf_names: dict[str, str] = dataclasses.field(default_factory=dict)  # ours -> config's
+    # Encoder parameters outside the layers: ours -> theirs (MPNet's relative bias table).
+    extra_keys: dict[str, str] = dataclasses.field(default_factory=dict)
+    padding_id: int | None = None  # fixed in the model's code, whatever config.json says
+    relative_bias: bool = False  # MPNet's relative position bias by buckets
+
+
+# transformers' MPNetEncoder computes buckets with these, whatever the config says.
+MPNET_BUCKETS = 32
+MPNET_MAX_DISTANCE = 128
 
 
 BERT = Family(("bert.", "model."), "encoder.layer", LAYER_KEYS, EMBEDDING_KEYS)
@@ -104,6 +115,23 @@ FAMILIES: dict[str, Family] = {
             "intermediate_size": "hidden_dim",
             "hidden_act": "activation",
         },
+    ),
+    "mpnet": Family(
+        ("mpnet.", "model."),
+        "encoder.layer",
+        LAYER_KEYS
+        | {
+            "attn.q_proj": "attention.attn.q",
+            "attn.k_proj": "attention.attn.k",
+            "attn.v_proj": "attention.attn.v",
+            "attn.out_proj": "attention.attn.o",
+            "attn_norm": "attention.LayerNorm",
+        },
+        {k: v for k, v in EMBEDDING_KEYS.items() if k != "token_type"},
+        offset_positions=True,
+        extra_keys={"relative_bias.table.weight": "encoder.relative_attention_bias.weight"},
+        padding_id=1,  # MPNetEmbeddings.padding_idx
+        relative_bias=True,
     ),
 }
 
@@ -147,7 +175,10 @@ def family_of(hf: dict[str, Any]) -> Family:
 
 def position_offset(hf: dict[str, Any], family: Family) -> int:
     """Where a family's positions start: RoBERTa's at padding id + 1, others' at 0."""
-    return int(hf.get("pad_token_id", 1)) + 1 if family.offset_positions else 0
+    if not family.offset_positions:
+        return 0
+    padding = family.padding_id if family.padding_id is not None else hf.get("pad_token_id", 1)
+    return int(padding) + 1
 
 
 def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
@@ -163,6 +194,15 @@ def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
         if hf.get("sinusoidal_pos_embds"):
             raise CheckpointError("DistilBERT's sinusoidal positions are not supported")
         positions = int(hf.get("max_position_embeddings", 512)) - position_offset(hf, family)
+        relative = None
+        if family.relative_bias:
+            table = int(hf.get("relative_attention_num_buckets", MPNET_BUCKETS))
+            if table != MPNET_BUCKETS:
+                raise CheckpointError(
+                    f"relative_attention_num_buckets {table} is not supported: transformers' "
+                    f"MPNet computes {MPNET_BUCKETS} buckets whatever the table holds"
+                )
+            relative = MPNET_BUCKETS
         return EncoderConfig(
             d_model=int(hf["hidden_size"]),
             n_heads=int(hf["num_attention_heads"]),
@@ -172,6 +212,8 @@ def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
             layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
             norm_placement="post",
             max_seq_len=positions,
+            relative_buckets=relative,
+            relative_max_distance=MPNET_MAX_DISTANCE,
         )
     except KeyError as exc:
         raise CheckpointError(f"config.json lacks {exc.args[0]!r}") from None
@@ -218,6 +260,8 @@ def map_state_dict(
                 key = f"layers.{i}.{ours}.{suffix}"
                 want = enc_params[key].shape
                 take(enc_state, key, f"{family.layers}.{i}.{theirs}.{suffix}", want)
+    for ours, theirs in family.extra_keys.items():
+        take(enc_state, ours, theirs, enc_params[ours].shape)
     emb_state: dict[str, Tensor] = {}
     emb_params = embeddings.state_dict()
     for ours, theirs in family.embedding_keys.items():

@@ -2,9 +2,12 @@
 
 Per layer (post-LN, as in BERT)::
 
-    A = softmax(Q Kᵀ / √d_k + M) V        per head, d_k = d_model / h
+    A = softmax(Q Kᵀ / √d_k + P + M) V    per head, d_k = d_model / h
     x = LayerNorm(x + W_o concat(A_1..A_h))
     x = LayerNorm(x + W_2 act(W_1 x))
+
+P is MPNet's relative position bias (``relative_buckets`` set, else 0): per head a
+learned scalar for the bucket of the offset j - i, the same in every layer.
 
 M is 0 where a query may see a key and -10000 elsewhere. The allowed set is the
 intersection of key padding, the optional causal mask and the optional local
@@ -58,6 +61,54 @@ def mask_bias(attention_mask: Tensor, *, causal: bool = False, window: int | Non
         return (1.0 - keys) * MASKED_SCORE
     allowed = allowed_keys(attention_mask, causal=causal, window=window)
     return torch.zeros(allowed.shape).masked_fill(~allowed, MASKED_SCORE)  # (B, 1, T, T)
+
+
+def relative_buckets(num_buckets: int, max_distance: int) -> Tensor:
+    """Bucket of each distance |j - i| in 0..max_distance for one direction, (max_distance + 1,).
+
+    MPNet's (T5's) ``relative_position_bucket``: distances below a quarter of the
+    buckets get one bucket each; larger ones share log-spaced buckets up to
+    ``max_distance``, beyond which they all fall in the last. Evaluated here once,
+    with transformers' float32 operations in transformers' order, and looked up in
+    the graph: onnxruntime's Log rounding differently from torch's could otherwise
+    move a distance that sits on a boundary (64: log(8)/log(16)·8 = 6) to the next
+    bucket.
+    """
+    half = num_buckets // 2  # one half per direction
+    max_exact = half // 2
+    n = torch.arange(max_distance + 1)
+    scaled = torch.log(n.clamp(min=max_exact).float() / max_exact)
+    large = max_exact + (scaled / math.log(max_distance / max_exact) * (half - max_exact)).long()
+    return torch.where(n < max_exact, n, large.clamp(max=half - 1))
+
+
+class RelativePositionBias(nn.Module):
+    """P: one learned scalar per head and bucket of j - i, shared by every layer (MPNet)."""
+
+    bucket_of_distance: Tensor  # (max_distance + 1,): ``relative_buckets``
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        assert config.relative_buckets is not None
+        self.max_distance = config.relative_max_distance
+        self.per_direction = config.relative_buckets // 2
+        self.table = nn.Embedding(config.relative_buckets, config.n_heads)
+        # Not a weight: derived from the config, so kept out of the state dict.
+        self.register_buffer(
+            "bucket_of_distance",
+            relative_buckets(config.relative_buckets, self.max_distance),
+            persistent=False,
+        )
+
+    def forward(self, seq_len: int) -> Tensor:
+        """P for a sequence of ``seq_len`` tokens: (1, h, T, T)."""
+        pos = torch.arange(seq_len, device=self.table.weight.device)
+        offset = pos[None, :] - pos[:, None]  # (T, T): j - i
+        distance = offset.abs().clamp(max=self.max_distance)  # (T, T)
+        after = (offset > 0).long()  # (T, T): keys after the query use the upper half
+        bucket = self.bucket_of_distance[distance] + after * self.per_direction  # (T, T)
+        bias: Tensor = self.table(bucket).permute(2, 0, 1)[None]  # (1, h, T, T)
+        return bias
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -185,6 +236,9 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = config
         self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
+        self.relative_bias = (
+            RelativePositionBias(config) if config.relative_buckets is not None else None
+        )
         # Pre-LN stacks need a final norm; post-LN blocks already end in one.
         self.final_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -245,8 +299,7 @@ class Encoder(nn.Module):
         then each layer's output, (B, L + 1, T, d_model); the last equals ``hidden``
         (after the final norm, for pre-LN). All are exactly 0 at padded positions.
         """
-        cfg = self.config
-        bias = mask_bias(attention_mask, causal=cfg.causal, window=cfg.window)
+        bias = self.attention_bias(attention_mask)
         token = attention_mask.bool()  # (B, T)
         x = inputs_embeds
         per_layer: list[Tensor] = []
@@ -275,6 +328,16 @@ class Encoder(nn.Module):
             norms = torch.stack(per_layer_norms, dim=1)  # (B, L, h, T)
             value_norms = torch.where(token[:, None, None, :], norms, torch.zeros_like(norms))
         return hidden, attn, hidden_states, value_norms
+
+    def attention_bias(self, attention_mask: Tensor) -> Tensor:
+        """P + M, added to every layer's scores: (B, 1, 1, T) or (B, 1, T, T) from the mask,
+        (B, h, T, T) with the relative position bias. Where M is 0 the sum is P exactly,
+        so allowed keys score as transformers' ``(scores + P) + M``."""
+        cfg = self.config
+        bias = mask_bias(attention_mask, causal=cfg.causal, window=cfg.window)
+        if self.relative_bias is not None:
+            bias = self.relative_bias(attention_mask.shape[1]) + bias  # (B, h, T, T)
+        return bias
 
     def load_weights(self, path: str | Path) -> None:
         """Load a PyTorch state_dict (``.pt``/``.pth``/``.bin``) or a ``.safetensors`` file."""

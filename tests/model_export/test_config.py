@@ -65,6 +65,27 @@ def test_window_must_be_an_integer_in_range_or_none(window: Any) -> None:
         EncoderConfig(window=window)
 
 
+@pytest.mark.parametrize(
+    ("buckets", "max_distance"), [(30, 128), (2, 128), (32, 8), (32, 0), (0, 128), (True, 128)]
+)
+def test_relative_buckets_need_exact_and_log_spaced_buckets(
+    buckets: Any, max_distance: int
+) -> None:
+    """MPNet's buckets: a quarter exact per direction, then log-spaced up to max_distance."""
+    with pytest.raises(ConfigError, match=r"^relative_(buckets|max_distance) must be "):
+        EncoderConfig(relative_buckets=buckets, relative_max_distance=max_distance)
+
+
+def test_relative_bias_table_is_counted_and_optional_in_config_json() -> None:
+    """The bias table is one weight per bucket and head; a config.json written before the
+    field existed still loads (no bias)."""
+    mpnet = EncoderConfig(relative_buckets=32)
+    assert mpnet.parameters() == EncoderConfig().parameters() + 32 * mpnet.n_heads
+    older = {k: v for k, v in EncoderConfig().to_dict().items() if not k.startswith("relative")}
+    assert EncoderConfig.from_dict(older).relative_buckets is None
+    assert EncoderConfig.from_dict(json.loads(json.dumps(mpnet.to_dict()))) == mpnet
+
+
 def test_window_one_and_none_are_valid() -> None:
     assert EncoderConfig(window=1).window == 1
     assert EncoderConfig(window=None).window is None

@@ -1,9 +1,10 @@
 """The post-LN BERT families beside BERT, served and checked against transformers eager.
 
-No package here ships RoBERTa, XLM-RoBERTa or DistilBERT weights, so each is a
-small random-initialised checkpoint that ``transformers`` builds and saves with
-``save_pretrained``, with a tokenizer of its family's kind (byte-level BPE for
-RoBERTa, Unigram for XLM-RoBERTa, the real MiniLM WordPiece for DistilBERT):
+No package here ships RoBERTa, XLM-RoBERTa, DistilBERT or small MPNet weights, so
+each is a small random-initialised checkpoint that ``transformers`` builds and
+saves with ``save_pretrained``, with a tokenizer of its family's kind (byte-level
+BPE for RoBERTa, Unigram for XLM-RoBERTa, the real MiniLM WordPiece for
+DistilBERT and MPNet, whose own tokenizer is WordPiece too):
 the path a real checkpoint takes. Each is exported by the CLI and served; the
 answers over ``/v1/encode`` (text in) must equal the model's own
 ``attn_implementation="eager"`` outputs: last hidden state, every hidden state
@@ -107,10 +108,27 @@ def _distilbert(vocab: int, kind: str) -> torch.nn.Module:
     return model
 
 
+def _mpnet(vocab: int, kind: str) -> torch.nn.Module:
+    from transformers import MPNetConfig, MPNetModel
+
+    config = MPNetConfig(
+        vocab_size=vocab,
+        hidden_size=SIZES["hidden"],
+        num_attention_heads=SIZES["heads"],
+        num_hidden_layers=SIZES["layers"],
+        intermediate_size=SIZES["ff"],
+        max_position_embeddings=SIZES["positions"] + 2,  # rows 0, 1: before padding id + 1
+        layer_norm_eps=1e-5,
+    )
+    model: torch.nn.Module = MPNetModel(config, add_pooling_layer=False)
+    return model
+
+
 FAMILIES: dict[str, tuple[Callable[[Path], Tokenizer], Callable[[int, str], torch.nn.Module]]] = {
     "roberta": (_bpe, _roberta),
     "xlm-roberta": (_unigram, _roberta),
     "distilbert": (_wordpiece, _distilbert),
+    "mpnet": (_wordpiece, _mpnet),
 }
 
 
@@ -122,13 +140,16 @@ def _checkpoint(directory: Path, family: str) -> None:
     model = make_model(tokenizer.get_vocab_size(), family)
     # Random LayerNorm weights too, so a mapping slip between norms cannot pass; query and
     # key weights scaled up, as a random init leaves attention near-uniform (a slip in the
-    # maps would hide in it).
+    # maps would hide in it); MPNet's relative position bias large (std 1), so dropping it shows.
+    queries_keys = ("query.weight", "key.weight", "q_lin.weight", "k_lin.weight")
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "LayerNorm" in name or "layer_norm" in name:
                 param.normal_(1.0, 0.1)
-            elif name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight")):
+            elif name.endswith((*queries_keys, "attn.q.weight", "attn.k.weight")):
                 param.mul_(5.0)
+            elif name.endswith("relative_attention_bias.weight"):
+                param.normal_(0.0, 1.0)
     model.save_pretrained(directory)
     tokenizer.save(str(directory / "tokenizer.json"))
 
@@ -215,6 +236,24 @@ def test_bm42_is_refused_for_tokenizers_it_is_not_defined_for(server: str) -> No
         f"{server}/v1/embed_sparse", json={"model": "distilbert", "inputs": TEXTS}, timeout=60
     )
     assert served.status_code == 200, served.text
+
+
+def test_relative_position_buckets_equal_mpnets_at_every_offset() -> None:
+    """Every offset j - i in ±600, past the test models' 64 positions and MPNet's 128
+    max distance, and through 64, where log(8)/log(16)·8 lands exactly on a boundary."""
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    from model_export.config import EncoderConfig
+    from model_export.model import RelativePositionBias
+
+    seq = 601
+    bias = RelativePositionBias(EncoderConfig(d_model=32, n_heads=4, relative_buckets=32))
+    with torch.no_grad():
+        bias.table.weight.copy_(torch.arange(32.0)[:, None].expand(32, 4))  # P = bucket
+        buckets = bias(seq)[0, 0].long()  # (T, T)
+    positions = torch.arange(seq)
+    offsets = positions[None, :] - positions[:, None]  # j - i, as MPNetEncoder computes it
+    assert torch.equal(buckets, MPNetEncoder.relative_position_bucket(offsets))
 
 
 def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
