@@ -4,7 +4,7 @@ Examples::
 
     python -m model_export --preset small --out models/small
     python -m model_export --preset minilm-l6 --out models/minilm-l6
-    python -m model_export --checkpoint path/to/bert-dir --out models/my-bert
+    python -m model_export --checkpoint path/to/checkpoint --out models/my-model
     python -m model_export --d-model 64 --n-heads 4 --n-layers 2 --d-ff 128 \\
         --causal --window 8 --out models/local64
 """
@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--checkpoint",
         type=Path,
-        help="a BERT-family checkpoint directory (config.json, model.safetensors, "
-        "optional tokenizer.json) to import",
+        help="a Hugging Face checkpoint directory to import (config.json, model.safetensors "
+        "or pytorch_model.bin, optional tokenizer.json); families: bert, electra, roberta, "
+        "xlm-roberta, camembert, distilbert, mpnet (docs/models.md)",
     )
     p.add_argument("--name", help="model name recorded in config.json (default: --out's name)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
