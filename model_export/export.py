@@ -40,10 +40,10 @@ from model_export.manifest import (
     Pooling,
     TextFrontEnd,
     sha256_file,
-    staged_model_dir,
 )
 from model_export.model import Encoder, EncoderBlock, TokenEmbeddings
 from model_export.optimize import optimize_graph
+from model_export.staging import staged_model_dir
 from model_export.stopwords import ENGLISH
 from model_export.validate import (
     DEFAULT_ATOL,

@@ -22,7 +22,8 @@ import onnx
 import onnxruntime as ort
 
 from model_export import graph_io
-from model_export.manifest import GraphFile, Manifest, sha256_file, staged_model_dir
+from model_export.manifest import GraphFile, Manifest, sha256_file
+from model_export.staging import staged_model_dir
 from model_export.validate import make_inputs
 
 # Sentence embeddings (mean-pooled last hidden state) of the int8 copy must point where
