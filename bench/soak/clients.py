@@ -159,17 +159,23 @@ class Soak:
         meanwhile: the server may answer (408, 413) or close before the last byte, and
         then the rest is not sent unless ``write_all``. One request must get one answer:
         a second one is a failure."""
-        try:
-            connection = await Connection.open(self.port)
-        except OSError as exc:
-            self.note(planned, "connect failed")
-            self.fail("lost", planned, f"cannot connect: {exc!r}")
+        connection = await self._connect(planned)
+        if connection is None:
             return
         try:
             parts = self.paced(*connection.prepare(planned.request), pace)
             await self._exchange(planned, parts, connection, write_all)
         finally:
             await connection.close()
+
+    async def _connect(self, planned: Planned) -> Connection | None:
+        """A connection of its own for ``planned``; None (counted as lost) if refused."""
+        try:
+            return await Connection.open(self.port)
+        except OSError as exc:
+            self.note(planned, "connect failed")
+            self.fail("lost", planned, f"cannot connect: {exc!r}")
+            return None
 
     async def _exchange(
         self, planned: Planned, parts: list[Part], connection: Connection, write_all: bool
@@ -222,11 +228,8 @@ class Soak:
         data = planned.request.wire
         if planned.variant == "mid-body":
             data = data[: len(data) - len(planned.body) // 2]
-        try:
-            connection = await Connection.open(self.port)
-        except OSError as exc:
-            self.note(planned, "connect failed")
-            self.fail("lost", planned, f"cannot connect: {exc!r}")
+        connection = await self._connect(planned)
+        if connection is None:
             return
         try:
             await connection.write(data)
