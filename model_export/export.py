@@ -1,12 +1,15 @@
-"""Export an encoder to a model directory: two ONNX graphs, validated, and config.json.
+"""Export an encoder to a model directory: its ONNX graphs, validated, and config.json.
 
 Layout written::
 
     <out>/model.onnx        embeddings only (attention weights are computed per
                             layer by softmax but never returned)
-    <out>/model_attn.onnx   embeddings and attention weights
+    <out>/model_hidden.onnx embeddings and every layer's hidden states
+    <out>/model_attn.onnx   embeddings, attention weights, hidden states, value norms
     <out>/embeddings.onnx   token ids -> inputs_embeds (models with a tokenizer)
-    <out>/text_model.onnx   token ids -> last_hidden_state in one run (the same)
+    <out>/sparse_model.onnx token ids -> BM42's [CLS] attention row (WordPiece models)
+    <out>/weights.bin       every graph's weights, each distinct tensor once
+                            (model_export.weights_file)
     <out>/tokenizer.json    the checkpoint's tokenizer
     <out>/config.json       the manifest (model_export.manifest): architecture,
                             SHA-256 of each file, pooling recipe, validation
@@ -52,9 +55,10 @@ from model_export.validate import (
     results_json,
     validate_model_dir,
     validate_sparse_graph,
-    validate_text_graph,
+    validate_text_path,
     validate_token_embeddings,
 )
+from model_export.weights_file import share_weights
 
 log = logging.getLogger(__name__)
 
@@ -110,21 +114,6 @@ class _AttentionGraph(nn.Module):
         return hidden, attn, states, norms
 
 
-class _TextGraph(nn.Module):
-    """Token ids to last_hidden_state in one graph: what text asking only for embeddings
-    runs (no second session, no [B, T, d] hand-over between them)."""
-
-    def __init__(self, embeddings: TokenEmbeddings, encoder: Encoder) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-        self.encoder = encoder
-
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        embeds = self.embeddings(input_ids, token_type_ids)
-        hidden: Tensor = self.encoder(embeds, attention_mask, need_weights=False)[0]
-        return hidden
-
-
 class _SparseGraph(nn.Module):
     """Token ids to the last layer's [CLS] attention row, averaged over heads and zero at
     padding [B, T]: what BM42 weighs words by. Only that row of the last layer is
@@ -163,73 +152,81 @@ def _export_text_frontend(
     encoder: Encoder,
     tokenizer_file: Path | None,
     staging: Path,
-    settings: tuple[int, Exporter, bool, float],
-    checks: list[CheckResult],
-) -> tuple[TextFrontEnd, dict[str, int]]:
-    """Export and validate the token-embedding graph, the one-run text graph and the BM42
-    graph; write the stopwords, copy the tokenizer. Returns the front end and the
-    fusions applied to the text graph."""
-    opset, exporter, optimize, atol = settings
+    settings: tuple[int, Exporter],
+) -> list[str]:
+    """Export the token-embedding graph and the BM42 graph (WordPiece tokenizers only);
+    write the stopwords, copy the tokenizer. Returns the graphs written."""
+    opset, exporter = settings
     ids = torch.ones(2, 8, dtype=torch.int64)
-    path = staging / graph_io.GRAPH_TOKEN_EMBEDDINGS
+    types = torch.zeros_like(ids)
+    written = [graph_io.GRAPH_TOKEN_EMBEDDINGS]
     _export_graph(
         embeddings,
-        (ids, torch.zeros_like(ids)),
-        path,
+        (ids, types),
+        staging / graph_io.GRAPH_TOKEN_EMBEDDINGS,
         opset,
         exporter,
         list(graph_io.TEXT_INPUT_NAMES),
         [graph_io.INPUT_EMBEDS],
     )
-    checks += validate_token_embeddings(embeddings, path, atol=atol)
-
-    def export_id_graph(module: nn.Module, name: str, outputs: tuple[str, ...]) -> Path:
-        """A graph taking token ids, types and mask, as the text and BM42 graphs do."""
-        path = staging / name
-        example = (ids, torch.zeros_like(ids), torch.ones_like(ids))
-        inputs = list(graph_io.TEXT_GRAPH_INPUTS)
-        _export_graph(module, example, path, opset, exporter, inputs, list(outputs))
-        return path
-
-    text_path = export_id_graph(
-        _TextGraph(embeddings, encoder), graph_io.GRAPH_TEXT, graph_io.TEXT_GRAPH_OUTPUTS
-    )
-    fused = optimize_graph(text_path, encoder.config, fuse_attention=True) if optimize else {}
-    checks += validate_text_graph(embeddings, encoder, text_path, atol=atol)
-    sparse: dict[str, str | None] = dict.fromkeys(
-        ("sparse_graph", "sparse_graph_sha256", "stopwords", "stopwords_sha256")
-    )
     if tokenizer_file is None or _splits_words_like_wordpiece(tokenizer_file):
-        sparse_path = export_id_graph(
-            _SparseGraph(embeddings, encoder), graph_io.GRAPH_SPARSE, graph_io.SPARSE_GRAPH_OUTPUTS
+        _export_graph(
+            _SparseGraph(embeddings, encoder),
+            (ids, types, torch.ones_like(ids)),
+            staging / graph_io.GRAPH_SPARSE,
+            opset,
+            exporter,
+            list(graph_io.TEXT_GRAPH_INPUTS),
+            list(graph_io.SPARSE_GRAPH_OUTPUTS),
         )
-        checks += validate_sparse_graph(embeddings, encoder, sparse_path, atol=atol)
-        stopwords = staging / graph_io.STOPWORDS_FILE
-        stopwords.write_text("\n".join(ENGLISH) + "\n")
-        sparse = {
-            "sparse_graph": graph_io.GRAPH_SPARSE,
-            "sparse_graph_sha256": sha256_file(sparse_path),
-            "stopwords": graph_io.STOPWORDS_FILE,
-            "stopwords_sha256": sha256_file(stopwords),
-        }
-    tokenizer = tokenizer_sha256 = None
+        (staging / graph_io.STOPWORDS_FILE).write_text("\n".join(ENGLISH) + "\n")
+        written.append(graph_io.GRAPH_SPARSE)
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, staging / graph_io.TOKENIZER_FILE)
-        tokenizer = graph_io.TOKENIZER_FILE
-        tokenizer_sha256 = sha256_file(staging / graph_io.TOKENIZER_FILE)
-    front_end = TextFrontEnd(
+    return written
+
+
+def _validate_text_frontend(
+    embeddings: TokenEmbeddings, encoder: Encoder, staging: Path, atol: float
+) -> list[CheckResult]:
+    """The token-embedding graph, the text path (it then the embeddings-only graph) and
+    the BM42 graph, each against PyTorch."""
+    checks = validate_token_embeddings(
+        embeddings, staging / graph_io.GRAPH_TOKEN_EMBEDDINGS, atol=atol
+    )
+    checks += validate_text_path(embeddings, encoder, staging, atol=atol)
+    if (staging / graph_io.GRAPH_SPARSE).is_file():
+        checks += validate_sparse_graph(
+            embeddings, encoder, staging / graph_io.GRAPH_SPARSE, atol=atol
+        )
+    return checks
+
+
+def _text_manifest(embeddings: TokenEmbeddings, staging: Path) -> TextFrontEnd:
+    """The manifest's text section for the files ``_export_text_frontend`` wrote."""
+
+    def digest(name: str) -> dict[str, str | None]:
+        present = (staging / name).is_file()
+        return {
+            "file": name if present else None,
+            "sha": sha256_file(staging / name) if present else None,
+        }
+
+    sparse, stopwords = digest(graph_io.GRAPH_SPARSE), digest(graph_io.STOPWORDS_FILE)
+    tokenizer = digest(graph_io.TOKENIZER_FILE)
+    return TextFrontEnd(
         embeddings_graph=graph_io.GRAPH_TOKEN_EMBEDDINGS,
-        embeddings_sha256=sha256_file(path),
+        embeddings_sha256=sha256_file(staging / graph_io.GRAPH_TOKEN_EMBEDDINGS),
         vocab_size=embeddings.word.num_embeddings,
         type_vocab_size=embeddings.token_type.num_embeddings,
         max_positions=embeddings.position.num_embeddings,
-        tokenizer=tokenizer,
-        tokenizer_sha256=tokenizer_sha256,
-        graph=graph_io.GRAPH_TEXT,
-        graph_sha256=sha256_file(text_path),
-        **sparse,
+        tokenizer=tokenizer["file"],
+        tokenizer_sha256=tokenizer["sha"],
+        sparse_graph=sparse["file"],
+        sparse_graph_sha256=sparse["sha"],
+        stopwords=stopwords["file"],
+        stopwords_sha256=stopwords["sha"],
     )
-    return front_end, fused
 
 
 def _splits_words_like_wordpiece(tokenizer_file: Path) -> bool:
@@ -316,8 +313,8 @@ def export_model(
     ``"torchscript"`` is the legacy exporter, sub-second, kept for fast test
     fixtures and for onnxruntime's transformer optimizer, which only fuses its
     patterns. With ``embeddings`` (and a ``tokenizer_file``) the directory also
-    gets the text front end: ``embeddings.onnx``, ``text_model.onnx`` (ids to
-    ``last_hidden_state`` in one run) and ``tokenizer.json``.
+    gets the text front end: ``embeddings.onnx``, BM42's ``sparse_model.onnx`` and
+    ``tokenizer.json``. Every graph reads its weights from one ``weights.bin``.
     ``pooling``/``normalize``/``matryoshka_dimensions`` (and sentence-transformers'
     ``prompts``/``default_prompt_name``) go into the manifest as the model's
     sentence-embedding recipe. ``optimize`` fuses each encoder graph
@@ -353,18 +350,19 @@ def export_model(
             if optimize
             else {}
         )
-        checks = validate_model_dir(encoder, staging, atol=atol)
-        graph_sha = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
+        graphs = list(GRAPH_MODULES)
+        if embeddings is not None:
+            graphs += _export_text_frontend(
+                embeddings, encoder, tokenizer_file, staging, (opset, exporter)
+            )
+        # Validated as written: reading their weights from the one shared file.
+        share_weights([staging / graph for graph in graphs], staging / graph_io.WEIGHTS_FILE)
+        checks = validate_model_dir(encoder, staging, atol=atol, embeddings=embeddings)
         text = None
         if embeddings is not None:
-            text, fused[graph_io.GRAPH_TEXT] = _export_text_frontend(
-                embeddings,
-                encoder,
-                tokenizer_file,
-                staging,
-                (opset, exporter, optimize, atol),
-                checks,
-            )
+            checks += _validate_text_frontend(embeddings, encoder, staging, atol)
+            text = _text_manifest(embeddings, staging)
+        graph_sha = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
         manifest = Manifest(
             name=name or out_dir.name,
             architecture=encoder.config,
@@ -376,6 +374,8 @@ def export_model(
             matryoshka_dimensions=matryoshka_dimensions,
             prompts=dict(prompts or {}),
             default_prompt_name=default_prompt_name,
+            weights=graph_io.WEIGHTS_FILE,
+            weights_sha256=sha256_file(staging / graph_io.WEIGHTS_FILE),
             record={
                 "seed": seed,
                 "weights_source": source,

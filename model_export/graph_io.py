@@ -36,8 +36,9 @@ GRAPH_HIDDEN_STATES: Final = "model_hidden.onnx"  # embeddings and hidden states
 CONFIG_FILE: Final = "config.json"
 GRAPH_TOKEN_EMBEDDINGS: Final = "embeddings.onnx"  # token ids -> inputs_embeds
 TOKENIZER_FILE: Final = "tokenizer.json"  # a `tokenizers` Tokenizer
-# Token ids, token types and mask -> last_hidden_state in one run (format_version 3):
-# text that asks only for embeddings skips embeddings.onnx and its [B, T, d] hand-over.
+# Token ids, token types and mask -> last_hidden_state in one run (format_version 3 and 4):
+# text that asks only for embeddings. Written no more (see WEIGHTS_FILE), but its name
+# stays the label of that run, which the service then makes of two graphs.
 GRAPH_TEXT: Final = "text_model.onnx"
 TEXT_GRAPH_INPUTS: Final = (INPUT_IDS, INPUT_TOKEN_TYPES, INPUT_MASK)
 TEXT_GRAPH_OUTPUTS: Final = (OUTPUT_HIDDEN,)
@@ -47,6 +48,11 @@ GRAPH_SPARSE: Final = "sparse_model.onnx"
 OUTPUT_CLS_ATTENTION: Final = "cls_attention"  # float32 [batch, seq], 0 at padding
 SPARSE_GRAPH_OUTPUTS: Final = (OUTPUT_CLS_ATTENTION,)
 STOPWORDS_FILE: Final = "stopwords.txt"  # one word per line: left out of BM42 vectors
+# format_version 5: the weights of every graph, each distinct tensor once, as ONNX
+# external data (model_export.weights_file). Since then text asking only for embeddings
+# runs embeddings.onnx then model.onnx in one step (no text_model.onnx: a third copy of
+# the encoder's pre-packed weights for no measured gain).
+WEIGHTS_FILE: Final = "weights.bin"
 # The graphs that take token ids (int64 [B, T, 2] id and type pairs at run time) -> outputs.
 # The token-embedding graph runs in the service's batches too, as the first step of text
 # asking for attention or hidden states (it takes no mask).
@@ -63,6 +69,16 @@ GRAPH_OUTPUTS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_EMBEDDINGS: (OUTPUT_HIDDEN,),
     GRAPH_HIDDEN_STATES: (OUTPUT_HIDDEN, OUTPUT_HIDDEN_STATES),
     GRAPH_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_ATTENTIONS, OUTPUT_HIDDEN_STATES, OUTPUT_VALUE_NORMS),
+}
+# One short label per graph: the inference metric's ``graph`` label (the first release's
+# values kept) and the names ATTNSERVE_PREPACKED_GRAPHS takes.
+GRAPH_LABELS: Final[dict[str, str]] = {
+    GRAPH_EMBEDDINGS: "embeddings",
+    GRAPH_HIDDEN_STATES: "hidden_states",
+    GRAPH_ATTENTION: "attention",
+    GRAPH_TEXT: "text",
+    GRAPH_SPARSE: "sparse",
+    GRAPH_TOKEN_EMBEDDINGS: "token_embeddings",
 }
 # Graphs every model directory has; the first release wrote only these, without
 # hidden states (such models answer hidden-state requests with 422).

@@ -13,7 +13,10 @@ and per-layer hidden states (``model_hidden.onnx``, and a ``hidden_states``
 output of ``model_attn.onnx``); 3 adds the text graph (``text.graph``: token
 ids to ``last_hidden_state`` in one run); 4 adds BM42's sparse graph
 (``text.sparse_graph``: the last layer's [CLS] attention row), its stopword
-list (``text.stopwords``) and the attention graph's ``value_norms`` output.
+list (``text.stopwords``) and the attention graph's ``value_norms`` output; 5 stores
+every graph's weights once, in one shared file (``weights``: ONNX external data that
+the graphs read), and no ``text.graph``: text asking only for embeddings then runs
+``embeddings.onnx`` and ``model.onnx`` back to back.
 Each graph records its outputs, so a reader knows what a directory can answer
 whatever its version; a version-2
 directory with a tokenizer still serves text, through ``embeddings.onnx`` and
@@ -56,8 +59,8 @@ __all__ = [
     "sha256_file",
 ]
 
-FORMAT_VERSION: Final = 4
-READABLE_VERSIONS: Final = (1, 2, 3, 4)
+FORMAT_VERSION: Final = 5
+READABLE_VERSIONS: Final = (1, 2, 3, 4, 5)
 
 Pooling = Literal["mean", "cls", "max"]
 POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max")
@@ -220,6 +223,9 @@ class Manifest:
     matryoshka_dimensions: tuple[int, ...] = ()
     prompts: dict[str, str] = field(default_factory=dict, hash=False)
     default_prompt_name: str | None = None
+    # format 5: the file every graph reads its weights from (graph_io.WEIGHTS_FILE).
+    weights: str | None = None
+    weights_sha256: str | None = None
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -232,6 +238,10 @@ class Manifest:
             )
         for name in self.graphs:
             check_file_name(name, "a graph's file")
+        if self.weights is not None:
+            check_file_name(self.weights, "weights")
+        if (self.weights is None) != (self.weights_sha256 is None):
+            raise ManifestError("weights and weights_sha256 go together")
         missing = sorted(set(graph_io.REQUIRED_GRAPHS) - set(self.graphs))
         if missing:
             raise ManifestError(f"graphs lacks {', '.join(missing)}")
@@ -285,16 +295,26 @@ class Manifest:
             and graph_io.OUTPUT_HIDDEN_STATES in self.graphs[graph_io.GRAPH_ATTENTION].outputs
         )
 
+    def embedding_parameters(self) -> int:
+        """Weights of the token-embedding tables and their LayerNorm (0 without a text
+        front end)."""
+        text = self.text
+        if text is None:
+            return 0
+        rows = text.vocab_size + text.max_positions + text.type_vocab_size + 2
+        return rows * self.architecture.d_model
+
     def estimated_bytes(self) -> int:
         """The least memory its graphs take loaded, from the architecture alone: one byte
-        per weight (an int8 export) in each graph that holds it."""
+        per weight (an int8 export), once with a shared weight file, else in each graph
+        that holds it."""
         encoder = self.architecture.parameters()
+        embeddings = self.embedding_parameters()
+        if self.weights is not None:
+            return encoder + embeddings
         total = len(self.graphs) * encoder
         text = self.text
         if text is not None:
-            embeddings = (text.vocab_size + text.max_positions + text.type_vocab_size) * (
-                self.architecture.d_model
-            )
             one_run = sum(g is not None for g in (text.graph, text.sparse_graph))
             total += embeddings + one_run * (encoder + embeddings)
         return total
@@ -302,6 +322,8 @@ class Manifest:
     def files(self) -> dict[str, str]:
         """Every file the model directory must hold -> its SHA-256."""
         files = {name: graph.sha256 for name, graph in self.graphs.items()}
+        if self.weights is not None and self.weights_sha256 is not None:
+            files[self.weights] = self.weights_sha256
         if self.text is not None:
             files[self.text.embeddings_graph] = self.text.embeddings_sha256
             if self.text.tokenizer is not None and self.text.tokenizer_sha256 is not None:
@@ -337,6 +359,11 @@ class Manifest:
             "matryoshka_dimensions": list(self.matryoshka_dimensions),
             "prompts": dict(self.prompts),
             "default_prompt_name": self.default_prompt_name,
+            **(
+                {"weights": self.weights, "weights_sha256": self.weights_sha256}
+                if self.weights is not None
+                else {}
+            ),
             **self.record,
         }
 
@@ -345,7 +372,7 @@ class Manifest:
         """Parse a ``config.json`` object; ManifestError names what is wrong."""
         known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
-        known |= {"prompts", "default_prompt_name"}
+        known |= {"prompts", "default_prompt_name", "weights", "weights_sha256"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -366,6 +393,8 @@ class Manifest:
                 matryoshka_dimensions=tuple(dims),
                 prompts=raw.get("prompts") or {},
                 default_prompt_name=raw.get("default_prompt_name"),
+                weights=raw.get("weights"),
+                weights_sha256=raw.get("weights_sha256"),
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:

@@ -166,9 +166,11 @@ class MultiHeadSelfAttention(nn.Module):
         projection, its bias excluded (Kobayashi et al., 2020): (B, h, T, d_k) -> (B, h, T).
         ``α_ij ‖f_h(x_j)‖`` is then how much token j moves token i through head h."""
         d = self.out_proj.weight.shape[0]
-        # (d, h, d_k) -> (h, d_k, d): head h's rows of W_O, as a matmul (no einsum: the
-        # exported MatMul keeps onnxruntime's shape inference and fusions working).
-        per_head = self.out_proj.weight.view(d, self.n_heads, self.head_dim).permute(1, 2, 0)
+        # W_Oᵀ (d_model, d) -> (h, d_k, d): head h's rows, as a matmul (no einsum: the
+        # exported MatMul keeps onnxruntime's shape inference and fusions working). Taken
+        # from the transpose the projection itself multiplies by, so the exported graph
+        # holds those bytes once (model_export.weights_file shares equal bytes).
+        per_head = self.out_proj.weight.t().reshape(self.n_heads, self.head_dim, d)
         transformed = v @ per_head  # (B, h, T, d)
         # sqrt(sum(x²)), not vector_norm: its ReduceL2 export has no shape for onnxruntime's
         # symbolic shape inference, which then skips the attention graph's fusions.

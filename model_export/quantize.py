@@ -6,8 +6,10 @@ int8 cannot meet the fp32 export's ``atol``, so instead of a strict check the
 copy's agreement with its fp32 source is measured on a fixed set and recorded
 in its manifest (``quantization``), and the copy is refused below
 ``MIN_COSINE``. The token-embedding graph (a lookup) and the tokenizer are
-copied unchanged; the one-run text graph is quantised like the encoder graphs
-and judged on the sentences by itself (``text_graph``).
+copied unchanged (with BM42's graph, which stays fp32); an older export's one-run
+text graph is quantised like the encoder graphs and judged on the sentences by
+itself (``text_graph``). A source with a shared weight file (format 5) gives a
+copy with one too: the int8 weights and the copied graphs', each once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from model_export import graph_io
 from model_export.manifest import GraphFile, Manifest, sha256_file
 from model_export.staging import staged_model_dir
 from model_export.validate import make_inputs
+from model_export.weights_file import share_weights
 
 # Sentence embeddings (mean-pooled last hidden state) of the int8 copy must point where
 # the fp32 ones do, at least this closely, or the copy is not written.
@@ -68,8 +71,15 @@ def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[st
                 # Shape inference does not know the fused contrib operators' outputs.
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
-        for extra in set(manifest.files()) - set(quantized_graphs):
-            shutil.copy2(src / extra, staging / extra)
+        graphs = [*quantized_graphs]
+        for extra in set(manifest.files()) - set(quantized_graphs) - {manifest.weights}:
+            if extra.endswith(".onnx"):  # its weights, wherever they are, into the graph
+                onnx.save(onnx.load(str(src / extra)), str(staging / extra))
+                graphs.append(extra)
+            else:
+                shutil.copy2(src / extra, staging / extra)
+        if manifest.weights is not None:  # the int8 weights and the rest, each once
+            share_weights([staging / graph for graph in graphs], staging / manifest.weights)
         agreement = measure_agreement(src, staging, manifest)
         # What the model is served on: its sentences, through each graph text can take.
         judged = [agreement[k] for k in ("text", "text_graph") if k in agreement]
@@ -82,9 +92,19 @@ def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[st
         text = manifest.text
         if text is not None and text_graph is not None:
             text = dataclasses.replace(text, graph_sha256=sha256_file(staging / text_graph))
+        if text is not None:  # copied graphs now read the new weight file
+            sparse = text.sparse_graph
+            text = dataclasses.replace(
+                text,
+                embeddings_sha256=sha256_file(staging / text.embeddings_graph),
+                sparse_graph_sha256=None if sparse is None else sha256_file(staging / sparse),
+            )
         quantized = dataclasses.replace(
             manifest,
             text=text,
+            weights_sha256=(
+                None if manifest.weights is None else sha256_file(staging / manifest.weights)
+            ),
             name=name or f"{manifest.name}-int8",
             graphs={
                 graph: GraphFile(sha256_file(staging / graph), entry.outputs)

@@ -9,6 +9,10 @@ a ``config.pbtxt`` (platform ``onnxruntime_onnx``, batch axis implicit through
     <name>_attn               model_attn.onnx: + attentions (+ hidden_states)
     <name>_token_embeddings   embeddings.onnx: input_ids, token_type_ids -> inputs_embeds
 
+A model directory with a shared weight file (format 5) gives each Triton model a
+``weights.bin`` of its own beside ``model.onnx``, holding only the weights that
+graph reads (Triton models are directories apart).
+
 Triton batches two requests only when their non-batch shapes are equal, so
 sequences of different lengths are not batched together there (attnserve's own
 batcher groups them by length instead).
@@ -19,8 +23,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import onnx
+
 from model_export import graph_io
 from model_export.manifest import Manifest
+from model_export.weights_file import share_weights
 
 SUFFIXES = {
     graph_io.GRAPH_EMBEDDINGS: "",
@@ -89,7 +96,12 @@ def write_repository(
         model = manifest.name + SUFFIXES[graph]
         version_dir = repo / model / MODEL_VERSION
         version_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(model_dir / graph, version_dir / "model.onnx")
+        if manifest.weights is None:
+            shutil.copyfile(model_dir / graph, version_dir / "model.onnx")
+        else:  # its own weights only, beside it, as ONNX external data
+            graph_file = version_dir / "model.onnx"
+            onnx.save(onnx.load(str(model_dir / graph)), str(graph_file))
+            share_weights([graph_file], version_dir / manifest.weights)
         config = config_pbtxt(model, list(inputs), list(outputs), manifest, max_batch_size)
         (repo / model / "config.pbtxt").write_text(config)
         written.append(model)

@@ -14,15 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from model_export.manifest import graph_io
 
-# The inference metric's graph label (the values of the first release kept).
-GRAPH_LABELS = {
-    graph_io.GRAPH_EMBEDDINGS: "embeddings",
-    graph_io.GRAPH_HIDDEN_STATES: "hidden_states",
-    graph_io.GRAPH_ATTENTION: "attention",
-    graph_io.GRAPH_TEXT: "text",
-    graph_io.GRAPH_SPARSE: "sparse",
-    graph_io.GRAPH_TOKEN_EMBEDDINGS: "token_embeddings",
-}
+# The inference metric's graph label, by graph file.
+GRAPH_LABELS = graph_io.GRAPH_LABELS
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 

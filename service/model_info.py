@@ -9,6 +9,7 @@ unless ``ATTNSERVE_FOLLOW_SYMLINKS`` allows them).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,11 +55,30 @@ class ModelInfo:
         return self.files[name]
 
 
+# An absolute path in a library's message (onnxruntime names where external data resolved).
+_ABSOLUTE_PATH = re.compile(r"/[^\s\"']+")
+
+
 def cannot_load(info: ModelInfo, path: Path, shown: str, exc: Exception) -> ModelLoadError:
     """A library's load error naming ``path``, the file ``shown`` by its name in the model
-    directory instead: the repository's absolute path stays out of answers."""
-    said = str(exc).replace(str(path), shown)
+    directory instead, and any other absolute path as "…": the repository's path, and
+    whatever a hostile graph pointed at, stay out of answers."""
+    said = _ABSOLUTE_PATH.sub("…", str(exc).replace(str(path), shown))
     return ModelLoadError(f"model {info.name!r}: cannot load {shown}: {said}")
+
+
+def _prepacked_copies(manifest: Manifest, files: dict[str, Path], settings: Settings) -> int:
+    """Bytes the pre-packed sessions add to a shared weight file: each holds its own copy
+    of the encoder's share of it (the token embeddings are looked up, never packed)."""
+    if manifest.weights is None:
+        return 0
+    encoder = manifest.architecture.parameters()
+    share = encoder / (encoder + manifest.embedding_parameters())
+    labels = {graph_io.GRAPH_LABELS[graph] for graph in manifest.graphs}
+    if manifest.text is not None and manifest.text.sparse_graph is not None:
+        labels.add(graph_io.GRAPH_LABELS[graph_io.GRAPH_SPARSE])
+    copies = len(labels & settings.prepacked_graph_labels)
+    return int(copies * share * files[manifest.weights].stat().st_size)
 
 
 def read_model_info(
@@ -89,6 +109,7 @@ def read_model_info(
         config = files.get(graph_io.CONFIG_FILE) or (model_dir / graph_io.CONFIG_FILE)
         created = int(config.stat().st_mtime)
         held = max(weights, sum(path.stat().st_size for path in files.values()))
+        held += _prepacked_copies(manifest, files, settings)
     except ManifestError as exc:
         raise ModelLoadError(f"{where}: {exc}") from exc
     except OSError as exc:  # the directory changed under us: say so without its path

@@ -3,15 +3,25 @@
 A :class:`ModelRuntime` owns the sessions of one model directory
 (``model.onnx`` for embeddings only, ``model_hidden.onnx`` with per-layer hidden
 states, ``model_attn.onnx`` with attention and hidden states, and for text
-``embeddings.onnx`` (token ids to input embeddings), ``text_model.onnx`` (token
-ids to embeddings in one run) and ``sparse_model.onnx`` (BM42)) and runs padded
-batches. A run's sequences are float32 [n, d] input embeddings, or for the
-graphs of ``graph_io.ID_GRAPHS`` int64 [n, 2] (token id, token type) pairs.
-Only the batcher's inference thread calls :meth:`ModelRuntime.run`: one run at
-a time, each with every intra-op thread. :func:`load_repository`
-loads every model of a model repository through its manifest, checking each
-file's SHA-256 first, and raises :class:`ModelLoadError` with a clear message
-on anything wrong.
+``embeddings.onnx`` (token ids to input embeddings), ``sparse_model.onnx`` (BM42)
+and, in exports before format 5, ``text_model.onnx`` (token ids to embeddings in
+one run; since then the run labelled so is ``embeddings.onnx`` then ``model.onnx``))
+and runs padded batches.
+
+Weights are held once where the export stores them once (format 5's shared
+``weights.bin``): onnxruntime maps the file, and every session reading a weight
+unpacked shares its pages. A pre-packed session holds a private copy of its
+encoder weights in the layout its matrix kernels want, which is faster on small
+runs, so only the graphs named by ``ATTNSERVE_PREPACKED_GRAPHS`` pre-pack
+(measured in docs/benchmarks.md). A graph with weights of its own (older
+exports) always pre-packs: it shares nothing either way.
+
+A run's sequences are float32 [n, d] input embeddings, or for the graphs of
+``graph_io.ID_GRAPHS`` int64 [n, 2] (token id, token type) pairs. Only the
+batcher's inference thread calls :meth:`ModelRuntime.run`: one run at a time,
+each with every intra-op thread. :func:`load_repository` loads every model of a
+model repository through its manifest, checking each file's SHA-256 first, and
+raises :class:`ModelLoadError` with a clear message on anything wrong.
 """
 
 from __future__ import annotations
@@ -36,8 +46,10 @@ log = logging.getLogger(__name__)
 WIDTH_LAST = frozenset({graph_io.INPUT_EMBEDS, graph_io.OUTPUT_HIDDEN})
 
 
-def _session_options(settings: Settings) -> ort.SessionOptions:
+def _session_options(settings: Settings, *, prepack: bool = True) -> ort.SessionOptions:
     options = ort.SessionOptions()
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = settings.inter_op_threads
     options.log_severity_level = 3
@@ -66,41 +78,47 @@ class ModelRuntime:
     def __init__(self, info: ModelInfo, settings: Settings) -> None:
         self.info = info
         self._providers = settings.provider_list
-        options = _session_options(settings)
-        # The attention graph's buffers grow with seq²: without the arena, a long request's
-        # memory goes back to the system afterwards instead of staying reserved for good.
-        attention_options = _session_options(settings)
-        attention_options.enable_cpu_mem_arena = False
+        shared = info.manifest.weights is not None
+        prepacked = settings.prepacked_graph_labels
+
+        def options(graph: str) -> ort.SessionOptions:
+            prepack = not shared or graph_io.GRAPH_LABELS[graph] in prepacked
+            chosen = _session_options(settings, prepack=prepack)
+            # The attention graph's buffers grow with seq²: without the arena, a long
+            # request's memory goes back to the system afterwards, not reserved for good.
+            chosen.enable_cpu_mem_arena &= graph != graph_io.GRAPH_ATTENTION
+            return chosen
+
         # Each graph the manifest lists, checked to have the outputs it records.
         self._sessions = {
-            graph: self._open(
-                attention_options if graph == graph_io.GRAPH_ATTENTION else options,
-                graph,
-                graph_io.INPUT_NAMES,
-                entry.outputs,
-            )
+            graph: self._open(options(graph), graph, graph_io.INPUT_NAMES, entry.outputs)
             for graph, entry in info.manifest.graphs.items()
         }
         text = info.manifest.text
         if text is not None and text.graph is not None:
-            self._sessions[text.graph] = self._open(
-                options, text.graph, graph_io.TEXT_GRAPH_INPUTS, graph_io.TEXT_GRAPH_OUTPUTS
+            self._sessions[graph_io.GRAPH_TEXT] = self._open(
+                options(graph_io.GRAPH_TEXT),
+                text.graph,
+                graph_io.TEXT_GRAPH_INPUTS,
+                graph_io.TEXT_GRAPH_OUTPUTS,
             )
         # BM42 (format 4): the [CLS] attention row graph.
         if text is not None and text.sparse_graph is not None:
             self._sessions[text.sparse_graph] = self._open(
-                options,
+                options(graph_io.GRAPH_SPARSE),
                 text.sparse_graph,
                 graph_io.TEXT_GRAPH_INPUTS,
                 graph_io.SPARSE_GRAPH_OUTPUTS,
             )
         if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
             self._sessions[graph_io.GRAPH_TOKEN_EMBEDDINGS] = self._open(
-                options,
+                options(graph_io.GRAPH_TOKEN_EMBEDDINGS),
                 text.embeddings_graph,
                 graph_io.TEXT_INPUT_NAMES,
                 graph_io.ID_GRAPHS[graph_io.GRAPH_TOKEN_EMBEDDINGS],
             )
+        # Format 5 has no text graph: that run is the token embeddings, then model.onnx.
+        self._composed_text = text is not None and text.graph is None
         # The tokenizer and BM42's stopwords: the model's text front end, no onnxruntime.
         self.text = TextFrontEnd.load(info)
 
@@ -136,8 +154,9 @@ class ModelRuntime:
 
     @property
     def graphs(self) -> tuple[str, ...]:
-        """Every graph a run can use: the manifest's, and the text graph if it has one."""
-        return tuple(self._sessions)
+        """Every graph a run can use: the manifest's, and for text the text run."""
+        composed = (graph_io.GRAPH_TEXT,) if self._composed_text else ()
+        return (*self._sessions, *composed)
 
     def sample_sequence(self, graph: str, n: int) -> np.ndarray:
         """A sequence of ``n`` tokens in ``graph``'s input form (for warm-up and timing)."""
@@ -153,6 +172,11 @@ class ModelRuntime:
         ``last_hidden_state`` [B, T, d]; ``attentions`` [B, L, H, T, T] and
         ``hidden_states`` [B, L + 1, T, d] where the graph has them.
         """
+        if graph == graph_io.GRAPH_TEXT and self._composed_text:
+            # Padding ids embed to something, which model.onnx masks out as the one-run
+            # text graph did: the same answer, from weights held once.
+            embeds = self.run(batch, mask, graph_io.GRAPH_TOKEN_EMBEDDINGS)[graph_io.INPUT_EMBEDS]
+            return self.run(embeds, mask, graph_io.GRAPH_EMBEDDINGS)
         session = self._sessions[graph]
         if graph in graph_io.ID_GRAPHS:
             feeds = {
@@ -173,7 +197,7 @@ class ModelRuntime:
 
     def warmup(self) -> None:
         """One small ragged batch per graph: proves the sessions run before we say ready."""
-        for graph in self._sessions:
+        for graph in self.graphs:
             batch, mask = pad(
                 [self.sample_sequence(graph, n) for n in (min(8, self.info.max_seq_len), 1)]
             )

@@ -104,10 +104,10 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         runtime, inputs, request.truncate, settings, pooled_only, prompt, left
     )
     options = resolve_options(info, request)
-    # Text and ids asking only for embeddings run as ids in one graph (when the model
-    # has it): the batcher sees them at once.
+    # Text and ids asking only for embeddings run as ids in one step (when the model
+    # has a text front end): the batcher sees them at once.
     by_token_ids = (
-        info.manifest.text_graph is not None
+        graph_io.GRAPH_TEXT in runtime.graphs
         and not (request.return_attention or request.return_hidden_states)
         and not any(isinstance(item, ArrayInput) for item in inputs)
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -111,12 +110,15 @@ def read_config(model_dir: Path) -> dict[str, Any]:
 # --- the session fixture: tiny, exported with the default (dynamo) exporter ---------------
 
 
-def test_directory_holds_exactly_the_three_graphs_and_config(tiny_model_dir: Path) -> None:
+def test_directory_holds_exactly_the_three_graphs_their_weights_and_config(
+    tiny_model_dir: Path,
+) -> None:
     assert sorted(p.name for p in tiny_model_dir.iterdir()) == sorted(
         [
             graph_io.GRAPH_EMBEDDINGS,
             graph_io.GRAPH_HIDDEN_STATES,
             graph_io.GRAPH_ATTENTION,
+            graph_io.WEIGHTS_FILE,
             graph_io.CONFIG_FILE,
         ]
     )
@@ -128,7 +130,7 @@ def test_config_json_records_architecture_and_io(
     tiny_model_dir: Path, tiny_config: EncoderConfig
 ) -> None:
     config = read_config(tiny_model_dir)
-    assert config["format_version"] == FORMAT_VERSION == 4
+    assert config["format_version"] == FORMAT_VERSION == 5
     assert Manifest.read(tiny_model_dir).to_dict() == config  # the typed contract reads it all
     assert config["name"] == "tiny"
     assert config["seed"] == TINY_SEED
@@ -331,8 +333,8 @@ def test_validation_error_from_the_hidden_states_or_attention_graph(
     # holds other weights.
     mixed = tmp_path / "mixed"
     export_model(Encoder(tiny_config, seed=TINY_SEED + 1), mixed, exporter="torchscript")
-    for graph in right:
-        shutil.copy(tiny_model_dir / graph, mixed / graph)
+    for graph in right:  # with tiny's weights inside it, not read from mixed's weight file
+        onnx.save(onnx.load(str(tiny_model_dir / graph)), str(mixed / graph))
     pattern = "^" + wrong.replace(".", r"\.") + ": output 'last_hidden_state'"
     with pytest.raises(ValidationError, match=pattern):
         validate_model_dir(tiny_encoder, mixed)
@@ -403,11 +405,13 @@ def test_failed_export_keeps_the_previous_model_and_success_replaces_it(
             graph_io.GRAPH_EMBEDDINGS,
             graph_io.GRAPH_HIDDEN_STATES,
             graph_io.GRAPH_ATTENTION,
+            graph_io.WEIGHTS_FILE,
             graph_io.CONFIG_FILE,
         ]
     )
-    for graph in graph_io.GRAPH_OUTPUTS:  # new weights, new graphs, recorded and returned
-        assert result.files[graph] != first.files[graph]
+    # New weights in the weight file, recorded and returned (the graphs only point at them).
+    assert result.files[graph_io.WEIGHTS_FILE] != first.files[graph_io.WEIGHTS_FILE]
+    for graph in graph_io.GRAPH_OUTPUTS:
         assert result.files[graph] == sha256(out_dir / graph)
         assert read_config(out_dir)["graphs"][graph]["sha256"] == result.files[graph]
     assert [p.name for p in tmp_path.iterdir()] == ["m"]

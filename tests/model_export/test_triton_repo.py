@@ -16,9 +16,9 @@ from typing import Any
 import onnx
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
+from onnx import numpy_helper
 
 from model_export import graph_io
-from model_export.manifest import Manifest, sha256_file
 from model_export.triton import write_repository
 
 F = descriptor_pb2.FieldDescriptorProto
@@ -113,7 +113,13 @@ def test_config_parses_as_triton_model_config_and_matches_the_graph(
     assert config.max_batch_size >= 1 and config.HasField("dynamic_batching")
     assert [g.kind for g in config.instance_group] == [2]  # KIND_CPU
     onnx_file = triton_repo / model / "1" / "model.onnx"
-    assert sha256_file(onnx_file) == Manifest.read(tiny_model_dir).graphs[graph].sha256
+    # The same graph and weights as the model directory's (its own weight file beside it).
+    assert (onnx_file.parent / graph_io.WEIGHTS_FILE).is_file()
+    served, copied = onnx.load(str(tiny_model_dir / graph)), onnx.load(str(onnx_file))
+    assert served.graph.node == copied.graph.node
+    assert {t.name: numpy_helper.to_array(t).tobytes() for t in served.graph.initializer} == {
+        t.name: numpy_helper.to_array(t).tobytes() for t in copied.graph.initializer
+    }
     onnx_graph = onnx.load(str(onnx_file)).graph
     for declared, actual in ((config.input, onnx_graph.input), (config.output, onnx_graph.output)):
         assert [t.name for t in declared] == [v.name for v in actual]

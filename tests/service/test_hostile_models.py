@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import onnx
 import pytest
 import tritonclient.grpc as tgrpc
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
@@ -104,11 +105,35 @@ def hostile(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> P
         garbage / graph_io.GRAPH_ATTENTION
     )
     (garbage / graph_io.CONFIG_FILE).write_text(json.dumps(raw))
+    # The shared weight file: a graph that reads its weights from beyond its directory
+    # (its digest recorded, so only onnxruntime's own check stands in the way), and a
+    # weight file that does not match its digest.
+    shutil.copy(tiny_model_dir / graph_io.WEIGHTS_FILE, outside / graph_io.WEIGHTS_FILE)
+    escaping = copy_as(tiny_model_dir, repo / "weights-outside")
+    read_weights_from(escaping, graph_io.GRAPH_EMBEDDINGS, f"../../outside/{graph_io.WEIGHTS_FILE}")
+    corrupt = copy_as(tiny_model_dir, repo / "weights-corrupt")
+    with (corrupt / graph_io.WEIGHTS_FILE).open("r+b") as weights:
+        first = weights.read(1)
+        weights.seek(0)
+        weights.write(bytes([first[0] ^ 1]))
     nested = copy_as(tiny_model_dir, repo / "nested")
     config = nested / graph_io.CONFIG_FILE
     deep = "[" * 100_000 + "]" * 100_000  # json's parser gave up with RecursionError
     config.write_text(config.read_text()[:-1] + f', "deep": {deep}}}')
     return root
+
+
+def read_weights_from(model_dir: Path, graph: str, location: str) -> None:
+    """Point every external tensor of ``graph`` at ``location``; record its new digest."""
+    model = onnx.load(str(model_dir / graph), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save(model, str(model_dir / graph))
+    raw = json.loads((model_dir / graph_io.CONFIG_FILE).read_text())
+    raw["graphs"][graph]["sha256"] = sha256_file(model_dir / graph)
+    (model_dir / graph_io.CONFIG_FILE).write_text(json.dumps(raw))
 
 
 def architecture(**sizes: int) -> Callable[[dict[str, Any]], None]:
@@ -187,6 +212,9 @@ def test_follow_symlinks_allows_links_out_of_the_repository(hostile: Path) -> No
         ("huge", f"config.json is larger than {MAX_CONFIG_BYTES} bytes"),
         ("nested", "config.json nests deeper than 32 levels"),
         ("garbage", "cannot load model_attn.onnx"),  # onnxruntime's message told the path
+        ("weights-corrupt", "weights.bin is corrupt"),
+        # onnxruntime's refusal, the resolved path (beyond the repository) left out.
+        ("weights-outside", "cannot load model.onnx: [ONNXRuntimeError] : 1 : FAIL : External"),
     ],
 )
 def test_sizes_in_config_json_are_checked_before_anything_is_allocated(
