@@ -6,7 +6,8 @@ Why a hidden-states request runs ``model_hidden.onnx`` and not ``model_attn.onnx
 spinning off as the server runs it. Reported: median ms and peak RSS, and each
 graph's time as a ratio of ``model.onnx`` measured in the same run.
 
-``--text-graph``: the one-run text graph (``text_model.onnx``) against the two
+``--text-graph``: the one-run text graph (``text_model.onnx``, in format 3 and 4
+exports; format 5 has none) against the two
 graphs text ran through before it (``embeddings.onnx``, then ``model.onnx``, with
 the per-sequence hand-over the runtime does), interleaved in one process on the
 same token ids; outputs compared first (1e-5).

@@ -28,7 +28,11 @@ def assert_tiny_card(card: ModelCard, tiny_model_dir: Path) -> None:
     assert card.tokenizer is False and card.default is True
     config = json.loads((tiny_model_dir / graph_io.CONFIG_FILE).read_text())
     assert card.raw["d_ff"] == config["architecture"]["d_ff"]
-    assert card.raw["sha256"] == {g: config["graphs"][g]["sha256"] for g in graph_io.GRAPH_OUTPUTS}
+    # Every file the server checked: the graphs and the weight file they share.
+    assert card.raw["sha256"] == {
+        **{g: config["graphs"][g]["sha256"] for g in graph_io.GRAPH_OUTPUTS},
+        graph_io.WEIGHTS_FILE: config["weights_sha256"],
+    }
 
 
 def test_models_and_model(sdk_client: Client, tiny_model_dir: Path) -> None:
