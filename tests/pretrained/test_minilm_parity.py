@@ -85,18 +85,15 @@ def test_onnx_export_matches_bert(reference: Reference, minilm_repository: Path)
         )
 
 
-def test_text_graph_matches_bert(reference: Reference, minilm_repository: Path) -> None:
-    """text_model.onnx: token ids to last_hidden_state in one run, vs HF (1e-4)."""
+def test_the_text_step_matches_bert(reference: Reference, minilm_repository: Path) -> None:
+    """The text step: token ids through embeddings.onnx, then model.onnx, vs HF (1e-4)."""
     model_dir = minilm_repository / "minilm-l6"
-    session = new_session(model_dir / graph_io.GRAPH_TEXT)
     ids = reference.ids.astype(np.int64)
-    (hidden,) = session.run(
-        None,
-        {
-            graph_io.INPUT_IDS: ids,
-            graph_io.INPUT_TOKEN_TYPES: np.zeros_like(ids),
-            graph_io.INPUT_MASK: reference.mask.astype(np.int64),
-        },
+    (embeds,) = new_session(model_dir / graph_io.GRAPH_TOKEN_EMBEDDINGS).run(
+        None, {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: np.zeros_like(ids)}
+    )
+    (hidden,) = new_session(model_dir / graph_io.GRAPH_EMBEDDINGS).run(
+        None, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: reference.mask.astype(np.int64)}
     )
     for i in range(len(SENTENCES)):
         assert_matches_reference(reference, i, hidden[i], None)
@@ -110,7 +107,7 @@ def _text_runs(url: str) -> float:
 def test_served_text_embeddings_run_the_text_graph_and_match_bert(
     reference: Reference, minilm_server_url: str
 ) -> None:
-    """Text asking only for embeddings runs text_model.onnx (one run, not two), and its
+    """Text asking only for embeddings runs as one step of the batcher (the text run), and its
     token and sentence embeddings equal HF's (1e-4, and 1e-5 for the sentence)."""
     before = _text_runs(minilm_server_url)
     body = {

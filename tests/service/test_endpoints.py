@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from model_export import graph_io
 from service.app import create_app
 from service.settings import Settings
 from tests.service.helpers import encode
@@ -44,7 +45,8 @@ def test_model_list_and_card(http_client: httpx.Client, tiny_model_dir: Path) ->
     assert card["causal"] is False and card["window"] is None
     graphs = sorted(p.name for p in tiny_model_dir.glob("*.onnx"))
     assert graphs == ["model.onnx", "model_attn.onnx", "model_hidden.onnx"]
-    assert card["sha256"] == {name: _file_sha256(tiny_model_dir / name) for name in graphs}
+    files = [*graphs, graph_io.WEIGHTS_FILE]  # the graphs and the weights they share
+    assert card["sha256"] == {name: _file_sha256(tiny_model_dir / name) for name in files}
 
     single = http_client.get(f"/v1/models/{MODEL}")
     assert single.status_code == 200

@@ -313,7 +313,11 @@ def test_a_model_without_hidden_states_still_serves_the_rest(
     client = first_release_client
     assert client.get("/health/ready").status_code == 200
     card = client.get(f"/v1/models/{MODEL}").json()
-    assert set(card["sha256"]) == {graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_ATTENTION}
+    assert set(card["sha256"]) == {
+        graph_io.GRAPH_EMBEDDINGS,
+        graph_io.GRAPH_ATTENTION,
+        graph_io.WEIGHTS_FILE,
+    }
     assert card["hidden_states"] is False
     assert card["sha256"][graph_io.GRAPH_ATTENTION] == sha256_file(
         first_release_dir / graph_io.GRAPH_ATTENTION
