@@ -94,8 +94,8 @@ def test_window_one_and_none_are_valid() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "choices"),
     [
-        ("activation", "swish", "('gelu', 'gelu_tanh', 'relu')"),
-        ("activation", "GELU", "('gelu', 'gelu_tanh', 'relu')"),
+        ("activation", "swish", "('gelu', 'gelu_tanh', 'relu', 'silu')"),
+        ("activation", "GELU", "('gelu', 'gelu_tanh', 'relu', 'silu')"),
         ("scoring", "multiplicative", "('dot', 'additive')"),
         ("norm_placement", "sandwich", "('post', 'pre')"),
     ],
