@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -426,8 +427,11 @@ def map_state_dict(
     return enc_state, emb_state
 
 
+Take = Callable[[dict[str, Tensor], str, str, torch.Size], None]
+
+
 def _split_qkv(
-    take: Any, enc_state: dict[str, Tensor], enc_params: dict[str, Tensor], i: int, fused: str
+    take: Take, enc_state: dict[str, Tensor], enc_params: dict[str, Tensor], i: int, fused: str
 ) -> None:
     """Layer ``i``'s fused q/k/v (rows stacked q, k, v) into our three projections."""
     for suffix in ("weight", "bias"):
