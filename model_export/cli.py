@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="a Hugging Face checkpoint directory to import (config.json, model.safetensors "
         "or pytorch_model.bin, optional tokenizer.json); families: bert, electra, roberta, "
-        "xlm-roberta, camembert, distilbert, mpnet (docs/models.md)",
+        "xlm-roberta, camembert, distilbert, mpnet, roformer, modernbert (docs/models.md)",
     )
     p.add_argument("--name", help="model name recorded in config.json (default: --out's name)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")

@@ -10,13 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-Activation = Literal["gelu", "gelu_tanh", "relu"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
 NormPlacement = Literal["post", "pre"]
 Scoring = Literal["dot", "additive"]
+Rotary = Literal["interleaved", "half"]
 
-ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu")
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "silu")
 NORM_PLACEMENTS: tuple[str, ...] = ("post", "pre")
 SCORINGS: tuple[str, ...] = ("dot", "additive")
+ROTARIES: tuple[str, ...] = ("interleaved", "half")
 
 
 class ConfigError(ValueError):
@@ -34,6 +36,7 @@ SIZE_BOUNDS: dict[str, int] = {
     "window": 1 << 20,
     "relative_buckets": 1 << 10,
     "relative_max_distance": 1 << 20,
+    "global_every": 1 << 10,
 }
 
 
@@ -54,6 +57,19 @@ class EncoderConfig:
     learned scalar per head and bucket of j - i (half the buckets for keys after
     the query; exact distances below a quarter of the buckets, log-spaced up to
     ``relative_max_distance``); ``None`` means no such bias.
+
+    ``global_every`` n alternates global and local layers (ModernBERT): layers 0, n,
+    2n, … attend to every key, the others within ``window``; ``None`` puts every
+    layer in the window. ``rotary`` rotates each head's queries and keys by their
+    position (RoFormer's ``"interleaved"`` pairs (x0, x1), (x2, x3)…; ModernBERT's
+    ``"half"`` pairs (x_i, x_{i + d_k/2})) with frequencies ``rotary_theta``^(-2i/d_k);
+    windowed layers use ``local_rotary_theta`` when set. ``alibi`` adds ALiBi's
+    -m_h·|i - j| to the scores (m_h: the geometric slopes of Press et al.).
+    ``glu`` makes the feed-forward gated: W_2 (act(W_1 x) ⊙ W_g x) (GeGLU with
+    gelu, SwiGLU with silu). ``attention_bias``/``mlp_bias``/``norm_bias`` false drop
+    the biases of the attention projections, the feed-forward and the LayerNorms;
+    ``first_attn_norm`` false skips layer 0's pre-LN attention norm (ModernBERT,
+    whose embeddings end in a norm).
     """
 
     d_model: int = 384
@@ -70,6 +86,16 @@ class EncoderConfig:
     max_seq_len: int = 512
     relative_buckets: int | None = None
     relative_max_distance: int = 128
+    global_every: int | None = None
+    rotary: Rotary | None = None
+    rotary_theta: float = 10000.0
+    local_rotary_theta: float | None = None
+    alibi: bool = False
+    glu: bool = False
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    norm_bias: bool = True
+    first_attn_norm: bool = True
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -107,21 +133,56 @@ class EncoderConfig:
                     f"relative_buckets / 4, got {self.relative_buckets} and "
                     f"{self.relative_max_distance}"
                 )
+        for name in ("alibi", "glu", "attention_bias", "mlp_bias", "norm_bias", "first_attn_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.global_every is not None:
+            check_size("global_every", self.global_every, SIZE_BOUNDS["global_every"], ConfigError)
+            if self.window is None:
+                raise ConfigError("global_every alternates global and windowed layers: set window")
+        if self.rotary is not None and self.rotary not in ROTARIES:
+            raise ConfigError(f"rotary must be one of {ROTARIES} or null, got {self.rotary!r}")
+        if self.rotary is not None and self.head_dim % 2:
+            raise ConfigError(f"rotary rotates pairs: head_dim ({self.head_dim}) must be even")
+        for name in ("rotary_theta", "local_rotary_theta"):
+            theta = getattr(self, name)
+            if theta is not None and (
+                isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 1
+            ):
+                raise ConfigError(f"{name} must be a number > 1, got {theta!r}")
+        if self.norm_placement == "post" and not self.first_attn_norm:
+            raise ConfigError("first_attn_norm false only applies to pre-LN (norm_placement pre)")
 
     @property
     def head_dim(self) -> int:
         """Size d_k of one head: d_model / n_heads."""
         return self.d_model // self.n_heads
 
+    def layer_window(self, layer: int) -> int | None:
+        """The window radius of ``layer``: None for a global layer."""
+        if self.global_every is not None and layer % self.global_every == 0:
+            return None
+        return self.window
+
+    def layer_rotary_theta(self, layer: int) -> float:
+        """The rotary base of ``layer``: ``local_rotary_theta`` in windowed layers, if set."""
+        if self.layer_window(layer) is not None and self.local_rotary_theta is not None:
+            return self.local_rotary_theta
+        return self.rotary_theta
+
     def parameters(self) -> int:
         """Weights of the encoder's layers (attention, feed-forward, layer norms) and its
         relative position bias table, without token embeddings: what each encoder graph
         holds."""
         d, ff = self.d_model, self.d_ff
-        attention = 4 * d * d + 4 * d
-        feed_forward = 2 * d * ff + d + ff
+        attention = 4 * d * d + (4 * d if self.attention_bias else 0)
+        up = 2 * ff if self.glu else ff
+        feed_forward = d * up + ff * d + ((up + d) if self.mlp_bias else 0)
+        norm = 2 * d if self.norm_bias else d
+        norms = 2 * self.n_layers - (0 if self.first_attn_norm else 1)
+        norms += 1 if self.norm_placement == "pre" else 0  # the final norm
         relative = (self.relative_buckets or 0) * self.n_heads
-        return self.n_layers * (attention + feed_forward + 4 * d) + relative
+        return self.n_layers * (attention + feed_forward) + norms * norm + relative
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -125,16 +125,18 @@ class _SparseGraph(nn.Module):
         self.encoder = encoder
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        bias = self.encoder.attention_bias(attention_mask)  # (B, 1 or h, 1 or T, T)
+        biases = self.encoder.layer_biases(attention_mask)  # each (B, 1 or h, 1 or T, T)
+        rotations = self.encoder.layer_rotations(input_ids.shape[1])
         x = self.embeddings(input_ids, token_type_ids)
-        for layer in self.encoder.layers[:-1]:
-            x, _, _ = layer(x, bias)
+        for layer, bias, rotation in zip(self.encoder.layers[:-1], biases, rotations, strict=False):
+            x, _, _ = layer(x, bias, rotation)
         last = cast(EncoderBlock, self.encoder.layers[-1])
         if last.pre_norm:
             x = last.attn_norm(x)
-        attention = last.attn
-        query = attention._split_heads(attention.q_proj(x[:, :1]))  # (B, h, 1, d_k)
-        keys = attention._split_heads(attention.k_proj(x))  # (B, h, T, d_k)
+        attention, bias, rotation = last.attn, biases[-1], rotations[-1]
+        first = None if rotation is None else (rotation[0][:1], rotation[1][:1])
+        query = attention.heads(attention.q_proj, x[:, :1], first)  # (B, h, 1, d_k)
+        keys = attention.heads(attention.k_proj, x, rotation)  # (B, h, T, d_k)
         weights = torch.softmax(attention.scores(query, keys) + bias[:, :, :1], dim=-1)
         cls: Tensor = weights[:, :, 0].mean(dim=1) * attention_mask  # (B, T)
         return cls
@@ -219,7 +221,7 @@ def _text_manifest(embeddings: TokenEmbeddings, staging: Path) -> TextFrontEnd:
         embeddings_sha256=sha256_file(staging / graph_io.GRAPH_TOKEN_EMBEDDINGS),
         vocab_size=embeddings.word.num_embeddings,
         type_vocab_size=embeddings.token_type.num_embeddings,
-        max_positions=embeddings.position.num_embeddings,
+        max_positions=embeddings.max_positions,
         tokenizer=tokenizer["file"],
         tokenizer_sha256=tokenizer["sha"],
         sparse_graph=sparse["file"],

@@ -1,4 +1,4 @@
-"""Import checkpoints of the post-LN BERT families (Hugging Face ``config.json`` +
+"""Import checkpoints of the BERT-like families (Hugging Face ``config.json`` +
 ``model.safetensors`` or ``pytorch_model.bin``).
 
 One :class:`Family` per ``model_type`` says where its weights live and what it
@@ -6,8 +6,11 @@ changes in the input layer: BERT (and ELECTRA with embeddings as wide as the
 encoder), RoBERTa, XLM-RoBERTa and CamemBERT (positions offset by the padding id
 + 1, one token type), DistilBERT (its own key names, no token types), MPNet
 (its own key names, no token types, RoBERTa's positions, and a relative position
-bias shared by all layers). Any other ``model_type`` is a :class:`CheckpointError`
-naming it.
+bias shared by all layers), RoFormer (BERT's keys, no position table: rotary
+positions in every layer, RoFormer's interleaved pairs) and ModernBERT (pre-LN,
+bias-free, GeGLU, one fused ``Wqkv`` split into q, k and v, rotary positions with a
+global and a local base, and local layers that see |i - j| <= local_attention // 2).
+Any other ``model_type`` is a :class:`CheckpointError` naming it.
 
 The key mapping is written out in full and checked both ways: every encoder
 parameter must be filled with a tensor of the right shape, and every key of
@@ -21,16 +24,17 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from model_export.config import EncoderConfig
 from model_export.manifest import Pooling
-from model_export.model import Encoder, TokenEmbeddings
+from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
 
 # Checkpoint keys we read on purpose and leave out of the model.
 KNOWN_UNUSED = (
@@ -44,6 +48,8 @@ HF_ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
     "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
 }
 
 # Our encoder parameter -> Hugging Face key, for layer {i} (BERT's names).
@@ -79,6 +85,12 @@ class Family:
     extra_keys: dict[str, str] = dataclasses.field(default_factory=dict)
     padding_id: int | None = None  # fixed in the model's code, whatever config.json says
     relative_bias: bool = False  # MPNet's relative position bias by buckets
+    positions: bool = True  # a learned absolute position table (rotary families: none)
+    # One key per layer holding q, k and v stacked (ModernBERT's Wqkv), split on import.
+    fused_qkv: str | None = None
+    # A stored sinusoidal table the model recomputes (RoFormer's): checked, not loaded.
+    rotary_table: str | None = None
+    style: Literal["bert", "roformer", "modernbert"] = "bert"  # how config.json reads
 
 
 # transformers' MPNetEncoder computes buckets with these, whatever the config says.
@@ -87,6 +99,7 @@ MPNET_MAX_DISTANCE = 128
 
 
 BERT = Family(("bert.", "model."), "encoder.layer", LAYER_KEYS, EMBEDDING_KEYS)
+NO_POSITIONS = {k: v for k, v in EMBEDDING_KEYS.items() if k != "position"}
 ROBERTA = dataclasses.replace(BERT, prefixes=("roberta.", "model."), offset_positions=True)
 FAMILIES: dict[str, Family] = {
     "bert": BERT,
@@ -133,6 +146,47 @@ FAMILIES: dict[str, Family] = {
         padding_id=1,  # MPNetEmbeddings.padding_idx
         relative_bias=True,
     ),
+    "roformer": Family(
+        ("roformer.", "model."),
+        "encoder.layer",
+        LAYER_KEYS,
+        NO_POSITIONS,
+        positions=False,
+        rotary_table="encoder.embed_positions.weight",
+        style="roformer",
+    ),
+    "modernbert": Family(
+        ("model.",),
+        "layers",
+        {
+            "attn.out_proj": "attn.Wo",
+            "attn_norm": "attn_norm",
+            "ffn.up": "mlp.Wi",
+            "ffn.down": "mlp.Wo",
+            "ffn_norm": "mlp_norm",
+        },
+        {"word": "embeddings.tok_embeddings", "norm": "embeddings.norm"},
+        hf_names={"hidden_act": "hidden_activation", "layer_norm_eps": "norm_eps"},
+        extra_keys={"final_norm.weight": "final_norm.weight", "final_norm.bias": "final_norm.bias"},
+        positions=False,
+        fused_qkv="attn.Wqkv",
+        style="modernbert",
+    ),
+}
+
+# transformers' RoFormer rotates with this base, whatever the config says.
+ROFORMER_THETA = 10000.0
+# ModernBertConfig's defaults, for config.json files that leave them out.
+MODERNBERT_DEFAULTS: dict[str, Any] = {
+    "norm_eps": 1e-5,
+    "norm_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "local_attention": 128,
+    "global_attn_every_n_layers": 3,
+    "global_rope_theta": 160_000.0,
+    "local_rope_theta": 10_000.0,
+    "max_position_embeddings": 8192,
 }
 
 
@@ -165,12 +219,83 @@ def family_of(hf: dict[str, Any]) -> Family:
             f"model_type {kind!r} ({named}) is not supported: this exporter imports "
             f"{', '.join(sorted(FAMILIES))}"
         )
-    if kind == "electra" and hf.get("embedding_size", hf["hidden_size"]) != hf["hidden_size"]:
+    if (
+        kind in ("electra", "roformer")
+        and (hf.get("embedding_size") or hf["hidden_size"]) != (hf["hidden_size"])
+    ):
         raise CheckpointError(
-            "ELECTRA with embeddings narrower than the encoder (embedding_size "
-            f"{hf['embedding_size']} < hidden_size {hf['hidden_size']}) is not supported"
+            f"{kind} with embeddings of another width than the encoder (embedding_size "
+            f"{hf['embedding_size']} != hidden_size {hf['hidden_size']}) is not supported"
+        )
+    if kind == "roformer" and hf.get("rotary_value"):
+        raise CheckpointError(
+            "RoFormer with rotary_value true (values rotated too) is not supported"
         )
     return FAMILIES[kind]
+
+
+def _roformer_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """RoFormer: BERT's post-LN layers with every query and key rotated."""
+    return {"rotary": "interleaved", "rotary_theta": ROFORMER_THETA}
+
+
+def _global_every(layer_types: list[str], n_layers: int) -> int | None:
+    """The n of ModernBERT's "every n-th layer global" pattern in ``layer_types``."""
+    for n in range(1, n_layers + 1):
+        pattern = ["full_attention" if i % n == 0 else "sliding_attention" for i in range(n_layers)]
+        if layer_types == pattern:
+            return n
+    raise CheckpointError(
+        f"layer_types {layer_types} is not supported: only every n-th layer global, "
+        "starting at layer 0, the others sliding"
+    )
+
+
+def _rope_theta(hf: dict[str, Any], layer_type: str, legacy: str) -> float:
+    """One layer type's rotary base from ``rope_parameters`` (or the older flat key)."""
+    params = (hf.get("rope_parameters") or {}).get(layer_type) or {}
+    if params.get("rope_type", "default") != "default":
+        raise CheckpointError(
+            f"rope_type {params['rope_type']!r} ({layer_type}) is not supported, only default"
+        )
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise CheckpointError("partial_rotary_factor is not supported")
+    return float(params.get("rope_theta", hf.get(legacy, MODERNBERT_DEFAULTS[legacy])))
+
+
+def _modernbert_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """ModernBERT: pre-LN, layer 0 without its attention norm, GeGLU, bias-free by
+    default, rotary halves, every n-th layer global and the others windowed."""
+    hf = MODERNBERT_DEFAULTS | hf
+    n_layers = int(hf["num_hidden_layers"])
+    n = int(hf["global_attn_every_n_layers"])  # older config.json files: no layer_types
+    layer_types = hf.get("layer_types") or [
+        "sliding_attention" if i % n else "full_attention" for i in range(n_layers)
+    ]
+    if len(layer_types) != n_layers:
+        raise CheckpointError(f"layer_types has {len(layer_types)} entries for {n_layers} layers")
+    if set(layer_types) - {"full_attention", "sliding_attention"}:
+        raise CheckpointError(f"layer_types {layer_types} is not supported")
+    local = "sliding_attention" in layer_types
+    window = int(hf["local_attention"]) // 2 if local else None  # transformers' sliding_window
+    mixed = local and "full_attention" in layer_types
+    every = _global_every(layer_types, n_layers) if mixed else None
+    return {
+        "norm_placement": "pre",
+        "first_attn_norm": False,
+        "glu": True,
+        "attention_bias": bool(hf["attention_bias"]),
+        "mlp_bias": bool(hf["mlp_bias"]),
+        "norm_bias": bool(hf["norm_bias"]),
+        "layer_norm_eps": float(hf["norm_eps"]),
+        "rotary": "half",
+        "rotary_theta": _rope_theta(hf, "full_attention", "global_rope_theta"),
+        "local_rotary_theta": (
+            _rope_theta(hf, "sliding_attention", "local_rope_theta") if local else None
+        ),
+        "window": window,
+        "global_every": every,
+    }
 
 
 def position_offset(hf: dict[str, Any], family: Family) -> int:
@@ -193,7 +318,9 @@ def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
             raise CheckpointError("only absolute position embeddings are supported")
         if hf.get("sinusoidal_pos_embds"):
             raise CheckpointError("DistilBERT's sinusoidal positions are not supported")
-        positions = int(hf.get("max_position_embeddings", 512)) - position_offset(hf, family)
+        default_positions = 8192 if family.style == "modernbert" else 512
+        positions = int(hf.get("max_position_embeddings", default_positions))
+        positions -= position_offset(hf, family)
         relative = None
         if family.relative_bias:
             table = int(hf.get("relative_attention_num_buckets", MPNET_BUCKETS))
@@ -203,17 +330,24 @@ def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
                     f"MPNet computes {MPNET_BUCKETS} buckets whatever the table holds"
                 )
             relative = MPNET_BUCKETS
+        fields: dict[str, Any] = {
+            "layer_norm_eps": float(hf.get("layer_norm_eps", 1e-12)),
+            "norm_placement": "post",
+        }
+        if family.style == "roformer":
+            fields |= _roformer_fields(hf)
+        elif family.style == "modernbert":
+            fields |= _modernbert_fields(hf)
         return EncoderConfig(
             d_model=int(hf["hidden_size"]),
             n_heads=int(hf["num_attention_heads"]),
             n_layers=int(hf["num_hidden_layers"]),
             d_ff=int(hf["intermediate_size"]),
             activation=HF_ACTIVATIONS[act],  # type: ignore[arg-type]
-            layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-            norm_placement="post",
             max_seq_len=positions,
             relative_buckets=relative,
             relative_max_distance=MPNET_MAX_DISTANCE,
+            **fields,
         )
     except KeyError as exc:
         raise CheckpointError(f"config.json lacks {exc.args[0]!r}") from None
@@ -252,22 +386,32 @@ def map_state_dict(
         target[ours] = tensor.float()
         used.add(theirs)
 
+    # Only the parameters our encoder has are taken (a bias-free family has no biases);
+    # a checkpoint key left over is reported as unexpected below.
     enc_state: dict[str, Tensor] = {}
     enc_params = encoder.state_dict()
     for i in range(encoder.config.n_layers):
         for ours, theirs in family.layer_keys.items():
             for suffix in ("weight", "bias"):
                 key = f"layers.{i}.{ours}.{suffix}"
-                want = enc_params[key].shape
-                take(enc_state, key, f"{family.layers}.{i}.{theirs}.{suffix}", want)
+                if key in enc_params:
+                    want = enc_params[key].shape
+                    take(enc_state, key, f"{family.layers}.{i}.{theirs}.{suffix}", want)
+        if family.fused_qkv is not None:
+            _split_qkv(take, enc_state, enc_params, i, f"{family.layers}.{i}.{family.fused_qkv}")
     for ours, theirs in family.extra_keys.items():
-        take(enc_state, ours, theirs, enc_params[ours].shape)
+        if ours in enc_params:
+            take(enc_state, ours, theirs, enc_params[ours].shape)
+    if family.rotary_table is not None:
+        problems += _check_rotary_table(hf_state, family.rotary_table, encoder)
+        used.add(family.rotary_table)
     emb_state: dict[str, Tensor] = {}
     emb_params = embeddings.state_dict()
     for ours, theirs in family.embedding_keys.items():
-        for suffix in ("weight", "bias") if ours == "norm" else ("weight",):
+        for suffix in ("weight", "bias"):
             key = f"{ours}.{suffix}"
-            take(emb_state, key, f"{theirs}.{suffix}", emb_params[key].shape)
+            if key in emb_params:
+                take(emb_state, key, f"{theirs}.{suffix}", emb_params[key].shape)
     if "token_type" not in family.embedding_keys:  # no token types: a zero type embedding
         emb_state["token_type.weight"] = torch.zeros_like(emb_params["token_type.weight"])
     unmapped = set(enc_params) - set(enc_state)
@@ -281,6 +425,45 @@ def map_state_dict(
     if problems:
         raise CheckpointError("checkpoint does not fit the encoder: " + "; ".join(problems))
     return enc_state, emb_state
+
+
+Take = Callable[[dict[str, Tensor], str, str, torch.Size], None]
+
+
+def _split_qkv(
+    take: Take, enc_state: dict[str, Tensor], enc_params: dict[str, Tensor], i: int, fused: str
+) -> None:
+    """Layer ``i``'s fused q/k/v (rows stacked q, k, v) into our three projections."""
+    for suffix in ("weight", "bias"):
+        parts = [f"layers.{i}.attn.{name}_proj.{suffix}" for name in "qkv"]
+        if parts[0] not in enc_params:
+            continue
+        one = enc_params[parts[0]].shape
+        stacked: dict[str, Tensor] = {}
+        take(stacked, "qkv", f"{fused}.{suffix}", torch.Size([3 * one[0], *one[1:]]))
+        if "qkv" in stacked and stacked["qkv"].shape[0] == 3 * one[0]:
+            enc_state.update(zip(parts, stacked["qkv"].chunk(3, dim=0), strict=True))
+
+
+# The stored table may differ from ours by float rounding only (both from float64).
+ROTARY_TABLE_ATOL = 1e-6
+
+
+def _check_rotary_table(hf_state: dict[str, Tensor], key: str, encoder: Encoder) -> list[str]:
+    """RoFormer stores its sinusoidal table ([sin | cos] per position); the encoder
+    computes the same one. A table that differs would mean other angles: refused."""
+    if key not in hf_state:
+        return [f"missing {key}"]
+    rotary = encoder.rotary[0]
+    assert isinstance(rotary, RotaryEmbedding)
+    ours = torch.cat((rotary.sin_half, rotary.cos_half), dim=-1)  # (max_seq_len, d_k)
+    stored = hf_state[key].float()
+    if stored.ndim != 2 or stored.shape[1] != ours.shape[1] or stored.shape[0] < len(ours):
+        return [f"{key} has shape {list(stored.shape)}, expected [>= {len(ours)}, {ours.shape[1]}]"]
+    diff = float((stored[: len(ours)] - ours).abs().max())
+    if diff > ROTARY_TABLE_ATOL:
+        return [f"{key} differs from RoFormer's sinusoidal table by up to {diff:.3g}"]
+    return []
 
 
 def _weights(root: Path) -> dict[str, Tensor]:
@@ -325,6 +508,8 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
         config.d_model,
         config.layer_norm_eps,
         position_offset=offset,
+        positions=family.positions,
+        norm_bias=config.norm_bias,
     )
     enc_state, emb_state = map_state_dict(_weights(root), encoder, embeddings, family)
     encoder.load_state_dict(enc_state, strict=True)

@@ -2,21 +2,32 @@
 
 Per layer (post-LN, as in BERT)::
 
-    A = softmax(Q Kᵀ / √d_k + P + M) V    per head, d_k = d_model / h
+    A = softmax(R(Q) R(K)ᵀ / √d_k + P + M) V    per head, d_k = d_model / h
     x = LayerNorm(x + W_o concat(A_1..A_h))
     x = LayerNorm(x + W_2 act(W_1 x))
 
-P is MPNet's relative position bias (``relative_buckets`` set, else 0): per head a
-learned scalar for the bucket of the offset j - i, the same in every layer.
+or pre-LN: ``x = x + W_o concat(A(LayerNorm(x)))``, ``x = x + FFN(LayerNorm(x))``
+and one LayerNorm after the last layer. A gated feed-forward (``glu``) is
+``W_2 (act(W_1 x) ⊙ W_g x)``: GeGLU with GELU (ModernBERT), SwiGLU with SiLU.
+
+R rotates each head's query and key at position t by angles t·θ^(-2i/d_k), one
+per pair of dimensions (``rotary``; identity without): RoFormer pairs neighbours
+(x_2i, x_2i+1), ModernBERT pairs halves (x_i, x_i+d_k/2). Rotated scores depend
+on j - i only; values are not rotated.
+
+P is a position bias, the same in every layer: MPNet's relative position bias
+(``relative_buckets``; per head a learned scalar for the bucket of the offset
+j - i) and/or ALiBi's -m_h·|i - j| (``alibi``); 0 without either.
 
 M is 0 where a query may see a key and -10000 elsewhere. The allowed set is the
 intersection of key padding, the optional causal mask and the optional local
-window of radius r. exp(-10000) is exactly 0 in float32, so forbidden keys get
-exactly zero weight, and a finite M means no row can turn into NaN, padded
-query rows included; those rows (and padded embeddings) are then set to
-exactly 0. Without a causal mask or window, M is written as BERT writes it,
-``(1 - mask) · -10000``, which onnxruntime's optimizer recognises and fuses into
-one ``Attention`` kernel per layer.
+window of radius r, which may differ per layer (ModernBERT's global layers have
+none): M is computed once per distinct window. exp(-10000) is exactly 0 in
+float32, so forbidden keys get exactly zero weight, and a finite M means no row
+can turn into NaN, padded query rows included; those rows (and padded
+embeddings) are then set to exactly 0. Without a causal mask or window, M is
+written as BERT writes it, ``(1 - mask) · -10000``, which onnxruntime's
+optimizer recognises and fuses into one ``Attention`` kernel per layer.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model_export.config import EncoderConfig
+from model_export.config import EncoderConfig, Rotary
 
 
 def allowed_keys(
@@ -111,6 +122,92 @@ class RelativePositionBias(nn.Module):
         return bias
 
 
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's m_h (Press et al., 2022): 2^(-8k/n) for k = 1..n with n = h a power of
+    two; otherwise those of the power of two below h, then every other slope of twice
+    that power, as the paper's reference code (and BLOOM's) does."""
+
+    def geometric(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
+
+    below = 2 ** math.floor(math.log2(n_heads))
+    slopes = geometric(below) + geometric(2 * below)[0::2][: n_heads - below]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class AlibiBias(nn.Module):
+    """ALiBi's P: -m_h·|i - j| per head, no weights (linear in the distance)."""
+
+    slopes: Tensor  # (h,)
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
+
+    def forward(self, seq_len: int) -> Tensor:
+        """P for a sequence of ``seq_len`` tokens: (1, h, T, T)."""
+        pos = torch.arange(seq_len, device=self.slopes.device)
+        distance = (pos[None, :] - pos[:, None]).abs().float()  # (T, T): |j - i|
+        bias: Tensor = -self.slopes[:, None, None] * distance[None]  # (h, T, T)
+        return bias[None]
+
+
+def rotary_angles(max_len: int, head_dim: int, theta: float, rotary: Rotary) -> Tensor:
+    """t·θ^(-2i/d_k) for t < ``max_len``, i < d_k/2: (max_len, d_k/2), computed as each
+    convention's reference does: RoFormer's table in float64, then rounded;
+    ModernBERT's (transformers' default RoPE) in float32."""
+    if rotary == "interleaved":
+        pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        return pos / torch.pow(torch.tensor(theta, dtype=torch.float64), exponent)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    return torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq
+
+
+class RotaryEmbedding(nn.Module):
+    """R's cos and sin for one base θ, laid out for its convention; one per distinct θ,
+    shared by the layers that use it (the tables are not weights)."""
+
+    cos_half: Tensor  # (max_len, d_k/2)
+    sin_half: Tensor
+
+    def __init__(self, config: EncoderConfig, theta: float) -> None:
+        super().__init__()
+        assert config.rotary is not None
+        self.rotary: Rotary = config.rotary
+        angles = rotary_angles(config.max_seq_len, config.head_dim, theta, config.rotary)
+        self.register_buffer("cos_half", angles.cos().float(), persistent=False)
+        self.register_buffer("sin_half", angles.sin().float(), persistent=False)
+
+    def forward(self, seq_len: int) -> tuple[Tensor, Tensor]:
+        """cos, sin for positions 0..T-1, each (T, d_k): one angle per pair, repeated
+        over the pair's two dimensions."""
+        cos, sin = self.cos_half[:seq_len], self.sin_half[:seq_len]  # (T, d_k/2)
+        if self.rotary == "interleaved":  # [c0, c0, c1, c1, …]
+            return _interleave(cos, cos), _interleave(sin, sin)
+        # [c0, c1, …, c0, c1, …]
+        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def _interleave(a: Tensor, b: Tensor) -> Tensor:
+    """[a0, b0, a1, b1, …] along the last axis."""
+    return torch.stack((a, b), dim=-1).flatten(-2)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary: Rotary) -> Tensor:
+    """R(x) = x·cos + x⊥·sin, x⊥ each pair (a, b) turned to (-b, a): (B, h, T, d_k)."""
+    if rotary == "interleaved":
+        turned = _interleave(-x[..., 1::2], x[..., 0::2])
+    else:
+        half = x.shape[-1] // 2
+        turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + turned * sin
+
+
+# cos and sin (T, d_k) of one layer's rotation, or None without rotary.
+Rotation = tuple[Tensor, Tensor] | None
+
+
 class MultiHeadSelfAttention(nn.Module):
     """h heads of scaled dot-product (or additive) attention, then W_o."""
 
@@ -119,11 +216,12 @@ class MultiHeadSelfAttention(nn.Module):
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
         self.scoring = config.scoring
-        d = config.d_model
-        self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d)
-        self.v_proj = nn.Linear(d, d)
-        self.out_proj = nn.Linear(d, d)
+        self.rotary = config.rotary
+        d, bias = config.d_model, config.attention_bias
+        self.q_proj = nn.Linear(d, d, bias=bias)
+        self.k_proj = nn.Linear(d, d, bias=bias)
+        self.v_proj = nn.Linear(d, d, bias=bias)
+        self.out_proj = nn.Linear(d, d, bias=bias)
         self.dropout = nn.Dropout(config.dropout)
         if config.scoring == "additive":
             # Bahdanau et al.: score(q, k) = vᵀ tanh(W_q q + W_k k), one set per head.
@@ -136,6 +234,13 @@ class MultiHeadSelfAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, d_k)
 
+    def heads(self, proj: nn.Linear, x: Tensor, rotation: Rotation = None) -> Tensor:
+        """``proj(x)`` split into heads (B, h, T, d_k), rotated by position if given."""
+        out = self._split_heads(proj(x))  # (B, h, T, d_k)
+        if rotation is not None and self.rotary is not None:
+            out = rotate(out, *rotation, self.rotary)
+        return out
+
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """Unnormalised scores (B, h, T, T) before the mask."""
         if self.scoring == "dot":
@@ -146,14 +251,14 @@ class MultiHeadSelfAttention(nn.Module):
         return torch.einsum("bhije,he->bhij", hidden, self.add_v)  # (B, h, T, T)
 
     def forward(
-        self, x: Tensor, bias: Tensor, *, need_norms: bool = False
+        self, x: Tensor, bias: Tensor, rotation: Rotation = None, *, need_norms: bool = False
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """x (B, T, d), additive mask ``bias`` -> output (B, T, d), weights (B, h, T, T),
-        and with ``need_norms`` each head's transformed value norms (B, h, T)."""
+        """x (B, T, d), additive ``bias`` (P + M), the layer's ``rotation`` -> output (B, T, d),
+        weights (B, h, T, T), and with ``need_norms`` each head's value norms (B, h, T)."""
         b, t, d = x.shape
-        q = self._split_heads(self.q_proj(x))  # (B, h, T, d_k)
-        k = self._split_heads(self.k_proj(x))  # (B, h, T, d_k)
-        v = self._split_heads(self.v_proj(x))  # (B, h, T, d_k)
+        q = self.heads(self.q_proj, x, rotation)  # (B, h, T, d_k)
+        k = self.heads(self.k_proj, x, rotation)  # (B, h, T, d_k)
+        v = self.heads(self.v_proj, x)  # (B, h, T, d_k): values are not rotated
         scores = self.scores(q, k) + bias  # (B, h, T, T)
         weights = torch.softmax(scores, dim=-1)  # (B, h, T, T); masked keys exactly 0
         context = self.dropout(weights) @ v  # (B, h, T, d_k)
@@ -164,6 +269,7 @@ class MultiHeadSelfAttention(nn.Module):
     def value_norms(self, v: Tensor) -> Tensor:
         """‖f_h(x_j)‖ with f_h(x) = (x W_V^h + b_V^h) W_O^h, head h's slice of the output
         projection, its bias excluded (Kobayashi et al., 2020): (B, h, T, d_k) -> (B, h, T).
+        Bias-free projections make b_V^h 0: ``v`` already holds what the model used.
         ``α_ij ‖f_h(x_j)‖`` is then how much token j moves token i through head h."""
         d = self.out_proj.weight.shape[0]
         # W_Oᵀ (d_model, d) -> (h, d_k, d): head h's rows, as a matmul (no einsum: the
@@ -179,48 +285,65 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Position-wise W_2 act(W_1 x)."""
+    """Position-wise W_2 act(W_1 x), or gated: W_2 (act(W_1 x) ⊙ W_g x) with W_1 and W_g
+    stacked in ``up`` (ModernBERT's ``Wi`` layout: input half first, gate half second)."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
-        self.up = nn.Linear(config.d_model, config.d_ff)
-        self.down = nn.Linear(config.d_ff, config.d_model)
+        self.glu = config.glu
+        up = 2 * config.d_ff if config.glu else config.d_ff
+        self.up = nn.Linear(config.d_model, up, bias=config.mlp_bias)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
         self.activation = config.activation
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.up(x)
+    def act(self, h: Tensor) -> Tensor:
         if self.activation == "gelu":
-            h = F.gelu(h)
-        elif self.activation == "gelu_tanh":
-            h = F.gelu(h, approximate="tanh")
+            return F.gelu(h)
+        if self.activation == "gelu_tanh":
+            return F.gelu(h, approximate="tanh")
+        if self.activation == "silu":
+            return F.silu(h)
+        return F.relu(h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.up(x)  # (B, T, d_ff), or (B, T, 2 d_ff) gated
+        if self.glu:
+            value, gate = h.chunk(2, dim=-1)  # (B, T, d_ff) each
+            h = self.act(value) * gate
         else:
-            h = F.relu(h)
+            h = self.act(h)
         out: Tensor = self.dropout(self.down(h))
         return out
+
+
+def layer_norm(config: EncoderConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
 class EncoderBlock(nn.Module):
     """Attention and feed-forward sub-layers, each with residual + LayerNorm."""
 
-    def __init__(self, config: EncoderConfig) -> None:
+    def __init__(self, config: EncoderConfig, index: int = 0) -> None:
         super().__init__()
         self.pre_norm = config.norm_placement == "pre"
         self.attn = MultiHeadSelfAttention(config)
-        self.attn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        skip = index == 0 and not config.first_attn_norm  # ModernBERT's layer 0
+        self.attn_norm: nn.Module = nn.Identity() if skip else layer_norm(config)
         self.ffn = FeedForward(config)
-        self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn_norm = layer_norm(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: Tensor, bias: Tensor, *, need_norms: bool = False
+        self, x: Tensor, bias: Tensor, rotation: Rotation = None, *, need_norms: bool = False
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         if self.pre_norm:
-            attn_out, weights, norms = self.attn(self.attn_norm(x), bias, need_norms=need_norms)
+            normed = self.attn_norm(x)
+            attn_out, weights, norms = self.attn(normed, bias, rotation, need_norms=need_norms)
             x = x + self.dropout(attn_out)
             x = x + self.ffn(self.ffn_norm(x))
         else:
-            attn_out, weights, norms = self.attn(x, bias, need_norms=need_norms)
+            attn_out, weights, norms = self.attn(x, bias, rotation, need_norms=need_norms)
             x = self.attn_norm(x + self.dropout(attn_out))
             x = self.ffn_norm(x + self.ffn(x))
         return x, weights, norms
@@ -237,16 +360,18 @@ class Encoder(nn.Module):
     def __init__(self, config: EncoderConfig, *, seed: int = 0) -> None:
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(EncoderBlock(config, i) for i in range(config.n_layers))
         self.relative_bias = (
             RelativePositionBias(config) if config.relative_buckets is not None else None
         )
-        # Pre-LN stacks need a final norm; post-LN blocks already end in one.
-        self.final_norm = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-            if config.norm_placement == "pre"
-            else None
+        self.alibi = AlibiBias(config) if config.alibi else None
+        # One rotary table per distinct base (ModernBERT: global and local).
+        self.thetas = sorted({config.layer_rotary_theta(i) for i in range(config.n_layers)})
+        self.rotary = nn.ModuleList(
+            RotaryEmbedding(config, theta) for theta in self.thetas if config.rotary is not None
         )
+        # Pre-LN stacks need a final norm; post-LN blocks already end in one.
+        self.final_norm = layer_norm(config) if config.norm_placement == "pre" else None
         self.reset_parameters(seed)
         self.eval()
 
@@ -301,14 +426,15 @@ class Encoder(nn.Module):
         then each layer's output, (B, L + 1, T, d_model); the last equals ``hidden``
         (after the final norm, for pre-LN). All are exactly 0 at padded positions.
         """
-        bias = self.attention_bias(attention_mask)
+        biases = self.layer_biases(attention_mask)
+        rotations = self.layer_rotations(attention_mask.shape[1])
         token = attention_mask.bool()  # (B, T)
         x = inputs_embeds
         per_layer: list[Tensor] = []
         per_layer_norms: list[Tensor] = []
         states: list[Tensor] = [x]
-        for layer in self.layers:
-            x, weights, layer_norms = layer(x, bias, need_norms=need_value_norms)
+        for layer, bias, rotation in zip(self.layers, biases, rotations, strict=True):
+            x, weights, layer_norms = layer(x, bias, rotation, need_norms=need_value_norms)
             per_layer.append(weights)
             if layer_norms is not None:
                 per_layer_norms.append(layer_norms)
@@ -331,15 +457,39 @@ class Encoder(nn.Module):
             value_norms = torch.where(token[:, None, None, :], norms, torch.zeros_like(norms))
         return hidden, attn, hidden_states, value_norms
 
-    def attention_bias(self, attention_mask: Tensor) -> Tensor:
-        """P + M, added to every layer's scores: (B, 1, 1, T) or (B, 1, T, T) from the mask,
-        (B, h, T, T) with the relative position bias. Where M is 0 the sum is P exactly,
-        so allowed keys score as transformers' ``(scores + P) + M``."""
+    def attention_bias(self, attention_mask: Tensor, *, layer: int = 0) -> Tensor:
+        """P + M, added to ``layer``'s scores: (B, 1, 1, T) or (B, 1, T, T) from the mask,
+        (B, h, T, T) with a position bias. Where M is 0 the sum is P exactly, so allowed
+        keys score as transformers' ``(scores + P) + M``."""
         cfg = self.config
-        bias = mask_bias(attention_mask, causal=cfg.causal, window=cfg.window)
+        bias = mask_bias(attention_mask, causal=cfg.causal, window=cfg.layer_window(layer))
+        seq = attention_mask.shape[1]
+        if self.alibi is not None:
+            bias = self.alibi(seq) + bias  # (B, h, T, T)
         if self.relative_bias is not None:
-            bias = self.relative_bias(attention_mask.shape[1]) + bias  # (B, h, T, T)
+            bias = self.relative_bias(seq) + bias  # (B, h, T, T)
         return bias
+
+    def layer_biases(self, attention_mask: Tensor) -> list[Tensor]:
+        """Each layer's P + M, computed once per distinct window and shared."""
+        by_window: dict[int | None, Tensor] = {}
+        biases = []
+        for i in range(self.config.n_layers):
+            window = self.config.layer_window(i)
+            if window not in by_window:
+                by_window[window] = self.attention_bias(attention_mask, layer=i)
+            biases.append(by_window[window])
+        return biases
+
+    def layer_rotations(self, seq_len: int) -> list[Rotation]:
+        """Each layer's rotary cos and sin (T, d_k), computed once per base; None without."""
+        if not self.rotary:
+            return [None] * self.config.n_layers
+        tables = [rotary(seq_len) for rotary in self.rotary]
+        return [
+            tables[self.thetas.index(self.config.layer_rotary_theta(i))]
+            for i in range(self.config.n_layers)
+        ]
 
     def load_weights(self, path: str | Path) -> None:
         """Load a PyTorch state_dict (``.pt``/``.pth``/``.bin``) or a ``.safetensors`` file."""
@@ -357,7 +507,11 @@ class TokenEmbeddings(nn.Module):
     """BERT's input layer: LayerNorm(word[id] + position[t] + token_type[type]).
 
     It turns token ids into the ``inputs_embeds`` the encoder takes; exported as
-    its own small graph so the service can serve text without torch.
+    its own small graph so the service can serve text without torch. Without
+    ``positions`` (rotary families: positions enter the attention instead) there
+    is no position table and ``max_positions`` only bounds the sequence; a family
+    without token types gets a one-row table of zeros; ``norm_bias`` false drops
+    the LayerNorm's bias (ModernBERT). The graph's inputs stay the same for all.
     """
 
     def __init__(
@@ -369,26 +523,31 @@ class TokenEmbeddings(nn.Module):
         eps: float,
         *,
         position_offset: int = 0,
+        positions: bool = True,
+        norm_bias: bool = True,
     ) -> None:
         super().__init__()
         # Token t sits at row t + position_offset of the position table (RoBERTa's rows
         # start after its padding id; BERT's at 0).
         self.position_offset = position_offset
+        self.max_positions = max_positions
         self.word = nn.Embedding(vocab_size, d_model)
-        self.position = nn.Embedding(max_positions, d_model)
+        self.position = nn.Embedding(max_positions, d_model) if positions else None
         self.token_type = nn.Embedding(type_vocab_size, d_model)
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = nn.LayerNorm(d_model, eps=eps, bias=norm_bias)
         self.eval()
 
     @property
     def max_tokens(self) -> int:
-        """The longest sequence the position table covers."""
-        return self.position.num_embeddings - self.position_offset
+        """The longest sequence the position table covers (the bound, without one)."""
+        return self.max_positions - self.position_offset
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         """input_ids, token_type_ids (B, T) int64 -> (B, T, d_model)."""
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
-        positions = positions + self.position_offset
-        x = self.word(input_ids) + self.position(positions)[None] + self.token_type(token_type_ids)
+        x = self.word(input_ids)
+        if self.position is not None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+            x = x + self.position(positions + self.position_offset)[None]
+        x = x + self.token_type(token_type_ids)
         out: Tensor = self.norm(x)  # (B, T, d_model)
         return out

@@ -6,7 +6,9 @@ optimisation leaves them so. Its transformer optimizer (BERT model type) fuses
 them into its CPU contrib kernels ``SkipLayerNormalization`` and ``BiasGelu``,
 and, in graphs that do not output attention weights and use BERT's additive
 mask (no causal mask, no window), each layer's attention into one ``Attention``
-kernel. The result is saved, so no server re-derives it at start. The export then
+kernel (rotary graphs do not match its pattern and keep theirs unfused;
+bias-free LayerNorms are not fused, see below). The result is saved, so no
+server re-derives it at start. The export then
 validates the fused graphs against PyTorch exactly as it did the plain ones:
 a fusion that changed a number beyond ``atol`` fails the export.
 """
@@ -66,6 +68,11 @@ def optimize_graph(path: Path, config: EncoderConfig, *, fuse_attention: bool) -
 
     options = FusionOptions("bert")
     options.enable_attention = fuse_attention
+    # Its LayerNorm fusions (skip, bias-skip, embedding) read a LayerNorm's bias input
+    # and fail on a bias-free one (ModernBERT's): those LayerNorms stay unfused.
+    options.enable_skip_layer_norm = config.norm_bias
+    options.enable_bias_skip_layer_norm = config.norm_bias
+    options.enable_embed_layer_norm = config.norm_bias
 
     proto = onnx.load(str(path))
     spell_mask_as_bert(proto)

@@ -7,15 +7,21 @@ through its ``state_dict``; the hyper-parameters come from the plain
 ``EncoderConfig`` dataclass.
 
 Per layer, with d_k = d_model / h and the allowed set
-``A(i) = {j : mask[j] = 1 and (not causal or j <= i) and (window is None or |i - j| <= r)}``::
+``A(i) = {j : mask[j] = 1 and (not causal or j <= i) and (r is None or |i - j| <= r)}``
+(r the layer's window: none in every ``global_every``-th layer)::
 
-    s_ij  = q_i · k_j / √d_k                        (dot)
+    s_ij  = R_i q_i · R_j k_j / √d_k - m_h |i - j|  (dot; R: rotary, m_h: ALiBi)
     s_ij  = vᵀ tanh(W_q q_i + W_k k_j)              (additive, no scaling)
     a_ij  = exp(s_ij) / Σ_{j' ∈ A(i)} exp(s_ij')    for j ∈ A(i), else 0
     o_i   = W_o concat_h(Σ_j a_ij v_j) + b_o
 
+R_t turns each pair of a head's dimensions ((2m, 2m+1) interleaved, (m, m + d_k/2)
+half) by the angle t·θ^(-2m/d_k); m_h = 2^(-8(h+1)/H) for H heads a power of two.
+
 post-LN: x = LN(x + attn(x)); x = LN(x + ffn(x))
-pre-LN:  x = x + attn(LN(x)); x = x + ffn(LN(x)); then a final LN.
+pre-LN:  x = x + attn(LN(x)); x = x + ffn(LN(x)); then a final LN (layer 0's
+attention LN skipped without ``first_attn_norm``). Gated: ffn(x) = W_2 (act(a) ⊙ g)
+with (a, g) the two halves of W_1 x. Missing biases (bias-free configs) count as 0.
 
 Only real-token rows are computed: padded query positions are never seen by a
 real query (they are not in any A(i)), so they cannot influence real tokens.
@@ -47,14 +53,16 @@ def weights_of(module: nn.Module) -> dict[str, np.ndarray]:
 
 def _linear(w: Weights, prefix: str, x: np.ndarray) -> np.ndarray:
     """nn.Linear semantics: weight stored (out, in), y = W x + b."""
-    y: np.ndarray = w[f"{prefix}.weight"] @ x + w[f"{prefix}.bias"]
+    y: np.ndarray = w[f"{prefix}.weight"] @ x + w.get(f"{prefix}.bias", 0.0)
     return y
 
 
 def _layer_norm(w: Weights, prefix: str, x: np.ndarray, eps: float) -> np.ndarray:
     mean = sum(float(v) for v in x) / len(x)
     var = sum((float(v) - mean) ** 2 for v in x) / len(x)  # biased, as LayerNorm
-    return (x - mean) / math.sqrt(var + eps) * w[f"{prefix}.weight"] + w[f"{prefix}.bias"]
+    normed = (x - mean) / math.sqrt(var + eps) * w[f"{prefix}.weight"]
+    out: np.ndarray = normed + w.get(f"{prefix}.bias", 0.0)
+    return out
 
 
 def _activation(name: str, x: np.ndarray) -> np.ndarray:
@@ -67,21 +75,53 @@ def _activation(name: str, x: np.ndarray) -> np.ndarray:
             out[n] = 0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)))
         elif name == "relu":
             out[n] = max(v, 0.0)
+        elif name == "silu":
+            out[n] = v / (1.0 + math.exp(-v))
         else:
             raise ValueError(f"unknown activation {name!r}")
     return out
 
 
-def _allowed(config: EncoderConfig, mask: np.ndarray, i: int, j: int) -> bool:
+def _window(config: EncoderConfig, layer: int) -> int | None:
+    if config.global_every is not None and layer % config.global_every == 0:
+        return None
+    return config.window
+
+
+def _allowed(config: EncoderConfig, layer: int, mask: np.ndarray, i: int, j: int) -> bool:
     if mask[j] == 0:
         return False
     if config.causal and j > i:
         return False
-    return config.window is None or abs(i - j) <= config.window
+    window = _window(config, layer)
+    return window is None or abs(i - j) <= window
+
+
+def _rotated(config: EncoderConfig, layer: int, x: np.ndarray, t: int) -> np.ndarray:
+    """Each head's slice of ``x`` turned pair by pair by the angles of position ``t``."""
+    if config.rotary is None:
+        return x
+    theta = config.rotary_theta
+    if _window(config, layer) is not None and config.local_rotary_theta is not None:
+        theta = config.local_rotary_theta
+    d_k, out = config.head_dim, x.copy()
+    for head in range(config.n_heads):
+        for m in range(d_k // 2):
+            a, b = (2 * m, 2 * m + 1) if config.rotary == "interleaved" else (m, m + d_k // 2)
+            a, b = head * d_k + a, head * d_k + b
+            angle = t * theta ** (-2.0 * m / d_k)
+            out[a] = x[a] * math.cos(angle) - x[b] * math.sin(angle)
+            out[b] = x[b] * math.cos(angle) + x[a] * math.sin(angle)
+    return out
 
 
 def _attention(
-    w: Weights, prefix: str, config: EncoderConfig, x: dict[int, np.ndarray], mask: np.ndarray
+    w: Weights,
+    prefix: str,
+    config: EncoderConfig,
+    layer: int,
+    x: dict[int, np.ndarray],
+    mask: np.ndarray,
 ) -> tuple[dict[int, np.ndarray], np.ndarray]:
     """One attention sub-layer over the real positions ``x`` (position -> vector).
 
@@ -90,8 +130,8 @@ def _attention(
     """
     seq = len(mask)
     h, d_k = config.n_heads, config.head_dim
-    q = {i: _linear(w, f"{prefix}.q_proj", xi) for i, xi in x.items()}
-    k = {i: _linear(w, f"{prefix}.k_proj", xi) for i, xi in x.items()}
+    q = {i: _rotated(config, layer, _linear(w, f"{prefix}.q_proj", xi), i) for i, xi in x.items()}
+    k = {i: _rotated(config, layer, _linear(w, f"{prefix}.k_proj", xi), i) for i, xi in x.items()}
     v = {i: _linear(w, f"{prefix}.v_proj", xi) for i, xi in x.items()}
     weights = np.full((h, seq, seq), np.nan)
     out: dict[int, np.ndarray] = {}
@@ -99,7 +139,7 @@ def _attention(
         context = np.zeros(config.d_model)
         for head in range(h):
             sl = slice(head * d_k, (head + 1) * d_k)
-            keys = [j for j in range(seq) if _allowed(config, mask, i, j)]
+            keys = [j for j in range(seq) if _allowed(config, layer, mask, i, j)]
             scores: dict[int, float] = {}
             for j in keys:
                 if config.scoring == "dot":
@@ -110,6 +150,8 @@ def _attention(
                     wq = q[i][sl] @ w[f"{prefix}.add_wq"][head]
                     wk = k[j][sl] @ w[f"{prefix}.add_wk"][head]
                     scores[j] = float(np.dot(w[f"{prefix}.add_v"][head], np.tanh(wq + wk)))
+                if config.alibi:
+                    scores[j] -= 2.0 ** (-8.0 * (head + 1) / h) * abs(i - j)
             top = max(scores.values())
             exp = {j: math.exp(s - top) for j, s in scores.items()}
             total = sum(exp.values())
@@ -123,7 +165,11 @@ def _attention(
 
 
 def _ffn(w: Weights, prefix: str, config: EncoderConfig, x: np.ndarray) -> np.ndarray:
-    hidden = _activation(config.activation, _linear(w, f"{prefix}.up", x))
+    up = _linear(w, f"{prefix}.up", x)
+    if config.glu:
+        hidden = _activation(config.activation, up[: config.d_ff]) * up[config.d_ff :]
+    else:
+        hidden = _activation(config.activation, up)
     return _linear(w, f"{prefix}.down", hidden)
 
 
@@ -160,15 +206,18 @@ def reference_forward_all(
         for layer in range(config.n_layers):
             p = f"layers.{layer}"
             if config.norm_placement == "pre":
-                normed = {i: _layer_norm(w, f"{p}.attn_norm", xi, eps) for i, xi in x.items()}
-                attn_out, attn_w = _attention(w, f"{p}.attn", config, normed, mask[b])
+                if layer == 0 and not config.first_attn_norm:
+                    normed = dict(x)
+                else:
+                    normed = {i: _layer_norm(w, f"{p}.attn_norm", xi, eps) for i, xi in x.items()}
+                attn_out, attn_w = _attention(w, f"{p}.attn", config, layer, normed, mask[b])
                 x = {i: x[i] + attn_out[i] for i in x}
                 x = {
                     i: xi + _ffn(w, f"{p}.ffn", config, _layer_norm(w, f"{p}.ffn_norm", xi, eps))
                     for i, xi in x.items()
                 }
             else:
-                attn_out, attn_w = _attention(w, f"{p}.attn", config, x, mask[b])
+                attn_out, attn_w = _attention(w, f"{p}.attn", config, layer, x, mask[b])
                 x = {i: _layer_norm(w, f"{p}.attn_norm", x[i] + attn_out[i], eps) for i in x}
                 x = {
                     i: _layer_norm(w, f"{p}.ffn_norm", xi + _ffn(w, f"{p}.ffn", config, xi), eps)

@@ -94,8 +94,8 @@ def test_window_one_and_none_are_valid() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "choices"),
     [
-        ("activation", "swish", "('gelu', 'gelu_tanh', 'relu')"),
-        ("activation", "GELU", "('gelu', 'gelu_tanh', 'relu')"),
+        ("activation", "swish", "('gelu', 'gelu_tanh', 'relu', 'silu')"),
+        ("activation", "GELU", "('gelu', 'gelu_tanh', 'relu', 'silu')"),
         ("scoring", "multiplicative", "('dot', 'additive')"),
         ("norm_placement", "sandwich", "('post', 'pre')"),
     ],
@@ -219,3 +219,85 @@ def test_unknown_preset() -> None:
     with pytest.raises(ConfigError) as info:
         preset("huge")
     assert str(info.value) == "unknown preset 'huge'; choose one of ['base', 'small', 'tiny']"
+
+
+# -- rotary, ALiBi, gated feed-forwards, bias-free layers, per-layer windows ------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"rotary": "neox"}, "rotary must be one of ('interleaved', 'half') or null, got 'neox'"),
+        ({"rotary": "half", "d_model": 36, "n_heads": 4}, "head_dim (9) must be even"),
+        ({"rotary": "half", "rotary_theta": 1.0}, "rotary_theta must be a number > 1, got 1.0"),
+        ({"local_rotary_theta": "big"}, "local_rotary_theta must be a number > 1, got 'big'"),
+        ({"global_every": 2}, "global_every alternates global and windowed layers: set window"),
+        ({"global_every": 0, "window": 4}, "global_every must be an integer in 1..1024, got 0"),
+        ({"first_attn_norm": False}, "first_attn_norm false only applies to pre-LN"),
+        ({"alibi": 1}, "alibi must be true or false, got 1"),
+        ({"norm_bias": "no"}, "norm_bias must be true or false, got 'no'"),
+    ],
+)
+def test_position_and_layer_options_are_checked(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        EncoderConfig(**overrides)
+    assert message in str(info.value)
+
+
+def test_layer_windows_and_rotary_bases_alternate_as_modernbert() -> None:
+    config = EncoderConfig(
+        n_layers=5,
+        window=64,
+        global_every=3,
+        rotary="half",
+        rotary_theta=160000.0,
+        local_rotary_theta=10000.0,
+    )
+    assert [config.layer_window(i) for i in range(5)] == [None, 64, 64, None, 64]
+    thetas = [config.layer_rotary_theta(i) for i in range(5)]
+    assert thetas == [160000.0, 10000.0, 10000.0, 160000.0, 10000.0]
+    every = EncoderConfig(window=8)  # no global_every: every layer windowed, one base
+    assert {every.layer_window(i) for i in range(6)} == {8}
+    assert {every.layer_rotary_theta(i) for i in range(6)} == {10000.0}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"norm_placement": "pre"},
+        {"relative_buckets": 32},
+        {"glu": True, "activation": "silu"},
+        {"attention_bias": False, "mlp_bias": False, "norm_bias": False},
+        {"norm_placement": "pre", "first_attn_norm": False, "glu": True, "norm_bias": False},
+        {"rotary": "interleaved", "alibi": True},  # no weights of their own
+    ],
+)
+def test_parameters_count_the_encoders_weights(overrides: dict[str, Any]) -> None:
+    from model_export.model import Encoder
+
+    config = preset("tiny", **overrides)
+    assert config.parameters() == sum(p.numel() for p in Encoder(config).parameters())
+
+
+def test_new_fields_round_trip_and_older_config_json_still_loads() -> None:
+    config = EncoderConfig(
+        n_layers=3,
+        norm_placement="pre",
+        first_attn_norm=False,
+        glu=True,
+        attention_bias=False,
+        mlp_bias=False,
+        norm_bias=False,
+        rotary="half",
+        rotary_theta=160000.0,
+        local_rotary_theta=10000.0,
+        window=64,
+        global_every=3,
+        alibi=True,
+    )
+    assert EncoderConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    new = {"global_every", "rotary", "rotary_theta", "local_rotary_theta", "alibi", "glu"}
+    new |= {"attention_bias", "mlp_bias", "norm_bias", "first_attn_norm"}
+    older = {k: v for k, v in EncoderConfig().to_dict().items() if k not in new}
+    assert EncoderConfig.from_dict(older) == EncoderConfig()

@@ -35,6 +35,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "pre-LN": {"norm_placement": "pre"},
     "relu": {"activation": "relu"},
     "gelu_tanh": {"activation": "gelu_tanh"},
+    "alibi": {"alibi": True},
+    "rotary-interleaved": {"rotary": "interleaved"},  # RoFormer
+    # ModernBERT: pre-LN, layer 0 without attention norm, GeGLU, bias-free, rotary halves
+    # with a global and a local base, layers 0 and 2 global and layer 1 within ±2.
+    "modernbert": {
+        "n_layers": 3,
+        "norm_placement": "pre",
+        "first_attn_norm": False,
+        "glu": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "norm_bias": False,
+        "rotary": "half",
+        "rotary_theta": 160000.0,
+        "local_rotary_theta": 10.0,
+        "window": 2,
+        "global_every": 2,
+    },
+    "swiglu+alibi+window": {"glu": True, "activation": "silu", "alibi": True, "window": 3},
 }
 RAGGED = (7, 4, 1, 6)  # padded to 7: rows with 0, 3, 6 and 1 padded positions
 
@@ -85,12 +104,17 @@ def randomized(encoder: Encoder, seed: int) -> Encoder:
     return encoder
 
 
-def allowed(config: EncoderConfig, mask: np.ndarray, i: int, j: int) -> bool:
+def window_of(config: EncoderConfig, layer: int) -> int | None:
+    """The layer's window: none in every ``global_every``-th layer (ModernBERT)."""
+    global_layer = config.global_every is not None and layer % config.global_every == 0
+    return None if global_layer else config.window
+
+
+def allowed(config: EncoderConfig, layer: int, mask: np.ndarray, i: int, j: int) -> bool:
     """May real query i attend to key j? Written independently of ``allowed_keys``."""
+    window = window_of(config, layer)
     return bool(
-        mask[j]
-        and (not config.causal or j <= i)
-        and (config.window is None or abs(i - j) <= config.window)
+        mask[j] and (not config.causal or j <= i) and (window is None or abs(i - j) <= window)
     )
 
 
@@ -210,7 +234,9 @@ def test_matches_numpy_reference_left_padded_and_default_init(variant: str) -> N
     assert_matches_reference(encoder, config, embeds, mask)
 
 
-@pytest.mark.parametrize("variant", ["default", "causal", "window2", "causal+window2"])
+@pytest.mark.parametrize(
+    "variant", ["default", "causal", "window2", "causal+window2", "modernbert", "alibi"]
+)
 def test_attention_is_zero_exactly_where_masks_forbid(variant: str) -> None:
     config = config_of(variant)
     encoder = Encoder(config, seed=6)
@@ -221,15 +247,19 @@ def test_attention_is_zero_exactly_where_masks_forbid(variant: str) -> None:
         for i in range(seq):
             if not mask[b, i]:
                 continue
-            expected = np.array([allowed(config, mask[b], i, j) for j in range(seq)])
-            row = attn[b, :, :, i, :]  # (L, h, T)
-            assert (row[..., ~expected] == 0.0).all(), (b, i)  # exactly 0 where forbidden
-            assert (row[..., expected] > 0.0).all(), (b, i)  # strictly positive where allowed
+            for layer in range(config.n_layers):
+                expected = np.array([allowed(config, layer, mask[b], i, j) for j in range(seq)])
+                row = attn[b, layer, :, i, :]  # (h, T)
+                assert (row[..., ~expected] == 0.0).all(), (b, i)  # exactly 0 where forbidden
+                assert (row[..., expected] > 0.0).all(), (b, i)  # strictly positive if allowed
     if config.causal:  # the whole strict upper triangle, padded rows included
         assert (attn[..., np.triu_indices(seq, k=1)[0], np.triu_indices(seq, k=1)[1]] == 0).all()
-    if config.window is not None:
-        far = np.abs(np.arange(seq)[:, None] - np.arange(seq)[None, :]) > config.window
-        assert (attn[..., far] == 0.0).all()
+    for layer in range(config.n_layers):
+        window = window_of(config, layer)
+        far = np.abs(np.arange(seq)[:, None] - np.arange(seq)[None, :]) > (window or seq)
+        assert (attn[:, layer][..., far] == 0.0).all()
+        # A global layer beside windowed ones does see far keys.
+        assert window is not None or config.window is None or (attn[0, layer, :, 8, 0] > 0).all()
 
 
 @pytest.mark.parametrize("variant", list(CONFIGS))
@@ -400,3 +430,65 @@ def test_load_weights_rejects_another_architecture(tmp_path: Path, file_name: st
     target = Encoder(preset("tiny"), seed=0)
     with pytest.raises(RuntimeError, match=r"Missing key\(s\).*layers\.1\."):
         target.load_weights(path)
+
+
+# -- position schemes ------------------------------------------------------------------------
+
+
+def test_alibi_slopes_follow_the_paper() -> None:
+    """Press et al.'s slopes: 2^(-8k/n) for n a power of two; otherwise those of the power
+    below, then every other slope of twice that power (their reference code's values)."""
+    from model_export.model import alibi_slopes
+
+    assert alibi_slopes(4).tolist() == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
+    assert alibi_slopes(8).tolist() == [2.0**-k for k in range(1, 9)]
+    six = [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
+    assert alibi_slopes(6).tolist() == six
+
+
+def test_alibi_scores_are_the_plain_scores_minus_slope_times_distance() -> None:
+    """With ALiBi, every layer's weights are softmax(s_ij - m_h |i - j|) of the same
+    model's scores without it, computed directly from its projections (6 heads: the
+    slopes past the power of two are used too)."""
+    from model_export.model import alibi_slopes
+
+    config = preset("tiny", d_model=36, n_heads=6, n_layers=1, alibi=True)
+    encoder = randomized(Encoder(config, seed=0), seed=13)
+    embeds, mask = ragged_batch((6,), config.d_model, seed=13)
+    _, attn = run(encoder, embeds, mask)
+    attention = encoder.layers[0].attn
+    x = torch.from_numpy(embeds)
+    with torch.no_grad():
+        q = attention.heads(attention.q_proj, x)  # (1, h, T, d_k)
+        k = attention.heads(attention.k_proj, x)
+        scores = (q @ k.transpose(-2, -1)).numpy()[0] / np.sqrt(config.head_dim)  # (h, T, T)
+    distance = np.abs(np.arange(6)[:, None] - np.arange(6)[None, :])
+    biased = scores - alibi_slopes(6).numpy()[:, None, None] * distance
+    want = np.exp(biased - biased.max(axis=-1, keepdims=True))
+    want /= want.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(attn[0, 0], want, rtol=0, atol=1e-6)
+    plain = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    assert np.abs(attn[0, 0] - plain / plain.sum(axis=-1, keepdims=True)).max() > 1e-2
+
+
+@pytest.mark.parametrize("rotary", ["interleaved", "half"])
+def test_rotary_scores_depend_on_the_offset_only(rotary: str) -> None:
+    """R_i q · R_j k = q · R_(j-i) k: a token pair placed at another offset from the
+    start scores the same (the point of rotary positions), and differs at another
+    distance."""
+    config = preset("tiny", n_layers=1, rotary=rotary)
+    encoder = Encoder(config, seed=0)
+    attention = encoder.layers[0].attn
+    pair = torch.randn(1, 2, config.d_model, generator=torch.Generator().manual_seed(0))
+
+    def score(i: int, j: int) -> Tensor:
+        x = torch.zeros(1, 12, config.d_model)
+        x[0, i], x[0, j] = pair[0, 0], pair[0, 1]
+        (rotation,) = encoder.layer_rotations(12)
+        q = attention.heads(attention.q_proj, x, rotation)[0, :, i]  # (h, d_k)
+        k = attention.heads(attention.k_proj, x, rotation)[0, :, j]
+        return (q * k).sum(-1)
+
+    with torch.no_grad():
+        torch.testing.assert_close(score(1, 4), score(7, 10), rtol=0, atol=1e-5)
+        assert (score(1, 4) - score(1, 9)).abs().max() > 1e-3

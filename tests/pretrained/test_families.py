@@ -1,14 +1,16 @@
-"""The post-LN BERT families beside BERT, served and checked against transformers eager.
+"""The families beside BERT, served and checked against transformers eager.
 
-No package here ships RoBERTa, XLM-RoBERTa, DistilBERT or small MPNet weights, so
-each is a small random-initialised checkpoint that ``transformers`` builds and
-saves with ``save_pretrained``, with a tokenizer of its family's kind (byte-level
-BPE for RoBERTa, Unigram for XLM-RoBERTa, the real MiniLM WordPiece for
-DistilBERT and MPNet, whose own tokenizer is WordPiece too):
-the path a real checkpoint takes. Each is exported by the CLI and served; the
-answers over ``/v1/encode`` (text in) must equal the model's own
-``attn_implementation="eager"`` outputs: last hidden state, every hidden state
-and every attention map within 1e-4 (fp32, 2 layers; observed ~1e-6).
+No package here ships RoBERTa, XLM-RoBERTa, DistilBERT, RoFormer, ModernBERT or
+small MPNet weights, so each is a small random-initialised checkpoint that
+``transformers`` builds and saves with ``save_pretrained``, with a tokenizer of
+its family's kind (byte-level BPE for RoBERTa and ModernBERT, Unigram for
+XLM-RoBERTa, the real MiniLM WordPiece for DistilBERT, MPNet and RoFormer, whose
+own tokenizers are WordPiece too): the path a real checkpoint takes. Each is
+exported by the CLI and served; the answers over ``/v1/encode`` (text in, the
+texts padded together in one batch) must equal the model's own
+``attn_implementation="eager"`` outputs on each text alone: last hidden state,
+every hidden state and every attention map within 1e-4 (fp32, 2 layers, ModernBERT
+3 with a local window of ±4 tokens in layer 1; observed ~1e-6).
 """
 
 from __future__ import annotations
@@ -108,6 +110,51 @@ def _distilbert(vocab: int, kind: str) -> torch.nn.Module:
     return model
 
 
+def _roformer(vocab: int, kind: str) -> torch.nn.Module:
+    from transformers import RoFormerConfig, RoFormerModel
+
+    config = RoFormerConfig(
+        vocab_size=vocab,
+        hidden_size=SIZES["hidden"],
+        num_attention_heads=SIZES["heads"],
+        num_hidden_layers=SIZES["layers"],
+        intermediate_size=SIZES["ff"],
+        max_position_embeddings=SIZES["positions"],
+        pad_token_id=0,  # MiniLM's [PAD]
+    )
+    model: torch.nn.Module = RoFormerModel(config)
+    return model
+
+
+# ModernBERT: layers 0 and 2 global, layer 1 local, seeing |i - j| <= 8 // 2 only: the
+# test texts are longer than that window (checked in the test).
+MODERNBERT_LAYERS = 3
+MODERNBERT_LOCAL_ATTENTION = 8
+
+
+def _modernbert(vocab: int, kind: str) -> torch.nn.Module:
+    from transformers import ModernBertConfig, ModernBertModel
+
+    config = ModernBertConfig(
+        vocab_size=vocab,
+        hidden_size=SIZES["hidden"],
+        num_attention_heads=SIZES["heads"],
+        num_hidden_layers=MODERNBERT_LAYERS,
+        intermediate_size=SIZES["ff"],
+        max_position_embeddings=SIZES["positions"],
+        global_attn_every_n_layers=2,
+        local_attention=MODERNBERT_LOCAL_ATTENTION,
+        # _bpe's ids: <s> 0 (bos, cls), <pad> 1, </s> 2 (eos, sep)
+        bos_token_id=0,
+        cls_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+        sep_token_id=2,
+    )
+    model: torch.nn.Module = ModernBertModel(config)
+    return model
+
+
 def _mpnet(vocab: int, kind: str) -> torch.nn.Module:
     from transformers import MPNetConfig, MPNetModel
 
@@ -129,6 +176,8 @@ FAMILIES: dict[str, tuple[Callable[[Path], Tokenizer], Callable[[int, str], torc
     "xlm-roberta": (_unigram, _roberta),
     "distilbert": (_wordpiece, _distilbert),
     "mpnet": (_wordpiece, _mpnet),
+    "roformer": (_wordpiece, _roformer),
+    "modernbert": (_bpe, _modernbert),
 }
 
 
@@ -141,10 +190,11 @@ def _checkpoint(directory: Path, family: str) -> None:
     # Random LayerNorm weights too, so a mapping slip between norms cannot pass; query and
     # key weights scaled up, as a random init leaves attention near-uniform (a slip in the
     # maps would hide in it); MPNet's relative position bias large (std 1), so dropping it shows.
-    queries_keys = ("query.weight", "key.weight", "q_lin.weight", "k_lin.weight")
+    # (ModernBERT's fused Wqkv scales its values too: harmless.)
+    queries_keys = ("query.weight", "key.weight", "q_lin.weight", "k_lin.weight", "Wqkv.weight")
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "LayerNorm" in name or "layer_norm" in name:
+            if "norm" in name.lower():  # LayerNorm, layer_norm, ModernBERT's attn_norm…
                 param.normal_(1.0, 0.1)
             elif name.endswith((*queries_keys, "attn.q.weight", "attn.k.weight")):
                 param.mul_(5.0)
@@ -207,6 +257,8 @@ def test_served_family_equals_transformers_eager(
     assert r.status_code == 200, r.text
     tokenizer = Tokenizer.from_file(str(families[family] / "tokenizer.json"))
     tokenizer.no_padding()  # (MiniLM's file pads to 128, as sentence-transformers saved it)
+    layers = MODERNBERT_LAYERS if family == "modernbert" else SIZES["layers"]
+    cut = 0  # texts the local window cuts
     for text, item in zip(TEXTS, r.json()["data"], strict=True):
         encoding = tokenizer.encode(text)
         assert item["tokens"] == encoding.tokens
@@ -215,13 +267,26 @@ def test_served_family_equals_transformers_eager(
         hidden = _decode(item["embeddings"])
         np.testing.assert_allclose(hidden, want.last_hidden_state[0].numpy(), rtol=0, atol=ATOL)
         states = _decode(item["hidden_states"])
-        assert states.shape == (SIZES["layers"] + 1, n, SIZES["hidden"])
+        assert states.shape == (layers + 1, n, SIZES["hidden"])
+        assert len(want.hidden_states) == layers + 1
         for layer, state in enumerate(want.hidden_states):
             np.testing.assert_allclose(states[layer], state[0].numpy(), rtol=0, atol=ATOL)
         attention = _decode(item["attention"])
-        assert attention.shape == (SIZES["layers"], SIZES["heads"], n, n)
+        assert attention.shape == (layers, SIZES["heads"], n, n)
+        assert len(want.attentions) == layers
         for layer, maps in enumerate(want.attentions):
             np.testing.assert_allclose(attention[layer], maps[0].numpy(), rtol=0, atol=ATOL)
+        if family == "modernbert" and n > MODERNBERT_LOCAL_ATTENTION:
+            # The window cuts these texts: keys beyond ±4 get weight 0 in the local layer
+            # (and not in the global ones), so a model ignoring the window answers
+            # ~1/n there and fails the comparison above.
+            offset = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None])  # (T, T)
+            outside = offset > MODERNBERT_LOCAL_ATTENTION // 2
+            assert (want.attentions[1][0].numpy()[:, outside] == 0).all()
+            assert (want.attentions[0][0].numpy()[:, outside] > 0).all()
+            assert (attention[1][:, outside] == 0).all()
+            cut += 1
+    assert family != "modernbert" or cut >= 2
 
 
 def test_bm42_is_refused_for_tokenizers_it_is_not_defined_for(server: str) -> None:
@@ -258,7 +323,95 @@ def test_relative_position_buckets_equal_mpnets_at_every_offset() -> None:
 
 def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(
-        '{"model_type": "modernbert", "architectures": ["ModernBertModel"]}'
+        '{"model_type": "deberta-v2", "architectures": ["DebertaV2Model"]}'
     )
-    with pytest.raises(CheckpointError, match="'modernbert' \\(ModernBertModel\\)"):
+    with pytest.raises(CheckpointError, match="'deberta-v2' \\(DebertaV2Model\\)"):
         load_checkpoint(tmp_path)
+
+
+def test_modernbert_attention_norms_equal_a_direct_computation(
+    families: dict[str, Path], server: str
+) -> None:
+    """Value norms with bias-free projections and pre-LN: α_ij · ‖v_j W_O^h‖, v_j from the
+    value third of ModernBERT's Wqkv applied to the layer's normed input, from
+    transformers' own modules (1e-4 of each map's largest value)."""
+    from transformers import AutoModel
+
+    text = TEXTS[2]
+    body = {
+        "model": "modernbert",
+        "inputs": [text],
+        "return_attention": True,
+        "attention": {"measure": "norms"},
+        "return_embeddings": False,
+        "encoding_format": "base64",
+    }
+    r = httpx.post(f"{server}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    got = _decode(r.json()["data"][0]["attention"])
+    tokenizer = Tokenizer.from_file(str(families["modernbert"] / "tokenizer.json"))
+    ids = tokenizer.encode(text).ids
+    model = AutoModel.from_pretrained(families["modernbert"], attn_implementation="eager").eval()
+    out = _eager(families["modernbert"], ids)
+    heads, d = SIZES["heads"], SIZES["hidden"]
+    with torch.no_grad():
+        for index, layer in enumerate(model.layers):
+            assert layer.attn.Wqkv.bias is None and layer.attn.Wo.bias is None
+            x = layer.attn_norm(out.hidden_states[index])  # (1, T, d)
+            v = layer.attn.Wqkv(x)[..., 2 * d :].view(1, -1, heads, d // heads)  # (1, T, h, d_k)
+            w_o = layer.attn.Wo.weight.view(d, heads, d // heads)  # (d, h, d_k)
+            norms = torch.einsum("bthk,dhk->bhtd", v, w_o).norm(dim=-1)  # (1, h, T)
+            want = (out.attentions[index] * norms[:, :, None, :])[0].numpy()  # (h, T, T)
+            scale = np.abs(want).max(axis=(-2, -1), keepdims=True)
+            assert np.all(np.abs(got[index] - want) <= 1e-4 * scale)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"model_type": "roformer", "embedding_size": 16}, "embedding_size 16"),
+        ({"model_type": "roformer", "rotary_value": True}, "rotary_value"),
+        (
+            {"model_type": "modernbert", "layer_types": ["sliding_attention", "full_attention"]},
+            "layer_types",
+        ),
+        (
+            {
+                "model_type": "modernbert",
+                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0}},
+            },
+            "rope_type 'linear'",
+        ),
+    ],
+)
+def test_rotary_families_refuse_what_they_cannot_express(
+    overrides: dict[str, Any], named: str
+) -> None:
+    from model_export.hf_import import config_from_hf
+
+    hf = {
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "vocab_size": 100,
+    }
+    with pytest.raises(CheckpointError, match=named):
+        config_from_hf(hf | overrides)
+
+
+def test_modernbert_keys_are_checked_both_ways(families: dict[str, Path], tmp_path: Path) -> None:
+    """A missing fused Wqkv and an unexpected bias (the config says bias-free) are named."""
+    from safetensors.torch import load_file, save_file
+
+    source = families["modernbert"]
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    state = load_file(str(source / "model.safetensors"))
+    del state["layers.1.attn.Wqkv.weight"]
+    state["layers.2.mlp.Wo.bias"] = torch.zeros(SIZES["hidden"])
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(tmp_path)
+    assert "missing layers.1.attn.Wqkv.weight" in str(info.value)
+    assert "unexpected keys: layers.2.mlp.Wo.bias" in str(info.value)
