@@ -309,6 +309,7 @@ def export_model(
     matryoshka_dimensions: tuple[int, ...] = (),
     prompts: dict[str, str] | None = None,
     default_prompt_name: str | None = None,
+    include_prompt: bool = True,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -319,7 +320,7 @@ def export_model(
     gets the text front end: ``embeddings.onnx``, ``text_model.onnx`` (ids to
     ``last_hidden_state`` in one run) and ``tokenizer.json``.
     ``pooling``/``normalize``/``matryoshka_dimensions`` (and sentence-transformers'
-    ``prompts``/``default_prompt_name``) go into the manifest as the model's
+    ``prompts``/``default_prompt_name``/``include_prompt``) go into the manifest as the model's
     sentence-embedding recipe. ``optimize`` fuses each encoder graph
     with onnxruntime's transformer optimizer (``optimize.py``) before validation;
     the fusions applied are recorded in the manifest.
@@ -376,6 +377,7 @@ def export_model(
             matryoshka_dimensions=matryoshka_dimensions,
             prompts=dict(prompts or {}),
             default_prompt_name=default_prompt_name,
+            include_prompt=include_prompt,
             record={
                 "seed": seed,
                 "weights_source": source,

@@ -59,8 +59,9 @@ __all__ = [
 FORMAT_VERSION: Final = 4
 READABLE_VERSIONS: Final = (1, 2, 3, 4)
 
-Pooling = Literal["mean", "cls", "max"]
-POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max")
+# "last": the last token of each sequence (sentence-transformers' ``lasttoken``).
+Pooling = Literal["mean", "cls", "max", "last"]
+POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max", "last")
 # sentence-transformers' prompts (config_sentence_transformers.json), bounded: a model
 # directory is untrusted, and a prompt is prepended to every text a request names it for.
 MAX_PROMPTS: Final = 64
@@ -207,7 +208,9 @@ class Manifest:
     lists the prefix lengths the model was trained to be truncated to; empty
     means truncation is not supported. ``prompts`` (name -> text prepended to a
     text) and ``default_prompt_name`` are sentence-transformers' (e.g. E5's
-    ``query: ``); a request names one, or gets the default.
+    ``query: ``); a request names one, or gets the default. ``include_prompt``
+    false (sentence-transformers' ``1_Pooling``, as INSTRUCTOR's) leaves a prompt's
+    tokens, [CLS] with them, out of the pooled vector: the model was trained so.
     """
 
     name: str
@@ -220,6 +223,7 @@ class Manifest:
     matryoshka_dimensions: tuple[int, ...] = ()
     prompts: dict[str, str] = field(default_factory=dict, hash=False)
     default_prompt_name: str | None = None
+    include_prompt: bool = True
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -260,6 +264,8 @@ class Manifest:
         default = self.default_prompt_name
         if default is not None and default not in self.prompts:
             raise ManifestError(f"default_prompt_name {default!r} is not one of the prompts")
+        if not isinstance(self.include_prompt, bool):
+            raise ManifestError(f"include_prompt must be a boolean, got {self.include_prompt!r}")
 
     @property
     def has_tokenizer(self) -> bool:
@@ -337,6 +343,7 @@ class Manifest:
             "matryoshka_dimensions": list(self.matryoshka_dimensions),
             "prompts": dict(self.prompts),
             "default_prompt_name": self.default_prompt_name,
+            "include_prompt": self.include_prompt,
             **self.record,
         }
 
@@ -345,7 +352,7 @@ class Manifest:
         """Parse a ``config.json`` object; ManifestError names what is wrong."""
         known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
-        known |= {"prompts", "default_prompt_name"}
+        known |= {"prompts", "default_prompt_name", "include_prompt"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -366,6 +373,7 @@ class Manifest:
                 matryoshka_dimensions=tuple(dims),
                 prompts=raw.get("prompts") or {},
                 default_prompt_name=raw.get("default_prompt_name"),
+                include_prompt=raw.get("include_prompt", True),
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:
