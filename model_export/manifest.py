@@ -14,10 +14,13 @@ output of ``model_attn.onnx``); 3 adds the text graph (``text.graph``: token
 ids to ``last_hidden_state`` in one run); 4 adds BM42's sparse graph
 (``text.sparse_graph``: the last layer's [CLS] attention row), its stopword
 list (``text.stopwords``) and the attention graph's ``value_norms`` output.
-Each graph records its outputs, so a reader knows what a directory can answer
-whatever its version; a version-2
-directory with a tokenizer still serves text, through ``embeddings.onnx`` and
-then the encoder.
+Within format 4, sentence-transformers' ``prompts``/``default_prompt_name``, then
+pooling ``last`` and ``include_prompt`` were added (absent: no prompts, prompts
+pooled in); a reader older than ``include_prompt`` keeps it in ``record`` and would
+pool a prompt in (and refuses pooling ``last``). Each graph records its
+outputs, so a reader knows what a directory can answer whatever its version; a
+version-2 directory with a tokenizer still serves text, through
+``embeddings.onnx`` and then the encoder.
 
 A model directory is untrusted input (poll mode loads whatever appears on a shared
 volume), so reading one is bounded: ``config.json`` is at most

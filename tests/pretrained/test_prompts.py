@@ -110,8 +110,10 @@ def test_the_default_prompt_applies_unless_the_request_says_otherwise(url: str) 
 
 def test_openai_and_tei_clients_name_the_prompt(url: str, st_model: SentenceTransformer) -> None:
     want = reference(st_model, "passage")
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-    got = client.embeddings.create(model=MODEL, input=TEXTS, extra_body={"prompt_name": "passage"})
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused") as client:  # closes its socket
+        got = client.embeddings.create(
+            model=MODEL, input=TEXTS, extra_body={"prompt_name": "passage"}
+        )
     np.testing.assert_allclose([d.embedding for d in got.data], want, rtol=0, atol=ATOL)
     tei = httpx.post(f"{url}/embed", json={"inputs": TEXTS, "prompt_name": "passage"}, timeout=60)
     assert tei.status_code == 200, tei.text
