@@ -42,7 +42,7 @@ from attnserve_client._types import (
 
 T = TypeVar("T")
 Reduce = Literal["none", "mean", "max", "rollout"]
-Pooling = Literal["none", "mean", "cls", "max"]
+Pooling = Literal["none", "mean", "cls", "max", "last"]
 # How arrays travel: "binary" raw float32 (the Open Inference Protocol's binary tensors),
 # "base64" or "float" in JSON; None: binary when the server offers it, else base64.
 WireFormat = Literal["binary", "base64", "float"]

@@ -223,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
             normalize=ckpt.normalize,
             prompts=ckpt.prompts,
             default_prompt_name=ckpt.default_prompt_name,
+            include_prompt=ckpt.include_prompt,
             **common,
         )
     else:

@@ -308,6 +308,7 @@ def export_model(
     matryoshka_dimensions: tuple[int, ...] = (),
     prompts: dict[str, str] | None = None,
     default_prompt_name: str | None = None,
+    include_prompt: bool = True,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -318,7 +319,7 @@ def export_model(
     gets the text front end: ``embeddings.onnx``, BM42's ``sparse_model.onnx`` and
     ``tokenizer.json``. Every graph reads its weights from one ``weights.bin``.
     ``pooling``/``normalize``/``matryoshka_dimensions`` (and sentence-transformers'
-    ``prompts``/``default_prompt_name``) go into the manifest as the model's
+    ``prompts``/``default_prompt_name``/``include_prompt``) go into the manifest as the model's
     sentence-embedding recipe. ``optimize`` fuses each encoder graph
     with onnxruntime's transformer optimizer (``optimize.py``) before validation;
     the fusions applied are recorded in the manifest.
@@ -378,6 +379,7 @@ def export_model(
             default_prompt_name=default_prompt_name,
             weights=graph_io.WEIGHTS_FILE,
             weights_sha256=sha256_file(staging / graph_io.WEIGHTS_FILE),
+            include_prompt=include_prompt,
             record={
                 "seed": seed,
                 "weights_source": source,

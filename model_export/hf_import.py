@@ -208,6 +208,7 @@ class Checkpoint:
     # sentence-transformers' prompts (name -> text prepended) and the one used by default
     prompts: dict[str, str] = dataclasses.field(default_factory=dict)
     default_prompt_name: str | None = None
+    include_prompt: bool = True  # false: pooling leaves the prompt's tokens out
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -514,7 +515,7 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
     enc_state, emb_state = map_state_dict(_weights(root), encoder, embeddings, family)
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)
-    pooling, normalize = sentence_recipe(root)
+    recipe = sentence_recipe(root)
     prompts, default_prompt_name = sentence_prompts(root)
     tokenizer = root / "tokenizer.json"
     return Checkpoint(
@@ -523,34 +524,78 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
         embeddings=embeddings,
         tokenizer_file=tokenizer if tokenizer.is_file() else None,
         source=root,
-        pooling=pooling,
-        normalize=normalize,
+        pooling=recipe.pooling,
+        normalize=recipe.normalize,
         prompts=prompts,
         default_prompt_name=default_prompt_name,
+        include_prompt=recipe.include_prompt,
     )
 
 
-# sentence-transformers' pooling flags -> our pooling names (mean_sqrt_len has no equivalent).
-_POOLING_FLAGS: dict[str, Pooling] = {
-    "pooling_mode_mean_tokens": "mean",
+# sentence-transformers' pooling modes -> ours: ``pooling_mode`` (a name, since 5.x) or
+# the older ``pooling_mode_*`` flags, which folders on the Hub mostly still carry.
+_POOLING_MODES: dict[str, Pooling] = {
+    "mean": "mean",
+    "cls": "cls",
+    "max": "max",
+    "lasttoken": "last",
+}
+_POOLING_FLAGS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
 }
 
 
-def sentence_recipe(root: Path) -> tuple[Pooling | None, bool]:
-    """(pooling, normalize) of a sentence-transformers checkpoint; (None, False) otherwise.
+@dataclass(frozen=True)
+class SentenceRecipe:
+    """How sentence-transformers turns a checkpoint's token vectors into one vector."""
 
-    Pooling comes from ``1_Pooling/config.json`` when exactly one supported mode is
-    on; normalisation from a ``Normalize`` module in ``modules.json``.
+    pooling: Pooling | None  # None: the folder has no 1_Pooling
+    normalize: bool  # a Normalize module follows the pooling
+    include_prompt: bool  # false: a prompt's tokens ([CLS] with them) are not pooled
+
+
+def _pooling_modes(config: dict[str, Any]) -> list[str]:
+    """sentence-transformers' pooling modes of a ``1_Pooling/config.json``, in either form
+    (mean when none is on, as sentence-transformers reads it)."""
+    mode = config.get("pooling_mode")
+    if isinstance(mode, str):
+        return [mode]
+    if isinstance(mode, list):
+        return [str(m) for m in mode]
+    return [name for flag, name in _POOLING_FLAGS.items() if config.get(flag)] or ["mean"]
+
+
+def sentence_recipe(root: Path) -> SentenceRecipe:
+    """The sentence-embedding recipe of a sentence-transformers folder (no pooling, no
+    normalisation for a plain checkpoint).
+
+    Pooling comes from ``1_Pooling/config.json`` (one of mean, cls, max, lasttoken;
+    anything else is refused rather than served as another pooling, which would give
+    vectors unlike the model's own), with its ``include_prompt``; normalisation from a
+    ``Normalize`` module in ``modules.json``.
     """
     pooling_path = root / "1_Pooling" / "config.json"
-    flags = json.loads(pooling_path.read_text()) if pooling_path.is_file() else {}
-    modes = [ours for flag, ours in _POOLING_FLAGS.items() if flags.get(flag)]
+    pooling: Pooling | None = None
+    include_prompt = True
+    if pooling_path.is_file():
+        config = json.loads(pooling_path.read_text())
+        modes = _pooling_modes(config)
+        if len(modes) != 1 or modes[0] not in _POOLING_MODES:
+            raise CheckpointError(
+                f"1_Pooling/config.json pools by {' + '.join(modes)}, which this exporter "
+                f"does not serve (it serves one of {', '.join(_POOLING_MODES)})"
+            )
+        pooling = _POOLING_MODES[modes[0]]
+        include_prompt = config.get("include_prompt", True) is not False
     modules_path = root / "modules.json"
     modules = json.loads(modules_path.read_text()) if modules_path.is_file() else []
     normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
-    return (modes[0] if len(modes) == 1 else None), normalize
+    return SentenceRecipe(pooling, normalize, include_prompt)
 
 
 def sentence_prompts(root: Path) -> tuple[dict[str, str], str | None]:
@@ -563,14 +608,6 @@ def sentence_prompts(root: Path) -> tuple[dict[str, str], str | None]:
         isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
     ):
         raise CheckpointError(f"{path.name}: prompts must map names to texts")
-    pooling_path = root / "1_Pooling" / "config.json"
-    pooling = json.loads(pooling_path.read_text()) if pooling_path.is_file() else {}
-    if prompts and pooling.get("include_prompt") is False:
-        # Its vectors pool over the text's tokens only; ours would pool the prompt's too.
-        raise CheckpointError(
-            "1_Pooling/config.json sets include_prompt false, which this exporter does not "
-            "support: its prompts would be pooled into every vector"
-        )
     default = raw.get("default_prompt_name")
     return dict(prompts), default if default in prompts else None
 

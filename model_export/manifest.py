@@ -13,14 +13,16 @@ and per-layer hidden states (``model_hidden.onnx``, and a ``hidden_states``
 output of ``model_attn.onnx``); 3 adds the text graph (``text.graph``: token
 ids to ``last_hidden_state`` in one run); 4 adds BM42's sparse graph
 (``text.sparse_graph``: the last layer's [CLS] attention row), its stopword
-list (``text.stopwords``) and the attention graph's ``value_norms`` output; 5 stores
-every graph's weights once, in one shared file (``weights``: ONNX external data that
-the graphs read), and no ``text.graph``: text asking only for embeddings then runs
-``embeddings.onnx`` and ``model.onnx`` back to back.
-Each graph records its outputs, so a reader knows what a directory can answer
-whatever its version; a version-2
-directory with a tokenizer still serves text, through ``embeddings.onnx`` and
-then the encoder.
+list (``text.stopwords``) and the attention graph's ``value_norms`` output.
+Within format 4, sentence-transformers' ``prompts``/``default_prompt_name`` were
+added (absent: no prompts). 5 adds pooling ``last`` and ``include_prompt``
+(absent: prompts pooled in), which no reader of 4 would honour, and stores every
+graph's weights once, in one shared file (``weights``: ONNX external data that the graphs read),
+and has no ``text.graph``: text asking only for embeddings then runs
+``embeddings.onnx`` and ``model.onnx`` back to back. Each graph records its
+outputs, so a reader knows what a directory can answer whatever its version; a
+version-2 directory with a tokenizer still serves text, through
+``embeddings.onnx`` and then the encoder.
 
 A model directory is untrusted input (poll mode loads whatever appears on a shared
 volume), so reading one is bounded: ``config.json`` is at most
@@ -62,8 +64,9 @@ __all__ = [
 FORMAT_VERSION: Final = 5
 READABLE_VERSIONS: Final = (1, 2, 3, 4, 5)
 
-Pooling = Literal["mean", "cls", "max"]
-POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max")
+# "last": the last token of each sequence (sentence-transformers' ``lasttoken``).
+Pooling = Literal["mean", "cls", "max", "last"]
+POOLINGS: Final[tuple[str, ...]] = ("mean", "cls", "max", "last")
 # sentence-transformers' prompts (config_sentence_transformers.json), bounded: a model
 # directory is untrusted, and a prompt is prepended to every text a request names it for.
 MAX_PROMPTS: Final = 64
@@ -210,7 +213,9 @@ class Manifest:
     lists the prefix lengths the model was trained to be truncated to; empty
     means truncation is not supported. ``prompts`` (name -> text prepended to a
     text) and ``default_prompt_name`` are sentence-transformers' (e.g. E5's
-    ``query: ``); a request names one, or gets the default.
+    ``query: ``); a request names one, or gets the default. ``include_prompt``
+    false (sentence-transformers' ``1_Pooling``, as INSTRUCTOR's) leaves a prompt's
+    tokens, [CLS] with them, out of the pooled vector: the model was trained so.
     """
 
     name: str
@@ -226,6 +231,7 @@ class Manifest:
     # format 5: the file every graph reads its weights from (graph_io.WEIGHTS_FILE).
     weights: str | None = None
     weights_sha256: str | None = None
+    include_prompt: bool = True
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -270,6 +276,8 @@ class Manifest:
         default = self.default_prompt_name
         if default is not None and default not in self.prompts:
             raise ManifestError(f"default_prompt_name {default!r} is not one of the prompts")
+        if not isinstance(self.include_prompt, bool):
+            raise ManifestError(f"include_prompt must be a boolean, got {self.include_prompt!r}")
 
     @property
     def has_tokenizer(self) -> bool:
@@ -364,6 +372,7 @@ class Manifest:
                 if self.weights is not None
                 else {}
             ),
+            "include_prompt": self.include_prompt,
             **self.record,
         }
 
@@ -372,7 +381,7 @@ class Manifest:
         """Parse a ``config.json`` object; ManifestError names what is wrong."""
         known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
-        known |= {"prompts", "default_prompt_name", "weights", "weights_sha256"}
+        known |= {"prompts", "default_prompt_name", "include_prompt", "weights", "weights_sha256"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -395,6 +404,7 @@ class Manifest:
                 default_prompt_name=raw.get("default_prompt_name"),
                 weights=raw.get("weights"),
                 weights_sha256=raw.get("weights_sha256"),
+                include_prompt=raw.get("include_prompt", True),
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:

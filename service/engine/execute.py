@@ -179,6 +179,7 @@ class Executor:
                     sequences=prepared.sequences[start : start + part],
                     tokens=prepared.tokens[start : start + part],
                     span_tokens=prepared.span_tokens[start : start + part],
+                    pool_skip=prepared.pool_skip[start : start + part],
                     first_index=start,
                 )
                 done = await self._run_part(piece, runtime, deadline, until, timing, flow)

@@ -46,7 +46,10 @@ def _output(prepared: PreparedEncode, i: int, outputs: SequenceResult) -> Sequen
         hidden_states = outputs[graph_io.OUTPUT_HIDDEN_STATES][prepared.hidden_layers]
     pooled = None
     if prepared.pooling != "none":
-        pooled = postprocess.pool(hidden, prepared.pooling, request.normalize, request.dimensions)
+        skip = prepared.pool_skip[i] if prepared.pool_skip else 0
+        pooled = postprocess.pool(
+            hidden, prepared.pooling, request.normalize, request.dimensions, skip
+        )
     spans = prepared.span_tokens[i] if prepared.span_tokens else None
     span_embeddings = None
     if spans is not None:

@@ -122,19 +122,30 @@ def select_attention(
 
 
 def pool(
-    hidden: np.ndarray, pooling: str, normalize: bool, dimensions: int | None = None
+    hidden: np.ndarray,
+    pooling: str,
+    normalize: bool,
+    dimensions: int | None = None,
+    skip: int = 0,
 ) -> np.ndarray:
     """[n, d] real-token embeddings -> [d], or its first ``dimensions`` (Matryoshka).
 
-    Truncation comes before normalisation, so a truncated vector is a unit vector too.
+    ``last`` is the last token (sentence-transformers' ``lasttoken``: its last
+    non-padding token; a sequence here has no padding). ``skip`` leaves the first
+    tokens out, as sentence-transformers' ``include_prompt: false`` leaves a prompt's
+    ([CLS] with it): ``cls`` is then the first token after them. Truncation comes
+    before normalisation, so a truncated vector is a unit vector too.
     """
+    pooled = hidden[skip:]
     vector: np.ndarray
     if pooling == "mean":
-        vector = np.mean(hidden, axis=0)
+        vector = np.mean(pooled, axis=0)
     elif pooling == "max":
-        vector = np.max(hidden, axis=0)
+        vector = np.max(pooled, axis=0)
+    elif pooling == "last":
+        vector = pooled[-1]
     else:  # cls
-        vector = hidden[0]
+        vector = pooled[0]
     if dimensions is not None:
         vector = vector[:dimensions]
     if normalize:

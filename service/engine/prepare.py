@@ -57,6 +57,9 @@ class PreparedEncode:
     first_index: int = 0  # of its first sequence in the request (a part of a large one)
     # Late chunking: per sequence, the token indices of each of its spans (None: no spans)
     span_tokens: list[list[list[int]] | None] = dataclasses.field(default_factory=list)
+    # Per sequence, its first tokens that pooling leaves out (a prompt's, for a model whose
+    # include_prompt is false); empty: none anywhere.
+    pool_skip: list[int] = dataclasses.field(default_factory=list)
     # The version it was prepared on: it runs there even if another is swapped in meanwhile.
     runtime: ModelRuntime | None = None
 
@@ -116,6 +119,7 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
     )
     sequences = _sequences(info, inputs, tokenized, ids, settings, pooled_only)
     tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
+    pool_skip = _prompt_skip(runtime, tokens, prompt, options.pooling)
     size, work = _answer_cost(
         request, info, sequences, tokens, options, span_tokens, settings, by_token_ids
     )
@@ -132,6 +136,7 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         work,
         by_token_ids,
         span_tokens=span_tokens,
+        pool_skip=pool_skip,
         runtime=runtime,
     )
 
@@ -184,6 +189,27 @@ def _prompt(info: ModelInfo, request: EncodeRequest, inputs: list[InputItem]) ->
     return text.prompt_of(info, request.prompt_name, request.prompt)
 
 
+def _prompt_skip(
+    runtime: ModelRuntime, tokens: list[list[str] | None], prompt: str, pooling: Pooling
+) -> list[int]:
+    """Per sequence, the tokens pooling leaves out: for a model whose ``include_prompt``
+    is false (sentence-transformers' Pooling), the prompt's, [CLS] with them, at the
+    start of each text item (the first ones whatever truncation kept, as there); none
+    for other items, other models, no prompt or no pooling. A text left with no token
+    to pool is a 422 (sentence-transformers would answer zeros, or -inf for max)."""
+    if runtime.info.manifest.include_prompt or not prompt or pooling == "none":
+        return []
+    skip = text.prompt_length(runtime, prompt)
+    for i, seq in enumerate(tokens):
+        if seq is not None and len(seq) <= skip:
+            raise InvalidInput(
+                f"the prompt's {skip} tokens leave none of this text's to pool (model "
+                f"{runtime.info.name!r} pools a text without its prompt): shorten the prompt",
+                field=("inputs", i),
+            )
+    return [0 if seq is None else skip for seq in tokens]
+
+
 def resolve_options(info: ModelInfo, request: EncodeRequest) -> Options:
     """Attention layers and heads, hidden-state layers and pooling, checked against the
     model (even when not asked for: a wrong index is wrong either way)."""
@@ -218,7 +244,7 @@ def _pooling(info: ModelInfo, request: EncodeRequest) -> Pooling:
     pooling: Pooling = info.default_pooling if request.pooling == "model" else request.pooling
     if request.normalize and pooling == "none":
         raise InvalidInput(
-            "applies to pooled vectors: set pooling (mean, cls, max)", field=("normalize",)
+            "applies to pooled vectors: set pooling (mean, cls, max, last)", field=("normalize",)
         )
     if request.dimensions is not None:
         allowed = info.manifest.matryoshka_dimensions

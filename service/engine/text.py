@@ -72,6 +72,16 @@ def prompt_of(info: ModelInfo, prompt_name: str | None, prompt: str | None) -> s
     return manifest.prompts[prompt_name]
 
 
+def prompt_length(runtime: ModelRuntime, prompt: str) -> int:
+    """The tokens a prompt takes at the start of a prompted text, counted as
+    sentence-transformers counts them for ``include_prompt: false``: the prompt
+    tokenized alone (special tokens included, cut to the model's length), less a
+    trailing special token ([SEP]). So [CLS] counts as the prompt's."""
+    tokenizer = front_end(runtime)
+    ((tokens, _, _),) = tokenizer.tokenize([prompt], truncate=True)
+    return len(tokens) - (1 if tokens and tokens[-1] in tokenizer.special_tokens else 0)
+
+
 def bound(
     runtime: ModelRuntime, texts: dict[int, str], truncate: bool, field: str, *, left: bool = False
 ) -> dict[int, str]:

@@ -15,10 +15,10 @@ import numpy as np
 
 from service.model_info import ModelInfo
 
-Pooling = Literal["none", "mean", "cls", "max"]
+Pooling = Literal["none", "mean", "cls", "max", "last"]
 Reduce = Literal["none", "mean", "max", "rollout"]
 # "model": the model's own sentence-embedding pooling (its manifest), else mean.
-PoolingChoice = Literal["none", "mean", "cls", "max", "model"]
+PoolingChoice = Literal["none", "mean", "cls", "max", "last", "model"]
 
 
 @dataclass(frozen=True)

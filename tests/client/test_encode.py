@@ -252,7 +252,7 @@ def test_attention_selection_shapes_and_values(
         np.testing.assert_allclose(attn, want, rtol=0, atol=ATOL_ORT)
 
 
-POOLINGS: list[Pooling] = ["mean", "cls", "max"]
+POOLINGS: list[Pooling] = ["mean", "cls", "max", "last"]
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -263,7 +263,12 @@ def test_pooling_with_normalize_gives_unit_vectors(
     result = sdk_client.encode(seqs, pooling=pooling, normalize=True)
     assert result.embeddings is None  # pooling replaces the per-token embeddings by default
     assert result.pooled is not None
-    reduce = {"mean": np.mean, "max": np.max, "cls": lambda h, axis: h[0]}[pooling]
+    reduce = {
+        "mean": np.mean,
+        "max": np.max,
+        "cls": lambda h, axis: h[0],
+        "last": lambda h, axis: h[-1],
+    }[pooling]
     for seq, vector in zip(seqs, result.pooled, strict=True):
         assert vector.shape == (D_MODEL,)
         np.testing.assert_allclose(np.linalg.norm(vector), 1.0, rtol=0, atol=ATOL_UNIT)

@@ -74,14 +74,18 @@ def test_round_trip_keeps_every_field_and_the_record() -> None:
     text = TextFrontEnd(**TEXT, graph="text_model.onnx", graph_sha256="3" * 64)
     written = manifest(
         text=text,
-        pooling="mean",
+        pooling="last",
         normalize=True,
         matryoshka_dimensions=(32, 16),
+        prompts={"query": "query: "},
+        default_prompt_name="query",
+        include_prompt=False,
         record={"seed": 3, "validation": {"atol": 1e-4}},
     )
     raw = json.loads(json.dumps(written.to_dict()))  # through JSON, as on disk
     read = Manifest.from_dict(raw)
     assert read == written and read.record == written.record
+    assert (read.pooling, read.include_prompt) == ("last", False)
     assert raw["format_version"] == FORMAT_VERSION
     assert read.graphs == GRAPHS  # digests and outputs, in order
     assert [g.outputs for g in read.graphs.values()] == list(graph_io.GRAPH_OUTPUTS.values())
@@ -106,13 +110,16 @@ def test_format_2_text_has_no_text_graph() -> None:
 
 
 def test_the_first_release_format_is_still_read(tiny_model_dir: Path) -> None:
-    """format_version 1 had no pooling section: read with no pooling, no normalisation."""
+    """format_version 1 had no pooling section: read with no pooling, no normalisation
+    (nor prompts: a prompt a request gives is pooled in)."""
     raw = json.loads((tiny_model_dir / graph_io.CONFIG_FILE).read_text())
-    for key in ("pooling", "normalize", "matryoshka_dimensions", "weights", "weights_sha256"):
+    dropped = ("pooling", "normalize", "matryoshka_dimensions", "prompts", "include_prompt")
+    for key in (*dropped, "weights", "weights_sha256"):
         raw.pop(key)
     raw["format_version"] = 1
     read = Manifest.from_dict(raw)
     assert (read.pooling, read.normalize, read.matryoshka_dimensions) == (None, False, ())
+    assert (read.prompts, read.include_prompt) == ({}, True)
     # Nor per-layer hidden states: two graphs, the attention graph without them.
     raw["graphs"].pop(graph_io.GRAPH_HIDDEN_STATES)
     raw["graphs"][graph_io.GRAPH_ATTENTION]["outputs"].pop(graph_io.OUTPUT_HIDDEN_STATES)
@@ -181,6 +188,7 @@ def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
         ({"prompts": {"q": "x" * 2049}}, "at most 2048"),
         ({"prompts": {"q": 3}}, "at most 2048"),
         ({"prompts": {"q": "query: "}, "default_prompt_name": "p"}, "not one of the prompts"),
+        ({"include_prompt": "false"}, "include_prompt must be a boolean"),
     ],
 )
 def test_invalid_manifests_are_refused(change: dict[str, Any], says: str) -> None:

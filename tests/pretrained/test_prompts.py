@@ -3,10 +3,11 @@
 A copy of all-MiniLM-L6-v2 whose ``config_sentence_transformers.json`` declares
 ``query: `` and ``passage: `` prompts (``query`` the default), as E5-style
 models do. sentence-transformers' ``encode(text, prompt_name=...)`` prepends the
-prompt to the text, tokenizes, pools and normalises; the reference here does
-the same with transformers' BertModel (sentence-transformers is not installed):
-masked mean, L2, within 1e-5. The prompt is asked for by name on every
-protocol that takes text for vectors (native, OpenAI's extra body field, TEI).
+prompt to the text, tokenizes, pools and normalises; the reference is
+``SentenceTransformer`` itself on the same folder, within 1e-5. The prompt is
+asked for by name on every protocol that takes text for vectors (native,
+OpenAI's extra body field, TEI). Folders with other poolings and with
+``include_prompt: false``: ``test_st_folders.py``.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import torch
-from transformers import BertModel, BertTokenizerFast
+from sentence_transformers import SentenceTransformer
 
-from model_export.hf_import import CheckpointError, load_checkpoint, minilm_l6_dir
+from model_export.hf_import import minilm_l6_dir
 from tests.conftest import running_server
 
 MODEL = "prompted"
@@ -33,14 +33,20 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from model_export.cli import main
-
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """all-MiniLM-L6-v2's folder with prompts added to its sentence-transformers config."""
     source = tmp_path_factory.mktemp("prompted-ckpt") / "ckpt"
     shutil.copytree(minilm_l6_dir(), source)
     st_config = source / "config_sentence_transformers.json"
     config = json.loads(st_config.read_text()) if st_config.is_file() else {}
     st_config.write_text(json.dumps({**config, "prompts": PROMPTS, "default_prompt_name": "query"}))
+    return source
+
+
+@pytest.fixture(scope="module")
+def url(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from model_export.cli import main
+
     repo = tmp_path_factory.mktemp("prompted-models")
     assert main(["--checkpoint", str(source), "--name", MODEL, "--out", str(repo / MODEL)]) == 0
     manifest = json.loads((repo / MODEL / "config.json").read_text())
@@ -49,16 +55,16 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield running
 
 
-def reference(texts: list[str]) -> np.ndarray:
-    """sentence-transformers' recipe on the prompted texts: masked mean, then L2."""
-    tokenizer = BertTokenizerFast.from_pretrained(minilm_l6_dir())
-    model = BertModel.from_pretrained(minilm_l6_dir(), attn_implementation="eager").eval()
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-    mask = batch["attention_mask"][..., None].float()
-    mean = (hidden * mask).sum(1) / mask.sum(1)
-    return (mean / mean.norm(dim=1, keepdim=True)).numpy()
+@pytest.fixture(scope="module")
+def st_model(source: Path) -> SentenceTransformer:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_HUB_OFFLINE", "1")  # a local folder: nothing to download
+        return SentenceTransformer(str(source), device="cpu")
+
+
+def reference(model: SentenceTransformer, prompt_name: str) -> np.ndarray:
+    """sentence-transformers' own vectors of TEXTS with the named prompt."""
+    return np.asarray(model.encode(TEXTS, prompt_name=prompt_name))
 
 
 def native(url: str, **options: object) -> httpx.Response:
@@ -72,10 +78,12 @@ def vectors(answer: httpx.Response) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["query", "passage"])
-def test_a_named_prompt_is_prepended_as_sentence_transformers_does(url: str, name: str) -> None:
+def test_a_named_prompt_is_prepended_as_sentence_transformers_does(
+    url: str, st_model: SentenceTransformer, name: str
+) -> None:
     prompted = [PROMPTS[name] + text for text in TEXTS]
     answer = native(url, prompt_name=name)
-    np.testing.assert_allclose(vectors(answer), reference(prompted), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(vectors(answer), reference(st_model, name), rtol=0, atol=ATOL)
     # The same as sending the prompted texts with no prompt at all (prompt "").
     bare = httpx.post(
         f"{url}/v1/encode",
@@ -100,10 +108,12 @@ def test_the_default_prompt_applies_unless_the_request_says_otherwise(url: str) 
     np.testing.assert_allclose(own, vectors(native(url, prompt_name="passage")), atol=1e-6)
 
 
-def test_openai_and_tei_clients_name_the_prompt(url: str) -> None:
-    want = reference([PROMPTS["passage"] + text for text in TEXTS])
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-    got = client.embeddings.create(model=MODEL, input=TEXTS, extra_body={"prompt_name": "passage"})
+def test_openai_and_tei_clients_name_the_prompt(url: str, st_model: SentenceTransformer) -> None:
+    want = reference(st_model, "passage")
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused") as client:  # closes its socket
+        got = client.embeddings.create(
+            model=MODEL, input=TEXTS, extra_body={"prompt_name": "passage"}
+        )
     np.testing.assert_allclose([d.embedding for d in got.data], want, rtol=0, atol=ATOL)
     tei = httpx.post(f"{url}/embed", json={"inputs": TEXTS, "prompt_name": "passage"}, timeout=60)
     assert tei.status_code == 200, tei.text
@@ -122,15 +132,3 @@ def test_prompt_mistakes_are_422_naming_what_exists(url: str) -> None:
         timeout=60,
     )
     assert arrays.status_code == 422 and "text inputs" in arrays.json()["error"], arrays.text
-
-
-def test_prompts_pooled_apart_are_refused_at_export(tmp_path: Path) -> None:
-    """include_prompt false pools the text's tokens only; served as if true, every vector
-    would differ from the model's own: the export says so instead."""
-    source = tmp_path / "ckpt"
-    shutil.copytree(minilm_l6_dir(), source)
-    (source / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
-    pooling = source / "1_Pooling" / "config.json"
-    pooling.write_text(json.dumps({**json.loads(pooling.read_text()), "include_prompt": False}))
-    with pytest.raises(CheckpointError, match="include_prompt"):
-        load_checkpoint(source)

@@ -211,6 +211,7 @@ def pooling_reference(hidden: np.ndarray, pooling: str, normalize: bool) -> np.n
         "mean": lambda h: h.astype(np.float64).mean(axis=0),
         "max": lambda h: h.max(axis=0),
         "cls": lambda h: h[0],
+        "last": lambda h: h[-1],  # the last real token, never a padded position
     }[pooling](hidden)
     if normalize:
         vector = vector / np.linalg.norm(vector)
@@ -218,7 +219,7 @@ def pooling_reference(hidden: np.ndarray, pooling: str, normalize: bool) -> np.n
 
 
 @pytest.mark.parametrize("normalize", [False, True])
-@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max", "last"])
 def test_pooling_on_real_tokens(http_client: httpx.Client, pooling: str, normalize: bool) -> None:
     # Ragged, with negative-shifted inputs so a padded zero would win a max and skew a mean.
     seqs = [s - 3.0 for s in sequences(RAGGED, seed=16)]

@@ -207,7 +207,7 @@ def test_openapi_describes_encode(http_client: httpx.Client) -> None:
     for each in _refs(doc):
         _resolve(doc, each)
     pooling = json.dumps(schema["properties"]["pooling"])
-    assert all(p in pooling for p in ("none", "mean", "cls", "max"))
+    assert all(p in pooling for p in ("none", "mean", "cls", "max", "last"))
     assert {"200", "400", "404", "413", "415", "422"} <= set(post["responses"])
     for path in ("/v1/models", "/v1/models/{name}", "/health/live", "/health/ready", "/metrics"):
         assert path in doc["paths"], path

@@ -85,7 +85,7 @@ class InferRequest(BaseModel):
     id: str | None = None
     parameters: dict[str, Any] | None = Field(
         None,
-        description="pooling (mean, cls, max) for the pooled output; normalize (bool); "
+        description="pooling (mean, cls, max, last) for the pooled output; normalize (bool); "
         "truncate (bool, text input); binary_data_output (bool: every output as raw bytes).",
     )
     inputs: list[RequestInput]

@@ -102,6 +102,9 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         normalize=manifest.normalize,
         hidden_states=manifest.has_hidden_states,
         matryoshka_dimensions=list(manifest.matryoshka_dimensions),
+        prompts=dict(manifest.prompts),
+        default_prompt_name=manifest.default_prompt_name,
+        include_prompt=manifest.include_prompt,
         default=default,
     )
 

@@ -247,7 +247,8 @@ class ModelCard(BaseModel):
     sha256: dict[str, str]
     tokenizer: bool = Field(description="Accepts text (POST /v1/tokenize, text inputs).")
     pooling: str | None = Field(
-        description="The model's own sentence-embedding pooling (used by /v1/embeddings)."
+        description="The model's own sentence-embedding pooling (mean, cls, max or last; "
+        "used by /v1/embeddings, TEI's routes and pooling: model)."
     )
     normalize: bool = Field(
         description="Whether the model's sentence embeddings are L2-normalised."
@@ -257,6 +258,18 @@ class ModelCard(BaseModel):
     )
     matryoshka_dimensions: list[int] = Field(
         description="Sizes the model's embeddings may be shortened to (OpenAI 'dimensions')."
+    )
+    prompts: dict[str, str] = Field(
+        description="The model's prompts (sentence-transformers'): name -> the text "
+        "prepended to each text input when a request names it with prompt_name (at most "
+        "64, each at most 2,048 characters)."
+    )
+    default_prompt_name: str | None = Field(
+        description='The prompt applied when a request names none (prompt "" turns it off).'
+    )
+    include_prompt: bool = Field(
+        description="Whether the prompt's tokens are pooled into sentence vectors; false: "
+        "they ([CLS] with them) are left out, as the model was trained."
     )
     default: bool
 

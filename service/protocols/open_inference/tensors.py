@@ -47,7 +47,7 @@ OUTPUT_POOLED = "pooled"
 OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text input)
 NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
 MASK_TYPES = ("INT64", "INT32", "BOOL")
-POOLINGS = ("mean", "cls", "max")
+POOLINGS = ("mean", "cls", "max", "last")
 MEASURES = ("weights", "norms")
 # Dimensions a tensor may declare (ours have at most 3); data is nested no deeper.
 MAX_RANK = 8
@@ -174,7 +174,7 @@ def encode_request(
             f"parameters.pooling must be one of {POOLINGS}, got {quoted(options.pooling)}"
         )
     if OUTPUT_POOLED in outputs and options.pooling == "none":
-        raise InvalidInput("output 'pooled' needs parameters.pooling (mean, cls or max)")
+        raise InvalidInput("output 'pooled' needs parameters.pooling (mean, cls, max or last)")
     if options.attention_measure not in MEASURES:
         raise InvalidInput(
             f"parameters.attention_measure must be one of {MEASURES}, "

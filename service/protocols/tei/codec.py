@@ -214,8 +214,14 @@ def decode_response(result: DecodeResult) -> bytes:
     return wire.dumps(result.texts)
 
 
+# Our pooling names -> TEI's (its ``Pool`` as /info writes it).
+TEI_POOLING = {"last": "last_token"}
+
+
 def info(model: ModelInfo, limits: ServingLimits, pooling: str) -> dict[str, Any]:
-    """``GET /info`` in TEI's shape, with the limits that really apply here."""
+    """``GET /info`` in TEI's shape, with the limits that really apply here (TEI's
+    shape has no prompts: ``GET /v1/models/{name}`` lists them)."""
+    pooling = TEI_POOLING.get(pooling, pooling)
     return {
         "model_id": model.name,
         "model_sha": None,

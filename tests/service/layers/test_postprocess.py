@@ -157,16 +157,21 @@ def test_select_attention_rollout_uses_only_the_chosen_heads(tiny_runtime: Model
 # -- pool -----------------------------------------------------------------------------------
 
 
-def reference_pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
+def reference_pool(hidden: np.ndarray, pooling: str, skip: int = 0) -> np.ndarray:
     n, d = hidden.shape
     out = np.zeros(d)
     for k in range(d):
-        column = [float(hidden[t, k]) for t in range(n)]
-        out[k] = {"mean": sum(column) / n, "max": max(column), "cls": column[0]}[pooling]
+        column = [float(hidden[t, k]) for t in range(skip, n)]
+        out[k] = {
+            "mean": sum(column) / len(column),
+            "max": max(column),
+            "cls": column[0],
+            "last": column[-1],
+        }[pooling]
     return out
 
 
-POOLINGS = ["mean", "max", "cls"]
+POOLINGS = ["mean", "max", "cls", "last"]
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -176,6 +181,20 @@ def test_pool_matches_reference(pooling: str, n: int) -> None:
     got = postprocess.pool(hidden, pooling, normalize=False)
     assert got.shape == (D_MODEL,) and got.dtype == np.float32
     np.testing.assert_allclose(got, reference_pool(hidden, pooling), rtol=0, atol=ATOL_POOL)
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize(("n", "skip"), [(6, 3), (4, 3), (50, 1)])
+def test_pool_leaves_the_first_skip_tokens_out(pooling: str, n: int, skip: int) -> None:
+    """include_prompt false: a prompt's tokens ([CLS] with them) are not pooled; cls is
+    then the first token after them (sentence-transformers' Pooling)."""
+    (hidden,) = sequences((n,), seed=n + skip)
+    hidden[:skip] += 5.0  # the left-out tokens would move every pooling but last's
+    got = postprocess.pool(hidden, pooling, normalize=False, skip=skip)
+    want = reference_pool(hidden, pooling, skip)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL_POOL)
+    if pooling != "last":  # the last token is kept either way
+        assert np.abs(want - reference_pool(hidden, pooling)).max() > 1e-3
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
