@@ -289,6 +289,33 @@ def test_served_family_equals_transformers_eager(
     assert family != "modernbert" or cut >= 2
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_open_inference_protocol_serves_each_family_as_eager(
+    family: str, families: dict[str, Path], server: str
+) -> None:
+    """/v2 (the Open Inference Protocol, text as BYTES): the same embeddings and maps."""
+    text = TEXTS[2]  # the longest: past ModernBERT's local window
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+        "outputs": [{"name": "last_hidden_state"}, {"name": "attentions"}],
+    }
+    r = httpx.post(f"{server}/v2/models/{family}/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    outputs = {o["name"]: o for o in r.json()["outputs"]}
+    tokenizer = Tokenizer.from_file(str(families[family] / "tokenizer.json"))
+    tokenizer.no_padding()
+    want = _eager(families[family], tokenizer.encode(text).ids)
+
+    def array(name: str) -> np.ndarray:
+        return np.asarray(outputs[name]["data"], np.float32).reshape(outputs[name]["shape"])[0]
+
+    np.testing.assert_allclose(
+        array("last_hidden_state"), want.last_hidden_state[0].numpy(), rtol=0, atol=ATOL
+    )
+    maps = np.stack([layer[0].numpy() for layer in want.attentions])
+    np.testing.assert_allclose(array("attentions"), maps, rtol=0, atol=ATOL)
+
+
 def test_bm42_is_refused_for_tokenizers_it_is_not_defined_for(server: str) -> None:
     """BM42 merges WordPiece's ## pieces: a BPE model has no BM42 graph and says so (422);
     a WordPiece one (DistilBERT here) answers."""
