@@ -288,6 +288,9 @@ def card_body(window: int | None, tokenizer: bool) -> Body:
         "normalize": tokenizer,
         "hidden_states": tokenizer,
         "matryoshka_dimensions": [384, 128] if tokenizer else [],
+        "prompts": {"query": "query: "} if tokenizer else {},
+        "default_prompt_name": "query" if tokenizer else None,
+        "include_prompt": tokenizer,
         "default": not tokenizer,
     }
 

@@ -79,7 +79,7 @@ def test_config_errors_are_clear() -> None:
                 "num_attention_heads": 2,
                 "num_hidden_layers": 1,
                 "intermediate_size": 8,
-                "hidden_act": "swish",
+                "hidden_act": "tanh",
             }
         )
 
