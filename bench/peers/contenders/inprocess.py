@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bench.peers.checks import WrongAnswer, check_answers, fail_round, record_round
-from bench.peers.common import OUT_PEERS, THREADS, VENVS, WORKERS, Bench, hf_weights
+from bench.peers.common import OUT_PEERS, THREADS, VENVS, WORKERS, Bench
 from bench.peers.workloads import WORKLOADS, Workload, padded
 
 
@@ -76,13 +76,13 @@ def run_inprocess(bench: Bench, w: Workload, optimum_dir: Path | None, st: bool)
                             | {"optimum": optimum}
                         )
         results = _worker(Path(sys.executable), work, "ours", tasks, arrays)
-        if st and w.text:  # sentence-transformers on torch and on its ONNX backend
-            st_base = base | {"texts": bench.inputs.texts, "model_dir": str(hf_weights())}
+        if st and w.text and bench.hf_dir is not None:  # on torch and its ONNX backend
+            st_base = base | {"texts": bench.inputs.texts, "model_dir": str(bench.hf_dir)}
             st_tasks: list[dict[str, Any]] = [
                 st_base | {"name": "T1 sentence-transformers", "kind": "st"},
                 st_base
                 | {"name": "T1 sentence-transformers ONNX", "kind": "st-onnx"}
-                | {"cache_dir": str(OUT_PEERS / "minilm-st-onnx")},
+                | {"cache_dir": str(OUT_PEERS / f"{bench.results.name}-st-onnx")},
             ]
             try:
                 results |= _worker(VENVS / "optimum" / "bin" / "python", work, "st", st_tasks, {})
@@ -162,7 +162,10 @@ def _record_inprocess(bench: Bench, results: dict[str, Any], work: Path) -> None
 
 def optimum_export(bench: Bench) -> Path | None:
     """The standard export of the same weights (cached under bench/out/peers)."""
-    target = OUT_PEERS / "minilm-optimum"
+    if bench.hf_dir is None:
+        bench.note("optimum export: skipped (the model has no Hugging Face folder)")
+        return None
+    target = OUT_PEERS / f"{bench.results.name}-optimum"
     if (target / "model.onnx").exists():
         return target
     cli = VENVS / "optimum" / "bin" / "optimum-cli"
@@ -171,7 +174,7 @@ def optimum_export(bench: Bench) -> Path | None:
         return None
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [str(cli), "export", "onnx", "--model", str(hf_weights()), "--task"]
+    cmd = [str(cli), "export", "onnx", "--model", str(bench.hf_dir), "--task"]
     cmd += ["feature-extraction", "--library-name", "transformers", str(tmp)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     print("exporting the optimum graph …", flush=True)

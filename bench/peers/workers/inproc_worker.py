@@ -58,7 +58,8 @@ def ort_session(path: str, threads: int) -> Any:
 
 
 def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Mean over real tokens, then L2-normalised (all-MiniLM-L6-v2's own pooling)."""
+    """Mean over real tokens, then L2-normalised (all-MiniLM-L6-v2's and
+    all-mpnet-base-v2's own pooling)."""
     m = mask[..., None].astype(np.float32)
     pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
     normed: np.ndarray = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
@@ -85,6 +86,8 @@ class Text:
         types = np.zeros_like(ids)
         if self.optimum:
             feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            # Only what the graph takes: MPNet's, RoBERTa's exports have no token types.
+            feeds = {i.name: feeds[i.name] for i in self.model.get_inputs()}
         else:
             (embeds,) = self.embed.run(None, {"input_ids": ids, "token_type_ids": types})
             feeds = {"inputs_embeds": embeds, "attention_mask": mask}
