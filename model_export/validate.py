@@ -145,8 +145,9 @@ def validate_model_dir(
     results: list[CheckResult] = []
     sessions = {name: new_session(model_dir / name) for name in graph_io.GRAPH_OUTPUTS}
     for i, case in enumerate(cases):
-        embeds, mask = make_inputs(case.lengths, encoder.config.d_model, seed=i)
-        if embeddings is not None:
+        if embeddings is None:
+            embeds, mask = make_inputs(case.lengths, encoder.config.d_model, seed=i)
+        else:
             ids, type_ids, mask = token_inputs(embeddings, case.lengths, seed=i)
             with torch.no_grad():
                 tokens = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
