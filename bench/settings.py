@@ -3,8 +3,9 @@
 Each variant is a set of ATTNSERVE_* overrides. All variants' servers run at
 once (idle ones cost nothing with spinning off), and the load process drives
 them in interleaved rounds, so the machine's noise falls on all of them alike.
-Workloads: W1 [1,16] c=1 (p50), W2 [1,16] c=32 and W3 [8,128] c=16 (tokens/s),
-and T1, 32 sentences per request at c=4 through /v1/embeddings (sentences/s). Reported: the median
+Workloads: W1 [1,16] c=1 (p50), W2 [1,16] c=32, W3 [8,128] c=16 and W4 [1,128]
+with every attention map c=8 (tokens/s), and T1, 32 sentences per request at
+c=4 through /v1/embeddings (sentences/s). Reported: the median
 over rounds and each variant's ratio to the first one, with the min–max of the
 per-round ratios.
 
@@ -53,12 +54,16 @@ def workloads(model: str, d_model: int) -> dict[str, tuple[str, bytes, int, int]
         for row in rng.standard_normal((8, 128, d_model), dtype=np.float32)
     ]
     large = json.dumps({"inputs": batch, "encoding_format": "base64"}).encode()
+    attention = json.dumps(
+        {"inputs": batch[:1], "encoding_format": "base64", "return_attention": True}
+    ).encode()
     texts = [f"{SENTENCES[i % len(SENTENCES)]} ({i})" for i in range(32)]
     text = json.dumps({"input": texts, "model": model}).encode()
     return {
         "W1 [1,16] c=1 p50 ms": ("/v1/encode", small, 200, 1),
         "W2 [1,16] c=32 tokens/s": ("/v1/encode", small, 640, 32),
         "W3 [8,128] c=16 tokens/s": ("/v1/encode", large, 64, 16),
+        "W4 [1,128] + attention c=8 tokens/s": ("/v1/encode", attention, 160, 8),
         "T1 text 32/request c=4 sentences/s": ("/v1/embeddings", text, 40, 4),
     }
 
@@ -66,7 +71,7 @@ def workloads(model: str, d_model: int) -> dict[str, tuple[str, bytes, int, int]
 def measure(name: str, stats: dict[str, float], requests_per_round: int) -> float:
     if name.startswith("W1"):
         return stats["p50_ms"]
-    per_request = {"W2": 16, "W3": 8 * 128}.get(name[:2], 32)
+    per_request = {"W2": 16, "W3": 8 * 128, "W4": 128}.get(name[:2], 32)
     return per_request * stats["requests"] / stats["wall_s"]
 
 

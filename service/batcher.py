@@ -1,4 +1,4 @@
-"""Dynamic batching between the engine and the inference thread.
+"""Dynamic batching between the engine and the inference lanes.
 
 No fixed batching window: a fixed window costs its whole length at low load.
 Instead each model's worker takes whatever has queued while the previous run
@@ -6,9 +6,13 @@ was busy (up to ``max_batch_tokens`` real tokens), sorts those sequences by
 length and cuts them into the runs of least modelled time (``run_planner``:
 each run within ``max_batch_tokens`` padded tokens and the attention budget,
 its cost fitted per graph from timed shapes at warm-up and every live run),
-so short and long sequences are not padded to each other. Runs execute one at
-a time on the one inference thread (``inference_thread``). Admission happens
-above, in the engine.
+so short and long sequences are not padded to each other. Runs execute on the
+inference lanes (``inference_lanes``): a run whose modelled time is small
+enough that two at once beat one at a time (``SharingModel``, timed per graph
+at warm-up) takes one lane, and the worker takes its next batch as soon as a
+lane is free; a larger run waits for every lane and runs alone. So at most
+``lanes`` small runs, or one large one, hold working memory at once.
+Admission happens above, in the engine.
 
 Fair by request, not by part: every part of one request is submitted with its
 ``Flow``, and batches are filled small requests first, then the large ones a
@@ -20,10 +24,11 @@ server it would miss its deadline, 429 if the requests running make it late),
 not run to a 504.
 
 A job whose deadline has passed, or whose caller went away, is dropped when
-its batch is taken, before any inference. Each run's tokens per second feed
-an estimate of how long the backlog takes to drain, which the engine turns
-into Retry-After. A worker that fails unexpectedly fails the requests it
-holds and is restarted, so no caller ever waits on a dead worker.
+its batch is taken and again when its run gets its lanes, before any
+inference. The tokens runs finish per second of busy lanes feed an estimate of
+how long the backlog takes to drain, which the engine turns into Retry-After.
+A worker that fails unexpectedly fails the requests it holds and is
+restarted, so no caller ever waits on a dead worker.
 """
 
 from __future__ import annotations
@@ -35,15 +40,16 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from model_export.manifest import graph_io
 from service.errors import DeadlineExceeded, Overloaded
 from service.fair_queue import FairQueue, Flow, late_refusal
-from service.inference_thread import InferenceThread, SequenceResult, calibration_shapes
+from service.inference_lanes import InferenceLanes, Lease, SequenceResult, calibration_shapes
 from service.metrics import GRAPH_LABELS, Metrics
-from service.run_planner import RunCostModel, plan_runs
+from service.run_planner import RunCostModel, SharingModel, plan_runs
 from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.timing import RunTiming
@@ -51,13 +57,16 @@ from service.timing import RunTiming
 log = logging.getLogger(__name__)
 
 
-# Weight of the newest run in the tokens-per-second estimate.
-RATE_SMOOTHING = 0.2
+# How much of the tokens-per-second estimate each second of busy lanes replaces: the
+# estimate is tokens finished ÷ seconds the lanes were busy, both decayed by
+# ``exp(-busy seconds ÷ RATE_MEMORY_SECONDS)``, so runs overlapping on two lanes count as
+# their combined rate, not the mean of each run's own.
+RATE_MEMORY_SECONDS = 2.0
 # Retry-After bounds, in seconds.
 RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: jobs are held in sets
 class _Job:
     runtime: ModelRuntime  # the version it was prepared for: a swap never changes it
     sequences: list[np.ndarray]
@@ -77,12 +86,17 @@ class _Job:
         return sum(len(s) for s in self.sequences)
 
 
+def _forget(in_hand: set[_Job], job: _Job, _: object) -> None:
+    """A job answered is no longer the worker's to fail."""
+    in_hand.discard(job)
+
+
 # Sequences [start, end) of one job, taken into a batch.
 _Slice = tuple[_Job, int, int]
 
 
 class Batcher:
-    """One queue and worker per model, one inference thread for the process."""
+    """One queue and worker per model, one set of inference lanes for the process."""
 
     def __init__(
         self,
@@ -102,17 +116,21 @@ class Batcher:
         self._before_batch = before_batch
         self._queues: dict[str, FairQueue[_Job]] = {}
         self._flows: dict[str, set[Flow]] = {}  # the open flows of each model
-        self._in_hand: dict[str, list[_Job]] = {}
+        self._in_hand: dict[str, set[_Job]] = {}  # taken into batches, not yet answered
         self._wakeups: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._started_workers = False
-        self._thread = InferenceThread()
+        self._lanes = InferenceLanes(settings.inference_lanes)
+        self._runs: set[asyncio.Task[None]] = set()  # runs in flight
         self._queued = 0  # jobs waiting for their first run
         self._backlog_tokens = 0  # tokens of jobs not yet finished
-        self._tokens_per_second: float | None = None
+        self._rate_tokens = 0.0  # decayed tokens finished, and the busy seconds they took
+        self._rate_seconds = 0.0
+        self._last_finish = 0.0
         self._costs: dict[tuple[str, str], RunCostModel] = {
             (name, graph): RunCostModel() for name in runtimes for graph in GRAPH_LABELS
         }
+        self._sharing: dict[tuple[str, str], SharingModel] = {}
 
     async def start(self) -> None:
         self._started_workers = True
@@ -121,7 +139,7 @@ class Batcher:
 
     def _add_worker(self, name: str) -> None:
         self._queues[name] = FairQueue(self._settings.max_batch_tokens)
-        self._in_hand[name] = []
+        self._in_hand[name] = set()
         self._wakeups[name] = asyncio.Event()
         self._workers.append(asyncio.create_task(self._supervise(name), name=f"batcher-{name}"))
 
@@ -145,30 +163,61 @@ class Batcher:
         for task in self._workers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._thread.shutdown()
+        await asyncio.gather(*self._runs, return_exceptions=True)
+        self._lanes.shutdown()
 
     async def calibrate(self, runtimes: list[ModelRuntime] | None = None) -> None:
         """Time ``CALIBRATION_SHAPES`` per model (every served one, or ``runtimes``) and
-        graph on the inference thread: the run planner's first cost model (every live run
-        refines it)."""
+        graph: alone, the run planner's first cost model (every live run alone refines
+        it); with more than one lane and no ``shared_run_ms`` chosen, also two at once, the
+        graph's sharing model."""
+        measure_sharing = self._lanes.gate.lanes > 1 and self._settings.shared_run_ms is None
         for runtime in list(self._runtimes.values()) if runtimes is None else runtimes:
             most = runtime.info.max_seq_len
             for graph in runtime.graphs:
                 fits = self._fits(runtime, graph)
+                key = (runtime.info.name, graph)
+                sharing = self._sharing[key] = SharingModel()
                 for batch, longest in calibration_shapes(graph):
                     longest = min(longest, most)
-                    if fits(batch, longest):
-                        seconds = await self._thread.time(runtime, graph, batch, longest)
-                        cost = self._costs.setdefault((runtime.info.name, graph), RunCostModel())
-                        cost.observe(batch, longest, seconds)
+                    if not fits(batch, longest):
+                        continue
+                    seconds = await self._lanes.time(runtime, graph, batch, longest)
+                    self._costs.setdefault(key, RunCostModel()).observe(batch, longest, seconds)
+                    if measure_sharing:
+                        pair = await self._lanes.time_shared(runtime, graph, batch, longest)
+                        sharing.observe(seconds, pair)
+                if measure_sharing:
+                    log.info(
+                        "model %s, graph %s: runs of up to %.1f ms alone share the lanes",
+                        runtime.info.name,
+                        GRAPH_LABELS[graph],
+                        1000 * sharing.limit_seconds,
+                    )
 
     async def warm_up(self, runtime: ModelRuntime) -> None:
         """A small ragged batch per graph of ``runtime`` (a model being loaded), on the
-        inference thread like every other run: proves its sessions run."""
-        await self._thread.warm_up(runtime)
+        inference lanes like every other run: proves its sessions run."""
+        await self._lanes.warm_up(runtime)
 
     def cost_model(self, model: str, graph: str) -> RunCostModel:
         return self._costs[model, graph]
+
+    def shares(self, model: str, graph: str, batch: int, longest: int) -> bool:
+        """Does a run of this shape take one lane (else it runs alone)?"""
+        if self._lanes.gate.lanes == 1:
+            return False
+        cost = self._costs.get((model, graph))
+        fitted = cost is not None and cost.fitted
+        chosen = self._settings.shared_run_ms
+        if chosen is not None:  # the operator's limit
+            if chosen == 0 or cost is None:
+                return False
+            return not fitted or 1000 * cost(batch, longest) <= chosen
+        sharing = self._sharing.get((model, graph))
+        if sharing is None or cost is None or not fitted:
+            return False
+        return sharing.shares(cost(batch, longest))
 
     def busy(self) -> bool:
         """Is anything queued or running, so new work would wait for it?"""
@@ -177,12 +226,12 @@ class Batcher:
     def backlog_seconds(self) -> float:
         """How long the work not yet finished takes at the measured rate (0 if unknown):
         the jobs submitted, and the parts of open requests still to be submitted."""
-        if not self._tokens_per_second:
+        if not self._rate_seconds or not self._rate_tokens:
             return 0.0
         to_come = sum(
             max(flow.tokens - flow.submitted, 0) for flows in self._flows.values() for flow in flows
         )
-        return (self._backlog_tokens + to_come) / self._tokens_per_second
+        return (self._backlog_tokens + to_come) * self._rate_seconds / self._rate_tokens
 
     @contextlib.contextmanager
     def flow(
@@ -291,19 +340,20 @@ class Batcher:
         ones in turn (see ``FairQueue``); jobs whose caller went away or whose deadline
         passed are dropped here, before any more of them runs."""
         now = time.monotonic()
+        return queue.take(self._settings.max_batch_tokens, lambda job: self._gone(job, now))
 
-        def drop(job: _Job) -> bool:
-            if not job.future.done() and job.deadline is not None and job.deadline <= now:
-                self._metrics.refusals.labels("deadline").inc()
-                job.future.set_exception(
-                    DeadlineExceeded(
-                        f"the request's deadline passed after {now - job.submitted:.3f} s in "
-                        "the queue, before it ran"
-                    )
+    def _gone(self, job: _Job, now: float) -> bool:
+        """Has ``job`` been answered, or its caller gone? A job whose deadline passed
+        is failed here (504), so it never runs."""
+        if not job.future.done() and job.deadline is not None and job.deadline <= now:
+            self._metrics.refusals.labels("deadline").inc()
+            job.future.set_exception(
+                DeadlineExceeded(
+                    f"the request's deadline passed after {now - job.submitted:.3f} s in "
+                    "the queue, before it ran"
                 )
-            return job.future.done()
-
-        return queue.take(self._settings.max_batch_tokens, drop)
+            )
+        return job.future.done()
 
     async def _supervise(self, model: str) -> None:
         """Run the model's worker; if it fails unexpectedly, fail the jobs it held and
@@ -314,22 +364,27 @@ class Batcher:
             except Exception as exc:  # CancelledError (stop) is not an Exception
                 log.exception("batcher worker for model %s failed; restarting it", model)
                 self._metrics.worker_restarts.labels(model).inc()
-                for job in self._in_hand[model]:
+                for job in list(self._in_hand[model]):
                     if not job.future.done():
                         job.future.set_exception(exc)
-                self._in_hand[model] = []
+                self._in_hand[model].clear()
 
     async def _work(self, model: str) -> None:
         queue = self._queues[model]
         wakeup = self._wakeups[model]
-        loop = asyncio.get_running_loop()
+        in_hand = self._in_hand[model]
         while True:
             if not queue:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
+            # Take the batch only when a lane can run it: meanwhile the queue fills it.
+            await self._lanes.gate.until_free()
             taken = self._take_batch(queue)
-            self._in_hand[model] = [job for job, _, _ in taken]
+            for job in {id(job): job for job, _, _ in taken}.values():
+                if job not in in_hand:
+                    in_hand.add(job)
+                    job.future.add_done_callback(partial(_forget, in_hand, job))
             if self._before_batch is not None:
                 self._before_batch(model)
             # Around a swap, jobs of two versions may share a batch: each runs on its own.
@@ -339,48 +394,68 @@ class Batcher:
                 job = piece[0]
                 groups.setdefault((id(job.runtime), job.graph), []).append(piece)
             for group in groups.values():
-                await self._run_group(loop, group[0][0].runtime, group, group[0][0].graph)
-            self._in_hand[model] = []
+                await self._dispatch(group[0][0].runtime, group, group[0][0].graph)
 
-    async def _run_group(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        runtime: ModelRuntime,
-        group: list[_Slice],
-        graph: str,
-    ) -> None:
+    async def _dispatch(self, runtime: ModelRuntime, group: list[_Slice], graph: str) -> None:
+        """Plan the group's runs and start each on the lanes it needs, in turn; a run
+        goes on in the background while the next waits for its lanes."""
         slots = [(job, i) for job, start, end in group for i in range(start, end)]
         lengths = [len(job.sequences[i]) for job, i in slots]
-        cost = self._costs[runtime.info.name, graph]
+        name = runtime.info.name
+        cost = self._costs[name, graph]
         runs = plan_runs(lengths, self._fits(runtime, graph), cost if cost.fitted else None)
         # The slots are in the order the fair queue took them: the run holding the first
         # taken (a small request's) goes first, and each job is answered after its own
         # last run, not the batch's.
         for run in sorted(runs, key=min):
-            jobs = list({id(slots[k][0]): slots[k][0] for k in run}.values())
-            if all(job.future.done() for job in jobs):
+            if all(slots[k][0].future.done() for k in run):
                 continue  # every client of this run went away
-            start = time.monotonic()
-            self._started(jobs, start)
-            try:
-                results = await self._thread.run(
-                    runtime, [slots[k][0].sequences[slots[k][1]] for k in run], graph
-                )
-            except Exception as exc:  # fail this run's requests only, not their neighbours'
-                log.exception("inference failed for model %s", runtime.info.name)
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
+            shared = self.shares(name, graph, len(run), max(lengths[k] for k in run))
+            lease = await self._lanes.gate.acquire(exclusive=not shared)
+            now = time.monotonic()  # the lanes may have taken a while: drop who left since
+            live = [k for k in run if not self._gone(slots[k][0], now)]
+            if not live:
+                lease.release()
                 continue
-            elapsed = time.monotonic() - start
-            self._measured(runtime.info.name, graph, run, lengths, elapsed, jobs)
-            for k, result in zip(run, results, strict=True):
-                job, i = slots[k]
-                job.results[i] = result
-                job.pending -= 1
+            pieces = [slots[k] for k in live]
+            task = asyncio.create_task(
+                self._execute(lease, runtime, graph, pieces, [lengths[k] for k in live])
+            )
+            self._runs.add(task)
+            task.add_done_callback(self._runs.discard)
+
+    async def _execute(
+        self,
+        lease: Lease,
+        runtime: ModelRuntime,
+        graph: str,
+        pieces: list[tuple[_Job, int]],
+        lengths: list[int],
+    ) -> None:
+        """One run on the lanes ``lease`` holds; its sequences' results go to their jobs,
+        and a job is answered when its last sequence is back."""
+        jobs = list({id(job): job for job, _ in pieces}.values())
+        start = time.monotonic()
+        self._started(jobs, start)
+        try:
+            try:
+                results = await self._lanes.run(runtime, [j.sequences[i] for j, i in pieces], graph)
+            finally:
+                alone = lease.ran_alone()
+                lease.release()
+        except Exception as exc:  # fail this run's requests only, not their neighbours'
+            log.exception("inference failed for model %s", runtime.info.name)
             for job in jobs:
-                if not job.future.done() and job.pending == 0:  # its last sequences ran
-                    job.future.set_result([r for r in job.results if r is not None])
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        self._measured(runtime.info.name, graph, lengths, start, alone, jobs)
+        for (job, i), result in zip(pieces, results, strict=True):
+            job.results[i] = result
+            job.pending -= 1
+        for job in jobs:
+            if not job.future.done() and job.pending == 0:  # its last sequences ran
+                job.future.set_result([r for r in job.results if r is not None])
 
     def _fits(self, runtime: ModelRuntime, graph: str) -> Callable[[int, int], bool]:
         """The memory bounds of one run of ``graph``: (sequences, longest) -> within them."""
@@ -414,28 +489,34 @@ class Batcher:
         self,
         model: str,
         graph: str,
-        run: list[int],
         lengths: list[int],
-        elapsed: float,
+        start: float,
+        alone: bool,
         jobs: list[_Job],
     ) -> None:
-        """Record one run: metrics, each job's compute time, the drain-rate estimate."""
-        tokens = sum(lengths[k] for k in run)
-        longest = max(lengths[k] for k in run)
-        self._costs[model, graph].observe(len(run), longest, elapsed)
-        self._metrics.inference.labels(model, GRAPH_LABELS[graph]).observe(elapsed)
-        self._metrics.batch_sequences.observe(len(run))
+        """Record one run: metrics, each job's compute time, the cost model (runs that
+        had the lanes to themselves: it models a run alone) and the drain rate."""
         now = time.monotonic()
+        elapsed = now - start
+        tokens, longest = sum(lengths), max(lengths)
+        if alone:
+            self._costs[model, graph].observe(len(lengths), longest, elapsed)
+        else:
+            self._metrics.overlapped_runs.inc()
+        self._metrics.inference.labels(model, GRAPH_LABELS[graph]).observe(elapsed)
+        self._metrics.batch_sequences.observe(len(lengths))
         for job in jobs:
             job.timing.compute += elapsed
             job.timing.finished = now
         if not tokens:  # a run of empty sequences: no fill, and nothing about the rate
             return
-        self._metrics.batch_fill.observe(tokens / (len(run) * longest))
+        self._metrics.batch_fill.observe(tokens / (len(lengths) * longest))
         if graph == graph_io.GRAPH_TOKEN_EMBEDDINGS:
             return  # a lookup, not the encoder: its speed says nothing of the drain rate
-        rate = tokens / max(elapsed, 1e-6)
-        previous = self._tokens_per_second
-        self._tokens_per_second = (
-            rate if previous is None else previous + RATE_SMOOTHING * (rate - previous)
-        )
+        # The lanes were busy since this run started or the last run finished, whichever
+        # is later: overlapping runs add their tokens over the same seconds.
+        busy = max(now - max(start, self._last_finish), 1e-6)
+        self._last_finish = now
+        keep = math.exp(-busy / RATE_MEMORY_SECONDS)
+        self._rate_tokens = self._rate_tokens * keep + tokens
+        self._rate_seconds = self._rate_seconds * keep + busy

@@ -116,6 +116,11 @@ class Metrics:
             "Real tokens / padded tokens per onnxruntime run.",
             buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
         )
+        self.overlapped_runs = self._counter(
+            "attnserve_overlapped_runs",
+            "onnxruntime runs that shared the inference lanes with another run for some of "
+            "their time (small runs share; see ATTNSERVE_INFERENCE_LANES).",
+        )
         self.inference = self._histogram(
             "attnserve_inference_seconds",
             "Wall time of one onnxruntime run, by model and graph: embeddings (model.onnx), "

@@ -132,3 +132,49 @@ def _greedy(order: list[int], lengths: list[int], fits: Fits) -> list[list[int]]
         else:
             runs.append([i])
     return runs
+
+
+# Two runs at once must beat one at a time by this much for a run's class to share the
+# lanes: below it, the gain is within a calibration's noise, and a shared run costs its
+# own request latency (it gets half the cores).
+MIN_SHARING_GAIN = 1.1
+# How far beyond the largest calibrated run the fitted trend is trusted.
+SHARING_EXTRAPOLATION = 4.0
+
+
+class SharingModel:
+    """Which runs of one graph go faster two at a time than one at a time.
+
+    Calibration times each of its shapes alone (``t``) and two at once on two lanes
+    (``t2``); the gain ``2·t / t2`` falls as runs grow (a large run already keeps the
+    cores busy). The gain is fitted linearly in ``log t``, and runs whose modelled
+    time alone is at most where the fit crosses ``MIN_SHARING_GAIN`` share the lanes;
+    the others run alone. No calibration, no sharing.
+    """
+
+    def __init__(self) -> None:
+        self._points: list[tuple[float, float]] = []  # (seconds alone, gain)
+        self.limit_seconds = 0.0
+
+    def observe(self, alone: float, shared_pair: float) -> None:
+        if alone > 0 and shared_pair > 0:
+            self._points.append((alone, 2 * alone / shared_pair))
+            self._fit()
+
+    def _fit(self) -> None:
+        seconds = np.log([t for t, _ in self._points])
+        gains = np.array([g for _, g in self._points])
+        largest = float(np.exp(seconds.max()))
+        if len(self._points) < 2 or np.ptp(seconds) < 1e-9:
+            self.limit_seconds = largest if gains.min() >= MIN_SHARING_GAIN else 0.0
+            return
+        slope, intercept = np.polyfit(seconds, gains, 1)
+        if slope >= 0:  # no fall within the range measured
+            shares = intercept + slope * seconds.max() >= MIN_SHARING_GAIN
+            self.limit_seconds = largest * SHARING_EXTRAPOLATION if shares else 0.0
+            return
+        crossing = float(np.exp((MIN_SHARING_GAIN - intercept) / slope))
+        self.limit_seconds = min(crossing, largest * SHARING_EXTRAPOLATION)
+
+    def shares(self, seconds_alone: float) -> bool:
+        return seconds_alone <= self.limit_seconds

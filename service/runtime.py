@@ -18,10 +18,11 @@ exports) always pre-packs: it shares nothing either way.
 
 A run's sequences are float32 [n, d] input embeddings, or for the graphs of
 ``graph_io.ID_GRAPHS`` int64 [n, 2] (token id, token type) pairs. Only the
-batcher's inference thread calls :meth:`ModelRuntime.run`: one run at a time,
-each with every intra-op thread. :func:`load_repository` loads every model of a
-model repository through its manifest, checking each file's SHA-256 first, and
-raises :class:`ModelLoadError` with a clear message on anything wrong.
+batcher's inference lanes call :meth:`ModelRuntime.run`, up to one run per
+lane at once on the same sessions (onnxruntime allows it).
+:func:`load_repository` loads every model of a model repository through its
+manifest, checking each file's SHA-256 first, and raises
+:class:`ModelLoadError` with a clear message on anything wrong.
 """
 
 from __future__ import annotations

@@ -234,6 +234,26 @@ class Settings(BaseSettings):
         0, ge=0, description="onnxruntime intra-op threads per session (`0`: one per core)."
     )
     inter_op_threads: int = Field(1, ge=1, description="onnxruntime inter-op threads.")
+    inference_lanes: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description=(
+            "onnxruntime runs that may execute at once. Small runs share the lanes, large ones "
+            "run alone, as measured per graph at start-up (see [Inference lanes]"
+            "(architecture.md#inference-lanes)); `1`: one run at a time."
+        ),
+    )
+    shared_run_ms: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Runs whose modelled time alone is at most this many milliseconds share the "
+            "inference lanes; a graph whose cost model has no fit yet counts its runs as small. "
+            "Unset: measured per graph at start-up (two runs at once against one at a time); "
+            "`0`: every run alone."
+        ),
+    )
     providers: str = Field(
         "CPUExecutionProvider",
         description=(

@@ -75,7 +75,7 @@ class Admit:
         """``work(*args)`` on a worker thread, at most ATTNSERVE_MAX_CONCURRENT_CODECS at once.
 
         Decoding, tokenizing and serialising hold the GIL or a core; left unbounded, a
-        burst of them starves the inference thread of the cores it runs on. ``small``
+        burst of them starves the inference lanes of the cores it runs on. ``small``
         work (a body parsed on the loop: tens of ms at most) takes a slot of its own,
         one at a time, so it never waits behind large bodies being parsed.
         """

@@ -68,7 +68,7 @@ class ModelControl:
 
     async def start(self) -> None:
         """Load the models to serve from the start, start the batcher, then warm up in the
-        background on the inference thread (ready after it) and, in poll mode, poll."""
+        background on the inference lanes (ready after it) and, in poll mode, poll."""
         settings, lifecycle = self._settings, self._lifecycle
         await self._load_at_start()
         batcher = Batcher(self._registry.runtimes, settings, self._metrics)

@@ -1,6 +1,6 @@
 """Running prepared work: queueing, parts, deadlines and callers gone.
 
-Every onnxruntime run goes through the batcher (one inference thread): token
+Every onnxruntime run goes through the batcher (the inference lanes): token
 ids that a graph cannot take are embedded there first, as a run of the
 token-embedding graph. A request of more sequences than ATTNSERVE_MAX_SEQUENCES
 runs in parts, ``PARTS_IN_FLIGHT`` queued at a time, sharing one batcher flow.
@@ -30,7 +30,7 @@ from service.engine.scope import Disconnected, RequestScope
 from service.engine.types import EncodeResult, SequenceOutput
 from service.errors import ClientClosedRequest, DeadlineExceeded, NotReady
 from service.fair_queue import Flow
-from service.inference_thread import SequenceResult
+from service.inference_lanes import SequenceResult
 from service.metrics import Metrics
 from service.runtime import ModelRuntime
 from service.settings import Settings

@@ -10,7 +10,7 @@ from service.engine import postprocess
 from service.engine.prepare import PreparedEncode
 from service.engine.types import EncodeResult, SequenceOutput
 from service.errors import InvalidInput
-from service.inference_thread import SequenceResult
+from service.inference_lanes import SequenceResult
 
 
 def finish(prepared: PreparedEncode, results: list[SequenceResult]) -> EncodeResult:

@@ -48,7 +48,7 @@ class Lifecycle:
         return self.batcher.retry_after() if self.batcher is not None else "1"
 
     async def warm(self, work: Callable[[], Awaitable[None]]) -> None:
-        """Run the warm-up ``work`` (on the inference thread); ready after it, failed
+        """Run the warm-up ``work`` (on the inference lanes); ready after it, failed
         (liveness too) if it raises."""
         try:
             await work()

@@ -30,7 +30,7 @@ from service.engine.registry import Registry
 from service.engine.scope import RequestScope
 from service.engine.types import SparseRequest, SparseResult, SparseVector
 from service.errors import InvalidInput, UnsupportedByModel
-from service.inference_thread import SequenceResult
+from service.inference_lanes import SequenceResult
 from service.runtime import ModelRuntime
 from service.settings import Settings
 

@@ -18,7 +18,7 @@ import numpy as np
 from model_export.manifest import graph_io
 from service.engine import Engine
 from service.engine.postprocess import select_attention
-from service.inference_thread import run_and_split
+from service.inference_lanes import run_and_split
 from service.protocols.kserve_v2 import codec
 from service.protocols.open_inference.padding import repad
 from service.runtime import ModelRuntime

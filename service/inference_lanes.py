@@ -1,0 +1,224 @@
+"""The inference lanes: where every onnxruntime run of the process executes.
+
+Requests' runs, the token embeddings of text asking for attention or hidden
+states, the warm-up of a model being loaded and the timing of calibration
+shapes all run here, on ``ATTNSERVE_INFERENCE_LANES`` worker threads over the
+same sessions (one ``InferenceSession`` may be run from several threads at
+once). A small run leaves its intra-op threads waiting at every operator's
+join, so two of them at once keep both cores busy; two large runs only fight
+over the cores (measured in-process, MiniLM, 2 cores, 2 intra-op threads: two
+[1,16] runs at once 1.45× one at a time, [1,128] with attention 1.24×, [8,128]
+0.87×). So each run is *shared* (takes any free lane) or *exclusive* (waits for
+every lane and holds them all, as one run at a time did); which is the
+batcher's call, measured per graph (``run_planner.SharingModel``). Warm-up and
+calibration's single runs are exclusive. Outputs are cut back per sequence
+here too, so no copy blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import numpy as np
+
+from model_export.manifest import graph_io
+from service.runtime import ModelRuntime, pad
+
+# One sequence's outputs by name, trimmed to its n tokens: last_hidden_state [n, d],
+# attentions [L, H, n, n], hidden_states [L + 1, n, d], value_norms [L, H, n] (the last
+# three when its graph has them).
+SequenceResult = dict[str, np.ndarray]
+
+
+# Shapes (sequences, tokens) timed per graph at warm-up, so the run planner has a cost
+# model (and a sharing model) before the first request. The hidden-state graph gets
+# small shapes only: onnxruntime's arena keeps what a run needed, and its outputs grow
+# with B·T·L (with large shapes, idle RSS was 540 MB instead of 300); its live runs
+# refine the fit. The attention graph runs without the arena, so it gets the small
+# shapes and W4's [1,128] class, where sharing its lanes pays most.
+CALIBRATION_SHAPES = ((1, 8), (1, 64), (8, 16), (4, 32), (2, 128), (4, 96))
+SMALL_CALIBRATION_SHAPES = ((1, 8), (1, 32), (4, 8), (2, 32), (1, 64), (4, 16))
+ATTENTION_CALIBRATION_SHAPES = (*SMALL_CALIBRATION_SHAPES, (1, 128), (2, 96))
+
+
+def calibration_shapes(graph: str) -> tuple[tuple[int, int], ...]:
+    """The (sequences, tokens) shapes timed for ``graph`` before its first request."""
+    if graph in (graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_TEXT):
+        return CALIBRATION_SHAPES
+    if graph == graph_io.GRAPH_ATTENTION:
+        return ATTENTION_CALIBRATION_SHAPES
+    return SMALL_CALIBRATION_SHAPES
+
+
+class Lease:
+    """Lanes held by one run; released once, whatever happens to the run."""
+
+    def __init__(self, gate: LaneGate, lanes: int) -> None:
+        self._gate = gate
+        self.lanes = lanes
+        self.acquisition = gate.acquisitions  # this lease's own number
+        self.alone = gate.busy == lanes  # nothing else ran when it started
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._gate.release(self.lanes)
+
+    def ran_alone(self) -> bool:
+        """Did the run have the lanes to itself from start to now?"""
+        return self.alone and self._gate.acquisitions == self.acquisition
+
+
+class LaneGate:
+    """Up to ``lanes`` shared runs at once, or one exclusive run; first come, first
+    served, so an exclusive run waiting is never overtaken forever by shared ones."""
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self.busy = 0
+        self.acquisitions = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._freed = asyncio.Event()
+
+    async def acquire(self, *, exclusive: bool) -> Lease:
+        need = self.lanes if exclusive else 1
+        if not self._waiters and self.busy + need <= self.lanes:
+            return self._take(need)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((need, waiter))
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # granted as it was cancelled
+                self.busy -= need
+            self._grant()
+            self._freed.set()
+            raise
+        self.busy -= need  # _grant counted it busy; _take counts it again with its lease
+        return self._take(need)
+
+    async def until_free(self) -> None:
+        """Until a shared run could start now: so a worker takes its next batch only
+        when a lane can run it (the queue meanwhile fills the batch)."""
+        while self._waiters or self.busy >= self.lanes:
+            self._freed.clear()
+            await self._freed.wait()
+
+    def release(self, lanes: int) -> None:
+        self.busy -= lanes
+        self._grant()
+        self._freed.set()
+
+    def _take(self, need: int) -> Lease:
+        self.busy += need
+        self.acquisitions += 1
+        return Lease(self, need)
+
+    def _grant(self) -> None:
+        while self._waiters:
+            need, waiter = self._waiters[0]
+            if waiter.done():  # its caller was cancelled
+                self._waiters.popleft()
+                continue
+            if self.busy + need > self.lanes:
+                return
+            self._waiters.popleft()
+            self.busy += need  # held for it until it wakes
+            waiter.set_result(None)
+
+
+class InferenceLanes:
+    """``lanes`` worker threads behind one gate; each method awaits its work there."""
+
+    def __init__(self, lanes: int) -> None:
+        self.gate = LaneGate(lanes)
+        self._executor = ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="inference")
+
+    async def run(
+        self, runtime: ModelRuntime, sequences: list[np.ndarray], graph: str
+    ) -> list[SequenceResult]:
+        """``sequences`` through ``graph`` as one padded run, cut back per sequence; the
+        caller holds the lanes it needs (``gate.acquire``)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, partial(run_and_split, runtime, sequences, graph)
+        )
+
+    async def time(self, runtime: ModelRuntime, graph: str, batch: int, longest: int) -> float:
+        """Seconds of one run of ``batch`` sequences of ``longest`` tokens, alone (run
+        twice: the first pays the allocations)."""
+        sequences = [runtime.sample_sequence(graph, longest)] * batch
+        lease = await self.gate.acquire(exclusive=True)
+        try:
+            await self.run(runtime, sequences, graph)
+            start = time.monotonic()
+            await self.run(runtime, sequences, graph)
+            return time.monotonic() - start
+        finally:
+            lease.release()
+
+    async def time_shared(
+        self, runtime: ModelRuntime, graph: str, batch: int, longest: int
+    ) -> float:
+        """Seconds until two such runs started at once on two lanes have both finished
+        (the better of two tries: a pair's timing is the noisier)."""
+        sequences = [runtime.sample_sequence(graph, longest)] * batch
+        lease = await self.gate.acquire(exclusive=True)
+        try:
+            tries = []
+            for _ in range(2):
+                start = time.monotonic()
+                await asyncio.gather(*(self.run(runtime, sequences, graph) for _ in range(2)))
+                tries.append(time.monotonic() - start)
+            return min(tries)
+        finally:
+            lease.release()
+
+    async def warm_up(self, runtime: ModelRuntime) -> None:
+        lease = await self.gate.acquire(exclusive=True)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, runtime.warmup)
+        finally:
+            lease.release()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
+    """A copy of ``value`` cut to its first ``n`` tokens along ``axes``."""
+    index = [slice(None)] * value.ndim
+    for axis in axes:
+        index[axis] = slice(0, n)
+    return value[tuple(index)].copy()
+
+
+def run_and_split(
+    runtime: ModelRuntime, sequences: list[np.ndarray], graph: str
+) -> list[SequenceResult]:
+    """Pad, run and cut the outputs back per sequence, all on an inference lane.
+
+    When every sequence fills the run (one sequence, or equal lengths) each gets a
+    view of its row: no copy, and the run's tensors are exactly the answers'. Else
+    each is copied out, cut to its length, so the run's full [B, L, H, T, T] tensor
+    is freed now, not when the last response is serialised; and none of this
+    copying blocks the event loop.
+    """
+    embeds, mask = pad(sequences)
+    outputs = runtime.run(embeds, mask, graph)
+    if all(len(seq) == embeds.shape[1] for seq in sequences):
+        return [
+            {name: value[row] for name, value in outputs.items()} for row in range(len(sequences))
+        ]
+    return [
+        {
+            name: _trim(value[row], graph_io.TOKEN_AXES[name], len(seq))
+            for name, value in outputs.items()
+        }
+        for row, seq in enumerate(sequences)
+    ]

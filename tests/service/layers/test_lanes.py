@@ -1,0 +1,200 @@
+"""The inference lanes: the gate's rules, the sharing model, and a real batcher running
+small runs two at a time with answers equal to one at a time, deadlines still kept."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from model_export import graph_io
+from service.batcher import Batcher
+from service.errors import DeadlineExceeded
+from service.inference_lanes import LaneGate
+from service.metrics import Metrics
+from service.run_planner import MIN_SHARING_GAIN, SHARING_EXTRAPOLATION, SharingModel
+from service.runtime import ModelRuntime
+from service.settings import Settings
+from tests.service.layers.conftest import layer_settings
+from tests.support.inputs import sequences
+from tests.support.metrics import metric
+from tests.support.tiny import MODEL
+
+EMBEDDINGS = graph_io.GRAPH_EMBEDDINGS
+JOBS = 12
+TOKENS = 40  # one job per batch: the batch budget below holds one such sequence only
+
+
+# -- the gate ---------------------------------------------------------------------------
+
+
+def test_shared_runs_take_a_lane_each_and_an_exclusive_run_waits_for_all() -> None:
+    async def main() -> None:
+        gate = LaneGate(2)
+        first = await gate.acquire(exclusive=False)
+        second = await gate.acquire(exclusive=False)
+        assert gate.busy == 2
+        third = asyncio.ensure_future(gate.acquire(exclusive=False))
+        exclusive = asyncio.ensure_future(gate.acquire(exclusive=True))
+        await asyncio.sleep(0)
+        assert not third.done() and not exclusive.done()
+        first.release()
+        held = await third  # first come, first served
+        assert not exclusive.done() and gate.busy == 2
+        second.release()
+        held.release()
+        whole = await exclusive
+        assert gate.busy == 2 and whole.lanes == 2
+        whole.release()
+        whole.release()  # a lease releases once
+        assert gate.busy == 0
+
+    asyncio.run(main())
+
+
+def test_shared_runs_do_not_overtake_an_exclusive_run_waiting() -> None:
+    async def main() -> None:
+        gate = LaneGate(2)
+        running = await gate.acquire(exclusive=False)
+        exclusive = asyncio.ensure_future(gate.acquire(exclusive=True))
+        await asyncio.sleep(0)
+        later = asyncio.ensure_future(gate.acquire(exclusive=False))
+        await asyncio.sleep(0)
+        assert not later.done()  # a lane is free, but the exclusive run asked first
+        running.release()
+        (await exclusive).release()
+        (await later).release()
+        assert gate.busy == 0
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_wait_holds_no_lane() -> None:
+    async def main() -> None:
+        gate = LaneGate(2)
+        running = await gate.acquire(exclusive=False)
+        waiting = asyncio.ensure_future(gate.acquire(exclusive=True))
+        behind = asyncio.ensure_future(gate.acquire(exclusive=False))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        (await behind).release()  # the free lane went to the next in line
+        running.release()
+        assert gate.busy == 0
+        # Granted and cancelled before it woke: its lanes come back.
+        blocker = await gate.acquire(exclusive=True)
+        granted = asyncio.ensure_future(gate.acquire(exclusive=False))
+        await asyncio.sleep(0)
+        blocker.release()  # grants ``granted`` …
+        granted.cancel()  # … which is cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await granted
+        assert gate.busy == 0
+
+    asyncio.run(main())
+
+
+# -- the sharing model ------------------------------------------------------------------
+
+
+def test_runs_share_up_to_where_the_measured_gain_falls_below_the_minimum() -> None:
+    model = SharingModel()
+    assert not model.shares(0.001)  # no calibration, no sharing
+    # gain = 2·alone / pair: 1.5 at 2 ms, 1.25 at 20 ms, 1.0 at 200 ms (linear in log t).
+    for alone, gain in ((0.002, 1.5), (0.02, 1.25), (0.2, 1.0)):
+        model.observe(alone, 2 * alone / gain)
+    crossing = 0.02 * 10 ** ((1.25 - MIN_SHARING_GAIN) / 0.25)  # 1.1 on the line
+    assert model.limit_seconds == pytest.approx(crossing, rel=1e-9)
+    assert model.shares(0.05) and not model.shares(0.1)
+
+
+def test_no_gain_no_sharing_and_no_fall_trusts_only_a_little_beyond() -> None:
+    never = SharingModel()
+    for alone in (0.001, 0.01, 0.1):
+        never.observe(alone, 2 * alone)  # two at once take twice as long: no gain
+    assert never.limit_seconds == 0.0
+    always = SharingModel()
+    for alone in (0.001, 0.01):
+        always.observe(alone, alone * 2 / 1.6)
+    assert always.limit_seconds == pytest.approx(0.01 * SHARING_EXTRAPOLATION)
+
+
+# -- a real batcher on tiny ---------------------------------------------------------------
+
+
+def lane_settings(model_repository: Path, lanes: int, shared_run_ms: float | None) -> Settings:
+    return layer_settings(
+        model_repository,
+        inference_lanes=lanes,
+        shared_run_ms=shared_run_ms,
+        max_batch_tokens=TOKENS + 8,
+    )
+
+
+def run_jobs(
+    settings: Settings, runtimes: dict[str, ModelRuntime], deadlines: list[float | None]
+) -> tuple[list[Any], float]:
+    """``len(deadlines)`` jobs of one 40-token sequence each, submitted at once; their
+    outcomes and how many runs overlapped another."""
+
+    async def main() -> tuple[list[Any], float]:
+        metrics = Metrics()
+        batcher = Batcher(runtimes, settings, metrics)
+        await batcher.start()
+        try:
+            outcomes = await asyncio.gather(
+                *(
+                    batcher.submit(
+                        MODEL,
+                        sequences((TOKENS,), seed=200 + k),
+                        graph=EMBEDDINGS,
+                        deadline=None if d is None else time.monotonic() + d,
+                    )
+                    for k, d in enumerate(deadlines)
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            await batcher.stop()
+        return outcomes, metric(metrics.registry, "attnserve_overlapped_runs_total")
+
+    return asyncio.run(main())
+
+
+def test_small_runs_overlap_on_two_lanes_with_the_answers_of_one_lane(
+    model_repository: Path, runtimes: dict[str, ModelRuntime]
+) -> None:
+    """Every run is [1, 40] either way, so the answers are bitwise those of one lane."""
+    serial, overlapped_serial = run_jobs(
+        lane_settings(model_repository, 1, None), runtimes, [None] * JOBS
+    )
+    shared, overlapped = run_jobs(lane_settings(model_repository, 2, 1e9), runtimes, [None] * JOBS)
+    assert overlapped_serial == 0
+    assert overlapped > 0  # the two lanes did run at once
+    for one, two in zip(serial, shared, strict=True):
+        hidden = graph_io.OUTPUT_HIDDEN
+        np.testing.assert_array_equal(one[0][hidden], two[0][hidden])
+
+
+def test_runs_too_large_to_share_never_overlap(
+    model_repository: Path, runtimes: dict[str, ModelRuntime]
+) -> None:
+    _, overlapped = run_jobs(lane_settings(model_repository, 2, 0), runtimes, [None] * JOBS)
+    assert overlapped == 0
+
+
+def test_a_job_past_its_deadline_never_runs_on_shared_lanes(
+    model_repository: Path, runtimes: dict[str, ModelRuntime]
+) -> None:
+    deadlines: list[float | None] = [None, -0.001] * (JOBS // 2)
+    outcomes, _ = run_jobs(lane_settings(model_repository, 2, 1e9), runtimes, deadlines)
+    for outcome, deadline in zip(outcomes, deadlines, strict=True):
+        if deadline is None:
+            assert outcome[0][graph_io.OUTPUT_HIDDEN].shape[0] == TOKENS
+        else:
+            assert isinstance(outcome, DeadlineExceeded) and "before it ran" in outcome.message
