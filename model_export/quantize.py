@@ -225,9 +225,8 @@ def sensitive_matmuls(
     return kept, reached
 
 
-# The selection set of ``keep_cosine``: real-looking sentences (a seed the bench does
-# not judge on), or for a model without a tokenizer seeded random embeddings.
-KEEP_SENTENCES, KEEP_SEED = 64, 3
+# The selection set of ``keep_cosine`` without a tokenizer: seeded random embeddings
+# (with one: quantize_sentences.KEEP_SENTENCES).
 KEEP_RANDOM_SEEDS = (10, 11, 12, 13)
 
 
@@ -235,12 +234,13 @@ def _choose_fp32_layers(src: Path, manifest: Manifest, target: float) -> dict[st
     """Which layers' feed-forward output MatMul stays fp32 (indices, graph order)."""
     text = manifest.text
     if text is not None and text.tokenizer is not None:
-        from model_export.quantize_sentences import sentences
+        from model_export.quantize_sentences import KEEP_SEED, KEEP_SENTENCES, sentences
 
         ids, mask = _sentence_ids(src, manifest, sentences(KEEP_SENTENCES, KEEP_SEED))
         embed = _session(src / text.embeddings_graph)
         feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: np.zeros_like(ids)}
-        batches = [(embed.run(None, feeds)[0], mask)]
+        embeds = embed.run(None, feeds)[0]  # (B, T, d)
+        batches = [(embeds[i : i + 32], mask[i : i + 32]) for i in range(0, len(ids), 32)]
         selected_on = f"{KEEP_SENTENCES} sentences (quantize_sentences seed {KEEP_SEED})"
     else:
         d = manifest.architecture.d_model

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+# What ``--int8-keep-cosine`` chooses its fp32 layers on (bench.int8 calibrates on the
+# same draw and judges on another seed).
+KEEP_SENTENCES, KEEP_SEED = 256, 1
+
 _SUBJECTS = (
     "The committee",
     "My neighbour",
