@@ -2,7 +2,9 @@
 
 For each model directory, ``model.onnx`` and ``model_attn.onnx`` are written as:
 ``dynamic`` (what ``--quantize int8`` exports: ``quantize_dynamic``, per-channel
-int8 weights, activations quantised at run time), ``qdq`` and ``qoperator``
+int8 weights, activations quantised at run time), ``dynamic-keep`` (the same
+with the fewest layers' feed-forward output fp32 for cosine 0.99 on the
+calibration sentences: ``--int8-keep-cosine 0.99``), ``qdq`` and ``qoperator``
 (``quantize_static``, per-channel int8 weights and uint8 activations whose
 ranges were calibrated on real sentences, in the two formats onnxruntime
 offers). bf16 is only checked: onnxruntime's CPU provider has no bf16 MatMul.
@@ -17,7 +19,7 @@ Agreement, on held-out sentences (never calibrated on): cosine of mean-pooled
 sentence embeddings vs fp32 (min, mean), and the largest absolute difference of
 attention weights (``model_attn.onnx``).
 
-    .venv/bin/python -m bench.int8 models/minilm-l6 /tmp/mp5/mpnet-base \\
+    .venv/bin/python -m bench.int8 models/minilm-l6 /tmp/mp5/mpnet-base --profile \\
         --ov-python /tmp/ov-venv/bin/python
 
 Writes ``bench/out/int8.json`` and prints a markdown table rendered from it.
