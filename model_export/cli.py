@@ -138,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
         "<name>-int8), its agreement with fp32 recorded in its config.json",
     )
     exp.add_argument(
+        "--int8-keep-cosine",
+        type=float,
+        metavar="C",
+        help="with --quantize int8: keep the fewest feed-forward output MatMuls fp32 for "
+        "sentence embeddings to reach cosine C with fp32 (e.g. 0.99; chosen on sentences "
+        "apart from the recorded agreement's, recorded as quantization.keep)",
+    )
+    exp.add_argument(
         "--no-optimize",
         dest="optimize",
         action="store_false",
@@ -252,7 +260,9 @@ def run(args: argparse.Namespace) -> int:
         from model_export.quantize import quantize_model_dir
 
         int8_dir = result.model_dir.with_name(result.model_dir.name + "-int8")
-        agreement = quantize_model_dir(result.model_dir, int8_dir)
+        agreement = quantize_model_dir(
+            result.model_dir, int8_dir, keep_cosine=args.int8_keep_cosine
+        )
         print(f"\nwrote {int8_dir} (int8); agreement with fp32: {agreement}")
     if args.triton_repo is not None:
         from model_export.triton import write_repository
@@ -269,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.int8_keep_cosine is not None and args.quantize != "int8":
+        parser.error("--int8-keep-cosine needs --quantize int8")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Before torch is imported: its logging setup resets the "torch" logger's level, not a
     # filter on the one logger that says this.

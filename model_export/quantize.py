@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,25 +54,26 @@ class QuantizationError(ValueError):
     """The int8 copy disagrees with its fp32 source beyond ``MIN_COSINE``."""
 
 
-def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[str, Any]:
-    """Write ``dst``: ``src`` with int8 encoder graphs; return the recorded agreement."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def quantize_model_dir(
+    src: Path, dst: Path, name: str | None = None, keep_cosine: float | None = None
+) -> dict[str, Any]:
+    """Write ``dst``: ``src`` with int8 encoder graphs; return the recorded agreement.
 
+    With ``keep_cosine``, the fewest feed-forward output MatMuls (the same layers in
+    every graph) stay fp32 for the sentence embeddings to reach that cosine with fp32
+    on a selection set apart from the agreement sets (``sensitive_matmuls``)."""
     manifest = Manifest.read(src)
     manifest.verify(src)
     text_graph = manifest.text_graph
     quantized_graphs = [*manifest.graphs, *([text_graph] if text_graph else [])]
     with staged_model_dir(dst) as staging:
+        keep: dict[str, Any] = {}
+        if keep_cosine is not None:
+            keep = _choose_fp32_layers(src, manifest, keep_cosine)
         for graph in quantized_graphs:
-            quantize_dynamic(
-                src / graph,
-                staging / graph,
-                weight_type=QuantType.QInt8,
-                per_channel=True,
-                nodes_to_exclude=batched_matmuls(src / graph),
-                # Shape inference does not know the fused contrib operators' outputs.
-                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-            )
+            layers = feed_forward_outputs(src / graph)
+            kept = [layers[i] for i in keep.get("fp32_layers", [])]
+            quantize_graph_dynamic(src / graph, staging / graph, kept)
         graphs = [*quantized_graphs]
         for extra in set(manifest.files()) - set(quantized_graphs) - {manifest.weights}:
             if extra.endswith(".onnx"):  # its weights, wherever they are, into the graph
@@ -116,6 +119,7 @@ def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[st
                     "type": "int8 dynamic (onnxruntime quantize_dynamic, per-channel weights)",
                     "source": manifest.name,
                     "agreement": agreement,
+                    **({"keep": keep} if keep else {}),
                 },
             },
         )
@@ -124,6 +128,151 @@ def quantize_model_dir(src: Path, dst: Path, name: str | None = None) -> dict[st
 
 
 Batch = tuple[np.ndarray, np.ndarray]
+
+
+def quantize_graph_dynamic(src: Path, dst: Path, keep_fp32: Sequence[str] = ()) -> None:
+    """One graph, dynamically: int8 weights per output channel, activations at run time;
+    the MatMul nodes named in ``keep_fp32`` stay fp32."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        src,
+        dst,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        nodes_to_exclude=[*batched_matmuls(src), *keep_fp32],
+        # Shape inference does not know the fused contrib operators' outputs.
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+
+
+def quantize_graph_static(
+    src: Path, dst: Path, reader: Any, *, quant_format: Any = None, method: Any = None
+) -> None:
+    """One graph, statically: int8 weights per output channel, uint8 activations whose
+    ranges ``reader`` (a ``CalibrationDataReader``) calibrated. Only weight MatMuls: the
+    attention products (both operands activations) stay fp32."""
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    quantize_static(
+        src,
+        dst,
+        reader,
+        quant_format=QuantFormat.QDQ if quant_format is None else quant_format,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax if method is None else method,
+        op_types_to_quantize=["MatMul"],  # not Softmax: attention weights stay fp32
+        nodes_to_exclude=batched_matmuls(src),
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
+    )
+
+
+# The activation before these MatMuls: the feed-forward block's second projection reads
+# the GELU's output, whose few very large channels (BERT's outlier dimensions) one
+# per-tensor int8 scale cannot hold with the rest.
+_GELUS = frozenset({"BiasGelu", "Gelu", "FastGelu"})
+
+
+def feed_forward_outputs(path: Path) -> list[str]:
+    """The MatMul nodes that read a GELU's output (one per layer), in graph order."""
+    model = onnx.load(str(path), load_external_data=False)
+    producer = {out: node.op_type for node in model.graph.node for out in node.output}
+    return [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "MatMul" and producer.get(node.input[0]) in _GELUS
+    ]
+
+
+def sensitive_matmuls(
+    src: Path, batches: Sequence[Batch], min_cosine: float
+) -> tuple[list[str], float]:
+    """The fewest feed-forward output MatMuls to keep fp32 so that the dynamic int8 graph's
+    mean-pooled embeddings of ``batches`` (embeds, mask) reach ``min_cosine`` (min over
+    sequences) against fp32: each candidate is scored alone, then kept in that order
+    until the target is met. Returns (kept nodes, the cosine reached)."""
+    reference = _session(src)
+    want = [reference.run(None, _feeds(b))[0] for b in batches]
+
+    def worst(keep: Sequence[str]) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            graph = Path(tmp) / "candidate.onnx"
+            quantize_graph_dynamic(src, graph, keep)
+            session = _session(graph)
+        cosines = [
+            _cosines(w, session.run(None, _feeds(b))[0], b[1])
+            for w, b in zip(want, batches, strict=True)
+        ]
+        return float(np.concatenate(cosines).min())
+
+    reached = worst(())
+    if reached >= min_cosine:
+        return [], reached
+    scores = {node: worst([node]) for node in feed_forward_outputs(src)}
+    kept: list[str] = []
+    for node in sorted(scores, key=lambda n: -scores[n]):
+        kept.append(node)
+        reached = worst(kept)
+        if reached >= min_cosine:
+            break
+    return kept, reached
+
+
+# The selection set of ``keep_cosine`` without a tokenizer: seeded random embeddings
+# (with one: quantize_sentences.KEEP_SENTENCES).
+KEEP_RANDOM_SEEDS = (10, 11, 12, 13)
+
+
+def _choose_fp32_layers(src: Path, manifest: Manifest, target: float) -> dict[str, Any]:
+    """Which layers' feed-forward output MatMul stays fp32 (indices, graph order)."""
+    text = manifest.text
+    if text is not None and text.tokenizer is not None:
+        from model_export.quantize_sentences import KEEP_SEED, KEEP_SENTENCES, sentences
+
+        ids, mask = _sentence_ids(src, manifest, sentences(KEEP_SENTENCES, KEEP_SEED))
+        embed = _session(src / text.embeddings_graph)
+        feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: np.zeros_like(ids)}
+        embeds = embed.run(None, feeds)[0]  # (B, T, d)
+        batches = [(embeds[i : i + 32], mask[i : i + 32]) for i in range(0, len(ids), 32)]
+        selected_on = f"{KEEP_SENTENCES} sentences (quantize_sentences seed {KEEP_SEED})"
+    else:
+        d = manifest.architecture.d_model
+        lengths = tuple(n for n in AGREEMENT_LENGTHS if n <= manifest.architecture.max_seq_len)
+        batches = [make_inputs(lengths, d, seed) for seed in KEEP_RANDOM_SEEDS]
+        selected_on = f"random embeddings (seeds {list(KEEP_RANDOM_SEEDS)})"
+    graph = src / graph_io.GRAPH_EMBEDDINGS
+    kept, reached = sensitive_matmuls(graph, batches, target)
+    if reached < target:
+        raise QuantizationError(
+            f"int8 reaches cosine {reached:.4f} with every feed-forward output kept fp32, "
+            f"below the {target} asked"
+        )
+    order = feed_forward_outputs(graph)
+    return {
+        "target_cosine": target,
+        "selected_on": selected_on,
+        "cosine_min": round(reached, 6),
+        "fp32_layers": sorted(order.index(node) for node in kept),
+    }
+
+
+def _feeds(batch: Batch) -> dict[str, np.ndarray]:
+    return {graph_io.INPUT_EMBEDS: batch[0], graph_io.INPUT_MASK: batch[1]}
+
+
+def _cosines(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per sequence: cosine of the mean-pooled hidden states a and b [B, T, d]."""
+    weights = mask[..., None].astype(np.float32)  # (B, T, 1)
+    pa, pb = ((x * weights).sum(1) / weights.sum(1) for x in (a, b))  # (B, d)
+    out: np.ndarray = (pa * pb).sum(1) / (np.linalg.norm(pa, axis=1) * np.linalg.norm(pb, axis=1))
+    return out
 
 
 def batched_matmuls(path: Path) -> list[str]:
@@ -199,14 +348,14 @@ def _text_graph_agreement(
     }
 
 
-def _sentence_ids(model_dir: Path, manifest: Manifest) -> Batch:
-    """``SENTENCES`` tokenized with the model's tokenizer, padded: (ids, mask)."""
+def _sentence_ids(model_dir: Path, manifest: Manifest, texts: Sequence[str] = SENTENCES) -> Batch:
+    """``texts`` tokenized with the model's tokenizer, padded: (ids, mask)."""
     from tokenizers import Tokenizer
 
     assert manifest.text is not None and manifest.text.tokenizer is not None
     tokenizer = Tokenizer.from_file(str(model_dir / manifest.text.tokenizer))
     tokenizer.enable_padding()
-    encoded = tokenizer.encode_batch(list(SENTENCES))
+    encoded = tokenizer.encode_batch(list(texts))
     ids = np.array([e.ids for e in encoded], dtype=np.int64)
     mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
     return ids, mask

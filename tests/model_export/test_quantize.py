@@ -72,3 +72,20 @@ def test_cli_writes_the_int8_copy_beside(tmp_path: Path) -> None:
     assert code == 0
     config = json.loads((tmp_path / "m-int8" / "config.json").read_text())
     assert config["name"] == "m-int8" and config["quantization"]["source"] == "m"
+
+
+def test_keep_cosine_is_recorded_and_keeps_nothing_already_within(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """tiny's int8 already agrees (cosine ~1.0), so no layer stays fp32; the choice and
+    where it was made are recorded beside the agreement."""
+    quantize_model_dir(tiny_model_dir, tmp_path / "tiny-int8", keep_cosine=0.99)
+    keep = Manifest.read(tmp_path / "tiny-int8").record["quantization"]["keep"]
+    assert keep["fp32_layers"] == [] and keep["cosine_min"] >= 0.99
+    assert keep["selected_on"].startswith("random embeddings")
+
+
+def test_keep_cosine_needs_quantize(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--preset", "tiny", "--out", str(tmp_path / "m"), "--int8-keep-cosine", "0.99"])
+    assert exc.value.code == 2
