@@ -6,7 +6,8 @@ import statistics
 from pathlib import Path
 
 from bench.peers.common import Results
-from bench.peers.ratios import column, limit_of, summary_contenders, workload_title
+from bench.peers.limit import limit_of
+from bench.peers.ratios import column, summary_contenders, workload_title
 from bench.peers.workloads import WORKLOADS
 
 

@@ -18,27 +18,8 @@ from bench.peers.common import (
     Row,
 )
 from bench.peers.contenders.pytriton import TritonSetting
+from bench.peers.limit import OUR_GRAPHS, limit_of
 from bench.peers.workloads import Workload
-
-
-def limit_of(results: Results, w: Workload) -> tuple[dict[int, float], dict[int, float]]:
-    """Per round id: in-process best items/s, and the p50 of the single request shape.
-
-    A round counts only if every in-process run of the workload has it (a batch size
-    that failed would otherwise lower that round's best and flatter every server)."""
-    if w.text:
-        row = results.rows.get(("T1", "onnxruntime, our graphs"))
-        rounds = row.by_round() if row else {}
-        return (
-            {i: r["items_per_s"] for i, r in rounds.items()},
-            {i: r["p50_ms"] for i, r in rounds.items()},
-        )
-    rows = [r.by_round() for (key, _), r in results.rows.items() if key == f"{w.key} limit"]
-    ids = set.intersection(*(set(r) for r in rows)) if rows else set()
-    best = {i: max(r[i]["items_per_s"] for r in rows) for i in sorted(ids)}
-    single = results.rows.get((f"{w.key} limit", "batch ×1"))
-    p50 = {i: r["p50_ms"] for i, r in single.by_round().items() if i in ids} if single else {}
-    return best, p50
 
 
 def ratios(results: Results, w: Workload, row: Row) -> list[float]:
@@ -83,8 +64,13 @@ def ordered(contenders: set[str]) -> list[str]:
 
 def summary_contenders(results: Results) -> list[str]:
     """The ratio table's columns: PyTriton as two (its default, its best setting), the
-    unoptimised infinity-emb only in the detail table."""
-    names = {c for (k, c) in results.rows if " limit" not in k and k != "graph"}
+    unoptimised infinity-emb and T1's in-process settings (the limit's column names the
+    best) only in the detail table."""
+    names = {
+        c
+        for (k, c) in results.rows
+        if " limit" not in k and k != "graph" and not c.startswith(OUR_GRAPHS)
+    }
     settings = (f"{PYTRITON}, ", f"{PYTRITON_GRPC}, ")
     shown = {c for c in names if not c.startswith(settings) and c != INFINITY_OFF}
     if any(c.startswith(f"{PYTRITON}, ") for c in names):

@@ -12,11 +12,11 @@ from pathlib import Path
 from bench.lib.load import SAMPLE_PER_RUN
 from bench.lib.report import median_range
 from bench.peers.common import ATOL, PYTRITON, Results, Row
+from bench.peers.limit import limit_names, limit_of
 from bench.peers.ratios import (
     best_triton,
     cell,
     column,
-    limit_of,
     ordered,
     ratios,
     summary_contenders,
@@ -57,13 +57,26 @@ def preamble(results: Results, rounds: int) -> list[str]:
         "per round and workload the contenders run one after the other, order rotated). "
         "Do not edit by hand: rerun it._",
         "",
-        "Ratio = the contender's tokens/s (sentences/s for text) ÷ onnxruntime in-process on "
-        "our graph in the same round, batched as a server at best could (the request merged "
-        "with up to `c` others, ≤ 4096 tokens, ≤ 8 sequences with attention; the ragged batch "
-        "padded as one run); median and (min–max) over rounds, each round paired with the "
-        "limit of the same round by its id. A round that either side lacks is left out, and "
-        "the cell says how many rounds it holds (`[2/3 rounds]`). Above 1 is possible where "
-        "a server does better than one padded run (ragged, text).",
+        "Ratio = the contender's tokens/s (sentences/s for text) ÷ the in-process limit of "
+        "the same round: onnxruntime in-process on our graph (for text: our two graphs "
+        "behind the tokenizer) at its best in that round over batch sizes and thread and "
+        "concurrency settings, each measured in every round. Batch sizes: the request "
+        "merged with others as a server at best could (no more requests in flight than `c` "
+        "over the setting's runs, ≤ 4096 tokens, ≤ 8 sequences with attention; the ragged "
+        "batch padded as one run). Settings: one run at a time on a 2-thread session (our "
+        "server's); where `c` ≥ 2 also two runs at once (two Python threads) on one 1-thread "
+        "session (`2 runs × 1 thread`), on one 2-thread session (`2 runs × 2 threads`) or on "
+        "two 1-thread sessions (`2 sessions × 1 thread`); at `c`=1 (one request in flight) "
+        "only one run at a time, on a 2- or a 1-thread session; for text `1 run × 2 "
+        "threads` and `2 runs × 1 thread` (both in the detail table). The limit columns "
+        "name the setting best in the most rounds (and in how many, when not all); the "
+        "best of several noisy settings raises the limit a little, against the servers. "
+        "One request's latency reference (the limit's p50, W1's overhead line) is the "
+        "lowest p50 of batch ×1 run one at a time, its setting named too. Median and "
+        "(min–max) over rounds, each round paired with the limit of the same round by its "
+        "id. A round that either side lacks is left out, and the cell "
+        "says how many rounds it holds (`[2/3 rounds]`). Above 1 is possible where a server "
+        "does better than one padded run (ragged, text).",
         "",
         "Answers are checked in every round, for every contender, against in-process "
         f"onnxruntime on our graph: max |difference| ≤ {ATOL:g} of per-token embeddings "
@@ -78,7 +91,8 @@ def preamble(results: Results, rounds: int) -> list[str]:
         "(servers stay up across workloads, so RSS includes what earlier ones left allocated; "
         "for in-process rows: the worker process, its peak so far); load-gen cores: the one "
         "load process (keep-alive HTTP/1.1 framed by h11, asyncio). onnxruntime runs with 2 "
-        "intra-op threads and no spinning in our server, PyTriton's infer function and in-process. "
+        "intra-op threads and no spinning in our server and PyTriton's infer function, "
+        "in-process without spinning at the settings above. "
         "PyTriton is tuned as Triton's docs recommend (no preferred batch sizes; the "
         "batching window from Triton's default 0 upwards; model instances): one server per "
         "setting, each measured in every round; its columns are Triton's default and, per "
@@ -111,8 +125,10 @@ def ratio_table(results: Results, max_seq: int, rounds: int) -> list[str]:
             values, setting = column(results, w, c)
             cells.append(cell(values, rounds, setting))
         unit = "sentences/s" if w.text else "tokens/s"
+        setting, _ = limit_names(results, w)
         lines.append(
-            f"| {workload_title(w, max_seq)} | {statistics.median(best.values()):,.0f} {unit} | "
+            f"| {workload_title(w, max_seq)} "
+            f"| {statistics.median(best.values()):,.0f} {unit} at {setting} | "
             + " | ".join(cells)
             + " |"
         )
@@ -157,8 +173,10 @@ def detail_table(results: Results, max_seq: int, rounds: int) -> list[str]:
         if not best:
             continue
         p50 = statistics.median(single.values()) if single else float("nan")
+        setting, p50_setting = limit_names(results, w)
         lines.append(
-            f"| {workload_title(w, max_seq)} | in-process limit "
+            f"| {workload_title(w, max_seq)} | in-process limit: {setting}; "
+            f"p50 one request: {p50_setting} "
             f"| {statistics.median(best.values()):,.0f} | {p50:.1f} | | 1 "
             f"| {len(best)}/{rounds} | | | | reference |"
         )
@@ -193,11 +211,13 @@ def w1_overhead(results: Results) -> list[str]:
     if not w1_single:
         return []
     inproc = statistics.median(w1_single.values())
+    _, setting = limit_names(results, WORKLOADS[0])
     parts = []
     for c in ordered({c for (k, c) in results.rows if k == "W1"}):
         if (p50 := results.rows[("W1", c)].median("p50_ms")) == p50:  # not NaN: has rounds
             parts.append(f"{c} {p50 / inproc:.2f} (+{p50 - inproc:.1f} ms)")
-    return ["", f"W1 p50 ÷ in-process p50 ({inproc:.2f} ms): " + "; ".join(parts) + "."]
+    reference = f"{inproc:.2f} ms at {setting}, the lowest p50 one run at a time"
+    return ["", f"W1 p50 ÷ in-process p50 ({reference}): " + "; ".join(parts) + "."]
 
 
 def graph_table(results: Results) -> list[str]:

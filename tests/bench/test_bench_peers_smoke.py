@@ -23,8 +23,9 @@ import pytest
 
 from bench.peers.checks import WrongAnswer, check_answers, check_summary
 from bench.peers.common import ATOL, Bench, Results, Row, Server
+from bench.peers.limit import limit_of
 from bench.peers.measure import measure_contender
-from bench.peers.ratios import cell, limit_of, ratios, unpaired
+from bench.peers.ratios import cell, ratios, unpaired
 from bench.peers.wire import native_call
 from bench.peers.workloads import WORKLOADS, Inputs
 

@@ -2,8 +2,9 @@
 
 Each runs in a worker process of its own (``workers/inproc_worker.py``): our venv's
 onnxruntime on our graphs (the limit: each workload's request batched as a server
-at best could) and on the optimum export of the same weights; the optimum venv's
-sentence-transformers on torch and on its ONNX backend.
+at best could, at every thread and concurrency setting of ``bench.peers.limit``) and
+on the optimum export of the same weights; the optimum venv's sentence-transformers
+on torch and on its ONNX backend.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from bench.peers.checks import WrongAnswer, check_answers, fail_round, record_round
 from bench.peers.common import OUT_PEERS, THREADS, VENVS, WORKERS, Bench
+from bench.peers.limit import OUR_GRAPHS, batch_sizes, limit_name, settings
 from bench.peers.workloads import WORKLOADS, Workload, padded
 
 
@@ -38,30 +40,33 @@ def run_inprocess(bench: Bench, w: Workload, optimum_dir: Path | None, st: bool)
         if not w.text:
             graph = str(bench.model_dir / ("model_attn.onnx" if w.attention else "model.onnx"))
             seqs = bench.inputs.seqs[w.key]
-            if w.ragged:  # the request as one padded run
-                sizes = [1]
-            else:  # as the server could merge requests: up to c, ≤ 4096 tokens (8 with attn)
-                cap = 8 if w.attention else 4096 // (w.batch * w.seq)
-                sizes = [k for k in (1, 2, 4, 8, 16, 32) if k <= max(1, min(w.concurrency, cap))]
-            for k in sizes:
-                embeds, mask = padded(seqs * k)
-                arrays[f"{w.key}x{k}_e"], arrays[f"{w.key}x{k}_m"] = embeds, mask
-                tasks.append(
-                    base
-                    | {"name": f"{w.key}x{k}", "kind": "embeds", "graph": graph}
-                    | {"embeds": f"{w.key}x{k}_e", "mask": f"{w.key}x{k}_m"}
-                )
-        else:
-            for label, model_dir, optimum in (
-                ("onnxruntime, our graphs", bench.model_dir, False),
-                ("onnxruntime, optimum export", optimum_dir, True),
-            ):
-                if model_dir is not None:
+            for s in settings(w):
+                for k in batch_sizes(w, s):
+                    if f"{w.key}x{k}_e" not in arrays:  # the request merged k-fold
+                        embeds, mask = padded(seqs * k)
+                        arrays[f"{w.key}x{k}_e"], arrays[f"{w.key}x{k}_m"] = embeds, mask
                     tasks.append(
                         base
-                        | {"name": f"T1 {label}", "kind": "text", "texts": bench.inputs.texts}
-                        | {"model_dir": str(model_dir), "optimum": optimum}
+                        | s.task
+                        | {"name": f"{w.key} limit|{limit_name(k, s)}", "kind": "embeds"}
+                        | {"graph": graph, "embeds": f"{w.key}x{k}_e", "mask": f"{w.key}x{k}_m"}
                     )
+        else:
+            for s in settings(w):  # the text limit: our graphs, swept like the arrays'
+                tasks.append(
+                    base
+                    | s.task
+                    | {"name": f"T1 {OUR_GRAPHS}, {s.label}", "kind": "text"}
+                    | {"texts": bench.inputs.texts, "model_dir": str(bench.model_dir)}
+                    | {"optimum": False}
+                )
+            if optimum_dir is not None:  # the optimum export, as our server runs a graph
+                tasks.append(
+                    base
+                    | {"name": "T1 onnxruntime, optimum export", "kind": "text"}
+                    | {"texts": bench.inputs.texts, "model_dir": str(optimum_dir)}
+                    | {"optimum": True}
+                )
             for shape, ids in bench.inputs.ids.items():
                 arrays[f"ids{shape}"] = ids
                 for label, model_dir, optimum in (
@@ -136,7 +141,8 @@ def _record_inprocess(bench: Bench, results: dict[str, Any], work: Path) -> None
             if name.startswith("T1 "):
                 fail_round(bench, t1, name.removeprefix("T1 "), stats["error"])
             else:  # a limit's run: the round has no limit, every ratio of it is dropped
-                bench.note(f"✗ in-process {name}: round {bench.round} failed: {stats['error']}")
+                what = name.replace("|", " ")
+                bench.note(f"✗ in-process {what}: round {bench.round} failed: {stats['error']}")
             continue
         stats["items_per_s"] = stats["items"] * stats["runs"] / stats["wall_s"]
         if name.startswith("graph "):
@@ -155,8 +161,8 @@ def _record_inprocess(bench: Bench, results: dict[str, Any], work: Path) -> None
                 continue
             record_round(bench, t1, contender, stats)
         else:
-            key, k = name.split("x")
-            bench.row(f"{key} limit", f"batch ×{k}").rounds.append(stats)
+            workload, contender = name.split("|")
+            bench.row(workload, contender).rounds.append(stats)
     print("  in-process done", flush=True)
 
 

@@ -13,12 +13,15 @@ Every loop is bounded by count and time.
 
 from __future__ import annotations
 
+import itertools
 import json
 import resource
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +30,58 @@ import numpy as np
 
 def timed(fn: Callable[[], Any], seconds: float, runs: int) -> dict[str, float]:
     """p50/p99 ms, runs, wall and CPU cores of ``fn`` repeated (after one warm-up)."""
-    fn()
-    times: list[float] = []
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    while len(times) < runs and time.perf_counter() - wall0 < seconds:
-        start = time.perf_counter()
+    return timed_together([fn], seconds, runs)
+
+
+def timed_together(fns: Sequence[Callable[[], Any]], seconds: float, runs: int) -> dict[str, float]:
+    """``timed`` with one Python thread per function, all running at once (onnxruntime
+    releases the GIL in ``run``): ``runs`` is the count over all of them, each run's time
+    is its own, the wall is the whole."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    wall = time.perf_counter() - wall0
+    times: list[float] = []
+    errors: list[Exception] = []  # a thread's failure, raised here once all have stopped
+    lock = threading.Lock()
+    clock = {"cpu0": 0.0, "wall0": 0.0}  # set once, by the last thread to reach the start
+
+    def start() -> None:
+        clock["cpu0"], clock["wall0"] = time.process_time(), time.perf_counter()
+
+    start_together = threading.Barrier(len(fns), action=start)
+
+    def loop(fn: Callable[[], Any]) -> None:
+        start_together.wait()
+        while True:
+            with lock:  # a run is counted before it starts: never more than ``runs``
+                late = time.perf_counter() - clock["wall0"] >= seconds
+                if errors or len(times) >= runs or late:
+                    return
+                times.append(0.0)
+                slot = len(times) - 1
+            began = time.perf_counter()
+            try:
+                fn()
+            except Exception as exc:  # stops every thread; raised by the caller
+                errors.append(exc)
+                return
+            times[slot] = time.perf_counter() - began
+
+    threads = [threading.Thread(target=loop, args=(fn,)) for fn in fns[1:]]
+    for thread in threads:
+        thread.start()
+    loop(fns[0])
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    wall = time.perf_counter() - clock["wall0"]
     times.sort()
     return {
         "runs": len(times),
         "wall_s": wall,
         "p50_ms": 1000 * times[len(times) // 2],
         "p99_ms": 1000 * times[max(0, int(len(times) * 0.99) - 1)],
-        "cores": (time.process_time() - cpu0) / wall,
+        "cores": (time.process_time() - clock["cpu0"]) / wall,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -102,13 +142,17 @@ class Text:
 
 
 def run_task(task: dict[str, Any], inputs: Any, outputs: dict[str, Any]) -> dict[str, Any]:
+    """One contender timed. ``concurrent`` runs at once (default 1) over ``sessions``
+    sessions (default 1), each of ``threads`` intra-op threads: the limit's settings."""
     kind, seconds, runs, threads = task["kind"], task["seconds"], task["runs"], task["threads"]
+    concurrent = task.get("concurrent", 1)
     if kind == "embeds":  # our model.onnx / model_attn.onnx on inputs_embeds
-        session = ort_session(task["graph"], threads)
+        sessions = [ort_session(task["graph"], threads) for _ in range(task.get("sessions", 1))]
         embeds = inputs[task["embeds"]]
         mask = inputs[task["mask"]]
         feeds = {"inputs_embeds": embeds, "attention_mask": mask}
-        stats = timed(lambda: session.run(None, feeds), seconds, runs)
+        fns = [partial(sessions[i % len(sessions)].run, None, feeds) for i in range(concurrent)]
+        stats = timed_together(fns, seconds, runs)
         stats["items"] = int(mask.sum())
         return stats
     if kind in ("ids", "text"):  # our embeddings.onnx + model.onnx, or optimum's model.onnx
@@ -119,7 +163,7 @@ def run_task(task: dict[str, Any], inputs: Any, outputs: dict[str, Any]) -> dict
             stats = timed(lambda: text.ids(ids, mask), seconds, runs)
             stats["items"] = int(ids.size)
             return stats
-        return timed_texts(task, text.texts, outputs)
+        return timed_texts(task, text.texts, outputs, concurrent)
     if kind in ("st", "st-onnx"):  # sentence-transformers in-process, torch or ONNX backend
         model = sentence_transformer(task)
 
@@ -132,12 +176,20 @@ def run_task(task: dict[str, Any], inputs: Any, outputs: dict[str, Any]) -> dict
 
 
 def timed_texts(
-    task: dict[str, Any], encode: Callable[[list[str]], np.ndarray], outputs: dict[str, Any]
+    task: dict[str, Any],
+    encode: Callable[[list[str]], np.ndarray],
+    outputs: dict[str, Any],
+    concurrent: int = 1,
 ) -> dict[str, Any]:
-    """The text batches encoded in turn, timed; then every batch's answer, for the check."""
+    """The text batches encoded in turn (by ``concurrent`` threads at once), timed; then
+    every batch's answer, one at a time, for the check."""
     batches: list[list[str]] = task["texts"]
-    turn = iter(range(10**9))
-    stats = timed(lambda: encode(batches[next(turn) % len(batches)]), task["seconds"], task["runs"])
+    turn = itertools.count()  # next() is atomic under the GIL: threads share the turns
+
+    def one() -> None:
+        encode(batches[next(turn) % len(batches)])
+
+    stats = timed_together([one] * concurrent, task["seconds"], task["runs"])
     for j, batch in enumerate(batches):
         outputs[f"{task['name']}#{j}"] = np.asarray(encode(batch), dtype=np.float32)
     stats["items"] = len(batches[0])
