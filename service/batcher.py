@@ -439,7 +439,8 @@ class Batcher:
         self._started(jobs, start)
         try:
             try:
-                results = await self._lanes.run(runtime, [j.sequences[i] for j, i in pieces], graph)
+                sequences = [job.sequences[i] for job, i in pieces]
+                results = await self._lanes.run(lease.lane, runtime, sequences, graph)
             finally:
                 alone = lease.ran_alone()
                 lease.release()

@@ -57,17 +57,22 @@ def calibration_shapes(graph: str) -> tuple[tuple[int, int], ...]:
 class Lease:
     """Lanes held by one run; released once, whatever happens to the run."""
 
-    def __init__(self, gate: LaneGate, lanes: int) -> None:
+    def __init__(self, gate: LaneGate, held: list[int]) -> None:
         self._gate = gate
-        self.lanes = lanes
+        self.held = held
         self.acquisition = gate.acquisitions  # this lease's own number
-        self.alone = gate.busy == lanes  # nothing else ran when it started
-        self._held = True
+        self.alone = gate.busy == len(held)  # nothing else ran when it started
+
+    @property
+    def lane(self) -> int:
+        """The lane whose thread runs it: the lowest held, so a lone run keeps to lane 0
+        and its thread's caches."""
+        return self.held[0]
 
     def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._gate.release(self.lanes)
+        if self.held:
+            held, self.held = self.held, []
+            self._gate.release(held)
 
     def ran_alone(self) -> bool:
         """Did the run have the lanes to itself from start to now?"""
@@ -80,44 +85,50 @@ class LaneGate:
 
     def __init__(self, lanes: int) -> None:
         self.lanes = lanes
-        self.busy = 0
+        self._free = list(range(lanes))  # lanes no run holds, lowest first
         self.acquisitions = 0
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._waiters: deque[tuple[int, asyncio.Future[list[int]]]] = deque()
         self._freed = asyncio.Event()
+
+    @property
+    def busy(self) -> int:
+        return self.lanes - len(self._free)
 
     async def acquire(self, *, exclusive: bool) -> Lease:
         need = self.lanes if exclusive else 1
-        if not self._waiters and self.busy + need <= self.lanes:
-            return self._take(need)
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._waiters and len(self._free) >= need:
+            return self._lease(self._hold(need))
+        waiter: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._waiters.append((need, waiter))
         try:
-            await waiter
+            held = await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # granted as it was cancelled
-                self.busy -= need
-            self._grant()
-            self._freed.set()
+                self.release(waiter.result())
+            else:
+                self._grant()  # the next in line may fit now
             raise
-        self.busy -= need  # _grant counted it busy; _take counts it again with its lease
-        return self._take(need)
+        return self._lease(held)
 
     async def until_free(self) -> None:
         """Until a shared run could start now: so a worker takes its next batch only
         when a lane can run it (the queue meanwhile fills the batch)."""
-        while self._waiters or self.busy >= self.lanes:
+        while self._waiters or not self._free:
             self._freed.clear()
             await self._freed.wait()
 
-    def release(self, lanes: int) -> None:
-        self.busy -= lanes
+    def release(self, held: list[int]) -> None:
+        self._free = sorted(self._free + held)
         self._grant()
         self._freed.set()
 
-    def _take(self, need: int) -> Lease:
-        self.busy += need
+    def _hold(self, need: int) -> list[int]:
+        held, self._free = self._free[:need], self._free[need:]
+        return held
+
+    def _lease(self, held: list[int]) -> Lease:
         self.acquisitions += 1
-        return Lease(self, need)
+        return Lease(self, held)
 
     def _grant(self) -> None:
         while self._waiters:
@@ -125,28 +136,30 @@ class LaneGate:
             if waiter.done():  # its caller was cancelled
                 self._waiters.popleft()
                 continue
-            if self.busy + need > self.lanes:
+            if len(self._free) < need:
                 return
             self._waiters.popleft()
-            self.busy += need  # held for it until it wakes
-            waiter.set_result(None)
+            waiter.set_result(self._hold(need))  # held for it until it wakes
 
 
 class InferenceLanes:
-    """``lanes`` worker threads behind one gate; each method awaits its work there."""
+    """One worker thread per lane behind one gate; each method awaits its work there."""
 
     def __init__(self, lanes: int) -> None:
         self.gate = LaneGate(lanes)
-        self._executor = ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="inference")
+        self._threads = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inference-{lane}")
+            for lane in range(lanes)
+        ]
 
     async def run(
-        self, runtime: ModelRuntime, sequences: list[np.ndarray], graph: str
+        self, lane: int, runtime: ModelRuntime, sequences: list[np.ndarray], graph: str
     ) -> list[SequenceResult]:
-        """``sequences`` through ``graph`` as one padded run, cut back per sequence; the
-        caller holds the lanes it needs (``gate.acquire``)."""
+        """``sequences`` through ``graph`` as one padded run on ``lane``'s thread, cut
+        back per sequence; the caller holds the lanes it needs (``gate.acquire``)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._executor, partial(run_and_split, runtime, sequences, graph)
+            self._threads[lane], partial(run_and_split, runtime, sequences, graph)
         )
 
     async def time(self, runtime: ModelRuntime, graph: str, batch: int, longest: int) -> float:
@@ -155,9 +168,9 @@ class InferenceLanes:
         sequences = [runtime.sample_sequence(graph, longest)] * batch
         lease = await self.gate.acquire(exclusive=True)
         try:
-            await self.run(runtime, sequences, graph)
+            await self.run(lease.lane, runtime, sequences, graph)
             start = time.monotonic()
-            await self.run(runtime, sequences, graph)
+            await self.run(lease.lane, runtime, sequences, graph)
             return time.monotonic() - start
         finally:
             lease.release()
@@ -173,7 +186,9 @@ class InferenceLanes:
             tries = []
             for _ in range(2):
                 start = time.monotonic()
-                await asyncio.gather(*(self.run(runtime, sequences, graph) for _ in range(2)))
+                await asyncio.gather(
+                    *(self.run(lane, runtime, sequences, graph) for lane in lease.held[:2])
+                )
                 tries.append(time.monotonic() - start)
             return min(tries)
         finally:
@@ -182,12 +197,14 @@ class InferenceLanes:
     async def warm_up(self, runtime: ModelRuntime) -> None:
         lease = await self.gate.acquire(exclusive=True)
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, runtime.warmup)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._threads[lease.lane], runtime.warmup)
         finally:
             lease.release()
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        for thread in self._threads:
+            thread.shutdown(wait=True, cancel_futures=True)
 
 
 def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:

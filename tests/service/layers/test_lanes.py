@@ -37,18 +37,19 @@ def test_shared_runs_take_a_lane_each_and_an_exclusive_run_waits_for_all() -> No
         gate = LaneGate(2)
         first = await gate.acquire(exclusive=False)
         second = await gate.acquire(exclusive=False)
-        assert gate.busy == 2
+        assert gate.busy == 2 and (first.lane, second.lane) == (0, 1)
         third = asyncio.ensure_future(gate.acquire(exclusive=False))
         exclusive = asyncio.ensure_future(gate.acquire(exclusive=True))
         await asyncio.sleep(0)
         assert not third.done() and not exclusive.done()
         first.release()
-        held = await third  # first come, first served
+        held = await third  # first come, first served, on the lane freed
+        assert held.lane == 0
         assert not exclusive.done() and gate.busy == 2
         second.release()
         held.release()
         whole = await exclusive
-        assert gate.busy == 2 and whole.lanes == 2
+        assert gate.busy == 2 and whole.held == [0, 1]
         whole.release()
         whole.release()  # a lease releases once
         assert gate.busy == 0
