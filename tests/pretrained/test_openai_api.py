@@ -108,6 +108,25 @@ def test_embeddings_equal_encode_and_transformers(
     assert (response.usage.prompt_tokens, response.usage.total_tokens) == (tokens, tokens)
 
 
+def test_json_floats_parse_to_the_base64_float32_bits(minilm_server_url: str) -> None:
+    """A client parsing the JSON numbers (any JSON parser: the text is float32's shortest
+    form) gets, rounded to float32, exactly the bits base64 sends for the same request."""
+
+    def answer(encoding_format: str) -> list[dict[str, object]]:
+        body = {"model": MODEL, "input": SENTENCES, "encoding_format": encoding_format}
+        r = httpx.post(f"{minilm_server_url}/v1/embeddings", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        data: list[dict[str, object]] = r.json()["data"]
+        return data
+
+    parsed = np.array([d["embedding"] for d in answer("float")], dtype=np.float32)
+    sent = np.array(
+        [np.frombuffer(base64.b64decode(str(d["embedding"])), "<f4") for d in answer("base64")]
+    )
+    assert parsed.shape == sent.shape == (len(SENTENCES), 384)
+    np.testing.assert_array_equal(parsed.view(np.uint32), sent.view(np.uint32))
+
+
 def test_one_string_input(openai_client: openai.OpenAI, reference: Reference) -> None:
     got = vectors(openai_client.embeddings.create(model=MODEL, input=SENTENCES[1]))
     np.testing.assert_allclose(got[0], reference.sentence[1], rtol=0, atol=REFERENCE_ATOL)
