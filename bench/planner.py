@@ -26,7 +26,8 @@ from bench.lib.models import DEFAULT_MODEL_DIR, OUT
 from bench.lib.report import table
 from bench.lib.results import write_json
 from model_export.manifest import graph_io
-from service.inference_lanes import CALIBRATION_SHAPES, run_and_split
+from service.calibration import CALIBRATION_SHAPES
+from service.inference_lanes import run_and_split
 from service.model_info import read_model_info
 from service.run_planner import RunCostModel, plan_runs
 from service.runtime import ModelRuntime

@@ -6,13 +6,10 @@ was busy (up to ``max_batch_tokens`` real tokens), sorts those sequences by
 length and cuts them into the runs of least modelled time (``run_planner``:
 each run within ``max_batch_tokens`` padded tokens and the attention budget,
 its cost fitted per graph from timed shapes at warm-up and every live run),
-so short and long sequences are not padded to each other. Runs execute on the
-inference lanes (``inference_lanes``): a run whose modelled time is small
-enough that two at once beat one at a time (``SharingModel``, timed per graph
-at warm-up) takes one lane, and the worker takes its next batch as soon as a
-lane is free; a larger run waits for every lane and runs alone. So at most
-``lanes`` small runs, or one large one, hold working memory at once.
-Admission happens above, in the engine.
+so short and long sequences are not padded to each other. A run small enough
+that two at once beat one at a time (``SharingModel``) takes one inference
+lane, and the worker takes its next batch when a lane is free; a larger run
+waits for every lane and runs alone. Admission happens above, in the engine.
 
 Fair by request, not by part: every part of one request is submitted with its
 ``Flow``, and batches are filled small requests first, then the large ones a
@@ -25,8 +22,7 @@ not run to a 504.
 
 A job whose deadline has passed, or whose caller went away, is dropped when
 its batch is taken and again when its run gets its lanes, before any
-inference. The tokens runs finish per second of busy lanes feed an estimate of
-how long the backlog takes to drain, which the engine turns into Retry-After.
+inference. The drain rate (``drain_rate``) sets Retry-After.
 A worker that fails unexpectedly fails the requests it holds and is
 restarted, so no caller ever waits on a dead worker.
 """
@@ -36,63 +32,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
 from model_export.manifest import graph_io
+from service.calibration import calibrate_graph
+from service.drain_rate import DrainRate, retry_after
 from service.errors import DeadlineExceeded, Overloaded
 from service.fair_queue import FairQueue, Flow, late_refusal
-from service.inference_lanes import InferenceLanes, Lease, SequenceResult, calibration_shapes
+from service.inference_lanes import InferenceLanes, Lease, SequenceResult
+from service.jobs import Job, Slice, forget
 from service.metrics import GRAPH_LABELS, Metrics
-from service.run_planner import RunCostModel, SharingModel, plan_runs
+from service.run_planner import Fits, RunCostModel, SharingModel, memory_bounds, plan_runs
 from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.timing import RunTiming
 
 log = logging.getLogger(__name__)
-
-
-# How much of the tokens-per-second estimate each second of busy lanes replaces: the
-# estimate is tokens finished ÷ seconds the lanes were busy, both decayed by
-# ``exp(-busy seconds ÷ RATE_MEMORY_SECONDS)``, so runs overlapping on two lanes count as
-# their combined rate, not the mean of each run's own.
-RATE_MEMORY_SECONDS = 2.0
-# Retry-After bounds, in seconds.
-RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
-
-
-@dataclass(eq=False)  # compared and hashed by identity: jobs are held in sets
-class _Job:
-    runtime: ModelRuntime  # the version it was prepared for: a swap never changes it
-    sequences: list[np.ndarray]
-    graph: str
-    future: asyncio.Future[list[SequenceResult]]
-    deadline: float | None  # time.monotonic() after which it must not run
-    timing: RunTiming
-    flow: Flow
-    submitted: float = field(default_factory=time.monotonic)
-    started: bool = False
-    results: list[SequenceResult | None] = field(default_factory=list)
-    taken: int = 0  # sequences taken into batches so far (a prefix)
-    pending: int = 0  # sequences whose results have not come back yet
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(s) for s in self.sequences)
-
-
-def _forget(in_hand: set[_Job], job: _Job, _: object) -> None:
-    """A job answered is no longer the worker's to fail."""
-    in_hand.discard(job)
-
-
-# Sequences [start, end) of one job, taken into a batch.
-_Slice = tuple[_Job, int, int]
 
 
 class Batcher:
@@ -114,9 +73,9 @@ class Batcher:
         self._settings = settings
         self._metrics = metrics
         self._before_batch = before_batch
-        self._queues: dict[str, FairQueue[_Job]] = {}
+        self._queues: dict[str, FairQueue[Job]] = {}
         self._flows: dict[str, set[Flow]] = {}  # the open flows of each model
-        self._in_hand: dict[str, set[_Job]] = {}  # taken into batches, not yet answered
+        self._in_hand: dict[str, set[Job]] = {}  # taken into batches, not yet answered
         self._wakeups: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._started_workers = False
@@ -124,9 +83,7 @@ class Batcher:
         self._runs: set[asyncio.Task[None]] = set()  # runs in flight
         self._queued = 0  # jobs waiting for their first run
         self._backlog_tokens = 0  # tokens of jobs not yet finished
-        self._rate_tokens = 0.0  # decayed tokens finished, and the busy seconds they took
-        self._rate_seconds = 0.0
-        self._last_finish = 0.0
+        self._drain = DrainRate()
         self._costs: dict[tuple[str, str], RunCostModel] = {
             (name, graph): RunCostModel() for name in runtimes for graph in GRAPH_LABELS
         }
@@ -167,33 +124,20 @@ class Batcher:
         self._lanes.shutdown()
 
     async def calibrate(self, runtimes: list[ModelRuntime] | None = None) -> None:
-        """Time ``CALIBRATION_SHAPES`` per model (every served one, or ``runtimes``) and
-        graph: alone, the run planner's first cost model (every live run alone refines
-        it); with more than one lane and no ``shared_run_ms`` chosen, also two at once, the
-        graph's sharing model."""
+        """Time each graph of every served model (or of ``runtimes``) on the calibration
+        shapes: the run planner's first cost model and the graph's sharing model."""
         measure_sharing = self._lanes.gate.lanes > 1 and self._settings.shared_run_ms is None
         for runtime in list(self._runtimes.values()) if runtimes is None else runtimes:
-            most = runtime.info.max_seq_len
             for graph in runtime.graphs:
-                fits = self._fits(runtime, graph)
                 key = (runtime.info.name, graph)
-                sharing = self._sharing[key] = SharingModel()
-                for batch, longest in calibration_shapes(graph):
-                    longest = min(longest, most)
-                    if not fits(batch, longest):
-                        continue
-                    seconds = await self._lanes.time(runtime, graph, batch, longest)
-                    self._costs.setdefault(key, RunCostModel()).observe(batch, longest, seconds)
-                    if measure_sharing:
-                        pair = await self._lanes.time_shared(runtime, graph, batch, longest)
-                        sharing.observe(seconds, pair)
-                if measure_sharing:
-                    log.info(
-                        "model %s, graph %s: runs of up to %.1f ms alone share the lanes",
-                        runtime.info.name,
-                        GRAPH_LABELS[graph],
-                        1000 * sharing.limit_seconds,
-                    )
+                self._sharing[key] = await calibrate_graph(
+                    self._lanes,
+                    runtime,
+                    graph,
+                    self._fits(runtime, graph),
+                    self._costs.setdefault(key, RunCostModel()),
+                    measure_sharing=measure_sharing,
+                )
 
     async def warm_up(self, runtime: ModelRuntime) -> None:
         """A small ragged batch per graph of ``runtime`` (a model being loaded), on the
@@ -226,12 +170,10 @@ class Batcher:
     def backlog_seconds(self) -> float:
         """How long the work not yet finished takes at the measured rate (0 if unknown):
         the jobs submitted, and the parts of open requests still to be submitted."""
-        if not self._rate_seconds or not self._rate_tokens:
-            return 0.0
         to_come = sum(
             max(flow.tokens - flow.submitted, 0) for flows in self._flows.values() for flow in flows
         )
-        return (self._backlog_tokens + to_come) * self._rate_seconds / self._rate_tokens
+        return self._drain.seconds_for(self._backlog_tokens + to_come)
 
     @contextlib.contextmanager
     def flow(
@@ -282,8 +224,7 @@ class Batcher:
 
     def retry_after(self) -> str:
         """Retry-After for a refused request: the backlog's drain time, whole seconds."""
-        seconds = math.ceil(self.backlog_seconds())
-        return str(min(max(seconds, RETRY_AFTER_MIN), RETRY_AFTER_MAX))
+        return retry_after(self.backlog_seconds())
 
     async def submit(
         self,
@@ -308,7 +249,7 @@ class Batcher:
         if graph not in runtime.graphs:
             raise ValueError(f"unknown graph {graph!r}")  # it would never be run
         loop = asyncio.get_running_loop()
-        job = _Job(
+        job = Job(
             runtime,
             sequences,
             graph,
@@ -335,14 +276,14 @@ class Batcher:
             self._backlog_tokens -= tokens
             job.flow.finished += tokens
 
-    def _take_batch(self, queue: FairQueue[_Job]) -> list[_Slice]:
+    def _take_batch(self, queue: FairQueue[Job]) -> list[Slice]:
         """Up to the token budget of queued sequences, small requests first, then large
         ones in turn (see ``FairQueue``); jobs whose caller went away or whose deadline
         passed are dropped here, before any more of them runs."""
         now = time.monotonic()
         return queue.take(self._settings.max_batch_tokens, lambda job: self._gone(job, now))
 
-    def _gone(self, job: _Job, now: float) -> bool:
+    def _gone(self, job: Job, now: float) -> bool:
         """Has ``job`` been answered, or its caller gone? A job whose deadline passed
         is failed here (504), so it never runs."""
         if not job.future.done() and job.deadline is not None and job.deadline <= now:
@@ -384,19 +325,19 @@ class Batcher:
             for job in {id(job): job for job, _, _ in taken}.values():
                 if job not in in_hand:
                     in_hand.add(job)
-                    job.future.add_done_callback(partial(_forget, in_hand, job))
+                    job.future.add_done_callback(partial(forget, in_hand, job))
             if self._before_batch is not None:
                 self._before_batch(model)
             # Around a swap, jobs of two versions may share a batch: each runs on its own.
             # Groups go in the order the queue took their first slice (fair order).
-            groups: dict[tuple[int, str], list[_Slice]] = {}
+            groups: dict[tuple[int, str], list[Slice]] = {}
             for piece in taken:
                 job = piece[0]
                 groups.setdefault((id(job.runtime), job.graph), []).append(piece)
             for group in groups.values():
                 await self._dispatch(group[0][0].runtime, group, group[0][0].graph)
 
-    async def _dispatch(self, runtime: ModelRuntime, group: list[_Slice], graph: str) -> None:
+    async def _dispatch(self, runtime: ModelRuntime, group: list[Slice], graph: str) -> None:
         """Plan the group's runs and start each on the lanes it needs, in turn; a run
         goes on in the background while the next waits for its lanes."""
         slots = [(job, i) for job, start, end in group for i in range(start, end)]
@@ -429,7 +370,7 @@ class Batcher:
         lease: Lease,
         runtime: ModelRuntime,
         graph: str,
-        pieces: list[tuple[_Job, int]],
+        pieces: list[tuple[Job, int]],
         lengths: list[int],
     ) -> None:
         """One run on the lanes ``lease`` holds; its sequences' results go to their jobs,
@@ -458,24 +399,16 @@ class Batcher:
             if not job.future.done() and job.pending == 0:  # its last sequences ran
                 job.future.set_result([r for r in job.results if r is not None])
 
-    def _fits(self, runtime: ModelRuntime, graph: str) -> Callable[[int, int], bool]:
-        """The memory bounds of one run of ``graph``: (sequences, longest) -> within them."""
-        with_attention = graph == graph_io.GRAPH_ATTENTION
-        maps = runtime.info.config.n_layers * runtime.info.config.n_heads
-        settings = self._settings
+    def _fits(self, runtime: ModelRuntime, graph: str) -> Fits:
+        """The memory bounds of one run of ``graph`` (see ``run_planner.memory_bounds``)."""
+        config, settings = runtime.info.config, self._settings
+        return memory_bounds(
+            settings.max_batch_tokens,
+            config.n_layers * config.n_heads if graph == graph_io.GRAPH_ATTENTION else 0,
+            settings.max_batch_attention_floats,
+        )
 
-        def fits(batch: int, longest: int) -> bool:
-            # Padded tokens bound the embeddings; attention grows with longest², so
-            # its floats get their own budget (the graph's memory is mostly these).
-            if batch * longest > settings.max_batch_tokens:
-                return False
-            return not with_attention or (
-                batch * maps * longest * longest <= settings.max_batch_attention_floats
-            )
-
-        return fits
-
-    def _started(self, jobs: list[_Job], now: float) -> None:
+    def _started(self, jobs: list[Job], now: float) -> None:
         for job in jobs:
             if not job.started:
                 job.started = True
@@ -493,7 +426,7 @@ class Batcher:
         lengths: list[int],
         start: float,
         alone: bool,
-        jobs: list[_Job],
+        jobs: list[Job],
     ) -> None:
         """Record one run: metrics, each job's compute time, the cost model (runs that
         had the lanes to themselves: it models a run alone) and the drain rate."""
@@ -514,10 +447,4 @@ class Batcher:
         self._metrics.batch_fill.observe(tokens / (len(lengths) * longest))
         if graph == graph_io.GRAPH_TOKEN_EMBEDDINGS:
             return  # a lookup, not the encoder: its speed says nothing of the drain rate
-        # The lanes were busy since this run started or the last run finished, whichever
-        # is later: overlapping runs add their tokens over the same seconds.
-        busy = max(now - max(start, self._last_finish), 1e-6)
-        self._last_finish = now
-        keep = math.exp(-busy / RATE_MEMORY_SECONDS)
-        self._rate_tokens = self._rate_tokens * keep + tokens
-        self._rate_seconds = self._rate_seconds * keep + busy
+        self._drain.finished(tokens, start, now)

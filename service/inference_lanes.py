@@ -34,26 +34,6 @@ from service.runtime import ModelRuntime, pad
 SequenceResult = dict[str, np.ndarray]
 
 
-# Shapes (sequences, tokens) timed per graph at warm-up, so the run planner has a cost
-# model (and a sharing model) before the first request. The hidden-state graph gets
-# small shapes only: onnxruntime's arena keeps what a run needed, and its outputs grow
-# with B·T·L (with large shapes, idle RSS was 540 MB instead of 300); its live runs
-# refine the fit. The attention graph runs without the arena, so it gets the small
-# shapes and W4's [1,128] class, where sharing its lanes pays most.
-CALIBRATION_SHAPES = ((1, 8), (1, 64), (8, 16), (4, 32), (2, 128), (4, 96))
-SMALL_CALIBRATION_SHAPES = ((1, 8), (1, 32), (4, 8), (2, 32), (1, 64), (4, 16))
-ATTENTION_CALIBRATION_SHAPES = (*SMALL_CALIBRATION_SHAPES, (1, 128), (2, 96))
-
-
-def calibration_shapes(graph: str) -> tuple[tuple[int, int], ...]:
-    """The (sequences, tokens) shapes timed for ``graph`` before its first request."""
-    if graph in (graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_TEXT):
-        return CALIBRATION_SHAPES
-    if graph == graph_io.GRAPH_ATTENTION:
-        return ATTENTION_CALIBRATION_SHAPES
-    return SMALL_CALIBRATION_SHAPES
-
-
 class Lease:
     """Lanes held by one run; released once, whatever happens to the run."""
 

@@ -92,6 +92,20 @@ def _non_negative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float
     return float(a), float(b), float(c)
 
 
+def memory_bounds(max_tokens: int, maps: int, max_attention_floats: int) -> Fits:
+    """(sequences, longest) -> within the bounds of one run: padded tokens bound the
+    embeddings; with ``maps`` attention maps per sequence (0: none returned), their
+    floats grow with longest², so they get their own budget (the graph's memory is
+    mostly these)."""
+
+    def fits(batch: int, longest: int) -> bool:
+        if batch * longest > max_tokens:
+            return False
+        return batch * maps * longest * longest <= max_attention_floats
+
+    return fits
+
+
 def plan_runs(lengths: list[int], fits: Fits, cost: Cost | None = None) -> list[list[int]]:
     """Sequence indices grouped into runs, longest first.
 

@@ -1,0 +1,69 @@
+"""Calibration: each graph timed on a few shapes before its first request.
+
+Each shape runs alone (twice: the first pays the allocations), the run
+planner's first cost model, which every live run alone refines; with more
+than one lane and no ``ATTNSERVE_SHARED_RUN_MS`` chosen, also two at once on
+two lanes, the graph's sharing model (which runs share the lanes).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from model_export.manifest import graph_io
+from service.inference_lanes import InferenceLanes
+from service.metrics import GRAPH_LABELS
+from service.run_planner import Fits, RunCostModel, SharingModel
+from service.runtime import ModelRuntime
+
+log = logging.getLogger(__name__)
+
+
+# Shapes (sequences, tokens) timed per graph at warm-up, so the run planner has a cost
+# model (and a sharing model) before the first request. The hidden-state graph gets
+# small shapes only: onnxruntime's arena keeps what a run needed, and its outputs grow
+# with B·T·L (with large shapes, idle RSS was 540 MB instead of 300); its live runs
+# refine the fit. The attention graph runs without the arena, so it gets the small
+# shapes and W4's [1,128] class, where sharing its lanes pays most.
+CALIBRATION_SHAPES = ((1, 8), (1, 64), (8, 16), (4, 32), (2, 128), (4, 96))
+SMALL_CALIBRATION_SHAPES = ((1, 8), (1, 32), (4, 8), (2, 32), (1, 64), (4, 16))
+ATTENTION_CALIBRATION_SHAPES = (*SMALL_CALIBRATION_SHAPES, (1, 128), (2, 96))
+
+
+def calibration_shapes(graph: str) -> tuple[tuple[int, int], ...]:
+    """The (sequences, tokens) shapes timed for ``graph`` before its first request."""
+    if graph in (graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_TEXT):
+        return CALIBRATION_SHAPES
+    if graph == graph_io.GRAPH_ATTENTION:
+        return ATTENTION_CALIBRATION_SHAPES
+    return SMALL_CALIBRATION_SHAPES
+
+
+async def calibrate_graph(
+    lanes: InferenceLanes,
+    runtime: ModelRuntime,
+    graph: str,
+    fits: Fits,
+    cost: RunCostModel,
+    *,
+    measure_sharing: bool,
+) -> SharingModel:
+    """Time ``graph``'s calibration shapes that fit, into ``cost``; the sharing model
+    measured (empty unless ``measure_sharing``)."""
+    sharing = SharingModel()
+    for batch, longest in calibration_shapes(graph):
+        longest = min(longest, runtime.info.max_seq_len)
+        if not fits(batch, longest):
+            continue
+        seconds = await lanes.time(runtime, graph, batch, longest)
+        cost.observe(batch, longest, seconds)
+        if measure_sharing:
+            sharing.observe(seconds, await lanes.time_shared(runtime, graph, batch, longest))
+    if measure_sharing:
+        log.info(
+            "model %s, graph %s: runs of up to %.1f ms alone share the lanes",
+            runtime.info.name,
+            GRAPH_LABELS[graph],
+            1000 * sharing.limit_seconds,
+        )
+    return sharing
