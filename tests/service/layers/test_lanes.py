@@ -1,5 +1,6 @@
-"""The inference lanes: the gate's rules, the sharing model, and a real batcher running
-small runs two at a time with answers equal to one at a time, deadlines still kept."""
+"""The inference lanes: the gate's rules, the sharing model, a real batcher running
+small runs two at a time with answers equal to one at a time, deadlines still kept,
+and the drain rate of overlapping runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from model_export import graph_io
 from service.batcher import Batcher
+from service.drain_rate import DrainRate, retry_after
 from service.errors import DeadlineExceeded
 from service.inference_lanes import LaneGate
 from service.metrics import Metrics
@@ -199,3 +201,21 @@ def test_a_job_past_its_deadline_never_runs_on_shared_lanes(
             assert outcome[0][graph_io.OUTPUT_HIDDEN].shape[0] == TOKENS
         else:
             assert isinstance(outcome, DeadlineExceeded) and "before it ran" in outcome.message
+
+
+# -- the drain rate -------------------------------------------------------------------
+
+
+def test_runs_overlapping_on_two_lanes_drain_at_their_combined_rate() -> None:
+    one_at_a_time, together = DrainRate(), DrainRate()
+    assert one_at_a_time.seconds_for(100) == 0.0  # nothing measured yet
+    one_at_a_time.finished(100, start=0.0, now=1.0)
+    one_at_a_time.finished(100, start=1.0, now=2.0)
+    assert one_at_a_time.seconds_for(100) == pytest.approx(1.0, rel=1e-9)  # 100 tokens/s
+    together.finished(100, start=0.0, now=1.0)
+    together.finished(100, start=0.0, now=1.0 + 1e-6)  # the other lane, at the same time
+    assert together.seconds_for(200) == pytest.approx(1.0, rel=1e-4)  # 200 tokens/s
+
+
+def test_retry_after_is_whole_seconds_within_its_bounds() -> None:
+    assert [retry_after(s) for s in (0.0, 0.2, 1.01, 59.5, 600.0)] == ["1", "1", "2", "60", "60"]
