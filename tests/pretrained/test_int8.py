@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import base64
 import shutil
 from pathlib import Path
 
-import httpx
-import numpy as np
 import onnx
 import pytest
 
@@ -20,6 +17,7 @@ from model_export.quantize import (
 )
 from model_export.quantize_sentences import sentences
 from tests.conftest import running_server
+from tests.support.embeddings import sentence_embeddings
 
 
 def test_minilm_int8_agrees_with_fp32_on_sentences(minilm_repository: Path, tmp_path: Path) -> None:
@@ -60,18 +58,7 @@ def test_minilm_int8_keeping_layers_fp32_serves_within_its_cosine(
         assert set(kept) <= fp32, graph
     texts = sentences(64, 2)
     with running_server(repo, default_model="minilm-l6") as url:
-        vectors = {}
-        for model in ("minilm-l6", "minilm-l6-int8"):
-            r = httpx.post(
-                f"{url}/v1/embeddings",
-                json={"model": model, "input": texts, "encoding_format": "base64"},
-                timeout=120,
-            )
-            assert r.status_code == 200, r.text
-            data = r.json()["data"]
-            vectors[model] = np.stack(
-                [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in data]
-            )
+        vectors = {m: sentence_embeddings(url, m, texts) for m in ("minilm-l6", "minilm-l6-int8")}
     cosines = (vectors["minilm-l6"] * vectors["minilm-l6-int8"]).sum(axis=1)  # unit vectors
     # The target holds on the sentences the choice saw; on unseen ones the least agreeing
     # may fall a little short (measured: min 0.9904-0.9915, mean 0.994), so the held-out

