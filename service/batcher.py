@@ -149,19 +149,14 @@ class Batcher:
 
     def shares(self, model: str, graph: str, batch: int, longest: int) -> bool:
         """Does a run of this shape take one lane (else it runs alone)?"""
-        if self._lanes.gate.lanes == 1:
-            return False
         cost = self._costs.get((model, graph))
-        fitted = cost is not None and cost.fitted
-        chosen = self._settings.shared_run_ms
-        if chosen is not None:  # the operator's limit
-            if chosen == 0 or cost is None:
-                return False
-            return not fitted or 1000 * cost(batch, longest) <= chosen
-        sharing = self._sharing.get((model, graph))
-        if sharing is None or cost is None or not fitted:
+        if self._lanes.gate.lanes == 1 or cost is None:
             return False
-        return sharing.shares(cost(batch, longest))
+        chosen = self._settings.shared_run_ms
+        if chosen is not None:  # the operator's limit; runs with no estimate yet are small
+            return chosen > 0 and (not cost.fitted or 1000 * cost(batch, longest) <= chosen)
+        sharing = self._sharing.get((model, graph))
+        return sharing is not None and cost.fitted and sharing.shares(cost(batch, longest))
 
     def busy(self) -> bool:
         """Is anything queued or running, so new work would wait for it?"""
