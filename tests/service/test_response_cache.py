@@ -207,7 +207,10 @@ def test_an_entry_holds_no_view_of_its_whole_run(model_repository: Path) -> None
     transient peaks of a round's buffers, so the RSS compared is the lowest seen
     after the warm-up rounds and after each of the last three rounds."""
     bound = 3 * 1024 * 1024
-    margin = 48 * 1024 * 1024
+    # The allocator's noise: 84 MiB was seen once in a full run with two inference lanes
+    # (a second thread's malloc arena). Five keepers held as views pin 5 × 33.5 MB = 160
+    # MiB, still well past bound + margin (99 MiB), so the test keeps failing on views.
+    margin = 96 * 1024 * 1024
     with server_process(
         model_repository,
         response_cache_bytes=str(bound),
