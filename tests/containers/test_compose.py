@@ -90,6 +90,21 @@ def under_load(reference: np.ndarray, seconds: float, event: Callable[[], None])
     return result
 
 
+def wait_ready(podman: Podman, container: str, seconds: float = 120) -> float:
+    """Seconds until the replica answers its readiness probe (model loaded, warmed up)."""
+    return wait_until(
+        lambda: (
+            podman.run(
+                "ready probe", "exec", container, "attnserve-healthcheck", "ready", check=False
+            ).returncode
+            == 0
+        ),
+        f"{container} ready",
+        seconds,
+        interval=0.5,
+    )
+
+
 def upstreams_in_balancer_log(podman: Podman, compose: Compose) -> Counter[str]:
     (balancer,) = compose.containers("balancer")
     log = podman.run("balancer log", "logs", balancer).stdout
@@ -152,12 +167,18 @@ def test_sigkill_of_a_replica_under_load_loses_nothing(
     wait_until(
         lambda: podman.inspect(victim, "{{.State.Running}}") == "true", "restart", 60, interval=0.2
     )
+    record(sigkill_restart_ready_seconds=round(wait_ready(podman, victim), 1))
 
 
 def test_sigterm_drains_a_replica_under_load(
     podman: Podman, compose_stack: Compose, reference: np.ndarray
 ) -> None:
-    victim = compose_stack.containers("attnserve")[1]
+    # Draining one replica loses nothing only if another can take its load: the one
+    # the SIGKILL test restarted may still be loading (it answered 502 in CI).
+    replicas = compose_stack.containers("attnserve")
+    for replica in replicas:
+        wait_ready(podman, replica)
+    victim = replicas[1]
     result = under_load(reference, 12.0, lambda: podman.run("stop", "stop", victim, timeout=60))
     exit_code = podman.inspect(victim, "{{.State.ExitCode}}")
     record(
