@@ -47,6 +47,18 @@ TEXT_GRAPH_OUTPUTS: Final = (OUTPUT_HIDDEN,)
 GRAPH_SPARSE: Final = "sparse_model.onnx"
 OUTPUT_CLS_ATTENTION: Final = "cls_attention"  # float32 [batch, seq], 0 at padding
 SPARSE_GRAPH_OUTPUTS: Final = (OUTPUT_CLS_ATTENTION,)
+# Heads (models imported with one): token ids, types and mask -> the head's answer per
+# sequence, the encoder's weights read from the same weights.bin as every graph.
+# A sequence-classification head (cross-encoders, classifiers): one logit per label.
+GRAPH_SCORES: Final = "scores_model.onnx"
+OUTPUT_LOGITS: Final = "logits"  # float32 [batch, labels]
+# A masked-LM head read as SPLADE: max over tokens of log(1 + relu(logits)), 0 at padding.
+GRAPH_SPLADE: Final = "splade_model.onnx"
+OUTPUT_SPLADE: Final = "splade"  # float32 [batch, vocab]
+HEAD_GRAPHS: Final[dict[str, tuple[str, ...]]] = {
+    GRAPH_SCORES: (OUTPUT_LOGITS,),
+    GRAPH_SPLADE: (OUTPUT_SPLADE,),
+}
 STOPWORDS_FILE: Final = "stopwords.txt"  # one word per line: left out of BM42 vectors
 # format_version 5: the weights of every graph, each distinct tensor once, as ONNX
 # external data (model_export.weights_file). Since then text asking only for embeddings
@@ -60,6 +72,7 @@ ID_GRAPHS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_TEXT: TEXT_GRAPH_OUTPUTS,
     GRAPH_SPARSE: SPARSE_GRAPH_OUTPUTS,
     GRAPH_TOKEN_EMBEDDINGS: (INPUT_EMBEDS,),
+    **HEAD_GRAPHS,
 }
 
 # The graphs an export writes, and their outputs. A graph is chosen per run by what
@@ -79,6 +92,8 @@ GRAPH_LABELS: Final[dict[str, str]] = {
     GRAPH_TEXT: "text",
     GRAPH_SPARSE: "sparse",
     GRAPH_TOKEN_EMBEDDINGS: "token_embeddings",
+    GRAPH_SCORES: "scores",
+    GRAPH_SPLADE: "splade",
 }
 # Graphs every model directory has; the first release wrote only these, without
 # hidden states (such models answer hidden-state requests with 422).
@@ -104,6 +119,8 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     INPUT_TOKEN_TYPES: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_CLS_ATTENTION: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_VALUE_NORMS: {0: BATCH_AXIS, 3: SEQ_AXIS},
+    OUTPUT_LOGITS: {0: BATCH_AXIS},
+    OUTPUT_SPLADE: {0: BATCH_AXIS},
 }
 
 # The axes of each array that run over tokens within one sequence (its batch axis dropped):

@@ -52,6 +52,7 @@ __all__ = [
     "ConfigError",
     "EncoderConfig",
     "GraphFile",
+    "Head",
     "Manifest",
     "ManifestError",
     "Pooling",
@@ -203,6 +204,62 @@ class TextFrontEnd:
             raise ManifestError(f"text: {exc}") from None
 
 
+HEAD_TASKS: Final = ("classify", "splade")
+ACTIVATIONS: Final = ("sigmoid", "softmax", "identity")
+MAX_LABELS: Final = 4096
+MAX_LABEL_CHARS: Final = 256
+
+
+@dataclass(frozen=True)
+class Head:
+    """The model's head, run as one graph from token ids (``graph_io.HEAD_GRAPHS``).
+
+    ``classify``: a sequence-classification head, one logit per label (``labels``,
+    the checkpoint's ``id2label`` in order); one label is a reranker (a cross-encoder
+    scoring query-document pairs). ``activation`` is the score function the checkpoint
+    defines (sentence-transformers' CrossEncoder: sigmoid for one label, else
+    identity; transformers' pipelines: softmax over several labels). ``splade``: a
+    masked-LM head giving a SPLADE vector over the vocabulary."""
+
+    task: str
+    graph: str
+    graph_sha256: str
+    labels: tuple[str, ...] = ()
+    activation: str = "identity"
+
+    def __post_init__(self) -> None:
+        if self.task not in HEAD_TASKS:
+            raise ManifestError(f"head.task must be one of {HEAD_TASKS}, got {self.task!r}")
+        check_file_name(self.graph, "head.graph")
+        if graph_io.HEAD_GRAPHS.get(self.graph) is None:
+            raise ManifestError(f"head.graph must be one of {sorted(graph_io.HEAD_GRAPHS)}")
+        want = graph_io.GRAPH_SCORES if self.task == "classify" else graph_io.GRAPH_SPLADE
+        if self.graph != want:
+            raise ManifestError(f"head.graph of a {self.task} head is {want}, got {self.graph}")
+        if self.activation not in ACTIVATIONS:
+            raise ManifestError(f"head.activation must be one of {ACTIVATIONS}")
+        labels = self.labels
+        if self.task == "classify" and not 0 < len(labels) <= MAX_LABELS:
+            raise ManifestError(f"head.labels must list 1..{MAX_LABELS} labels")
+        if self.task == "splade" and labels:
+            raise ManifestError("head.labels: a splade head has no labels")
+        for label in labels:
+            if not (isinstance(label, str) and 0 < len(label) <= MAX_LABEL_CHARS):
+                raise ManifestError(f"head.labels: each is text of 1..{MAX_LABEL_CHARS} chars")
+
+    @property
+    def reranks(self) -> bool:
+        """One logit: a score per query-document pair."""
+        return self.task == "classify" and len(self.labels) == 1
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Head:
+        try:
+            return cls(**{**data, "labels": tuple(data.get("labels") or ())})
+        except TypeError as exc:  # unknown or missing keys
+            raise ManifestError(f"head: {exc}") from None
+
+
 @dataclass(frozen=True)
 class Manifest:
     """Everything a server needs to know about a model directory, and its provenance.
@@ -232,6 +289,8 @@ class Manifest:
     weights: str | None = None
     weights_sha256: str | None = None
     include_prompt: bool = True
+    # A head (cross-encoder, classifier, SPLADE): what the model answers besides embeddings.
+    head: Head | None = None
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -258,6 +317,8 @@ class Manifest:
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ManifestError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         self._check_prompts()
+        if self.head is not None and self.text is None:
+            raise ManifestError("head: a head reads token ids, so the model needs its text")
         d_model = self.architecture.d_model
         for dim in self.matryoshka_dimensions:
             if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= d_model:
@@ -332,6 +393,8 @@ class Manifest:
         files = {name: graph.sha256 for name, graph in self.graphs.items()}
         if self.weights is not None and self.weights_sha256 is not None:
             files[self.weights] = self.weights_sha256
+        if self.head is not None:
+            files[self.head.graph] = self.head.graph_sha256
         if self.text is not None:
             files[self.text.embeddings_graph] = self.text.embeddings_sha256
             if self.text.tokenizer is not None and self.text.tokenizer_sha256 is not None:
@@ -373,6 +436,7 @@ class Manifest:
                 else {}
             ),
             "include_prompt": self.include_prompt,
+            **({"head": asdict(self.head)} if self.head is not None else {}),
             **self.record,
         }
 
@@ -382,6 +446,7 @@ class Manifest:
         known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
         known |= {"prompts", "default_prompt_name", "include_prompt", "weights", "weights_sha256"}
+        known |= {"head"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -405,6 +470,7 @@ class Manifest:
                 weights=raw.get("weights"),
                 weights_sha256=raw.get("weights_sha256"),
                 include_prompt=raw.get("include_prompt", True),
+                head=Head.from_dict(raw["head"]) if raw.get("head") else None,
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:

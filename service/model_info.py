@@ -77,6 +77,8 @@ def _prepacked_copies(manifest: Manifest, files: dict[str, Path], settings: Sett
     labels = {graph_io.GRAPH_LABELS[graph] for graph in manifest.graphs}
     if manifest.text is not None and manifest.text.sparse_graph is not None:
         labels.add(graph_io.GRAPH_LABELS[graph_io.GRAPH_SPARSE])
+    if manifest.head is not None:
+        labels.add(graph_io.GRAPH_LABELS[manifest.head.graph])
     copies = len(labels & settings.prepacked_graph_labels)
     return int(copies * share * files[manifest.weights].stat().st_size)
 

@@ -111,6 +111,15 @@ class ModelRuntime:
                 graph_io.TEXT_GRAPH_INPUTS,
                 graph_io.SPARSE_GRAPH_OUTPUTS,
             )
+        # A head (cross-encoder, classifier, SPLADE): token ids -> its answer per sequence.
+        head = info.manifest.head
+        if head is not None:
+            self._sessions[head.graph] = self._open(
+                options(head.graph),
+                head.graph,
+                graph_io.TEXT_GRAPH_INPUTS,
+                graph_io.HEAD_GRAPHS[head.graph],
+            )
         if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
             self._sessions[graph_io.GRAPH_TOKEN_EMBEDDINGS] = self._open(
                 options(graph_io.GRAPH_TOKEN_EMBEDDINGS),
