@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         "or pytorch_model.bin, optional tokenizer.json); families: bert, electra, roberta, "
         "xlm-roberta, camembert, distilbert, mpnet, roformer, modernbert (docs/models.md)",
     )
+    p.add_argument(
+        "--head",
+        choices=("auto", "none", "classify", "splade"),
+        default="auto",
+        help="with --checkpoint: the task head to export (auto: a *ForSequenceClassification "
+        "or CrossEncoder checkpoint's classifier, a *ForMaskedLM or SparseEncoder "
+        "checkpoint's masked-LM head as SPLADE; none: the encoder only)",
+    )
     p.add_argument("--name", help="model name recorded in config.json (default: --out's name)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
     p.add_argument(
@@ -222,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         if overrides or args.weights is not None:
             raise ConfigError("architecture flags and --weights do not apply to a checkpoint")
         source = args.checkpoint or CHECKPOINT_LOCATORS[args.preset]()
-        ckpt = load_checkpoint(source)
+        ckpt = load_checkpoint(source, head=args.head)
         result = export_model(
             ckpt.encoder,
             args.out,
@@ -234,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
             prompts=ckpt.prompts,
             default_prompt_name=ckpt.default_prompt_name,
             include_prompt=ckpt.include_prompt,
+            head=ckpt.head,
             **common,
         )
     else:

@@ -37,12 +37,16 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
+from model_export.heads import Head, HeadGraph
 from model_export.manifest import (
     GraphFile,
     Manifest,
     Pooling,
     TextFrontEnd,
     sha256_file,
+)
+from model_export.manifest import (
+    Head as ManifestHead,
 )
 from model_export.model import Encoder, EncoderBlock, TokenEmbeddings
 from model_export.optimize import optimize_graph
@@ -53,6 +57,7 @@ from model_export.validate import (
     DEFAULT_RTOL,
     CheckResult,
     results_json,
+    validate_head_graph,
     validate_model_dir,
     validate_sparse_graph,
     validate_text_path,
@@ -141,6 +146,8 @@ class _SparseGraph(nn.Module):
         cls: Tensor = weights[:, :, 0].mean(dim=1) * attention_mask  # (B, T)
         return cls
 
+
+HEAD_GRAPH = {"classify": graph_io.GRAPH_SCORES, "splade": graph_io.GRAPH_SPLADE}
 
 GRAPH_MODULES = {
     graph_io.GRAPH_EMBEDDINGS: _EmbeddingsGraph,
@@ -309,6 +316,7 @@ def export_model(
     prompts: dict[str, str] | None = None,
     default_prompt_name: str | None = None,
     include_prompt: bool = True,
+    head: Head | None = None,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -320,7 +328,8 @@ def export_model(
     ``tokenizer.json``. Every graph reads its weights from one ``weights.bin``.
     ``pooling``/``normalize``/``matryoshka_dimensions`` (and sentence-transformers'
     ``prompts``/``default_prompt_name``/``include_prompt``) go into the manifest as the model's
-    sentence-embedding recipe. ``optimize`` fuses each encoder graph
+    sentence-embedding recipe. ``head`` (with ``embeddings``) adds its graph from
+    token ids (model_export.heads). ``optimize`` fuses each encoder graph
     with onnxruntime's transformer optimizer (``optimize.py``) before validation;
     the fusions applied are recorded in the manifest.
     """
@@ -358,6 +367,22 @@ def export_model(
             graphs += _export_text_frontend(
                 embeddings, encoder, tokenizer_file, staging, (opset, exporter)
             )
+        head_graph = None
+        if head is not None:
+            if embeddings is None:
+                raise ValueError("a head reads token ids: export it with its embeddings")
+            head_graph = HEAD_GRAPH[head.task]
+            _export_graph(
+                HeadGraph(embeddings, encoder, head.module),
+                # Three distinct tensors: the dynamo exporter would merge one passed thrice.
+                (ids := torch.ones(2, 8, dtype=torch.int64), torch.zeros_like(ids), ids.clone()),
+                staging / head_graph,
+                opset,
+                exporter,
+                list(graph_io.TEXT_GRAPH_INPUTS),
+                list(graph_io.HEAD_GRAPHS[head_graph]),
+            )
+            graphs.append(head_graph)
         # Validated as written: reading their weights from the one shared file.
         share_weights([staging / graph for graph in graphs], staging / graph_io.WEIGHTS_FILE)
         checks = validate_model_dir(encoder, staging, atol=atol, embeddings=embeddings)
@@ -365,6 +390,10 @@ def export_model(
         if embeddings is not None:
             checks += _validate_text_frontend(embeddings, encoder, staging, atol)
             text = _text_manifest(embeddings, staging)
+        if head is not None and head_graph is not None:
+            assert embeddings is not None
+            path = staging / head_graph
+            checks += validate_head_graph(embeddings, encoder, head.module, path, atol)
         graph_sha = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
         manifest = Manifest(
             name=name or out_dir.name,
@@ -380,6 +409,15 @@ def export_model(
             weights=graph_io.WEIGHTS_FILE,
             weights_sha256=sha256_file(staging / graph_io.WEIGHTS_FILE),
             include_prompt=include_prompt,
+            head=None
+            if head is None or head_graph is None
+            else ManifestHead(
+                head.task,
+                head_graph,
+                sha256_file(staging / head_graph),
+                head.labels,
+                head.activation,
+            ),
             record={
                 "seed": seed,
                 "weights_source": source,

