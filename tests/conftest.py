@@ -197,3 +197,12 @@ def minilm_server_url(minilm_repository: Path) -> Iterator[str]:
 def minilm_grpc_address(minilm_server_url: str) -> str:
     """The gRPC address (host:port) of the session's MiniLM server."""
     return MINILM_GRPC["address"]
+
+
+@pytest.fixture(scope="session")
+def head_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    """A model repository of models with heads (tests.support.heads.HEAD_MODELS: rerankers,
+    a classifier, SPLADE) and each one's checkpoint folder, as its user saved it."""
+    from tests.support.heads import head_repository
+
+    return head_repository(tmp_path_factory.mktemp("heads"))
