@@ -341,6 +341,15 @@ class Manifest:
             raise ManifestError(f"include_prompt must be a boolean, got {self.include_prompt!r}")
 
     @property
+    def task(self) -> str:
+        """What the model answers besides token vectors, for errors and model listings:
+        ``embed`` (no head), ``rerank`` (one logit), ``classify`` or ``splade``."""
+        head = self.head
+        if head is None:
+            return "embed"
+        return "rerank" if head.reranks else head.task
+
+    @property
     def has_tokenizer(self) -> bool:
         return self.text is not None and self.text.tokenizer is not None
 
