@@ -1,8 +1,7 @@
 """A model's text front end: its tokenizer (the ``tokenizers`` package) and BM42's
 stopwords, apart from the onnxruntime sessions (``runtime.py``).
 
-Instances of the tokenizer per truncation (none, first, last; pairs cut by their
-document), so no request ever flips shared truncation
+Two instances of the tokenizer, so no request ever flips shared truncation
 state; a probe at load proves it can encode and decode (else the model never
 becomes ready). Its errors are the model's: a text it cannot take is a 422
 naming the model, never a 500.
@@ -12,10 +11,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Tokenizer
 
 from service.errors import InvalidInput, ModelLoadError
 from service.model_info import ModelInfo, cannot_load
@@ -41,8 +39,6 @@ class TextFrontEnd:
         )
         self._truncating = self._load_tokenizer(info, path, info.max_seq_len)
         self._truncating_left = self._load_tokenizer(info, path, info.max_seq_len, left=True)
-        # Pairs cut to fit by their document alone (only_second), keeping its start or end.
-        self._pairs = {left: self._pair_truncating(path, left) for left in (False, True)}
 
     @classmethod
     def load(cls, info: ModelInfo) -> TextFrontEnd | None:
@@ -110,37 +106,6 @@ class TextFrontEnd:
             encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [(e.tokens, e.ids, e.type_ids) for e in encoded]
 
-    def tokenize_pairs(
-        self, query: str, documents: list[str], *, truncate: bool, left: bool = False
-    ) -> list[TokenizedPair]:
-        """(query, document) pairs as the tokenizer's pair template joins them ([CLS] q
-        [SEP] d [SEP], token types as it gives them). ``truncate`` cuts the document
-        alone to the model's length (``only_second``; its first tokens kept, or with
-        ``left`` its last); without it a pair may be longer, for the caller to refuse."""
-        tokenizer = self._pairs[left] if truncate else self._tokenizer
-        with self._tokenizer_errors():
-            encoded = tokenizer.encode_batch([(query, d) for d in documents])
-        return [
-            TokenizedPair(e.tokens, e.ids, e.type_ids, _segment(e, 0), _segment(e, 1))
-            for e in encoded
-        ]
-
-    def pair_overhead(self, query: str) -> int:
-        """Tokens a pair takes before any of its document: the query's and the template's
-        special tokens (a query this long leaves no room to truncate the document into)."""
-        with self._tokenizer_errors():
-            tokens = len(self._tokenizer.encode(query, add_special_tokens=False).ids)
-        return tokens + self._tokenizer.num_special_tokens_to_add(True)
-
-    def _pair_truncating(self, path: Path, left: bool) -> Tokenizer:
-        tokenizer = self._load_tokenizer(self.info, path, None)
-        tokenizer.enable_truncation(
-            max_length=self.info.max_seq_len,
-            strategy="only_second",
-            direction="left" if left else "right",
-        )
-        return tokenizer
-
     def final_tokens(self, piece: str, *, from_end: bool = False) -> int:
         """Tokens of a prefix ``piece`` (specials excluded) that no continuation of it can
         change: those of its words before the last, which may be cut; ``from_end``: of a
@@ -191,22 +156,3 @@ class TextFrontEnd:
                 f"the tokenizer of model {self.info.name!r} cannot encode or decode this input: "
                 f"{str(exc)[:200]}"
             ) from exc
-
-
-@dataclass(frozen=True)
-class TokenizedPair:
-    """A (query, document) pair's tokens, ids and type ids, and the [start, stop) token
-    positions of the query's and the document's own tokens (specials excluded): what a
-    cross-encoder reads, and where each side sits in it (for attention between them)."""
-
-    tokens: list[str]
-    ids: list[int]
-    type_ids: list[int]
-    query: tuple[int, int]
-    document: tuple[int, int]
-
-
-def _segment(encoding: Encoding, sequence: int) -> tuple[int, int]:
-    """The token positions of one side of a pair (0: first, 1: second); (n, n) if none."""
-    at = [i for i, s in enumerate(encoding.sequence_ids) if s == sequence]
-    return (at[0], at[-1] + 1) if at else (len(encoding.ids), len(encoding.ids))

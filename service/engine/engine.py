@@ -6,7 +6,7 @@ module of its own, composed here: ``registry`` (which version serves),
 ``control`` (load, swap, unload, poll), ``lifecycle`` (ready, draining),
 ``admit`` (the one request prologue), ``text`` (tokenizers), ``prepare``
 (every limit before any work), ``execute`` (the batcher, parts, deadlines),
-``finish`` (outputs), ``sparse`` (BM42), ``rerank`` (cross-encoder heads) and ``response_cache``.
+``finish`` (outputs), ``sparse`` (BM42) and ``response_cache``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from service.engine import prepare, rerank, sparse, text
+from service.engine import prepare, sparse, text
 from service.engine.admission import Admission, Ticket
 from service.engine.admit import Admit, BodyMeter
 from service.engine.control import ModelControl
@@ -33,8 +33,6 @@ from service.engine.types import (
     DecodeResult,
     EncodeRequest,
     EncodeResult,
-    PairsRequest,
-    PairsResult,
     ServingLimits,
     SparseRequest,
     SparseResult,
@@ -249,12 +247,6 @@ class Engine:
     ) -> tuple[SparseResult, W]:
         """BM42 vectors (see ``sparse.py``)."""
         return await sparse.embed(parse, scope, self.registry, self._admit, self._execute)
-
-    async def score(
-        self, parse: Callable[[], tuple[PairsRequest, W]], scope: RequestScope
-    ) -> tuple[PairsResult, W]:
-        """Rerank or classify scores from a cross-encoder's head (see ``rerank.py``)."""
-        return await rerank.score(parse, scope, self.registry, self._admit, self._execute)
 
     async def tokenize(
         self, parse: Callable[[], tuple[TokenizeRequest, W]], scope: RequestScope

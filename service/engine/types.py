@@ -9,14 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from service.model_info import ModelInfo
-
-if TYPE_CHECKING:
-    from service.tokenizer import TokenizedPair
 
 Pooling = Literal["none", "mean", "cls", "max", "last"]
 Reduce = Literal["none", "mean", "max", "rollout"]
@@ -267,32 +264,3 @@ class ServingLimits:
     max_batch_tokens: int  # padded tokens per onnxruntime run
     max_pooled_sequences: int  # inputs per request of pooled vectors (413 beyond)
     max_concurrent_codecs: int  # requests decoded or tokenized at once
-
-
-@dataclass(frozen=True)
-class PairsRequest:
-    """Texts or (text, text) pairs scored by a sequence-classification head: a rerank
-    (``query`` beside each of ``documents``) or a classify (``inputs``, each a text or a
-    pair). ``raw_scores``: the logits, not the checkpoint's activation of them."""
-
-    task: str  # "rerank" | "classify"
-    query: str = ""
-    documents: list[str] = field(default_factory=list)
-    inputs: list[tuple[str, str | None]] = field(default_factory=list)
-    model: str | None = None
-    raw_scores: bool = False
-    truncate: bool = False
-    truncation_direction: str = "right"  # "left": a cut document keeps its last tokens
-
-
-@dataclass(frozen=True)
-class PairsResult:
-    """One row of scores per document (rerank, one column) or input (classify, one per
-    label), in request order; ``pairs`` keeps what the model read (its tokens and where
-    the query and the document sit), for answers that look inside it."""
-
-    model: str
-    labels: tuple[str, ...]
-    scores: np.ndarray  # float32 [n, labels]
-    pairs: list[TokenizedPair]
-    tokens: int  # over every sequence, special tokens included

@@ -1,5 +1,4 @@
-"""Native routes: ``/v1/encode``, ``/v1/tokenize``, ``/v1/embed_sparse``, ``/v1/rerank``,
-``/v1/models``, health and metrics.
+"""Native routes: ``/v1/encode``, ``/v1/tokenize``, ``/v1/models``, health and metrics.
 
 Routes move bytes: body -> codec -> engine -> codec -> bytes. No limit, no
 array math and no model logic lives here.
@@ -24,7 +23,7 @@ from service.protocols.http import (
     json_request_body,
     protocol_route,
 )
-from service.protocols.native import codec, rerank
+from service.protocols.native import codec
 from service.protocols.native.errors import render
 from service.protocols.native.schemas import (
     EmbedSparseRequest,
@@ -106,8 +105,6 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         prompts=dict(manifest.prompts),
         default_prompt_name=manifest.default_prompt_name,
         include_prompt=manifest.include_prompt,
-        task=manifest.task,
-        labels=list(manifest.head.labels) if manifest.head is not None else [],
         default=default,
     )
 
@@ -166,20 +163,6 @@ async def embed_sparse(request: Request, engine: EngineDep) -> Response:
     return ChunkedResponse([codec.sparse_response(result, return_text)])
 
 
-@encode.post(
-    "/rerank",
-    response_model=None,
-    responses={200: {"model": rerank.RerankResponse}},
-    openapi_extra=json_request_body("RerankRequest"),
-)
-async def rerank_documents(request: Request, engine: EngineDep) -> Response:
-    """Cross-encoder scores of a query with each document, the highest first (Cohere's
-    and Jina's shape; a reranker model)."""
-    body = await http.read_body(request, engine)
-    result, kept = await engine.score(lambda: rerank.request(body), scope_of(request))
-    return ChunkedResponse([rerank.response(result, kept)])
-
-
 @metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)
 async def prometheus_metrics(engine: EngineDep) -> Response:
     """Prometheus text exposition."""
@@ -189,7 +172,7 @@ async def prometheus_metrics(engine: EngineDep) -> Response:
 def openapi_components() -> dict[str, Any]:
     """Schemas referenced by hand (the encode body is parsed by the codec, not FastAPI)."""
     components: dict[str, Any] = {}
-    for model in (EncodeRequest, TokenizeRequest, EmbedSparseRequest, rerank.RerankRequest):
+    for model in (EncodeRequest, TokenizeRequest, EmbedSparseRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema

@@ -271,14 +271,6 @@ class ModelCard(BaseModel):
         description="Whether the prompt's tokens are pooled into sentence vectors; false: "
         "they ([CLS] with them) are left out, as the model was trained."
     )
-    task: str = Field(
-        "embed",
-        description="What the model answers besides embeddings: embed (nothing more), "
-        "rerank (/v1/rerank, /rerank), classify (/predict) or splade.",
-    )
-    labels: list[str] = Field(
-        default_factory=list, description="A classify or rerank head's labels, in order."
-    )
     default: bool
 
 

@@ -18,8 +18,6 @@ from service.engine import (
     EncodeRequest,
     EncodeResult,
     ModelInfo,
-    PairsRequest,
-    PairsResult,
     ServingLimits,
     SparseRequest,
     SparseResult,
@@ -223,11 +221,12 @@ TEI_POOLING = {"last": "last_token"}
 def info(model: ModelInfo, limits: ServingLimits, pooling: str) -> dict[str, Any]:
     """``GET /info`` in TEI's shape, with the limits that really apply here (TEI's
     shape has no prompts: ``GET /v1/models/{name}`` lists them)."""
+    pooling = TEI_POOLING.get(pooling, pooling)
     return {
         "model_id": model.name,
         "model_sha": None,
         "model_dtype": "float32",
-        "model_type": model_type(model, pooling),
+        "model_type": {"embedding": {"pooling": pooling}},
         "max_concurrent_requests": limits.max_queued_requests,
         "max_input_length": model.max_seq_len,
         "max_batch_tokens": limits.max_batch_tokens,
@@ -239,85 +238,3 @@ def info(model: ModelInfo, limits: ServingLimits, pooling: str) -> dict[str, Any
         "sha": None,
         "docker_label": None,
     }
-
-
-def rerank_request(body: bytes) -> tuple[PairsRequest, list[str]]:
-    """TEI's /rerank; the texts are kept for ``return_text``."""
-    options = wire.parse_options(schemas.RerankRequest, wire.parse_json_object(body))
-    request = PairsRequest(
-        task="rerank",
-        model=options.model,
-        query=options.query,
-        documents=options.texts,
-        raw_scores=options.raw_scores,
-        truncate=bool(options.truncate),
-        truncation_direction=_direction(options),
-    )
-    return request, options.texts if options.return_text else []
-
-
-def rerank_response(result: PairsResult, texts: list[str]) -> bytes:
-    """``[{index, score, text?}]``, the highest score first."""
-    scores = result.scores[:, 0]
-    order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))
-    return wire.dumps(
-        [
-            {"index": i, "score": float(scores[i]), **({"text": texts[i]} if texts else {})}
-            for i in order
-        ]
-    )
-
-
-def predict_request(body: bytes) -> tuple[PairsRequest, bool]:
-    """TEI's /predict: a text, a pair [a, b], or a list of texts and pairs. Whether the
-    answer is one list (one input) or a list of them is kept."""
-    options = wire.parse_options(schemas.PredictRequest, wire.parse_json_object(body))
-    raw = options.inputs
-    single = isinstance(raw, str) or (
-        len(raw) == 2 and all(isinstance(x, str) for x in raw)  # one pair
-    )
-    listed: list[str | list[str]] = [raw] if single else list(raw)  # type: ignore[list-item]
-    inputs: list[tuple[str, str | None]] = []
-    for i, item in enumerate(listed):
-        if isinstance(item, str):
-            inputs.append((item, None))
-        elif len(item) == 2:
-            inputs.append((item[0], item[1]))
-        else:
-            raise InvalidInput("must be a text or a pair [a, b]", field=("inputs", i))
-    request = PairsRequest(
-        task="classify",
-        model=options.model,
-        inputs=inputs,
-        raw_scores=options.raw_scores,
-        truncate=bool(options.truncate),
-        truncation_direction=_direction(options),
-    )
-    return request, single
-
-
-def predict_response(result: PairsResult, single: bool) -> bytes:
-    """``[{label, score}]`` per input, the highest score first."""
-    answers = [
-        [
-            {"label": result.labels[i], "score": float(row[i])}
-            for i in sorted(range(len(row)), key=lambda i: -float(row[i]))
-        ]
-        for row in result.scores
-    ]
-    return wire.dumps(answers[0] if single else answers)
-
-
-def model_type(model: ModelInfo, pooling: str) -> dict[str, Any]:
-    """TEI's ``model_type``: a reranker, a classifier (with its id2label) or an embedder."""
-    head = model.manifest.head
-    task = model.manifest.task
-    if head is not None and task in ("rerank", "classify"):
-        kind = "reranker" if task == "rerank" else "classifier"
-        return {
-            kind: {
-                "id2label": dict(enumerate(head.labels)),
-                "label2id": {label: i for i, label in enumerate(head.labels)},
-            }
-        }
-    return {"embedding": {"pooling": TEI_POOLING.get(pooling, pooling)}}

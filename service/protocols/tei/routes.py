@@ -1,9 +1,8 @@
 """TEI's routes: ``POST /`` and ``/embed`` (also ``//embed`` and ``/embed/``, which
 LlamaIndex posts to with a trailing slash in its base URL, and SageMaker's
 ``/invocations``), ``/embed_all``, ``/embed_sparse``, ``/similarity``,
-``/rerank``, ``/predict`` (cross-encoder heads), ``/tokenize``, ``/decode``,
-``GET /info`` and ``GET /health`` (and SageMaker's ``GET /ping``). ``GET /`` stays
-the viewer; a TEI health probe calls ``GET /health``.
+``/tokenize``, ``/decode``, ``GET /info`` and ``GET /health`` (and SageMaker's
+``GET /ping``). ``GET /`` stays the viewer; a TEI health probe calls ``GET /health``.
 
 Answers that ran the model carry TEI's timing headers, in its units (whole
 milliseconds): ``x-total-time`` (= ``x-compute-time``), ``x-tokenization-time``,
@@ -134,26 +133,6 @@ async def tei_embed_sparse(request: Request, engine: EngineDep) -> Response:
     )
     response = ChunkedResponse([codec.sparse_response(result)])
     return timed(response, request, characters, result.tokens)
-
-
-@work.post("/rerank", response_model=None)
-async def tei_rerank(request: Request, engine: EngineDep) -> Response:
-    """Cross-encoder scores of ``query`` with each of ``texts``: ``[{index, score, text?}]``,
-    the highest first (a reranker model)."""
-    body = await http.read_body(request, engine)
-    result, texts = await engine.score(lambda: codec.rerank_request(body), scope_of(request))
-    response = ChunkedResponse([codec.rerank_response(result, texts)])
-    return timed(response, request, 0, result.tokens)
-
-
-@work.post("/predict", response_model=None)
-async def tei_predict(request: Request, engine: EngineDep) -> Response:
-    """Each input's labels with their scores, the highest first (a classifier or a
-    reranker model); a text or a pair [a, b] each."""
-    body = await http.read_body(request, engine)
-    result, single = await engine.score(lambda: codec.predict_request(body), scope_of(request))
-    response = ChunkedResponse([codec.predict_response(result, single)])
-    return timed(response, request, 0, result.tokens)
 
 
 @work.post("/tokenize", response_model=None)

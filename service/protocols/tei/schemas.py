@@ -76,28 +76,3 @@ class SimilarityRequest(CutOptions):
 class ErrorBody(BaseModel):
     error: str
     error_type: str
-
-
-class HeadOptions(CutOptions):
-    model: str | None = Field(
-        None,
-        description="attnserve's extension (TEI serves one model): the model to run; "
-        "default: the server's default model.",
-    )
-    raw_scores: bool = Field(False, description="Logits, not the checkpoint's activation.")
-
-
-class RerankRequest(HeadOptions):
-    query: str = Field(description="The query each text is scored against.")
-    texts: list[str] = Field(description="The documents; one score each.")
-    return_text: bool = Field(False, description="Each result carries its text.")
-
-
-# /predict: a text, a pair [a, b], or a list of either.
-PredictInput = str | list[str] | list[str | list[str]]
-
-
-class PredictRequest(HeadOptions):
-    inputs: PredictInput = Field(
-        description="A text, a pair [a, b], or a list of texts and pairs; one answer each."
-    )
