@@ -254,8 +254,11 @@ class Head:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Head:
+        labels = data.get("labels") or []
+        if not isinstance(data, dict) or not isinstance(labels, list):
+            raise ManifestError("head must be an object, its labels a list")
         try:
-            return cls(**{**data, "labels": tuple(data.get("labels") or ())})
+            return cls(**{**data, "labels": tuple(labels)})
         except TypeError as exc:  # unknown or missing keys
             raise ManifestError(f"head: {exc}") from None
 
