@@ -163,6 +163,8 @@ def _front_end(
     ids = {i: item.ids for i, item in enumerate(inputs) if isinstance(item, TokenIds)}
     if ids:
         text.check_token_ids(info, ids)
+        types = {i: item.type_ids for i, item in enumerate(inputs) if isinstance(item, TokenIds)}
+        text.check_type_ids(info, ids, types)
     lengths = [
         len(tokenized[i][0])
         if i in tokenized
@@ -281,8 +283,9 @@ def _sequences(
         elif i in tokenized:
             _, token_ids, type_ids = tokenized[i]
             sequences.append(text.id_pairs(token_ids, type_ids))
-        else:  # bare token ids: type 0, as the tokenizer gives a single text
-            sequences.append(text.id_pairs(ids[i]))
+        else:  # token ids: type 0 unless given
+            types = item.type_ids if isinstance(item, TokenIds) else None
+            sequences.append(text.id_pairs(ids[i], types))
     # Again on what was decoded: a protocol may not know a length before decoding.
     limits.check_lengths(
         [len(s) for s in sequences], info, settings, "inputs", pooled_only=pooled_only

@@ -36,9 +36,12 @@ class ArrayInput:
 
 @dataclass(frozen=True)
 class TokenIds:
-    """Token ids in the model's own vocabulary, used as given (special tokens included)."""
+    """Token ids in the model's own vocabulary, used as given (special tokens included);
+    their token types too where a pair was tokenized (a query-document pair's attention),
+    else type 0 throughout as the tokenizer gives a single text."""
 
     ids: list[int]
+    type_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
