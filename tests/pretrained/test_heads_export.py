@@ -243,3 +243,20 @@ def test_sparse_encoders_the_graph_does_not_compute_are_refused(
 def test_a_sparse_encoder_folder_is_read_as_splade(tmp_path: Path) -> None:
     folder = _sparse_folder(tmp_path, ["MLMTransformer", "SpladePooling"], {})
     assert splade_folder(folder)
+
+
+def test_a_masked_lm_named_checkpoint_without_its_head_exports_the_encoder(
+    tmp_path: Path,
+) -> None:
+    """all-mpnet-base-v2 says MPNetForMaskedLM and holds no lm_head: auto exports no head
+    (it failed on it, asking for lm_head.dense.weight)."""
+    import transformers
+
+    torch.manual_seed(0)
+    transformers.BertModel(_config("bert")).save_pretrained(tmp_path / "checkpoint")
+    config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    config["architectures"] = ["BertForMaskedLM"]
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps(config))
+    args = ["--checkpoint", str(tmp_path / "checkpoint"), "--out", str(tmp_path / "m")]
+    assert main([*args, "--exporter", "torchscript"]) == 0
+    assert Manifest.read(tmp_path / "m").task == "embed"
