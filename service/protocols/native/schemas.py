@@ -8,7 +8,7 @@ for the OpenAPI schema.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -168,6 +168,72 @@ class EmbedSparseResponse(BaseModel):
     model: str
     data: list[SparseItem]
     usage: Usage
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """``POST /v1/rerank`` (Cohere's and Jina's shape): documents scored against a query
+    by a reranker (a cross-encoder), best first."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="Model name; the server's default if omitted.")
+    query: str = Field(description="What the documents are ranked for.")
+    documents: list[str | RerankDocument] = Field(
+        description="Texts, or objects with a text (Cohere, Jina)."
+    )
+    top_n: int | None = Field(None, description="Answer only the best top_n; default all.")
+    return_documents: bool = Field(False, description="Each result with its document.")
+    raw_scores: bool = Field(
+        False, description="relevance_score as the raw logit, not the model's score function."
+    )
+    truncate: bool = Field(
+        True, description="Cut each document so its pair fits the model (else 413)."
+    )
+    truncation_direction: Literal["right", "left"] = "right"
+    max_tokens_per_doc: int | None = Field(
+        None, description="Cohere's option: accepted, the model's own limit applies."
+    )
+    return_attention: bool = Field(
+        False,
+        description="Why each result ranked: the attention from the query's tokens to its "
+        "document's tokens ([L', H', q, d]) and the document tokens the query attends to most.",
+    )
+    attention: AttentionOptions = Field(default_factory=AttentionOptions)
+    top_tokens: int = Field(5, description="With return_attention: document tokens listed.")
+
+
+class RankTokenWeight(BaseModel):
+    index: int = Field(description="The token's position among the document's tokens.")
+    token: str
+    weight: float = Field(description="Attention it receives from the query's tokens.")
+
+
+class RankExplanationItem(BaseModel):
+    query_tokens: list[str]
+    document_tokens: list[str]
+    attention: list[list[list[list[float]]]] = Field(
+        description="[L', H' or 1, q, d]: the selected maps' query rows × document columns."
+    )
+    top_tokens: list[RankTokenWeight]
+
+
+class RerankResultItem(BaseModel):
+    index: int = Field(description="The document's position in the request.")
+    relevance_score: float
+    document: RerankDocument | None = None
+    explanation: RankExplanationItem | None = None
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResultItem]
+    meta: dict[str, Any]
+    usage: dict[str, int]
 
 
 class TokenizeRequest(BaseModel):
