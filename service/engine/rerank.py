@@ -54,6 +54,7 @@ class RerankRequest:
     attention: AttentionSpec = field(default_factory=AttentionSpec)
     top_tokens: int = 5
     wire_cost: WireCost | None = None  # what the attention answer costs on the wire
+    documents_field: str = "documents"  # what the protocol's body calls them (TEI: texts)
 
 
 @dataclass(frozen=True)
@@ -201,18 +202,19 @@ async def rerank(
         runtime = registry.runtime(request.model)
         require_task(runtime.info, ("rerank",), "rerank")
         _check_text(request.query, ("query",))
+        documents = request.documents_field
         if not request.documents:
-            raise InvalidInput("is empty: send at least one document", field=("documents",))
+            raise InvalidInput("is empty: send at least one document", field=(documents,))
         limits.check_sequence_count(len(request.documents), settings, pooled_only=True)
         for i, document in enumerate(request.documents):
-            _check_text(document, ("documents", i))
+            _check_text(document, (documents, i))
         if request.top_n is not None and request.top_n < 1:
             raise InvalidInput(f"must be at least 1, got {request.top_n}", field=("top_n",))
         if not 1 <= request.top_tokens <= MAX_TOP_TOKENS:
             raise InvalidInput(f"must be in 1..{MAX_TOP_TOKENS}", field=("top_tokens",))
         pairs = [(request.query, d) for d in request.documents]
         encoded = tokenize_pairs(
-            runtime, pairs, request, settings, lambda i: (("query",), ("documents", i)), "documents"
+            runtime, pairs, request, settings, lambda i: (("query",), (documents, i)), documents
         )
         return request, runtime, encoded
 

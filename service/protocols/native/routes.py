@@ -108,6 +108,8 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         prompts=dict(manifest.prompts),
         default_prompt_name=manifest.default_prompt_name,
         include_prompt=manifest.include_prompt,
+        task=manifest.task,
+        labels=list(manifest.head.labels) if manifest.head is not None else [],
         default=default,
     )
 

@@ -337,6 +337,11 @@ class ModelCard(BaseModel):
         description="Whether the prompt's tokens are pooled into sentence vectors; false: "
         "they ([CLS] with them) are left out, as the model was trained."
     )
+    task: Literal["embed", "rerank", "classify", "splade"] = Field(
+        description="What its head answers besides token vectors: embed (no head), rerank "
+        "(POST /v1/rerank, TEI's /rerank), classify (TEI's /predict) or splade."
+    )
+    labels: list[str] = Field(description="A classifier's labels, in id order (id2label).")
     default: bool
 
 

@@ -231,6 +231,7 @@ def rerank_request(body: bytes) -> tuple[RerankRequest, tuple[list[str], bool]]:
         raw_scores=options.raw_scores,
         truncate=bool(options.truncate),
         truncation_direction=_direction(options),
+        documents_field="texts",
     )
     return request, (options.texts, options.return_text)
 
@@ -250,8 +251,11 @@ def predict_request(body: bytes) -> tuple[ClassifyRequest, bool]:
     answers one list, else a list per input)."""
     options = wire.parse_options(schemas.PredictRequest, wire.parse_json_object(body))
     inputs = options.inputs
-    single = isinstance(inputs, str | tuple)
-    items = [inputs] if single else list(inputs)
+    # Two strings are one pair, as TEI reads them; else a list of texts and pairs.
+    pair = len(inputs) == 2 and all(isinstance(x, str) for x in inputs)
+    single = isinstance(inputs, str) or pair
+    listed = [inputs] if single else list(inputs)
+    items = [x if isinstance(x, str) else (x[0], x[1]) for x in listed]
     request = ClassifyRequest(
         inputs=items,  # type: ignore[arg-type]
         raw_scores=options.raw_scores,

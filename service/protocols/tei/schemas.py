@@ -3,7 +3,7 @@ here; unknown fields are ignored, as TEI ignores them."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,7 +89,7 @@ class RerankRequest(Truncation):
 
 
 # A text, or a pair read together ([a, b]); TEI's Sequence.
-Sequence = str | tuple[str, str]
+Sequence = str | Annotated[list[str], Field(min_length=2, max_length=2)]
 
 
 class PredictRequest(Truncation):
