@@ -420,7 +420,9 @@ class BaseClient:
         texts: str | Sequence[str],
         *,
         model: str | None,
-        kind: str,
+        kind: str | None,
+        top_k: int | None,
+        threshold: float | None,
         alpha: float | None,
         return_text: bool,
         truncate: bool,
@@ -428,11 +430,10 @@ class BaseClient:
     ) -> Flow[SparseResult]:
         body: dict[str, Any] = {
             "inputs": [texts] if isinstance(texts, str) else list(texts),
-            "kind": kind,
             "return_text": return_text,
         }
-        if model is not None:
-            body["model"] = model
+        optional = {"model": model, "kind": kind, "top_k": top_k, "threshold": threshold}
+        body.update({k: v for k, v in optional.items() if v is not None})
         if alpha is not None:
             body["alpha"] = float(alpha)
         if truncate:

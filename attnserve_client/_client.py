@@ -184,20 +184,27 @@ class Client(BaseClient):
         self,
         texts: str | Sequence[str],
         *,
-        kind: Literal["document", "query"] = "document",
+        kind: Literal["document", "query", "splade"] | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
         alpha: float | None = None,
         return_text: bool = False,
         model: str | None = None,
         truncate: bool = False,
         timeout: float | None = None,
     ) -> SparseResult:
-        """BM42 sparse vectors of ``texts`` (``POST /v1/embed_sparse``): documents are
-        weighted by the model, queries get 1.0 per stem; indices are fastembed's."""
+        """Sparse vectors of ``texts`` (``POST /v1/embed_sparse``): BM42 documents are
+        weighted by the model, queries get 1.0 per stem (indices are fastembed's); SPLADE
+        models give vocabulary weights (indices are token ids). ``kind`` None: the model's
+        own (splade for a SPLADE model, else document); ``top_k`` keeps each vector's
+        largest values, ``threshold`` drops those below it."""
         return self._run(
             self._embed_sparse(
                 texts,
                 model=model,
                 kind=kind,
+                top_k=top_k,
+                threshold=threshold,
                 alpha=alpha,
                 return_text=return_text,
                 truncate=truncate,
@@ -361,7 +368,9 @@ class AsyncClient(BaseClient):
         self,
         texts: str | Sequence[str],
         *,
-        kind: Literal["document", "query"] = "document",
+        kind: Literal["document", "query", "splade"] | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
         alpha: float | None = None,
         return_text: bool = False,
         model: str | None = None,
@@ -374,6 +383,8 @@ class AsyncClient(BaseClient):
                 texts,
                 model=model,
                 kind=kind,
+                top_k=top_k,
+                threshold=threshold,
                 alpha=alpha,
                 return_text=return_text,
                 truncate=truncate,

@@ -188,8 +188,8 @@ class ModelCard:
 
 @dataclass(frozen=True)
 class SparseVector:
-    """One text's BM42 vector: ``values[k]`` at ``indices[k]``; ``text[k]`` is the stem
-    behind it when asked for (``return_text``)."""
+    """One text's sparse vector: ``values[k]`` at ``indices[k]``; ``text[k]`` is what is
+    behind it when asked for (``return_text``): BM42's stem, SPLADE's token."""
 
     indices: list[int]
     values: list[float]

@@ -154,6 +154,10 @@ class TextFrontEnd:
             for e in encoded
         ]
 
+    def tokens_of_ids(self, ids: list[int]) -> list[str]:
+        """The vocabulary's token for each id (SPLADE's dimensions)."""
+        return [self._tokenizer.id_to_token(i) or f"[{i}]" for i in ids]
+
     def pair_overhead(self) -> int:
         """The special tokens a pair adds ([CLS] and two [SEP]; XLM-R's four)."""
         return self._tokenizer.num_special_tokens_to_add(is_pair=True)

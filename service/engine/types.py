@@ -232,11 +232,15 @@ class DecodeResult:
 
 @dataclass(frozen=True)
 class SparseRequest:
-    """BM42 sparse vectors of texts: ``document`` runs the model, ``query`` does not."""
+    """Sparse vectors of texts: BM42's ``document`` runs the model, ``query`` does not;
+    ``splade`` runs a SPLADE model's head. None: splade for a SPLADE model, else document.
+    ``top_k`` keeps each vector's largest values, ``threshold`` drops those below it."""
 
     texts: list[str]
     model: str | None = None
-    kind: str = "document"  # "document" | "query"
+    kind: str | None = None  # "document" | "query" | "splade"
+    top_k: int | None = None
+    threshold: float | None = None
     alpha: float = 0.5  # the exponent of log(1 + weight), as fastembed's default
     truncate: bool = False
     truncation_direction: str = "right"  # "left": truncation keeps the last tokens
@@ -244,8 +248,8 @@ class SparseRequest:
 
 @dataclass(frozen=True)
 class SparseVector:
-    """One text's BM42 vector: ``indices[k]`` holds ``values[k]``; ``stems[k]`` is the
-    stem behind it (kept for ``return_text``)."""
+    """One text's sparse vector: ``indices[k]`` holds ``values[k]``; ``stems[k]`` is what
+    is behind it (kept for ``return_text``): BM42's stem, SPLADE's vocabulary token."""
 
     indices: list[int]
     values: list[float]

@@ -256,6 +256,8 @@ def sparse_request(body: bytes) -> tuple[SparseRequest, bool]:
         texts=options.inputs,
         model=options.model,
         kind=options.kind,
+        top_k=options.top_k,
+        threshold=options.threshold,
         alpha=options.alpha,
         truncate=options.truncate,
         truncation_direction=options.truncation_direction,

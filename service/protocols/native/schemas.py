@@ -136,20 +136,26 @@ class EncodeRequest(EncodeOptions):
 
 
 class EmbedSparseRequest(BaseModel):
-    """``POST /v1/embed_sparse``: BM42 sparse vectors of texts (models with a BM42 graph)."""
+    """``POST /v1/embed_sparse``: sparse vectors of texts: BM42 (models with a BM42 graph)
+    or SPLADE (models with a SPLADE head)."""
 
     model_config = ConfigDict(extra="forbid")
     inputs: list[str] = Field(description="The texts, one vector each, in order.")
     model: str | None = Field(None, description="Model name; the server's default if omitted.")
-    kind: Literal["document", "query"] = Field(
-        "document",
-        description="document: weighted by the last layer's [CLS] attention (a model run); "
-        "query: 1.0 per stem, no model run.",
+    kind: Literal["document", "query", "splade"] | None = Field(
+        None,
+        description="BM42's document: weighted by the last layer's [CLS] attention (a model "
+        "run); BM42's query: 1.0 per stem, no model run; splade: a SPLADE model's vector "
+        "over its vocabulary. Default: splade for a SPLADE model, else document.",
     )
+    top_k: int | None = Field(None, description="Keep each vector's k largest values.")
+    threshold: float | None = Field(None, description="Drop values below this (>= 0).")
     alpha: float = Field(
         0.5, gt=0, le=10, description="Exponent of a document's values: log(1 + weight) ** alpha."
     )
-    return_text: bool = Field(False, description="Also return the stem behind each index.")
+    return_text: bool = Field(
+        False, description="Also return what is behind each index: BM42's stem, SPLADE's token."
+    )
     truncate: bool = Field(False, description="Cut texts to the model's max_seq_len (else 413).")
     truncation_direction: Literal["right", "left"] = Field(
         "right",
@@ -159,9 +165,14 @@ class EmbedSparseRequest(BaseModel):
 
 class SparseItem(BaseModel):
     index: int = Field(description="Position of the text in the request.")
-    indices: list[int] = Field(description="abs(MurmurHash3-32(stem)), as fastembed's BM42.")
+    indices: list[int] = Field(
+        description="BM42: abs(MurmurHash3-32(stem)), as fastembed's; SPLADE: vocabulary ids, "
+        "ascending."
+    )
     values: list[float] = Field(description="One value per index.")
-    text: list[str] | None = Field(None, description="The stem behind each index (return_text).")
+    text: list[str] | None = Field(
+        None, description="The stem (BM42) or token (SPLADE) behind each index (return_text)."
+    )
 
 
 class EmbedSparseResponse(BaseModel):
