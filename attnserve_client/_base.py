@@ -33,8 +33,10 @@ from attnserve_client._exceptions import (
     status_error,
 )
 from attnserve_client._types import (
+    Classified,
     EncodeResult,
     ModelCard,
+    RerankResult,
     SparseResult,
     TokenizeResult,
     encode_array,
@@ -440,6 +442,31 @@ class BaseClient:
             body["truncate"] = True
         answer = yield from self._request("POST", "/v1/embed_sparse", json=body, timeout=timeout)
         return parse_body(SparseResult.from_json, answer)
+
+    def _rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        options: dict[str, Any],
+        timeout: float | None,
+    ) -> Flow[RerankResult]:
+        body = {"query": query, "documents": list(documents)}
+        body.update({k: v for k, v in options.items() if v is not None})
+        answer = yield from self._request("POST", "/v1/rerank", json=body, timeout=timeout)
+        return parse_body(RerankResult.from_json, answer)
+
+    def _classify(
+        self, inputs: Sequence[str | tuple[str, str]], raw_scores: bool, timeout: float | None
+    ) -> Flow[list[Classified]]:
+        listed = [x if isinstance(x, str) else [x[0], x[1]] for x in inputs]
+        # TEI's /predict reads a list of two texts as one pair: those go one at a time.
+        batches = [[x] for x in listed] if len(listed) == 2 else [listed]
+        found: list[Classified] = []
+        for batch in batches:
+            body = {"inputs": batch, "raw_scores": raw_scores}
+            answer = yield from self._request("POST", "/predict", json=body, timeout=timeout)
+            found += parse_body(Classified.list_from_json, answer)
+        return found
 
     def _models(self) -> Flow[list[ModelCard]]:
         return parse_body(ModelCard.list_from_json, (yield from self._request("GET", "/v1/models")))

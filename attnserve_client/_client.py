@@ -28,7 +28,14 @@ from attnserve_client._base import (
     WireFormat,
     batches,
 )
-from attnserve_client._types import EncodeResult, ModelCard, SparseResult, TokenizeResult
+from attnserve_client._types import (
+    Classified,
+    EncodeResult,
+    ModelCard,
+    RerankResult,
+    SparseResult,
+    TokenizeResult,
+)
 
 T = TypeVar("T")
 
@@ -212,6 +219,47 @@ class Client(BaseClient):
             )
         )
 
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        raw_scores: bool = False,
+        return_attention: bool = False,
+        attention: dict[str, Any] | None = None,
+        top_tokens: int | None = None,
+        truncate: bool = True,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> RerankResult:
+        """``documents`` scored against ``query`` by a reranker (``POST /v1/rerank``),
+        best first; ``return_attention``: why each ranked (the attention from the query's
+        tokens to the document's, selected as ``attention`` selects for ``encode``)."""
+        options = {
+            "model": model,
+            "top_n": top_n,
+            "return_documents": return_documents,
+            "raw_scores": raw_scores,
+            "return_attention": return_attention,
+            "attention": attention,
+            "top_tokens": top_tokens,
+            "truncate": truncate,
+        }
+        return self._run(self._rerank(query, documents, options, timeout))
+
+    def classify(
+        self,
+        inputs: Sequence[str | tuple[str, str]],
+        *,
+        raw_scores: bool = False,
+        timeout: float | None = None,
+    ) -> list[Classified]:
+        """A score per label of each text or (text, text) pair, best first, by the
+        server's default model, a classifier (TEI's ``POST /predict``)."""
+        return self._run(self._classify(inputs, raw_scores, timeout))
+
     def models(self) -> list[ModelCard]:
         return self._run(self._models())
 
@@ -391,6 +439,47 @@ class AsyncClient(BaseClient):
                 timeout=timeout,
             )
         )
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        raw_scores: bool = False,
+        return_attention: bool = False,
+        attention: dict[str, Any] | None = None,
+        top_tokens: int | None = None,
+        truncate: bool = True,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> RerankResult:
+        """``documents`` scored against ``query`` by a reranker (``POST /v1/rerank``),
+        best first; ``return_attention``: why each ranked (the attention from the query's
+        tokens to the document's, selected as ``attention`` selects for ``encode``)."""
+        options = {
+            "model": model,
+            "top_n": top_n,
+            "return_documents": return_documents,
+            "raw_scores": raw_scores,
+            "return_attention": return_attention,
+            "attention": attention,
+            "top_tokens": top_tokens,
+            "truncate": truncate,
+        }
+        return await self._run(self._rerank(query, documents, options, timeout))
+
+    async def classify(
+        self,
+        inputs: Sequence[str | tuple[str, str]],
+        *,
+        raw_scores: bool = False,
+        timeout: float | None = None,
+    ) -> list[Classified]:
+        """A score per label of each text or (text, text) pair, best first, by the
+        server's default model, a classifier (TEI's ``POST /predict``)."""
+        return await self._run(self._classify(inputs, raw_scores, timeout))
 
     async def models(self) -> list[ModelCard]:
         return await self._run(self._models())

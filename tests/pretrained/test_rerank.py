@@ -287,3 +287,53 @@ def test_empty_predict_inputs_are_refused_as_tei_does(
     answer = post(classifier_url, "/predict", body)
     assert answer.status_code == 400 and answer.json()["error_type"] == "Empty", answer.text
     assert field in answer.json()["error"], answer.text
+
+
+def test_the_sdk_reranks_and_explains(url: str) -> None:
+    """Sync and async clients: the same order and scores as the HTTP answer, the
+    explanation's attention a float32 array."""
+    import asyncio
+
+    from attnserve_client import AsyncClient, Client
+
+    body = {"model": "xlmr-reranker", "query": QUERY, "documents": DOCUMENTS, "top_n": 3}
+    want = post(url, "/v1/rerank", body).json()["results"]
+    with Client(url) as client:
+        got = client.rerank(
+            QUERY,
+            DOCUMENTS,
+            model="xlmr-reranker",
+            top_n=3,
+            return_documents=True,
+            return_attention=True,
+            attention={"layers": [0], "reduce": "mean"},
+        )
+    assert [(r.index, r.relevance_score) for r in got.results] == [
+        (w["index"], w["relevance_score"]) for w in want
+    ]
+    first = got.results[0]
+    assert first.document == DOCUMENTS[first.index]
+    assert first.explanation is not None and first.explanation.attention.dtype == np.float32
+    q, d = len(first.explanation.query_tokens), len(first.explanation.document_tokens)
+    assert first.explanation.attention.shape == (1, 1, q, d)
+
+    async def asynchronously() -> list[int]:
+        async with AsyncClient(url) as client:
+            found = await client.rerank(QUERY, DOCUMENTS, model="xlmr-reranker", top_n=3)
+        return [r.index for r in found.results]
+
+    assert asyncio.run(asynchronously()) == [w["index"] for w in want]
+
+
+def test_the_sdk_classifies(classifier_url: str) -> None:
+    """Two texts go as two inputs, not read as one pair."""
+    from attnserve_client import Client
+
+    with Client(classifier_url) as client:
+        two = client.classify([DOCUMENTS[0], DOCUMENTS[1]])
+        pair = client.classify([(DOCUMENTS[0], DOCUMENTS[1])])
+    alone = post(classifier_url, "/predict", {"inputs": DOCUMENTS[1]}).json()
+    assert len(two) == 2 and two[1].labels == [p["label"] for p in alone]
+    np.testing.assert_allclose(two[1].scores, [p["score"] for p in alone], atol=SCORE_ATOL)
+    together = post(classifier_url, "/predict", {"inputs": [DOCUMENTS[0], DOCUMENTS[1]]}).json()
+    np.testing.assert_allclose(pair[0].scores, [p["score"] for p in together], atol=SCORE_ATOL)
