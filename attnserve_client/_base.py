@@ -99,6 +99,9 @@ class EncodeOptions:
     timeout: float | None
     # Late chunking: per input, its character spans [(start, end), ...] or None.
     spans: Sequence[Sequence[tuple[int, int]] | None] | None = None
+    # Pooled vectors quantized (int8, uint8, binary, ubinary), with optional ranges.
+    embedding_type: str = "float"
+    quantization_ranges: Any = None
 
 
 def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
@@ -141,6 +144,11 @@ def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
             body["hidden_states"] = {"layers": list(options.hidden_layers)}
     if options.pooling is not None:
         body["pooling"] = options.pooling
+    if options.embedding_type != "float":
+        body["embedding_type"] = options.embedding_type
+        body["encoding_format"] = "base64"  # integers keep their dtype as raw bytes
+        if options.quantization_ranges is not None:
+            body["quantization_ranges"] = np.asarray(options.quantization_ranges).tolist()
     if options.normalize:
         body["normalize"] = True
     if options.return_embeddings is not None:
@@ -254,8 +262,8 @@ def checked_json(response: httpx.Response) -> Any:
 def binary_plan(inputs: Inputs, options: EncodeOptions) -> _binary.Plan | None:
     """The binary form of an encode call when its wire format allows it; ValueError when
     "binary" is asked for what only JSON can say."""
-    if options.wire_format not in (None, "binary"):
-        return None
+    if options.wire_format not in (None, "binary") or options.embedding_type != "float":
+        return None  # quantized vectors come as JSON (base64 of their bytes)
     plan = _binary.plan(split_inputs(inputs), vars(options))
     if plan is None and options.wire_format == "binary":
         raise ValueError(

@@ -109,6 +109,8 @@ class Client(BaseClient):
         wire_format: WireFormat | None = None,
         timeout: float | None = None,
         spans: Sequence[Sequence[tuple[int, int]] | None] | None = None,
+        embedding_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float",
+        quantization_ranges: Any = None,
     ) -> EncodeResult:
         """Contextualized embeddings of ``inputs``: [batch, seq, d] array, or a list of
         [seq_i, d] arrays (ragged) or texts (models with a tokenizer).
@@ -120,7 +122,11 @@ class Client(BaseClient):
 
         ``spans`` (late chunking): per input, None or the text's character spans
         [(start, end), ...]; with ``pooling`` mean or max, ``span_embeddings[i]`` is
-        [n_spans, d_model], each span pooled from the text's one run."""
+        [n_spans, d_model], each span pooled from the text's one run.
+
+        ``embedding_type``: pooled vectors quantized as sentence-transformers'
+        ``quantize_embeddings`` does (int8/uint8 arrays; binary/ubinary packed bits),
+        with ``quantization_ranges`` [[mins], [maxes]] or the model's own."""
         options = EncodeOptions(
             model=model,
             return_attention=return_attention,
@@ -136,6 +142,8 @@ class Client(BaseClient):
             wire_format=wire_format,
             timeout=timeout,
             spans=spans,
+            embedding_type=embedding_type,
+            quantization_ranges=quantization_ranges,
         )
         return self._run(self._encode(inputs, options))
 
@@ -340,6 +348,8 @@ class AsyncClient(BaseClient):
         wire_format: WireFormat | None = None,
         timeout: float | None = None,
         spans: Sequence[Sequence[tuple[int, int]] | None] | None = None,
+        embedding_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float",
+        quantization_ranges: Any = None,
     ) -> EncodeResult:
         """See :meth:`Client.encode`."""
         options = EncodeOptions(
@@ -357,6 +367,8 @@ class AsyncClient(BaseClient):
             wire_format=wire_format,
             timeout=timeout,
             spans=spans,
+            embedding_type=embedding_type,
+            quantization_ranges=quantization_ranges,
         )
         return await self._run(self._encode(inputs, options))
 

@@ -12,11 +12,14 @@ ArrayField = Literal["embeddings", "attention", "hidden_states", "pooled"]
 
 
 def decode_array(value: Any) -> np.ndarray:
-    """A response array (base64 object or nested floats) -> float32 numpy."""
+    """A response array (base64 object or nested floats) -> float32 numpy (int8/uint8
+    for quantized vectors)."""
     if value is None:
         raise ValueError("an array is missing (null) where its siblings have one")
     if isinstance(value, dict):
         raw = base64.b64decode(value["data"])
+        if value.get("dtype") in ("int8", "uint8"):  # quantized vectors keep their dtype
+            return np.frombuffer(raw, dtype=value["dtype"]).reshape(value["shape"]).copy()
         return np.frombuffer(raw, dtype="<f4").reshape(value["shape"]).astype(np.float32)
     return np.asarray(value, dtype=np.float32)
 

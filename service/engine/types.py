@@ -148,6 +148,10 @@ class EncodeRequest:
     # own (sentence-transformers' prompt_name and prompt); neither: the model's default.
     prompt_name: str | None = None
     prompt: str | None = None
+    # Pooled vectors as float, or quantized (int8, uint8, binary, ubinary: quantize.py)
+    # with the caller's (mins, maxes) per dimension, else the model's recorded ones.
+    embedding_type: str = "float"
+    quantization_ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # The answer is re-padded to max(pad_to, longest sequence) tokens (rectangular
     # protocols); None: one array per sequence at its own length. Counted in its size.
     pad_to: int | None = None

@@ -210,6 +210,10 @@ HEAD = {
         ({"text": TEXT, "head": {**HEAD, "activation": "tanh"}}, "head.activation must be"),
         ({"text": TEXT, "head": {**HEAD, "extra": 1}}, "head:"),
         ({"head": HEAD}, "a head reads token ids"),
+        ({"quantization_ranges": [[0.0] * 32]}, "must be [mins, maxes]"),
+        ({"quantization_ranges": [[0.0] * 31, [1.0] * 31]}, "of 32 finite numbers each"),
+        ({"quantization_ranges": [[True] * 32, [1.0] * 32]}, "numbers only"),
+        ({"quantization_ranges": [[1e400] * 32, [1.0] * 32]}, "finite"),
     ],
 )
 def test_invalid_manifests_are_refused(change: dict[str, Any], says: str) -> None:

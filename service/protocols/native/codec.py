@@ -38,6 +38,7 @@ from service.protocols import wire
 from service.protocols.native.schemas import EmbedSparseRequest, EncodeOptions
 from service.protocols.native.schemas import RerankRequest as RerankBody
 from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
+from service.protocols.quantized import pooled_array
 
 ARRAYS = {"float": wire.JSON_ARRAYS, "base64": wire.BASE64_ARRAYS}
 # Upper bounds of an answer's envelope: {"model":..,"data":[..],"usage":{..}} once, and per
@@ -81,6 +82,8 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         hidden_layers=options.hidden_states.layers,
         pooling=options.pooling,
         normalize=options.normalize,
+        embedding_type=options.embedding_type,
+        quantization_ranges=options.ranges(),
         return_embeddings=wants_embeddings(options),
         truncate=options.truncate,
         truncation_direction=options.truncation_direction,
@@ -218,7 +221,11 @@ def _decode_base64_array(item: dict[str, Any], where: tuple[str | int, ...]) -> 
 
 
 def encode_array(array: np.ndarray, encoding_format: str) -> Any:
-    """Answer form of an array: itself (orjson writes it) or a Base64Array dict."""
+    """Answer form of an array: itself (orjson writes it) or a Base64Array dict; quantized
+    vectors as integers (``quantized.pooled_array``)."""
+    quantized = pooled_array(array, encoding_format)
+    if quantized is not None:
+        return quantized
     array = wire.float32_le(array)
     if encoding_format == "base64":
         return {"shape": list(array.shape), "dtype": "float32", "data": wire.base64_float32(array)}

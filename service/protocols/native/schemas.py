@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.engine.types import Pooling, Reduce
+from service.protocols.quantized import QuantizedOptions
 
 EncodingFormat = Literal["float", "base64"]
 
@@ -66,8 +67,9 @@ class HiddenStatesOptions(BaseModel):
     )
 
 
-class EncodeOptions(BaseModel):
-    """Every field of an encode request except the arrays."""
+class EncodeOptions(QuantizedOptions):
+    """Every field of an encode request except the arrays (embedding_type: of the pooled
+    vectors)."""
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = Field(None, description="Model name; the server's default if omitted.")

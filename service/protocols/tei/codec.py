@@ -91,6 +91,8 @@ def embed_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         pooling="model",
         normalize=options.normalize,
         dimensions=options.dimensions,
+        embedding_type=options.embedding_type,
+        quantization_ranges=options.ranges(),
         return_embeddings=False,
         truncate=truncate,
         truncation_direction=_direction(options),

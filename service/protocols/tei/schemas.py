@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.protocols.quantized import QuantizedOptions
+
 Texts = str | list[str]
 
 
@@ -35,8 +37,9 @@ class TextOptions(CutOptions):
     inputs: Texts = Field(description="A text or a list of texts; one answer each.")
 
 
-class EmbedRequest(TextOptions):
-    """``POST /embed`` and ``POST /`` (huggingface_hub's feature_extraction)."""
+class EmbedRequest(TextOptions, QuantizedOptions):
+    """``POST /embed`` and ``POST /`` (huggingface_hub's feature_extraction); not TEI's:
+    embedding_type and quantization_ranges (quantized vectors as JSON integers)."""
 
     normalize: bool = Field(True, description="L2-normalise each vector (TEI's default).")
     dimensions: int | None = Field(
