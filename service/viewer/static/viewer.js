@@ -160,6 +160,7 @@ async function showRank() {
     const result = await explainRank(state.model.id, query, $("text").value, attention, $("truncate").checked);
     drawRank($("stage"), result, 0);
     $("stage").dataset.view = "rank";
+    $("readout").textContent = "hover a line to read its weight";
     const what = state.view === "head" ? `layer ${state.layer}, head ${state.head}` : `layer ${state.layer}, head mean`;
     status(`${state.model.id} · query → document attention · ${what}`, "ready");
     $("download").disabled = true; // the PNG is of heatmaps
