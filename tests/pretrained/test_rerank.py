@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import running_server
+from tests.conftest import free_port, running_server
 
 SCORE_ATOL = 1e-5
 ATTENTION_ATOL = 1e-4
@@ -35,10 +35,15 @@ DOCUMENTS = [
 ]
 
 
+GRPC: dict[str, str] = {}  # the module server's gRPC address, once it runs
+
+
 @pytest.fixture(scope="module")
 def url(head_models: tuple[Path, dict[str, Path]]) -> Iterator[str]:
     repository, _ = head_models
-    with running_server(repository, default_model="bert-reranker") as base:
+    port = free_port()
+    with running_server(repository, default_model="bert-reranker", grpc_port=str(port)) as base:
+        GRPC["address"] = f"127.0.0.1:{port}"
         yield base
 
 
@@ -337,3 +342,41 @@ def test_the_sdk_classifies(classifier_url: str) -> None:
     np.testing.assert_allclose(two[1].scores, [p["score"] for p in alone], atol=SCORE_ATOL)
     together = post(classifier_url, "/predict", {"inputs": [DOCUMENTS[0], DOCUMENTS[1]]}).json()
     np.testing.assert_allclose(pair[0].scores, [p["score"] for p in together], atol=SCORE_ATOL)
+
+
+def test_open_inference_protocol_reranks_over_http_and_grpc(url: str) -> None:
+    """A reranker's /v2 model: query BYTES [1] and documents BYTES [n] in, scores FP32
+    [n] out in the documents' order, over tritonclient's HTTP (binary) and gRPC."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    body = {"model": "bert-reranker", "query": QUERY, "documents": DOCUMENTS}
+    ranked = post(url, "/v1/rerank", body).json()["results"]
+    want = np.zeros(len(DOCUMENTS), dtype=np.float32)
+    for r in ranked:
+        want[r["index"]] = r["relevance_score"]
+    metadata = httpx.get(f"{url}/v2/models/bert-reranker", timeout=10).json()
+    assert [(t["name"], t["datatype"]) for t in metadata["inputs"]] == [
+        ("query", "BYTES"),
+        ("documents", "BYTES"),
+    ]
+    assert metadata["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1]}]
+    query = np.array([QUERY.encode()], dtype=np.object_)
+    documents = np.array([d.encode() for d in DOCUMENTS], dtype=np.object_)
+    clients = ((httpclient, url.removeprefix("http://")), (grpcclient, GRPC["address"]))
+    for client_module, address in clients:
+        client = client_module.InferenceServerClient(address)
+        inputs = [
+            client_module.InferInput("query", [1], "BYTES"),
+            client_module.InferInput("documents", [len(DOCUMENTS)], "BYTES"),
+        ]
+        inputs[0].set_data_from_numpy(query)
+        inputs[1].set_data_from_numpy(documents)
+        got = client.infer("bert-reranker", inputs).as_numpy("scores")
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    refused = httpx.post(
+        f"{url}/v2/models/bert-reranker/infer",
+        json={"inputs": [{"name": "query", "datatype": "BYTES", "shape": [1], "data": ["q"]}]},
+        timeout=10,
+    )
+    assert refused.status_code == 422 and "documents" in refused.json()["error"], refused.text
