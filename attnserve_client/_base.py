@@ -33,8 +33,10 @@ from attnserve_client._exceptions import (
     status_error,
 )
 from attnserve_client._types import (
+    Classified,
     EncodeResult,
     ModelCard,
+    RerankResult,
     SparseResult,
     TokenizeResult,
     encode_array,
@@ -97,6 +99,9 @@ class EncodeOptions:
     timeout: float | None
     # Late chunking: per input, its character spans [(start, end), ...] or None.
     spans: Sequence[Sequence[tuple[int, int]] | None] | None = None
+    # Pooled vectors quantized (int8, uint8, binary, ubinary), with optional ranges.
+    embedding_type: str = "float"
+    quantization_ranges: Any = None
 
 
 def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
@@ -139,6 +144,11 @@ def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
             body["hidden_states"] = {"layers": list(options.hidden_layers)}
     if options.pooling is not None:
         body["pooling"] = options.pooling
+    if options.embedding_type != "float":
+        body["embedding_type"] = options.embedding_type
+        body["encoding_format"] = "base64"  # integers keep their dtype as raw bytes
+        if options.quantization_ranges is not None:
+            body["quantization_ranges"] = np.asarray(options.quantization_ranges).tolist()
     if options.normalize:
         body["normalize"] = True
     if options.return_embeddings is not None:
@@ -252,8 +262,8 @@ def checked_json(response: httpx.Response) -> Any:
 def binary_plan(inputs: Inputs, options: EncodeOptions) -> _binary.Plan | None:
     """The binary form of an encode call when its wire format allows it; ValueError when
     "binary" is asked for what only JSON can say."""
-    if options.wire_format not in (None, "binary"):
-        return None
+    if options.wire_format not in (None, "binary") or options.embedding_type != "float":
+        return None  # quantized vectors come as JSON (base64 of their bytes)
     plan = _binary.plan(split_inputs(inputs), vars(options))
     if plan is None and options.wire_format == "binary":
         raise ValueError(
@@ -420,7 +430,9 @@ class BaseClient:
         texts: str | Sequence[str],
         *,
         model: str | None,
-        kind: str,
+        kind: str | None,
+        top_k: int | None,
+        threshold: float | None,
         alpha: float | None,
         return_text: bool,
         truncate: bool,
@@ -428,17 +440,41 @@ class BaseClient:
     ) -> Flow[SparseResult]:
         body: dict[str, Any] = {
             "inputs": [texts] if isinstance(texts, str) else list(texts),
-            "kind": kind,
             "return_text": return_text,
         }
-        if model is not None:
-            body["model"] = model
+        optional = {"model": model, "kind": kind, "top_k": top_k, "threshold": threshold}
+        body.update({k: v for k, v in optional.items() if v is not None})
         if alpha is not None:
             body["alpha"] = float(alpha)
         if truncate:
             body["truncate"] = True
         answer = yield from self._request("POST", "/v1/embed_sparse", json=body, timeout=timeout)
         return parse_body(SparseResult.from_json, answer)
+
+    def _rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        options: dict[str, Any],
+        timeout: float | None,
+    ) -> Flow[RerankResult]:
+        body = {"query": query, "documents": list(documents)}
+        body.update({k: v for k, v in options.items() if v is not None})
+        answer = yield from self._request("POST", "/v1/rerank", json=body, timeout=timeout)
+        return parse_body(RerankResult.from_json, answer)
+
+    def _classify(
+        self, inputs: Sequence[str | tuple[str, str]], raw_scores: bool, timeout: float | None
+    ) -> Flow[list[Classified]]:
+        listed = [x if isinstance(x, str) else [x[0], x[1]] for x in inputs]
+        # TEI's /predict reads a list of two texts as one pair: those go one at a time.
+        batches = [[x] for x in listed] if len(listed) == 2 else [listed]
+        found: list[Classified] = []
+        for batch in batches:
+            body = {"inputs": batch, "raw_scores": raw_scores}
+            answer = yield from self._request("POST", "/predict", json=body, timeout=timeout)
+            found += parse_body(Classified.list_from_json, answer)
+        return found
 
     def _models(self) -> Flow[list[ModelCard]]:
         return parse_body(ModelCard.list_from_json, (yield from self._request("GET", "/v1/models")))

@@ -28,7 +28,14 @@ from attnserve_client._base import (
     WireFormat,
     batches,
 )
-from attnserve_client._types import EncodeResult, ModelCard, SparseResult, TokenizeResult
+from attnserve_client._types import (
+    Classified,
+    EncodeResult,
+    ModelCard,
+    RerankResult,
+    SparseResult,
+    TokenizeResult,
+)
 
 T = TypeVar("T")
 
@@ -102,6 +109,8 @@ class Client(BaseClient):
         wire_format: WireFormat | None = None,
         timeout: float | None = None,
         spans: Sequence[Sequence[tuple[int, int]] | None] | None = None,
+        embedding_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float",
+        quantization_ranges: Any = None,
     ) -> EncodeResult:
         """Contextualized embeddings of ``inputs``: [batch, seq, d] array, or a list of
         [seq_i, d] arrays (ragged) or texts (models with a tokenizer).
@@ -113,7 +122,11 @@ class Client(BaseClient):
 
         ``spans`` (late chunking): per input, None or the text's character spans
         [(start, end), ...]; with ``pooling`` mean or max, ``span_embeddings[i]`` is
-        [n_spans, d_model], each span pooled from the text's one run."""
+        [n_spans, d_model], each span pooled from the text's one run.
+
+        ``embedding_type``: pooled vectors quantized as sentence-transformers'
+        ``quantize_embeddings`` does (int8/uint8 arrays; binary/ubinary packed bits),
+        with ``quantization_ranges`` [[mins], [maxes]] or the model's own."""
         options = EncodeOptions(
             model=model,
             return_attention=return_attention,
@@ -129,6 +142,8 @@ class Client(BaseClient):
             wire_format=wire_format,
             timeout=timeout,
             spans=spans,
+            embedding_type=embedding_type,
+            quantization_ranges=quantization_ranges,
         )
         return self._run(self._encode(inputs, options))
 
@@ -184,26 +199,74 @@ class Client(BaseClient):
         self,
         texts: str | Sequence[str],
         *,
-        kind: Literal["document", "query"] = "document",
+        kind: Literal["document", "query", "splade"] | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
         alpha: float | None = None,
         return_text: bool = False,
         model: str | None = None,
         truncate: bool = False,
         timeout: float | None = None,
     ) -> SparseResult:
-        """BM42 sparse vectors of ``texts`` (``POST /v1/embed_sparse``): documents are
-        weighted by the model, queries get 1.0 per stem; indices are fastembed's."""
+        """Sparse vectors of ``texts`` (``POST /v1/embed_sparse``): BM42 documents are
+        weighted by the model, queries get 1.0 per stem (indices are fastembed's); SPLADE
+        models give vocabulary weights (indices are token ids). ``kind`` None: the model's
+        own (splade for a SPLADE model, else document); ``top_k`` keeps each vector's
+        largest values, ``threshold`` drops those below it."""
         return self._run(
             self._embed_sparse(
                 texts,
                 model=model,
                 kind=kind,
+                top_k=top_k,
+                threshold=threshold,
                 alpha=alpha,
                 return_text=return_text,
                 truncate=truncate,
                 timeout=timeout,
             )
         )
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        raw_scores: bool = False,
+        return_attention: bool = False,
+        attention: dict[str, Any] | None = None,
+        top_tokens: int | None = None,
+        truncate: bool = True,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> RerankResult:
+        """``documents`` scored against ``query`` by a reranker (``POST /v1/rerank``),
+        best first; ``return_attention``: why each ranked (the attention from the query's
+        tokens to the document's, selected as ``attention`` selects for ``encode``)."""
+        options = {
+            "model": model,
+            "top_n": top_n,
+            "return_documents": return_documents,
+            "raw_scores": raw_scores,
+            "return_attention": return_attention,
+            "attention": attention,
+            "top_tokens": top_tokens,
+            "truncate": truncate,
+        }
+        return self._run(self._rerank(query, documents, options, timeout))
+
+    def classify(
+        self,
+        inputs: Sequence[str | tuple[str, str]],
+        *,
+        raw_scores: bool = False,
+        timeout: float | None = None,
+    ) -> list[Classified]:
+        """A score per label of each text or (text, text) pair, best first, by the
+        server's default model, a classifier (TEI's ``POST /predict``)."""
+        return self._run(self._classify(inputs, raw_scores, timeout))
 
     def models(self) -> list[ModelCard]:
         return self._run(self._models())
@@ -285,6 +348,8 @@ class AsyncClient(BaseClient):
         wire_format: WireFormat | None = None,
         timeout: float | None = None,
         spans: Sequence[Sequence[tuple[int, int]] | None] | None = None,
+        embedding_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float",
+        quantization_ranges: Any = None,
     ) -> EncodeResult:
         """See :meth:`Client.encode`."""
         options = EncodeOptions(
@@ -302,6 +367,8 @@ class AsyncClient(BaseClient):
             wire_format=wire_format,
             timeout=timeout,
             spans=spans,
+            embedding_type=embedding_type,
+            quantization_ranges=quantization_ranges,
         )
         return await self._run(self._encode(inputs, options))
 
@@ -361,7 +428,9 @@ class AsyncClient(BaseClient):
         self,
         texts: str | Sequence[str],
         *,
-        kind: Literal["document", "query"] = "document",
+        kind: Literal["document", "query", "splade"] | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
         alpha: float | None = None,
         return_text: bool = False,
         model: str | None = None,
@@ -374,12 +443,55 @@ class AsyncClient(BaseClient):
                 texts,
                 model=model,
                 kind=kind,
+                top_k=top_k,
+                threshold=threshold,
                 alpha=alpha,
                 return_text=return_text,
                 truncate=truncate,
                 timeout=timeout,
             )
         )
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        raw_scores: bool = False,
+        return_attention: bool = False,
+        attention: dict[str, Any] | None = None,
+        top_tokens: int | None = None,
+        truncate: bool = True,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> RerankResult:
+        """``documents`` scored against ``query`` by a reranker (``POST /v1/rerank``),
+        best first; ``return_attention``: why each ranked (the attention from the query's
+        tokens to the document's, selected as ``attention`` selects for ``encode``)."""
+        options = {
+            "model": model,
+            "top_n": top_n,
+            "return_documents": return_documents,
+            "raw_scores": raw_scores,
+            "return_attention": return_attention,
+            "attention": attention,
+            "top_tokens": top_tokens,
+            "truncate": truncate,
+        }
+        return await self._run(self._rerank(query, documents, options, timeout))
+
+    async def classify(
+        self,
+        inputs: Sequence[str | tuple[str, str]],
+        *,
+        raw_scores: bool = False,
+        timeout: float | None = None,
+    ) -> list[Classified]:
+        """A score per label of each text or (text, text) pair, best first, by the
+        server's default model, a classifier (TEI's ``POST /predict``)."""
+        return await self._run(self._classify(inputs, raw_scores, timeout))
 
     async def models(self) -> list[ModelCard]:
         return await self._run(self._models())

@@ -12,11 +12,14 @@ ArrayField = Literal["embeddings", "attention", "hidden_states", "pooled"]
 
 
 def decode_array(value: Any) -> np.ndarray:
-    """A response array (base64 object or nested floats) -> float32 numpy."""
+    """A response array (base64 object or nested floats) -> float32 numpy (int8/uint8
+    for quantized vectors)."""
     if value is None:
         raise ValueError("an array is missing (null) where its siblings have one")
     if isinstance(value, dict):
         raw = base64.b64decode(value["data"])
+        if value.get("dtype") in ("int8", "uint8"):  # quantized vectors keep their dtype
+            return np.frombuffer(raw, dtype=value["dtype"]).reshape(value["shape"]).copy()
         return np.frombuffer(raw, dtype="<f4").reshape(value["shape"]).astype(np.float32)
     return np.asarray(value, dtype=np.float32)
 
@@ -188,8 +191,8 @@ class ModelCard:
 
 @dataclass(frozen=True)
 class SparseVector:
-    """One text's BM42 vector: ``values[k]`` at ``indices[k]``; ``text[k]`` is the stem
-    behind it when asked for (``return_text``)."""
+    """One text's sparse vector: ``values[k]`` at ``indices[k]``; ``text[k]`` is what is
+    behind it when asked for (``return_text``): BM42's stem, SPLADE's token."""
 
     indices: list[int]
     values: list[float]
@@ -219,3 +222,72 @@ class SparseResult:
             ],
             usage=Usage.from_json(body["usage"]),
         )
+
+
+@dataclass(frozen=True)
+class RankExplanation:
+    """Why a document ranked: ``attention`` [L', H' or 1, q, d] from the query's tokens
+    to the document's; ``top_tokens`` (index, token, weight) of the document tokens the
+    query attends to most."""
+
+    query_tokens: list[str]
+    document_tokens: list[str]
+    attention: np.ndarray
+    top_tokens: list[tuple[int, str, float]]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One document: its position in the request, its score, and what was asked with it."""
+
+    index: int
+    relevance_score: float
+    document: str | None = None
+    explanation: RankExplanation | None = None
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    """The answer to ``rerank``: documents best first (at most ``top_n``)."""
+
+    model: str
+    results: list[Ranked]
+    total_tokens: int
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> RerankResult:
+        def explained(x: dict[str, Any] | None) -> RankExplanation | None:
+            if x is None:
+                return None
+            top = [(int(t["index"]), str(t["token"]), float(t["weight"])) for t in x["top_tokens"]]
+            attention = np.asarray(x["attention"], dtype=np.float32)
+            return RankExplanation(x["query_tokens"], x["document_tokens"], attention, top)
+
+        return cls(
+            model=body["model"],
+            results=[
+                Ranked(
+                    int(r["index"]),
+                    float(r["relevance_score"]),
+                    (r.get("document") or {}).get("text"),
+                    explained(r.get("explanation")),
+                )
+                for r in body["results"]
+            ],
+            total_tokens=int(body["usage"]["total_tokens"]),
+        )
+
+
+@dataclass(frozen=True)
+class Classified:
+    """One input's scores per label, best first."""
+
+    labels: list[str]
+    scores: list[float]
+
+    @classmethod
+    def list_from_json(cls, body: list[list[dict[str, Any]]]) -> list[Classified]:
+        return [
+            cls([str(p["label"]) for p in answer], [float(p["score"]) for p in answer])
+            for answer in body
+        ]

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
+from model_export.embedding_ranges import embedding_ranges
 from model_export.heads import Head, HeadGraph
 from model_export.manifest import (
     GraphFile,
@@ -390,6 +391,11 @@ def export_model(
         if embeddings is not None:
             checks += _validate_text_frontend(embeddings, encoder, staging, atol)
             text = _text_manifest(embeddings, staging)
+        ranges, ranges_record = None, None
+        if embeddings is not None and tokenizer_file is not None and head is None:
+            ranges, ranges_record = embedding_ranges(
+                encoder, embeddings, tokenizer_file, pooling or "mean"
+            )
         if head is not None and head_graph is not None:
             assert embeddings is not None
             path = staging / head_graph
@@ -418,7 +424,9 @@ def export_model(
                 head.labels,
                 head.activation,
             ),
+            quantization_ranges=ranges,
             record={
+                "quantization_calibration": ranges_record,
                 "seed": seed,
                 "weights_source": source,
                 "validation": {

@@ -230,10 +230,11 @@ def splade_folder(root: Path) -> bool:
     return True
 
 
-def head_task(root: Path, hf: dict[str, Any], wanted: str) -> Task | None:
+def head_task(root: Path, hf: dict[str, Any], wanted: str, keys: set[str]) -> Task | None:
     """The head to import: ``wanted`` (one of HEAD_CHOICES); auto takes SPLADE for a
     SparseEncoder folder, else reads config.json's architectures
-    (*ForSequenceClassification: classify, *ForMaskedLM: SPLADE)."""
+    (*ForSequenceClassification: classify; *ForMaskedLM: SPLADE when the checkpoint's
+    ``keys`` hold the masked-LM head, which many embedding models named so drop)."""
     if wanted not in HEAD_CHOICES:
         raise HeadError(f"head must be one of {HEAD_CHOICES}, got {wanted!r}")
     if wanted == "none":
@@ -246,7 +247,8 @@ def head_task(root: Path, hf: dict[str, Any], wanted: str) -> Task | None:
     if any(a.endswith("ForSequenceClassification") for a in names):
         return "classify"
     if any(a.endswith("ForMaskedLM") for a in names):
-        return "splade"
+        mlm = MLM_KEYS.get(str(hf.get("model_type", "bert")))
+        return "splade" if mlm is not None and f"{mlm[0]}.weight" in keys else None
     return None
 
 

@@ -522,7 +522,7 @@ def load_checkpoint(
     enc_state, emb_state = map_state_dict(state, encoder, embeddings, family)
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)
-    task = head_task(root, hf, head)
+    task = head_task(root, hf, head, set(state))
     kind = str(hf.get("model_type", "bert"))
     loaded_head = None if task is None else load_head(root, task, kind, hf, state, encoder)
     recipe = sentence_recipe(root)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -210,6 +211,18 @@ MAX_LABELS: Final = 4096
 MAX_LABEL_CHARS: Final = 256
 
 
+def _ranges(raw: object) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """quantization_ranges as read from JSON: two lists of numbers (checked after)."""
+    if raw is None:
+        return None
+    if not (isinstance(raw, list) and len(raw) == 2 and all(isinstance(r, list) for r in raw)):
+        raise ManifestError("quantization_ranges must be [mins, maxes]")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for r in raw for v in r):
+        raise ManifestError("quantization_ranges must hold numbers only")
+    mins, maxes = (tuple(float(v) for v in r) for r in raw)
+    return mins, maxes
+
+
 @dataclass(frozen=True)
 class Head:
     """The model's head, run as one graph from token ids (``graph_io.HEAD_GRAPHS``).
@@ -254,8 +267,11 @@ class Head:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Head:
+        labels = data.get("labels") or []
+        if not isinstance(data, dict) or not isinstance(labels, list):
+            raise ManifestError("head must be an object, its labels a list")
         try:
-            return cls(**{**data, "labels": tuple(data.get("labels") or ())})
+            return cls(**{**data, "labels": tuple(labels)})
         except TypeError as exc:  # unknown or missing keys
             raise ManifestError(f"head: {exc}") from None
 
@@ -291,6 +307,9 @@ class Manifest:
     include_prompt: bool = True
     # A head (cross-encoder, classifier, SPLADE): what the model answers besides embeddings.
     head: Head | None = None
+    # int8/uint8 sentence embeddings: (mins, maxes) per dimension of the model's own
+    # sentence vectors, from calibration sentences at export (provenance in ``record``).
+    quantization_ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -317,6 +336,7 @@ class Manifest:
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ManifestError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         self._check_prompts()
+        self._check_ranges()
         if self.head is not None and self.text is None:
             raise ManifestError("head: a head reads token ids, so the model needs its text")
         d_model = self.architecture.d_model
@@ -339,6 +359,21 @@ class Manifest:
             raise ManifestError(f"default_prompt_name {default!r} is not one of the prompts")
         if not isinstance(self.include_prompt, bool):
             raise ManifestError(f"include_prompt must be a boolean, got {self.include_prompt!r}")
+
+    def _check_ranges(self) -> None:
+        ranges = self.quantization_ranges
+        if ranges is None:
+            return
+        d_model = self.architecture.d_model
+        if not (
+            isinstance(ranges, tuple)
+            and len(ranges) == 2
+            and all(len(r) == d_model for r in ranges)
+            and all(isinstance(v, float) and math.isfinite(v) for r in ranges for v in r)
+        ):
+            raise ManifestError(
+                f"quantization_ranges must be [mins, maxes] of {d_model} finite numbers each"
+            )
 
     @property
     def task(self) -> str:
@@ -446,6 +481,11 @@ class Manifest:
             ),
             "include_prompt": self.include_prompt,
             **({"head": asdict(self.head)} if self.head is not None else {}),
+            **(
+                {"quantization_ranges": [list(r) for r in self.quantization_ranges]}
+                if self.quantization_ranges is not None
+                else {}
+            ),
             **self.record,
         }
 
@@ -455,7 +495,7 @@ class Manifest:
         known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
         known |= {"prompts", "default_prompt_name", "include_prompt", "weights", "weights_sha256"}
-        known |= {"head"}
+        known |= {"head", "quantization_ranges"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -480,6 +520,7 @@ class Manifest:
                 weights_sha256=raw.get("weights_sha256"),
                 include_prompt=raw.get("include_prompt", True),
                 head=Head.from_dict(raw["head"]) if raw.get("head") else None,
+                quantization_ranges=_ranges(raw.get("quantization_ranges")),
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:

@@ -397,10 +397,13 @@ class Batcher:
     def _fits(self, runtime: ModelRuntime, graph: str) -> Fits:
         """The memory bounds of one run of ``graph`` (see ``run_planner.memory_bounds``)."""
         config, settings = runtime.info.config, self._settings
+        text = runtime.info.manifest.text
+        vocab = text.vocab_size if graph == graph_io.GRAPH_SPLADE and text is not None else 0
         return memory_bounds(
             settings.max_batch_tokens,
             config.n_layers * config.n_heads if graph == graph_io.GRAPH_ATTENTION else 0,
             settings.max_batch_attention_floats,
+            per_token=vocab,
         )
 
     def _started(self, jobs: list[Job], now: float) -> None:

@@ -127,7 +127,8 @@ class Metrics:
             "hidden_states (model_hidden.onnx), attention (model_attn.onnx), text (token ids "
             "through text_model.onnx), sparse (BM42's sparse_model.onnx), token_embeddings "
             "(token ids to input embeddings through embeddings.onnx, before the attention or "
-            "hidden-state graph).",
+            "hidden-state graph), scores (a reranker's or classifier's scores_model.onnx), "
+            "splade (a SPLADE model's splade_model.onnx).",
             ("model", "graph"),
             buckets=LATENCY_BUCKETS[:-1],
         )

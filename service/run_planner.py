@@ -92,16 +92,20 @@ def _non_negative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float
     return float(a), float(b), float(c)
 
 
-def memory_bounds(max_tokens: int, maps: int, max_attention_floats: int) -> Fits:
+def memory_bounds(
+    max_tokens: int, maps: int, max_attention_floats: int, per_token: int = 0
+) -> Fits:
     """(sequences, longest) -> within the bounds of one run: padded tokens bound the
     embeddings; with ``maps`` attention maps per sequence (0: none returned), their
     floats grow with longest², so they get their own budget (the graph's memory is
-    mostly these)."""
+    mostly these), which also bounds ``per_token`` floats a graph makes per token
+    (SPLADE's logits over the vocabulary)."""
 
     def fits(batch: int, longest: int) -> bool:
         if batch * longest > max_tokens:
             return False
-        return batch * maps * longest * longest <= max_attention_floats
+        floats = batch * maps * longest * longest + batch * longest * per_token
+        return floats <= max_attention_floats
 
     return fits
 

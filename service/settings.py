@@ -339,7 +339,8 @@ class Settings(BaseSettings):
         ge=1,
         description=(
             "Attention weights (sequences × layers × heads × longest²) per run of the attention "
-            "graph: bounds its memory, which grows with the square of the length."
+            "graph: bounds its memory, which grows with the square of the length; also "
+            "a SPLADE graph's logits (sequences × longest × vocabulary) per run."
         ),
     )
     max_queued_requests: int = Field(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -23,6 +24,23 @@ from service.model_info import ModelInfo, cannot_load
 PROBE_TEXT = (
     "Probe: qzxv-unknownword Xylophonist's naïve café, Größe, ﬁ, 東京 مرحبا 🙂\u200b\t\x00 end."
 )
+
+
+@dataclass(frozen=True)
+class PairEncoding:
+    """A query-document pair as one sequence, and where each text's tokens lie."""
+
+    tokens: list[str]
+    ids: list[int]
+    type_ids: list[int]
+    query: tuple[int, int]  # [start, end) of the query's tokens
+    document: tuple[int, int]  # of the document's (empty if truncation left none)
+
+
+def _span(sequence_ids: list[int | None], which: int) -> tuple[int, int]:
+    """[start, end) of the tokens of sequence ``which`` (they are contiguous)."""
+    at = [i for i, s in enumerate(sequence_ids) if s == which]
+    return (at[0], at[-1] + 1) if at else (0, 0)
 
 
 class TextFrontEnd:
@@ -39,6 +57,11 @@ class TextFrontEnd:
         )
         self._truncating = self._load_tokenizer(info, path, info.max_seq_len)
         self._truncating_left = self._load_tokenizer(info, path, info.max_seq_len, left=True)
+        # Query-document pairs (rerankers): the document is cut first, never the query.
+        self._pairs = {
+            left: self._load_tokenizer(info, path, info.max_seq_len, left=left, pairs=True)
+            for left in (False, True)
+        }
 
     @classmethod
     def load(cls, info: ModelInfo) -> TextFrontEnd | None:
@@ -57,7 +80,12 @@ class TextFrontEnd:
 
     @staticmethod
     def _load_tokenizer(
-        info: ModelInfo, path: Path, truncate_at: int | None, *, left: bool = False
+        info: ModelInfo,
+        path: Path,
+        truncate_at: int | None,
+        *,
+        left: bool = False,
+        pairs: bool = False,
     ) -> Tokenizer:
         try:
             tokenizer = Tokenizer.from_file(str(path))
@@ -68,7 +96,9 @@ class TextFrontEnd:
             tokenizer.no_truncation()
         else:
             tokenizer.enable_truncation(
-                max_length=truncate_at, direction="left" if left else "right"
+                max_length=truncate_at,
+                direction="left" if left else "right",
+                strategy="only_second" if pairs else "longest_first",
             )
         return tokenizer
 
@@ -105,6 +135,32 @@ class TextFrontEnd:
         with self._tokenizer_errors():
             encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return [(e.tokens, e.ids, e.type_ids) for e in encoded]
+
+    def tokenize_pairs(
+        self, pairs: list[tuple[str, str]], *, truncate: bool, left: bool = False
+    ) -> list[PairEncoding]:
+        """(query, document) pairs as the model's tokenizer pairs them (its post-processor's
+        pair template: [CLS] q [SEP] d [SEP], token types 0 then 1 where the model has
+        them); ``truncate`` cuts each document (from its end, or with ``left`` its start)
+        so the pair fits max_seq_len, never the query. Callers check that the query
+        alone fits (``pair_overhead``)."""
+        tokenizer = self._pairs[left] if truncate else self._tokenizer
+        with self._tokenizer_errors():
+            encoded = tokenizer.encode_batch(pairs)
+        return [
+            PairEncoding(
+                e.tokens, e.ids, e.type_ids, _span(e.sequence_ids, 0), _span(e.sequence_ids, 1)
+            )
+            for e in encoded
+        ]
+
+    def tokens_of_ids(self, ids: list[int]) -> list[str]:
+        """The vocabulary's token for each id (SPLADE's dimensions)."""
+        return [self._tokenizer.id_to_token(i) or f"[{i}]" for i in ids]
+
+    def pair_overhead(self) -> int:
+        """The special tokens a pair adds ([CLS] and two [SEP]; XLM-R's four)."""
+        return self._tokenizer.num_special_tokens_to_add(is_pair=True)
 
     def final_tokens(self, piece: str, *, from_end: bool = False) -> int:
         """Tokens of a prefix ``piece`` (specials excluded) that no continuation of it can

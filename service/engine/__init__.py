@@ -8,6 +8,14 @@ JSON item bound, checked as an HTTP body arrives) and ``serving_limits`` (what T
 from service.engine.engine import Engine
 from service.engine.limits import check_json_items, serving_limits
 from service.engine.prepare import PreparedEncode
+from service.engine.rank_explain import RankExplanation
+from service.engine.rerank import (
+    ClassifyRequest,
+    ClassifyResult,
+    Ranked,
+    RerankRequest,
+    RerankResult,
+)
 from service.engine.scope import Access, Caller, RequestScope
 from service.engine.types import (
     AnswerShape,
@@ -37,6 +45,8 @@ __all__ = [
     "ArrayInput",
     "AttentionSpec",
     "Caller",
+    "ClassifyRequest",
+    "ClassifyResult",
     "DecodeRequest",
     "DecodeResult",
     "EncodeRequest",
@@ -45,7 +55,11 @@ __all__ = [
     "InputItem",
     "ModelInfo",
     "PreparedEncode",
+    "RankExplanation",
+    "Ranked",
     "RequestScope",
+    "RerankRequest",
+    "RerankResult",
     "SequenceOutput",
     "ServingLimits",
     "SpannedText",

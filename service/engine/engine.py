@@ -6,7 +6,7 @@ module of its own, composed here: ``registry`` (which version serves),
 ``control`` (load, swap, unload, poll), ``lifecycle`` (ready, draining),
 ``admit`` (the one request prologue), ``text`` (tokenizers), ``prepare``
 (every limit before any work), ``execute`` (the batcher, parts, deadlines),
-``finish`` (outputs), ``sparse`` (BM42) and ``response_cache``.
+``finish`` (outputs), ``sparse`` (BM42), ``rerank`` (heads) and ``response_cache``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from service.engine import prepare, sparse, text
+from service.engine import prepare, rerank, sparse, text
 from service.engine.admission import Admission, Ticket
 from service.engine.admit import Admit, BodyMeter
 from service.engine.control import ModelControl
@@ -25,6 +25,7 @@ from service.engine.lifecycle import Lifecycle
 from service.engine.limits import serving_limits
 from service.engine.prepare import PreparedEncode
 from service.engine.registry import Registry
+from service.engine.rerank import ClassifyRequest, ClassifyResult, RerankRequest, RerankResult
 from service.engine.response_cache import ResponseCache, allowed_bytes, request_key
 from service.engine.scope import Caller, Disconnected, RequestScope
 from service.engine.types import (
@@ -247,6 +248,18 @@ class Engine:
     ) -> tuple[SparseResult, W]:
         """BM42 vectors (see ``sparse.py``)."""
         return await sparse.embed(parse, scope, self.registry, self._admit, self._execute)
+
+    async def rerank(
+        self, parse: Callable[[], tuple[RerankRequest, W]], scope: RequestScope
+    ) -> tuple[RerankResult, W]:
+        """Documents scored against a query by a reranker, best first (see ``rerank.py``)."""
+        return await rerank.rerank(parse, scope, self.registry, self._admit, self._execute)
+
+    async def classify(
+        self, parse: Callable[[], tuple[ClassifyRequest, W]], scope: RequestScope
+    ) -> tuple[ClassifyResult, W]:
+        """A score per label of texts or pairs (see ``rerank.py``)."""
+        return await rerank.classify(parse, scope, self.registry, self._admit, self._execute)
 
     async def tokenize(
         self, parse: Callable[[], tuple[TokenizeRequest, W]], scope: RequestScope

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.engine import postprocess
+from service.engine import postprocess, quantize
 from service.engine.prepare import PreparedEncode
 from service.engine.types import EncodeResult, SequenceOutput
 from service.errors import InvalidInput
@@ -61,6 +61,11 @@ def _output(prepared: PreparedEncode, i: int, outputs: SequenceResult) -> Sequen
                 for held in spans
             ]
         )
+    kind, ranges = request.embedding_type, prepared.quantization_ranges
+    if pooled is not None:
+        pooled = quantize.quantize(pooled, kind, ranges)
+    if span_embeddings is not None and kind != "float":
+        span_embeddings = np.stack([quantize.quantize(v, kind, ranges) for v in span_embeddings])
     return SequenceOutput(
         tokens=prepared.tokens[i],
         length=len(hidden),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.engine import limits, postprocess, text
+from service.engine import limits, postprocess, quantize, text
 from service.engine.types import (
     ArrayInput,
     EncodeRequest,
@@ -62,6 +62,8 @@ class PreparedEncode:
     pool_skip: list[int] = dataclasses.field(default_factory=list)
     # The version it was prepared on: it runs there even if another is swapped in meanwhile.
     runtime: ModelRuntime | None = None
+    # int8/uint8 answers: the [2, width] ranges their pooled vectors are quantized with.
+    quantization_ranges: np.ndarray | None = None
 
     @property
     def graph(self) -> str:
@@ -107,6 +109,7 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         runtime, inputs, request.truncate, settings, pooled_only, prompt, left
     )
     options = resolve_options(info, request)
+    quantization = _quantization(info, request, options.pooling)
     # Text and ids asking only for embeddings run as ids in one step (when the model
     # has a text front end): the batcher sees them at once.
     by_token_ids = (
@@ -138,6 +141,25 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         span_tokens=span_tokens,
         pool_skip=pool_skip,
         runtime=runtime,
+        quantization_ranges=quantization,
+    )
+
+
+def _quantization(info: ModelInfo, request: EncodeRequest, pooling: str) -> np.ndarray | None:
+    """The ranges a quantized answer uses (quantize.py); quantizing needs pooled vectors."""
+    if request.embedding_type != "float" and pooling == "none":
+        raise InvalidInput(
+            "quantizes pooled vectors: ask for a pooling too", field=("embedding_type",)
+        )
+    width = request.dimensions or info.config.d_model
+    # The model's ranges are of its own sentence vectors: its pooling, normalised, whole.
+    own = (
+        pooling == (info.manifest.pooling or "mean")
+        and request.normalize
+        and width == info.config.d_model
+    )
+    return quantize.ranges_for(
+        info, request.embedding_type, request.quantization_ranges, width, own
     )
 
 
@@ -163,6 +185,8 @@ def _front_end(
     ids = {i: item.ids for i, item in enumerate(inputs) if isinstance(item, TokenIds)}
     if ids:
         text.check_token_ids(info, ids)
+        types = {i: item.type_ids for i, item in enumerate(inputs) if isinstance(item, TokenIds)}
+        text.check_type_ids(info, ids, types)
     lengths = [
         len(tokenized[i][0])
         if i in tokenized
@@ -281,8 +305,9 @@ def _sequences(
         elif i in tokenized:
             _, token_ids, type_ids = tokenized[i]
             sequences.append(text.id_pairs(token_ids, type_ids))
-        else:  # bare token ids: type 0, as the tokenizer gives a single text
-            sequences.append(text.id_pairs(ids[i]))
+        else:  # token ids: type 0 unless given
+            types = item.type_ids if isinstance(item, TokenIds) else None
+            sequences.append(text.id_pairs(ids[i], types))
     # Again on what was decoded: a protocol may not know a length before decoding.
     limits.check_lengths(
         [len(s) for s in sequences], info, settings, "inputs", pooled_only=pooled_only

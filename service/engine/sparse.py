@@ -13,6 +13,7 @@ The same indices as fastembed's, so a Qdrant collection (sparse vectors with the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 from collections.abc import Callable, Iterable, Sequence
@@ -23,10 +24,11 @@ import numpy as np
 from py_rust_stemmers import SnowballStemmer
 
 from model_export.manifest import graph_io
-from service.engine import text
+from service.engine import splade, text
 from service.engine.admit import Admit
 from service.engine.execute import Executor
 from service.engine.registry import Registry
+from service.engine.rerank import require_task
 from service.engine.scope import RequestScope
 from service.engine.types import SparseRequest, SparseResult, SparseVector
 from service.errors import InvalidInput, UnsupportedByModel
@@ -124,22 +126,30 @@ async def embed(
 
     def checked(request: SparseRequest) -> Prepared:
         runtime = registry.runtime(request.model)
+        if request.kind is None:  # the model's own kind of sparse vector
+            kind = "splade" if runtime.info.manifest.task == "splade" else "document"
+            request = dataclasses.replace(request, kind=kind)
         return request, runtime, prepare(request, runtime, settings)
 
     (request, runtime, encoded), wire = await admit.prepared(scope, parse, checked, lambda _: False)
-    scope.served(runtime.info.name, runtime.info.version)
+    info = runtime.info
+    scope.served(info.name, info.version)
     tokens = sum(len(t) for t, _, _ in encoded)
     ticket = scope.admitted()
-    ticket.hold(ticket.bytes + BYTES_PER_TOKEN * tokens, "this request")
+    held = BYTES_PER_TOKEN * tokens
+    if request.kind == "splade":  # a [vocab] row per text until its vector is built
+        assert info.manifest.text is not None
+        held += splade.FLOAT_BYTES * info.manifest.text.vocab_size * len(encoded)
+    ticket.hold(ticket.bytes + held, "this request")
     results = None
-    if request.kind == "document":
+    if request.kind in ("document", "splade"):
         pairs = [text.id_pairs(ids, types) for _, ids, types in encoded]
-        graph = graph_io.GRAPH_SPARSE  # prepare checked that the model has it
+        # prepare checked that the model has the graph
+        graph = graph_io.GRAPH_SPLADE if request.kind == "splade" else graph_io.GRAPH_SPARSE
         results = await execute.results_in_parts(runtime, pairs, graph, scope)
         execute.count_tokens(runtime, tokens)
-    return SparseResult(
-        runtime.info.name, vectors(request, runtime, encoded, results), tokens
-    ), wire
+    found = vectors(request, runtime, encoded, results)
+    return SparseResult(info.name, [splade.selected(v, request) for v in found], tokens), wire
 
 
 # A checked request, the version it runs on and its texts' tokens.
@@ -153,6 +163,9 @@ def prepare(
     info = runtime.info
     if not request.texts:
         raise InvalidInput("is empty: send at least one string", field=("inputs",))
+    splade.check_options(request)
+    if request.kind == "splade":
+        require_task(info, ("splade",), "give SPLADE vectors")
     if not (math.isfinite(request.alpha) and request.alpha > 0):
         raise InvalidInput(f"must be a positive number, got {request.alpha!r}", field=("alpha",))
     manifest_text = info.manifest.text
@@ -184,6 +197,9 @@ def vectors(
     """Each text's vector: a query's from its tokens alone, a document's weighed by its
     run of the sparse graph (``results``)."""
     front_end = text.front_end(runtime)
+    if request.kind == "splade":
+        assert results is not None
+        return [splade.vector_of(r[graph_io.OUTPUT_SPLADE], front_end) for r in results]
     special, stopwords = front_end.special_tokens, front_end.stopwords
     if results is None:
         return [query_vector(tokens, special, stopwords) for tokens, _, _ in encoded]

@@ -156,6 +156,22 @@ def id_pairs(token_ids: list[int], type_ids: list[int] | None = None) -> np.ndar
     return pair
 
 
+def check_type_ids(
+    info: ModelInfo, ids: dict[int, list[int]], types: dict[int, list[int] | None]
+) -> None:
+    """Token types, where given, one per token and in the model's type vocabulary."""
+    front_end = info.manifest.text
+    assert front_end is not None  # check_token_ids came first
+    for i, given in types.items():
+        if given is None:
+            continue
+        if len(given) != len(ids[i]) or not all(0 <= t < front_end.type_vocab_size for t in given):
+            raise InvalidInput(
+                f"needs one token type per token, each in 0..{front_end.type_vocab_size - 1}",
+                field=("inputs", i),
+            )
+
+
 def check_token_ids(info: ModelInfo, ids: dict[int, list[int]], field: str = "inputs") -> None:
     """Token ids must be the model's own: it has a tokenizer and each id is in range."""
     text = info.manifest.text

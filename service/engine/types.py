@@ -36,9 +36,12 @@ class ArrayInput:
 
 @dataclass(frozen=True)
 class TokenIds:
-    """Token ids in the model's own vocabulary, used as given (special tokens included)."""
+    """Token ids in the model's own vocabulary, used as given (special tokens included);
+    their token types too where a pair was tokenized (a query-document pair's attention),
+    else type 0 throughout as the tokenizer gives a single text."""
 
     ids: list[int]
+    type_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,10 @@ class EncodeRequest:
     # own (sentence-transformers' prompt_name and prompt); neither: the model's default.
     prompt_name: str | None = None
     prompt: str | None = None
+    # Pooled vectors as float, or quantized (int8, uint8, binary, ubinary: quantize.py)
+    # with the caller's (mins, maxes) per dimension, else the model's recorded ones.
+    embedding_type: str = "float"
+    quantization_ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # The answer is re-padded to max(pad_to, longest sequence) tokens (rectangular
     # protocols); None: one array per sequence at its own length. Counted in its size.
     pad_to: int | None = None
@@ -229,11 +236,15 @@ class DecodeResult:
 
 @dataclass(frozen=True)
 class SparseRequest:
-    """BM42 sparse vectors of texts: ``document`` runs the model, ``query`` does not."""
+    """Sparse vectors of texts: BM42's ``document`` runs the model, ``query`` does not;
+    ``splade`` runs a SPLADE model's head. None: splade for a SPLADE model, else document.
+    ``top_k`` keeps each vector's largest values, ``threshold`` drops those below it."""
 
     texts: list[str]
     model: str | None = None
-    kind: str = "document"  # "document" | "query"
+    kind: str | None = None  # "document" | "query" | "splade"
+    top_k: int | None = None
+    threshold: float | None = None
     alpha: float = 0.5  # the exponent of log(1 + weight), as fastembed's default
     truncate: bool = False
     truncation_direction: str = "right"  # "left": truncation keeps the last tokens
@@ -241,8 +252,8 @@ class SparseRequest:
 
 @dataclass(frozen=True)
 class SparseVector:
-    """One text's BM42 vector: ``indices[k]`` holds ``values[k]``; ``stems[k]`` is the
-    stem behind it (kept for ``return_text``)."""
+    """One text's sparse vector: ``indices[k]`` holds ``values[k]``; ``stems[k]`` is what
+    is behind it (kept for ``return_text``): BM42's stem, SPLADE's vocabulary token."""
 
     indices: list[int]
     values: list[float]

@@ -337,3 +337,57 @@ def test_npy_files_are_read_in_any_byte_order_and_bad_ones_explained(
     want = api_attention(server_url, inputs, {"layers": [0], "heads": [1]}, "tiny")[0, 0]
     assert abs(float(hover_cell(browser, canvas, 3, 0)["weight"]) - want[3, 0]) <= WEIGHT_TOLERANCE
     assert_only_local_requests(browser, server_url)
+
+
+@pytest.fixture(scope="module")
+def rerankers(head_models: tuple[Path, dict[str, Path]]) -> Iterator[str]:
+    with running_server(head_models[0]) as url:
+        yield url
+
+
+def test_why_it_ranked_draws_the_query_to_document_attention(
+    browser: webdriver.Chrome, rerankers: str
+) -> None:
+    """A reranker's query and document side by side: the lines drawn are the strongest
+    pairs of the chosen head's query-to-document attention, as /v1/rerank answers it,
+    and the list beside them is its most attended document tokens."""
+    document, query = "attention weighs every token by its relevance", "what is attention"
+    open_view(browser, rerankers, text=document, model="bert-reranker", layer="1", head="2")
+    assert browser.find_element(By.ID, "show-rank").is_displayed()
+    field = browser.find_element(By.ID, "query")
+    field.clear()
+    field.send_keys(query)
+    browser.find_element(By.ID, "show-rank").click()
+    wait_for_script(browser, "document.querySelectorAll('#rank line.pair').length > 0")
+    wait_for_script(browser, RENDERED)
+    body = {
+        "model": "bert-reranker",
+        "query": query,
+        "documents": [document],
+        "return_attention": True,
+        "attention": {"layers": [1], "heads": [2], "reduce": "none"},
+        "top_tokens": 8,
+    }
+    answer = httpx.post(f"{rerankers}/v1/rerank", json=body, timeout=60).json()["results"][0]
+    block = np.asarray(answer["explanation"]["attention"], dtype=np.float32)[0, 0]  # (q, d)
+    lines = browser.execute_script(
+        "return [...document.querySelectorAll('#rank line.pair')].map(l => "
+        "[Number(l.dataset.query), Number(l.dataset.document), Number(l.dataset.weight)])"
+    )
+    q, d = block.shape
+    assert len(lines) == min(60, q * d)
+    order = sorted(((i, j) for i in range(q) for j in range(d)), key=lambda p: -block[p])
+    assert [(i, j) for i, j, _ in lines[:5]] == order[:5]
+    for i, j, weight in lines:
+        assert abs(weight - block[i, j]) <= WEIGHT_TOLERANCE
+    listed = browser.find_elements(By.CSS_SELECTOR, "#rank-top li")
+    shown = [e.get_attribute("data-index") for e in listed]
+    assert shown == [str(t["index"]) for t in answer["explanation"]["top_tokens"]]
+    score = float(browser.find_element(By.ID, "rank-score").get_attribute("data-score") or "nan")
+    assert abs(score - answer["relevance_score"]) <= 1e-9
+    tokens = browser.execute_script(
+        "return [...document.querySelectorAll('#rank text.dtok')].map(t => t.textContent)"
+    )
+    assert tokens == answer["explanation"]["document_tokens"]
+    screenshot(browser, "viewer-why-it-ranked")
+    assert_only_local_requests(browser, rerankers)

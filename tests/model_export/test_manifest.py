@@ -148,6 +148,15 @@ def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
     assert not manifest(graphs=without_hidden).has_hidden_states
 
 
+HEAD = {
+    "task": "classify",
+    "graph": graph_io.GRAPH_SCORES,
+    "graph_sha256": "0" * 64,
+    "labels": ["LABEL_0"],
+    "activation": "sigmoid",
+}
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -189,6 +198,22 @@ def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
         ({"prompts": {"q": 3}}, "at most 2048"),
         ({"prompts": {"q": "query: "}, "default_prompt_name": "p"}, "not one of the prompts"),
         ({"include_prompt": "false"}, "include_prompt must be a boolean"),
+        # a head (model_export.heads) is read from an untrusted directory too
+        ({"text": TEXT, "head": {**HEAD, "task": "rerank"}}, "head.task must be one of"),
+        ({"text": TEXT, "head": {**HEAD, "graph": "../scores_model.onnx"}}, "head.graph"),
+        ({"text": TEXT, "head": {**HEAD, "graph": "model.onnx"}}, "head.graph must be one of"),
+        ({"text": TEXT, "head": {**HEAD, "graph": "splade_model.onnx"}}, "head.graph of a"),
+        ({"text": TEXT, "head": {**HEAD, "labels": []}}, "head.labels must list 1..4096"),
+        ({"text": TEXT, "head": {**HEAD, "labels": ["x"] * 4097}}, "head.labels must list"),
+        ({"text": TEXT, "head": {**HEAD, "labels": "abc"}}, "its labels a list"),
+        ({"text": TEXT, "head": {**HEAD, "labels": [3]}}, "each is text of 1..256"),
+        ({"text": TEXT, "head": {**HEAD, "activation": "tanh"}}, "head.activation must be"),
+        ({"text": TEXT, "head": {**HEAD, "extra": 1}}, "head:"),
+        ({"head": HEAD}, "a head reads token ids"),
+        ({"quantization_ranges": [[0.0] * 32]}, "must be [mins, maxes]"),
+        ({"quantization_ranges": [[0.0] * 31, [1.0] * 31]}, "of 32 finite numbers each"),
+        ({"quantization_ranges": [[True] * 32, [1.0] * 32]}, "numbers only"),
+        ({"quantization_ranges": [[1e400] * 32, [1.0] * 32]}, "finite"),
     ],
 )
 def test_invalid_manifests_are_refused(change: dict[str, Any], says: str) -> None:

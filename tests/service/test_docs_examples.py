@@ -325,6 +325,15 @@ def tei_info(answer: Answer, session: ort.InferenceSession) -> None:
     assert info["model_id"] == "minilm-l6" and info["max_client_batch_size"] == 2048
 
 
+def quantized_int8(answer: Answer, session: ort.InferenceSession) -> None:
+    """One int8 vector of MiniLM's 384 dimensions, from its recorded ranges."""
+    assert answer.status == 200, answer.stdout
+    (item,) = answer.json()["data"]
+    vector = item["embedding"]
+    assert len(vector) == 384 and all(isinstance(v, int) and -128 <= v <= 127 for v in vector)
+    assert len(set(vector)) > 50  # spread over the range, not clipped to one end
+
+
 def tei_health(answer: Answer, session: ort.InferenceSession) -> None:
     assert answer.status == 200 and answer.stdout == "", answer
 
@@ -340,6 +349,10 @@ BASH_CHECKS: dict[str, Check] = {
     path("/info"): tei_info,
     path("/health"): tei_health,
     path("/v1/embed_sparse"): sparse_vector,
+    path("/v1/rerank"): Refused(422, "unsupported_by_model"),
+    path("/rerank"): Refused(422, "Validation"),
+    path("/predict"): Refused(422, "Validation"),
+    r'"embedding_type": "int8"': quantized_int8,
     r"Attention is all you need\.": text_tokens_and_pooled,
     r"random\.seed\(0\)": two_sequences,
     r"random\.seed\(1\)": attention_maps(1, 2, 3),

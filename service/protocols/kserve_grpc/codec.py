@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from service.engine import EncodeRequest, EncodeResult, ModelInfo
+from service.engine import EncodeRequest, EncodeResult, ModelInfo, RerankRequest, RerankResult
 from service.errors import InvalidInput, quoted
-from service.protocols.open_inference import tensors
+from service.protocols.open_inference import rerank, tensors
 from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
 # The typed contents field of each datatype.
@@ -115,4 +115,34 @@ def infer_response(result: EncodeResult, reply: Reply) -> pb.ModelInferResponse:
     for name, datatype, array in tensors.output_arrays(result, reply):
         response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+    return response
+
+
+def rerank_request(request: pb.ModelInferRequest, info: ModelInfo) -> RerankRequest:
+    """A ModelInferRequest for a reranker -> its request (``open_inference/rerank.py``)."""
+    params = {key: parameter(value) for key, value in request.parameters.items()}
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents holds {len(raw)} buffers for {len(request.inputs)} inputs "
+            "(one per input, in order)"
+        )
+    inputs = [
+        _input(tensor, memoryview(raw[i]) if raw else None)
+        for i, tensor in enumerate(request.inputs)
+    ]
+    _requested_outputs([o.name for o in request.outputs], params, info)
+    return rerank.rerank_request(inputs, params, info)
+
+
+def rerank_response(
+    result: RerankResult, request: pb.ModelInferRequest, version: str
+) -> pb.ModelInferResponse:
+    """The scores as raw little-endian FP32, in the documents' order."""
+    response = pb.ModelInferResponse(
+        model_name=result.model, model_version=version, id=request.id or ""
+    )
+    array = rerank.scores(result)
+    response.outputs.add(name=rerank.OUTPUT_SCORES, datatype="FP32", shape=[len(array)])
+    response.raw_output_contents.append(array.tobytes())
     return response

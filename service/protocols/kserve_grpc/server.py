@@ -29,7 +29,7 @@ from service.engine.scope import Access
 from service.errors import NotReady
 from service.protocols.kserve_grpc import calls, codec
 from service.protocols.kserve_grpc.calls import Method
-from service.protocols.open_inference import tensors
+from service.protocols.open_inference import rerank, tensors
 from service.protocols.open_inference.metadata import (
     EXTENSIONS,
     PLATFORM,
@@ -121,6 +121,11 @@ class InferenceService:
         engine = self.engine
         info = engine.model(request.model_name, request.model_version or None)
         version = request.model_version or None
+        if rerank.is_reranker(info):  # a query and documents in, scores out
+            ranked, _ = await engine.rerank(
+                lambda: (codec.rerank_request(request, info), None), scope
+            )
+            return codec.rerank_response(ranked, request, info.version)
         result, reply = await engine.encode(
             lambda: codec.infer_request(request, info, version), scope
         )

@@ -11,15 +11,16 @@ What the tensors mean is ``open_inference/tensors.py``'s business; this module o
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from service.engine import EncodeRequest, EncodeResult, ModelInfo
+from service.engine import EncodeRequest, EncodeResult, ModelInfo, RerankRequest, RerankResult
 from service.errors import InvalidInput, quoted
 from service.protocols import wire
 from service.protocols.http import Answer
-from service.protocols.open_inference import tensors
+from service.protocols.open_inference import rerank, tensors
 from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -157,6 +158,58 @@ def infer_response(result: EncodeResult, reply: Reply) -> Answer:
     if reply.request_id is not None:
         header["id"] = reply.request_id
     header["outputs"] = entries
+    content = wire.dumps(header)
+    if not blobs:
+        return Answer([content])
+    return Answer(
+        [content, *blobs],
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(content))},
+    )
+
+
+def rerank_request(
+    body: bytes, header_length: str | None, info: ModelInfo
+) -> tuple[RerankRequest, RerankReply]:
+    """An infer body for a reranker -> its request, and how to frame the scores."""
+    header, binary = split_body(body, header_length)
+    params = _dict(header.get("parameters"), "parameters")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    inputs, offset = [], 0
+    for spec in raw_inputs:
+        tensor, offset = _input(_dict(spec, "inputs[]"), binary, offset)
+        inputs.append(tensor)
+    outputs = _requested_outputs(header.get("outputs"), params, info)
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    binary_out = next(iter(outputs.values()))
+    return rerank.rerank_request(inputs, params, info), RerankReply(request_id, binary_out)
+
+
+@dataclass(frozen=True)
+class RerankReply:
+    request_id: str | None
+    binary: bool  # the scores as raw bytes
+
+
+def rerank_response(result: RerankResult, reply: RerankReply, version: str) -> Answer:
+    """The scores, in the documents' order, as JSON data or raw bytes."""
+    array = rerank.scores(result)
+    entry: dict[str, Any] = {"name": rerank.OUTPUT_SCORES, "datatype": "FP32"}
+    entry["shape"] = [len(array)]
+    blobs: list[memoryview] = []
+    if reply.binary:
+        entry["parameters"] = {"binary_data_size": array.nbytes}
+        blobs.append(array.data.cast("B"))
+    else:
+        entry["data"] = array
+    header: dict[str, Any] = {"model_name": result.model, "model_version": version}
+    if reply.request_id is not None:
+        header["id"] = reply.request_id
+    header["outputs"] = [entry]
     content = wire.dumps(header)
     if not blobs:
         return Answer([content])

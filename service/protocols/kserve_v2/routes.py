@@ -12,7 +12,8 @@ from fastapi.responses import Response
 
 from service.engine.scope import Access
 from service.protocols import http
-from service.protocols.http import EngineDep, error_responses, protocol_route
+from service.protocols.context import scope_of
+from service.protocols.http import ChunkedResponse, EngineDep, error_responses, protocol_route
 from service.protocols.kserve_v2 import codec
 from service.protocols.kserve_v2.errors import render
 from service.protocols.kserve_v2.schemas import (
@@ -28,7 +29,7 @@ from service.protocols.kserve_v2.schemas import (
     ServerMetadata,
     TensorMetadata,
 )
-from service.protocols.open_inference import tensors
+from service.protocols.open_inference import rerank, tensors
 from service.protocols.open_inference.metadata import (
     EXTENSIONS,
     PLATFORM,
@@ -138,9 +139,19 @@ INFER_DOC: dict[str, Any] = {
 async def infer(
     model: str, request: Request, engine: EngineDep, version: str | None = None
 ) -> Response:
-    """Inference on JSON or binary tensors (the binary extension: see the codec)."""
+    """Inference on JSON or binary tensors (the binary extension: see the codec); a
+    reranker's model takes a query and documents (``open_inference/rerank.py``)."""
     info = engine.model(model, version)
     header_length = request.headers.get(codec.HEADER_LENGTH)
+    if rerank.is_reranker(info):
+        body = await http.read_body(
+            request, engine, json_only=False, json_bytes=codec.json_prefix(header_length)
+        )
+        result, reply = await engine.rerank(
+            lambda: codec.rerank_request(body, header_length, info), scope_of(request)
+        )
+        answer = codec.rerank_response(result, reply, info.version)
+        return ChunkedResponse(answer.parts, answer.media_type, answer.headers)
     return await http.encode(
         request,
         engine,

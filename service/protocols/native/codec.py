@@ -1,4 +1,4 @@
-"""Native bodies <-> the engine's types: ``/v1/encode`` and ``/v1/tokenize``.
+"""Native bodies <-> the engine's types: ``/v1/encode``, ``/v1/tokenize``, ``/v1/rerank``.
 
 Input arrays are nested JSON floats or ``{"shape", "data"}`` base64 objects;
 they are decoded straight to numpy (never through pydantic) and only once the
@@ -11,6 +11,7 @@ import base64
 import binascii
 import itertools
 import math
+import uuid
 from functools import partial
 from typing import Any
 
@@ -22,6 +23,9 @@ from service.engine import (
     EncodeRequest,
     EncodeResult,
     InputItem,
+    Ranked,
+    RerankRequest,
+    RerankResult,
     SpannedText,
     SparseRequest,
     SparseResult,
@@ -32,7 +36,9 @@ from service.engine import (
 from service.errors import InvalidInput
 from service.protocols import wire
 from service.protocols.native.schemas import EmbedSparseRequest, EncodeOptions
+from service.protocols.native.schemas import RerankRequest as RerankBody
 from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
+from service.protocols.quantized import pooled_array
 
 ARRAYS = {"float": wire.JSON_ARRAYS, "base64": wire.BASE64_ARRAYS}
 # Upper bounds of an answer's envelope: {"model":..,"data":[..],"usage":{..}} once, and per
@@ -76,6 +82,8 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         hidden_layers=options.hidden_states.layers,
         pooling=options.pooling,
         normalize=options.normalize,
+        embedding_type=options.embedding_type,
+        quantization_ranges=options.ranges(),
         return_embeddings=wants_embeddings(options),
         truncate=options.truncate,
         truncation_direction=options.truncation_direction,
@@ -213,7 +221,11 @@ def _decode_base64_array(item: dict[str, Any], where: tuple[str | int, ...]) -> 
 
 
 def encode_array(array: np.ndarray, encoding_format: str) -> Any:
-    """Answer form of an array: itself (orjson writes it) or a Base64Array dict."""
+    """Answer form of an array: itself (orjson writes it) or a Base64Array dict; quantized
+    vectors as integers (``quantized.pooled_array``)."""
+    quantized = pooled_array(array, encoding_format)
+    if quantized is not None:
+        return quantized
     array = wire.float32_le(array)
     if encoding_format == "base64":
         return {"shape": list(array.shape), "dtype": "float32", "data": wire.base64_float32(array)}
@@ -251,6 +263,8 @@ def sparse_request(body: bytes) -> tuple[SparseRequest, bool]:
         texts=options.inputs,
         model=options.model,
         kind=options.kind,
+        top_k=options.top_k,
+        threshold=options.threshold,
         alpha=options.alpha,
         truncate=options.truncate,
         truncation_direction=options.truncation_direction,
@@ -309,3 +323,66 @@ def tokenize_response(result: TokenizeResult, encoding_format: str) -> bytes:
             "usage": {"sequences": len(result.items), "tokens": result.tokens},
         }
     )
+
+
+# A rerank answer's attention as nested JSON: per float, per row (as the encode answer's).
+RERANK_ATTENTION_COST = WireCost(**ARRAYS["float"], per_sequence=256.0, per_token=3.0)
+
+
+def rerank_request(body: bytes) -> tuple[RerankRequest, tuple[list[str], bool]]:
+    """A /v1/rerank body -> the engine's request, and (documents, return_documents)."""
+    options = wire.parse_options(RerankBody, wire.parse_json_object(body))
+    documents = [d if isinstance(d, str) else d.text for d in options.documents]
+    request = RerankRequest(
+        query=options.query,
+        documents=documents,
+        model=options.model,
+        top_n=options.top_n,
+        raw_scores=options.raw_scores,
+        truncate=options.truncate,
+        truncation_direction=options.truncation_direction,
+        return_attention=options.return_attention,
+        attention=AttentionSpec(
+            options.attention.layers,
+            options.attention.heads,
+            options.attention.reduce,
+            options.attention.measure,
+        ),
+        top_tokens=options.top_tokens,
+        wire_cost=RERANK_ATTENTION_COST,
+    )
+    return request, (documents, options.return_documents)
+
+
+def rerank_response(result: RerankResult, documents: list[str], return_documents: bool) -> bytes:
+    """Cohere's ``{id, results: [{index, relevance_score, document?}], meta}`` with Jina's
+    ``model`` and ``usage``; ``explanation`` where attention was asked."""
+    return wire.dumps(
+        {
+            "id": str(uuid.uuid4()),
+            "model": result.model,
+            "results": [_ranked(r, documents, return_documents) for r in result.results],
+            "meta": {
+                "billed_units": {"search_units": 1},
+                "tokens": {"input_tokens": result.tokens},
+            },
+            "usage": {"total_tokens": result.tokens, "prompt_tokens": result.tokens},
+        }
+    )
+
+
+def _ranked(ranked: Ranked, documents: list[str], return_documents: bool) -> dict[str, Any]:
+    item: dict[str, Any] = {"index": ranked.index, "relevance_score": ranked.score}
+    if return_documents:
+        item["document"] = {"text": documents[ranked.index]}
+    x = ranked.explanation
+    if x is not None:
+        item["explanation"] = {
+            "query_tokens": x.query_tokens,
+            "document_tokens": x.document_tokens,
+            "attention": x.attention,
+            "top_tokens": [
+                {"index": i, "token": token, "weight": weight} for i, token, weight in x.top_tokens
+            ],
+        }
+    return item

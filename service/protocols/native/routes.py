@@ -6,6 +6,7 @@ array math and no model logic lives here.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -34,6 +35,8 @@ from service.protocols.native.schemas import (
     Health,
     ModelCard,
     ModelList,
+    RerankRequest,
+    RerankResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -105,6 +108,8 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         prompts=dict(manifest.prompts),
         default_prompt_name=manifest.default_prompt_name,
         include_prompt=manifest.include_prompt,
+        task=manifest.task,
+        labels=list(manifest.head.labels) if manifest.head is not None else [],
         default=default,
     )
 
@@ -163,6 +168,26 @@ async def embed_sparse(request: Request, engine: EngineDep) -> Response:
     return ChunkedResponse([codec.sparse_response(result, return_text)])
 
 
+@encode.post(
+    "/rerank",
+    response_model=None,
+    responses={200: {"model": RerankResponse}},
+    openapi_extra=json_request_body("RerankRequest"),
+)
+async def rerank(request: Request, engine: EngineDep) -> Response:
+    """Documents scored against a query by a reranker (cross-encoder), best first, in
+    Cohere's and Jina's shape; with return_attention, why each ranked."""
+    body = await http.read_body(request, engine)
+    result, (documents, return_documents) = await engine.rerank(
+        lambda: codec.rerank_request(body), scope_of(request)
+    )
+    write = partial(codec.rerank_response, result, documents, return_documents)
+    # Attention answers can be large: written on a codec thread, never on the event loop.
+    explained = any(r.explanation is not None for r in result.results)
+    answer = await engine.off_loop(write) if explained else write()
+    return ChunkedResponse([answer])
+
+
 @metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)
 async def prometheus_metrics(engine: EngineDep) -> Response:
     """Prometheus text exposition."""
@@ -172,7 +197,7 @@ async def prometheus_metrics(engine: EngineDep) -> Response:
 def openapi_components() -> dict[str, Any]:
     """Schemas referenced by hand (the encode body is parsed by the codec, not FastAPI)."""
     components: dict[str, Any] = {}
-    for model in (EncodeRequest, TokenizeRequest, EmbedSparseRequest):
+    for model in (EncodeRequest, TokenizeRequest, EmbedSparseRequest, RerankRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema

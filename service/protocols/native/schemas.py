@@ -8,11 +8,12 @@ for the OpenAPI schema.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.engine.types import Pooling, Reduce
+from service.protocols.quantized import QuantizedOptions
 
 EncodingFormat = Literal["float", "base64"]
 
@@ -66,8 +67,9 @@ class HiddenStatesOptions(BaseModel):
     )
 
 
-class EncodeOptions(BaseModel):
-    """Every field of an encode request except the arrays."""
+class EncodeOptions(QuantizedOptions):
+    """Every field of an encode request except the arrays (embedding_type: of the pooled
+    vectors)."""
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = Field(None, description="Model name; the server's default if omitted.")
@@ -136,20 +138,26 @@ class EncodeRequest(EncodeOptions):
 
 
 class EmbedSparseRequest(BaseModel):
-    """``POST /v1/embed_sparse``: BM42 sparse vectors of texts (models with a BM42 graph)."""
+    """``POST /v1/embed_sparse``: sparse vectors of texts: BM42 (models with a BM42 graph)
+    or SPLADE (models with a SPLADE head)."""
 
     model_config = ConfigDict(extra="forbid")
     inputs: list[str] = Field(description="The texts, one vector each, in order.")
     model: str | None = Field(None, description="Model name; the server's default if omitted.")
-    kind: Literal["document", "query"] = Field(
-        "document",
-        description="document: weighted by the last layer's [CLS] attention (a model run); "
-        "query: 1.0 per stem, no model run.",
+    kind: Literal["document", "query", "splade"] | None = Field(
+        None,
+        description="BM42's document: weighted by the last layer's [CLS] attention (a model "
+        "run); BM42's query: 1.0 per stem, no model run; splade: a SPLADE model's vector "
+        "over its vocabulary. Default: splade for a SPLADE model, else document.",
     )
+    top_k: int | None = Field(None, description="Keep each vector's k largest values.")
+    threshold: float | None = Field(None, description="Drop values below this (>= 0).")
     alpha: float = Field(
         0.5, gt=0, le=10, description="Exponent of a document's values: log(1 + weight) ** alpha."
     )
-    return_text: bool = Field(False, description="Also return the stem behind each index.")
+    return_text: bool = Field(
+        False, description="Also return what is behind each index: BM42's stem, SPLADE's token."
+    )
     truncate: bool = Field(False, description="Cut texts to the model's max_seq_len (else 413).")
     truncation_direction: Literal["right", "left"] = Field(
         "right",
@@ -159,15 +167,86 @@ class EmbedSparseRequest(BaseModel):
 
 class SparseItem(BaseModel):
     index: int = Field(description="Position of the text in the request.")
-    indices: list[int] = Field(description="abs(MurmurHash3-32(stem)), as fastembed's BM42.")
+    indices: list[int] = Field(
+        description="BM42: abs(MurmurHash3-32(stem)), as fastembed's; SPLADE: vocabulary ids, "
+        "ascending."
+    )
     values: list[float] = Field(description="One value per index.")
-    text: list[str] | None = Field(None, description="The stem behind each index (return_text).")
+    text: list[str] | None = Field(
+        None, description="The stem (BM42) or token (SPLADE) behind each index (return_text)."
+    )
 
 
 class EmbedSparseResponse(BaseModel):
     model: str
     data: list[SparseItem]
     usage: Usage
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """``POST /v1/rerank`` (Cohere's and Jina's shape): documents scored against a query
+    by a reranker (a cross-encoder), best first."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="Model name; the server's default if omitted.")
+    query: str = Field(description="What the documents are ranked for.")
+    documents: list[str | RerankDocument] = Field(
+        description="Texts, or objects with a text (Cohere, Jina)."
+    )
+    top_n: int | None = Field(None, description="Answer only the best top_n; default all.")
+    return_documents: bool = Field(False, description="Each result with its document.")
+    raw_scores: bool = Field(
+        False, description="relevance_score as the raw logit, not the model's score function."
+    )
+    truncate: bool = Field(
+        True, description="Cut each document so its pair fits the model (else 413)."
+    )
+    truncation_direction: Literal["right", "left"] = "right"
+    max_tokens_per_doc: int | None = Field(
+        None, description="Cohere's option: accepted, the model's own limit applies."
+    )
+    return_attention: bool = Field(
+        False,
+        description="Why each result ranked: the attention from the query's tokens to its "
+        "document's tokens ([L', H', q, d]) and the document tokens the query attends to most.",
+    )
+    attention: AttentionOptions = Field(default_factory=AttentionOptions)
+    top_tokens: int = Field(5, description="With return_attention: document tokens listed.")
+
+
+class RankTokenWeight(BaseModel):
+    index: int = Field(description="The token's position among the document's tokens.")
+    token: str
+    weight: float = Field(description="Attention it receives from the query's tokens.")
+
+
+class RankExplanationItem(BaseModel):
+    query_tokens: list[str]
+    document_tokens: list[str]
+    attention: list[list[list[list[float]]]] = Field(
+        description="[L', H' or 1, q, d]: the selected maps' query rows × document columns."
+    )
+    top_tokens: list[RankTokenWeight]
+
+
+class RerankResultItem(BaseModel):
+    index: int = Field(description="The document's position in the request.")
+    relevance_score: float
+    document: RerankDocument | None = None
+    explanation: RankExplanationItem | None = None
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResultItem]
+    meta: dict[str, Any]
+    usage: dict[str, int]
 
 
 class TokenizeRequest(BaseModel):
@@ -271,6 +350,11 @@ class ModelCard(BaseModel):
         description="Whether the prompt's tokens are pooled into sentence vectors; false: "
         "they ([CLS] with them) are left out, as the model was trained."
     )
+    task: Literal["embed", "rerank", "classify", "splade"] = Field(
+        description="What its head answers besides token vectors: embed (no head), rerank "
+        "(POST /v1/rerank, TEI's /rerank), classify (TEI's /predict) or splade."
+    )
+    labels: list[str] = Field(description="A classifier's labels, in id order (id2label).")
     default: bool
 
 

@@ -43,6 +43,9 @@ from service.protocols import wire
 from service.protocols.open_inference.padding import lengths_of, repad
 
 INPUT_TEXT = "text"
+# A reranker's model (rerank.py): a query and its documents in, a score per document out.
+RERANK_INPUTS = [("query", "BYTES", [1]), ("documents", "BYTES", [-1])]
+RERANK_OUTPUTS = [("scores", "FP32", [-1])]
 OUTPUT_POOLED = "pooled"
 OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text input)
 NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
@@ -128,6 +131,8 @@ class Rows(Sequence[InputItem]):
 
 def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
     """(name, datatype, shape) of every output this model can answer; -1: dynamic."""
+    if info.manifest.task == "rerank":  # see rerank.py
+        return RERANK_OUTPUTS
     cfg = info.config
     outputs = [
         (graph_io.OUTPUT_HIDDEN, "FP32", [-1, -1, cfg.d_model]),
@@ -142,6 +147,8 @@ def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
 
 
 def model_inputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
+    if info.manifest.task == "rerank":  # see rerank.py
+        return RERANK_INPUTS
     inputs = [
         (graph_io.INPUT_EMBEDS, "FP32", [-1, -1, info.config.d_model]),
         (graph_io.INPUT_MASK, "INT64", [-1, -1]),

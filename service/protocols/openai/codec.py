@@ -12,6 +12,7 @@ from service.engine import EncodeRequest, EncodeResult, InputItem, TokenIds, Wir
 from service.errors import InvalidInput
 from service.protocols import wire
 from service.protocols.openai.schemas import EmbeddingsOptions
+from service.protocols.quantized import pooled_array
 
 # Upper bounds of an answer: {"object":"list","data":[..],"model":..,"usage":{..}} once,
 # {"object":"embedding","index":N,"embedding":..} per item, the vector itself (a base64
@@ -36,6 +37,8 @@ def embeddings_request(body: bytes, *, truncate: bool) -> tuple[EncodeRequest, s
         pooling="model",
         normalize=True,
         dimensions=options.dimensions,
+        embedding_type=options.embedding_type,
+        quantization_ranges=options.ranges(),
         return_embeddings=False,
         truncate=truncate,
         prompt_name=options.prompt_name,
@@ -86,11 +89,15 @@ def embeddings_response(result: EncodeResult, encoding_format: str) -> bytes:
     data = []
     for i, out in enumerate(result.outputs):
         assert out.pooled is not None  # the request always pools
-        vector: Any = (
-            wire.base64_float32(out.pooled)
-            if encoding_format == "base64"
-            else wire.float32_le(out.pooled)
-        )
+        vector: Any = pooled_array(out.pooled, encoding_format)
+        if isinstance(vector, dict):  # quantized, base64: OpenAI's field is the string
+            vector = vector["data"]
+        elif vector is None:
+            vector = (
+                wire.base64_float32(out.pooled)
+                if encoding_format == "base64"
+                else wire.float32_le(out.pooled)
+            )
         data.append({"object": "embedding", "index": i, "embedding": vector})
     return wire.dumps(
         {

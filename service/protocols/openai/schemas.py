@@ -10,11 +10,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.protocols.quantized import QuantizedOptions
+
 EncodingFormat = Literal["float", "base64"]
 
 
-class EmbeddingsOptions(BaseModel):
-    """Every field of an embeddings request except ``input``."""
+class EmbeddingsOptions(QuantizedOptions):
+    """Every field of an embeddings request except ``input`` (embedding_type and
+    quantization_ranges are not OpenAI's: the openai client sends them with extra_body)."""
 
     model_config = ConfigDict(extra="forbid")
     model: str = Field(description="Model name, as GET /v1/models lists it.")

@@ -13,11 +13,15 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from service.engine import (
+    ClassifyRequest,
+    ClassifyResult,
     DecodeRequest,
     DecodeResult,
     EncodeRequest,
     EncodeResult,
     ModelInfo,
+    RerankRequest,
+    RerankResult,
     ServingLimits,
     SparseRequest,
     SparseResult,
@@ -64,7 +68,7 @@ def _text_request(schema: type[Options], body: bytes) -> tuple[Options, list[str
     return options, _texts(options.inputs), bool(options.truncate)
 
 
-def _direction(options: schemas.CutOptions) -> str:
+def _direction(options: schemas.Truncation) -> str:
     """TEI's truncation_direction (Left/Right, either case) in the engine's terms."""
     return "left" if options.truncation_direction in LEFT else "right"
 
@@ -87,6 +91,8 @@ def embed_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         pooling="model",
         normalize=options.normalize,
         dimensions=options.dimensions,
+        embedding_type=options.embedding_type,
+        quantization_ranges=options.ranges(),
         return_embeddings=False,
         truncate=truncate,
         truncation_direction=_direction(options),
@@ -218,6 +224,61 @@ def decode_response(result: DecodeResult) -> bytes:
 TEI_POOLING = {"last": "last_token"}
 
 
+def rerank_request(body: bytes) -> tuple[RerankRequest, tuple[list[str], bool]]:
+    """A /rerank body -> the engine's request, and (texts, return_text) for the answer."""
+    options = wire.parse_options(schemas.RerankRequest, wire.parse_json_object(body))
+    request = RerankRequest(
+        query=options.query,
+        documents=options.texts,
+        raw_scores=options.raw_scores,
+        truncate=bool(options.truncate),
+        truncation_direction=_direction(options),
+        documents_field="texts",
+    )
+    return request, (options.texts, options.return_text)
+
+
+def rerank_response(result: RerankResult, texts: list[str], return_text: bool) -> bytes:
+    """TEI's ``[{index, score, text?}]``, best first."""
+    return wire.dumps(
+        [
+            {"index": r.index, "score": r.score} | ({"text": texts[r.index]} if return_text else {})
+            for r in result.results
+        ]
+    )
+
+
+def predict_request(body: bytes) -> tuple[ClassifyRequest, bool]:
+    """A /predict body -> the engine's request, and whether it was one input (TEI then
+    answers one list, else a list per input)."""
+    options = wire.parse_options(schemas.PredictRequest, wire.parse_json_object(body))
+    inputs = options.inputs
+    # Two strings are one pair, as TEI reads them; else a list of texts and pairs.
+    pair = len(inputs) == 2 and all(isinstance(x, str) for x in inputs)
+    single = isinstance(inputs, str) or pair
+    listed = [inputs] if single else list(inputs)
+    items = [x if isinstance(x, str) else (x[0], x[1]) for x in listed]
+    request = ClassifyRequest(
+        inputs=items,  # type: ignore[arg-type]
+        raw_scores=options.raw_scores,
+        truncate=bool(options.truncate),
+        truncation_direction=_direction(options),
+    )
+    return request, single
+
+
+def predict_response(result: ClassifyResult, single: bool) -> bytes:
+    """TEI's ``[{score, label}]`` per input, best first."""
+    answers = [
+        [
+            {"score": float(row[k]), "label": result.labels[k]}
+            for k in sorted(range(len(row)), key=lambda k: -row[k])
+        ]
+        for row in result.scores
+    ]
+    return wire.dumps(answers[0] if single else answers)
+
+
 def info(model: ModelInfo, limits: ServingLimits, pooling: str) -> dict[str, Any]:
     """``GET /info`` in TEI's shape, with the limits that really apply here (TEI's
     shape has no prompts: ``GET /v1/models/{name}`` lists them)."""
@@ -226,7 +287,7 @@ def info(model: ModelInfo, limits: ServingLimits, pooling: str) -> dict[str, Any
         "model_id": model.name,
         "model_sha": None,
         "model_dtype": "float32",
-        "model_type": {"embedding": {"pooling": pooling}},
+        "model_type": _model_type(model, pooling),
         "max_concurrent_requests": limits.max_queued_requests,
         "max_input_length": model.max_seq_len,
         "max_batch_tokens": limits.max_batch_tokens,
@@ -238,3 +299,13 @@ def info(model: ModelInfo, limits: ServingLimits, pooling: str) -> dict[str, Any
         "sha": None,
         "docker_label": None,
     }
+
+
+def _model_type(model: ModelInfo, pooling: str) -> dict[str, Any]:
+    """TEI's model type: a reranker or classifier (its labels), else an embedding model."""
+    head = model.manifest.head
+    if head is None or head.task != "classify":
+        return {"embedding": {"pooling": pooling}}
+    labels: dict[str, Any] = {"id2label": {str(i): x for i, x in enumerate(head.labels)}}
+    labels["label2id"] = {label: i for i, label in enumerate(head.labels)}
+    return {"reranker" if head.reranks else "classifier": {"model_id": model.name, **labels}}

@@ -135,6 +135,26 @@ async def tei_embed_sparse(request: Request, engine: EngineDep) -> Response:
     return timed(response, request, characters, result.tokens)
 
 
+@work.post("/rerank", response_model=None)
+async def tei_rerank(request: Request, engine: EngineDep) -> Response:
+    """Texts scored against a query by a reranker, best first: ``[{index, score, text?}]``."""
+    body = await http.read_body(request, engine)
+    result, (texts, return_text) = await engine.rerank(
+        lambda: codec.rerank_request(body), scope_of(request)
+    )
+    response = ChunkedResponse([codec.rerank_response(result, texts, return_text)])
+    return timed(response, request, sum(map(len, texts)), result.tokens)
+
+
+@work.post("/predict", response_model=None)
+async def tei_predict(request: Request, engine: EngineDep) -> Response:
+    """A score per label of a text, a pair, or a list of them: ``[{score, label}]`` each."""
+    body = await http.read_body(request, engine)
+    result, single = await engine.classify(lambda: codec.predict_request(body), scope_of(request))
+    response = ChunkedResponse([codec.predict_response(result, single)])
+    return timed(response, request, 0, result.tokens)
+
+
 @work.post("/tokenize", response_model=None)
 async def tei_tokenize(request: Request, engine: EngineDep) -> Response:
     """Each text's tokens: ``[[{"id", "text", "special", "start", "stop"}]]`` (character

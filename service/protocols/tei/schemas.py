@@ -3,21 +3,28 @@ here; unknown fields are ignored, as TEI ignores them."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from service.protocols.quantized import QuantizedOptions
 
 Texts = str | list[str]
 
 
-class CutOptions(BaseModel):
-    """What every TEI text route takes besides its inputs: how to cut them."""
+class Truncation(BaseModel):
+    """How to cut texts longer than the model takes."""
 
     model_config = ConfigDict(extra="ignore")
     truncate: bool | None = Field(
         None, description="Cut texts to the model's length; default: the server's (off)."
     )
     truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+
+
+class CutOptions(Truncation):
+    """What every TEI embedding route takes besides its inputs: how to cut them, a prompt."""
+
     prompt_name: str | None = Field(
         None,
         max_length=64,
@@ -30,8 +37,9 @@ class TextOptions(CutOptions):
     inputs: Texts = Field(description="A text or a list of texts; one answer each.")
 
 
-class EmbedRequest(TextOptions):
-    """``POST /embed`` and ``POST /`` (huggingface_hub's feature_extraction)."""
+class EmbedRequest(TextOptions, QuantizedOptions):
+    """``POST /embed`` and ``POST /`` (huggingface_hub's feature_extraction); not TEI's:
+    embedding_type and quantization_ranges (quantized vectors as JSON integers)."""
 
     normalize: bool = Field(True, description="L2-normalise each vector (TEI's default).")
     dimensions: int | None = Field(
@@ -71,6 +79,29 @@ class SimilarityRequest(CutOptions):
     """``POST /similarity``: cosine of the source sentence with each of the sentences."""
 
     inputs: SimilarityInputs
+
+
+class RerankRequest(Truncation):
+    """``POST /rerank``: texts scored against a query by a reranker (cross-encoder); with
+    truncate, each text is cut so its pair fits the model (the query never is)."""
+
+    query: str
+    texts: list[str]
+    raw_scores: bool = Field(False, description="The logits, not the model's score function.")
+    return_text: bool = Field(False, description="Each result with its text.")
+
+
+# A text, or a pair read together ([a, b]); TEI's Sequence.
+Sequence = str | Annotated[list[str], Field(min_length=2, max_length=2)]
+
+
+class PredictRequest(Truncation):
+    """``POST /predict``: a score per label, for classification models."""
+
+    inputs: Sequence | list[Sequence] = Field(
+        description="A text, a pair [a, b], or a list of texts and pairs."
+    )
+    raw_scores: bool = Field(False, description="The logits, not the model's score function.")
 
 
 class ErrorBody(BaseModel):

@@ -56,6 +56,21 @@ export async function encodeAttention(model, input, attention, truncate) {
   return { tokens: item.tokens, shape: item.attention.shape, values: fromBase64(item.attention.data) };
 }
 
+/** One document reranked against a query, with the attention from the query's tokens to
+ * the document's (the chosen maps) and its most attended tokens. */
+export async function explainRank(model, query, document, attention, truncate) {
+  const body = {
+    model,
+    query,
+    documents: [document],
+    return_attention: true,
+    attention,
+    top_tokens: 8,
+    truncate,
+  };
+  return (await call("v1/rerank", body)).results[0];
+}
+
 /** A text's BM42 sparse vector with the stem behind each index. */
 export async function embedSparse(model, text, truncate) {
   const body = { model, inputs: [text], return_text: true, truncate };

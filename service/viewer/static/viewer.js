@@ -3,9 +3,10 @@
 // One-way flow: controls and the URL set `state`; show() asks the server for exactly the
 // maps the view needs (cached per input), then draw() renders them.
 
-import { apiKey, embedSparse, encodeAttention, listModels, setApiKey } from "./api.js";
+import { apiKey, embedSparse, encodeAttention, explainRank, listModels, setApiKey } from "./api.js";
 import { colourOf, drawMap, drawScale, drawThumbnail, maxOf, viewImage } from "./heatmap.js";
 import { parseNpy } from "./npy.js";
+import { drawRank } from "./rank.js";
 
 const VIEWS = ["head", "grid", "mean", "rollout"];
 const MAP_PIXELS = 640; // a map wider than this scrolls, its labels kept in view
@@ -140,6 +141,29 @@ async function showBm42() {
     );
     $("bm42").hidden = false;
     status(`BM42: ${rows.length} stems`, "ready");
+  } catch (error) {
+    status(error.message, "error");
+  }
+}
+
+/** A reranker's answer for the query and the text (the document), and why it ranked:
+ * the chosen layer's attention from query tokens to document tokens. */
+async function showRank() {
+  const query = $("query").value.trim();
+  if (!query || !$("text").value.trim()) return status("type a query and a document", "error");
+  const attention = state.view === "head"
+    ? { layers: [state.layer], heads: [state.head], reduce: "none" }
+    : { layers: [state.layer], reduce: "mean" };
+  if ($("norms").checked) attention.measure = "norms";
+  status("asking the server…", "busy");
+  try {
+    const result = await explainRank(state.model.id, query, $("text").value, attention, $("truncate").checked);
+    drawRank($("stage"), result, 0);
+    $("stage").dataset.view = "rank";
+    $("readout").textContent = "hover a line to read its weight";
+    const what = state.view === "head" ? `layer ${state.layer}, head ${state.head}` : `layer ${state.layer}, head mean`;
+    status(`${state.model.id} · query → document attention · ${what}`, "ready");
+    $("download").disabled = true; // the PNG is of heatmaps
   } catch (error) {
     status(error.message, "error");
   }
@@ -396,6 +420,9 @@ function setModel(card) {
   state.layer = Math.min(state.layer, card.layers - 1);
   state.head = Math.min(state.head, card.heads - 1);
   $("text").disabled = !card.tokenizer;
+  const reranks = card.task === "rerank";
+  $("query-row").hidden = !reranks;
+  $("show-rank").hidden = !reranks;
   $("text").title = card.tokenizer ? "" : `${card.id} has no tokenizer: upload token embeddings`;
 }
 
@@ -485,6 +512,7 @@ function wire() {
   });
   $("download").addEventListener("click", download);
   $("show-bm42").addEventListener("click", showBm42);
+  $("show-rank").addEventListener("click", showRank);
   $("api-key").value = apiKey();
   $("api-key").addEventListener("change", () => {
     setApiKey($("api-key").value.trim());
