@@ -55,8 +55,11 @@ def routed(access: Access, **router: Any) -> APIRouter:
 health = routed(Access.OPEN, tags=["health"])
 models = routed(Access.GUARDED, prefix="/v1", tags=["models"])
 encode = routed(Access.WORK, prefix="/v1", tags=["encode"])
+# Cohere's v2 client (cohere.ClientV2, LangChain's CohereRerank) posts to /v2/rerank; the
+# Open Inference Protocol's /v2 routes are /v2/models/... and /v2/repository/..., apart.
+cohere_v2 = routed(Access.WORK, prefix="/v2", tags=["encode"])
 metrics = routed(Access.OPEN, tags=["metrics"])
-routers = (health, models, encode, metrics)
+routers = (health, models, encode, cohere_v2, metrics)
 
 
 @health.api_route(
@@ -168,6 +171,7 @@ async def embed_sparse(request: Request, engine: EngineDep) -> Response:
     return ChunkedResponse([codec.sparse_response(result, return_text)])
 
 
+@cohere_v2.post("/rerank", response_model=None, include_in_schema=False)
 @encode.post(
     "/rerank",
     response_model=None,
