@@ -60,6 +60,7 @@ def infer_request(
         attention_measure=_typed(
             params.get("attention_measure", "weights"), str, "attention_measure"
         ),
+        embedding_type=_typed(params.get("embedding_type", "float"), str, "embedding_type"),
     )
     return tensors.encode_request(inputs, outputs, options, info, version, request.id or None)
 

@@ -79,6 +79,7 @@ def infer_request(
         normalize=_bool(params.get("normalize", False), "parameters.normalize"),
         truncate=_bool(params.get("truncate", False), "parameters.truncate"),
         attention_measure=params.get("attention_measure", "weights"),
+        embedding_type=params.get("embedding_type", "float"),
     )
     return tensors.encode_request(inputs, outputs, options, info, version, request_id)
 
