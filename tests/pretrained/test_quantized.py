@@ -167,3 +167,19 @@ def test_the_models_ranges_serve_only_its_own_vectors(
     answer = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"].startswith(says), answer.text
+
+
+def test_open_inference_protocol_answers_quantized_pooled_vectors(url: str) -> None:
+    """parameters.embedding_type: the pooled output as INT8 (UINT8 for ubinary), the
+    same integers as /v1/embeddings."""
+    want = vectors(embeddings(url, embedding_type="int8"))
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(TEXTS)], "data": TEXTS}],
+        "outputs": [{"name": "pooled"}],
+        "parameters": {"pooling": "mean", "normalize": True, "embedding_type": "int8"},
+    }
+    answer = httpx.post(f"{url}/v2/models/minilm-l6/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    (pooled,) = answer.json()["outputs"]
+    assert pooled["datatype"] == "INT8" and pooled["shape"] == [len(TEXTS), 384]
+    np.testing.assert_array_equal(np.asarray(pooled["data"]).reshape(len(TEXTS), 384), want)

@@ -42,16 +42,7 @@ def infer_request(
 ) -> tuple[EncodeRequest, Reply]:
     """A ModelInferRequest -> (EncodeRequest, what the answer needs)."""
     params = {key: parameter(value) for key, value in request.parameters.items()}
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(
-            f"raw_input_contents holds {len(raw)} buffers for {len(request.inputs)} inputs "
-            "(one per input, in order)"
-        )
-    inputs = [
-        _input(tensor, memoryview(raw[i]) if raw else None)
-        for i, tensor in enumerate(request.inputs)
-    ]
+    inputs = _inputs(request)
     outputs = _requested_outputs([o.name for o in request.outputs], params, info)
     options = Options(
         pooling=_typed(params.get("pooling", "none"), str, "pooling"),
@@ -60,8 +51,23 @@ def infer_request(
         attention_measure=_typed(
             params.get("attention_measure", "weights"), str, "attention_measure"
         ),
+        embedding_type=_typed(params.get("embedding_type", "float"), str, "embedding_type"),
     )
     return tensors.encode_request(inputs, outputs, options, info, version, request.id or None)
+
+
+def _inputs(request: pb.ModelInferRequest) -> list[InputTensor]:
+    """The request's input tensors, each with its raw buffer if they come raw."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents holds {len(raw)} buffers for {len(request.inputs)} inputs "
+            "(one per input, in order)"
+        )
+    return [
+        _input(tensor, memoryview(raw[i]) if raw else None)
+        for i, tensor in enumerate(request.inputs)
+    ]
 
 
 def _input(tensor: pb.ModelInferRequest.InferInputTensor, raw: memoryview | None) -> InputTensor:
@@ -121,16 +127,7 @@ def infer_response(result: EncodeResult, reply: Reply) -> pb.ModelInferResponse:
 def rerank_request(request: pb.ModelInferRequest, info: ModelInfo) -> RerankRequest:
     """A ModelInferRequest for a reranker -> its request (``open_inference/rerank.py``)."""
     params = {key: parameter(value) for key, value in request.parameters.items()}
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(
-            f"raw_input_contents holds {len(raw)} buffers for {len(request.inputs)} inputs "
-            "(one per input, in order)"
-        )
-    inputs = [
-        _input(tensor, memoryview(raw[i]) if raw else None)
-        for i, tensor in enumerate(request.inputs)
-    ]
+    inputs = _inputs(request)
     _requested_outputs([o.name for o in request.outputs], params, info)
     return rerank.rerank_request(inputs, params, info)
 

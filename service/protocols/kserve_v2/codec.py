@@ -58,6 +58,24 @@ def infer_request(
     """An infer body -> (EncodeRequest, what the answer needs)."""
     header, binary = split_body(body, header_length)
     params = _dict(header.get("parameters"), "parameters")
+    inputs = _inputs(header, binary)
+    outputs = _requested_outputs(header.get("outputs"), params, info)
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    options = Options(
+        pooling=params.get("pooling", "none"),
+        normalize=_bool(params.get("normalize", False), "parameters.normalize"),
+        truncate=_bool(params.get("truncate", False), "parameters.truncate"),
+        attention_measure=params.get("attention_measure", "weights"),
+        embedding_type=params.get("embedding_type", "float"),
+    )
+    return tensors.encode_request(inputs, outputs, options, info, version, request_id)
+
+
+def _inputs(header: dict[str, Any], binary: memoryview) -> list[InputTensor]:
+    """The header's input tensors, each with its share of the binary part (which they
+    must take whole)."""
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
@@ -70,17 +88,7 @@ def infer_request(
             f"{len(binary) - offset:,} trailing bytes after the binary inputs (the inputs' "
             "binary_data_size sum to less than the body holds)"
         )
-    outputs = _requested_outputs(header.get("outputs"), params, info)
-    request_id = header.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput("'id' must be a string")
-    options = Options(
-        pooling=params.get("pooling", "none"),
-        normalize=_bool(params.get("normalize", False), "parameters.normalize"),
-        truncate=_bool(params.get("truncate", False), "parameters.truncate"),
-        attention_measure=params.get("attention_measure", "weights"),
-    )
-    return tensors.encode_request(inputs, outputs, options, info, version, request_id)
+    return inputs
 
 
 def _input(spec: dict[str, Any], binary: memoryview, offset: int) -> tuple[InputTensor, int]:
@@ -174,13 +182,7 @@ def rerank_request(
     """An infer body for a reranker -> its request, and how to frame the scores."""
     header, binary = split_body(body, header_length)
     params = _dict(header.get("parameters"), "parameters")
-    raw_inputs = header.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise InvalidInput("'inputs' must be a non-empty list of tensors")
-    inputs, offset = [], 0
-    for spec in raw_inputs:
-        tensor, offset = _input(_dict(spec, "inputs[]"), binary, offset)
-        inputs.append(tensor)
+    inputs = _inputs(header, binary)
     outputs = _requested_outputs(header.get("outputs"), params, info)
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):

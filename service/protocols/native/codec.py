@@ -35,7 +35,7 @@ from service.engine import (
 )
 from service.errors import InvalidInput
 from service.protocols import wire
-from service.protocols.native.schemas import EmbedSparseRequest, EncodeOptions
+from service.protocols.native.schemas import AttentionOptions, EmbedSparseRequest, EncodeOptions
 from service.protocols.native.schemas import RerankRequest as RerankBody
 from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
 from service.protocols.quantized import pooled_array
@@ -55,6 +55,11 @@ TOKENIZE_COST = {
 }
 
 
+def attention_spec(options: AttentionOptions) -> AttentionSpec:
+    """The attention selection of a request's ``attention`` object."""
+    return AttentionSpec(options.layers, options.heads, options.reduce, options.measure)
+
+
 def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
     """An encode body -> (EncodeRequest, encoding format of its answer); InvalidJSON or
     InvalidInput on a malformed one."""
@@ -72,12 +77,7 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         wire_cost=ENCODE_COST[options.encoding_format],
         model=options.model,
         return_attention=options.return_attention,
-        attention=AttentionSpec(
-            options.attention.layers,
-            options.attention.heads,
-            options.attention.reduce,
-            options.attention.measure,
-        ),
+        attention=attention_spec(options.attention),
         return_hidden_states=options.return_hidden_states,
         hidden_layers=options.hidden_states.layers,
         pooling=options.pooling,
@@ -342,12 +342,7 @@ def rerank_request(body: bytes) -> tuple[RerankRequest, tuple[list[str], bool]]:
         truncate=options.truncate,
         truncation_direction=options.truncation_direction,
         return_attention=options.return_attention,
-        attention=AttentionSpec(
-            options.attention.layers,
-            options.attention.heads,
-            options.attention.reduce,
-            options.attention.measure,
-        ),
+        attention=attention_spec(options.attention),
         top_tokens=options.top_tokens,
         wire_cost=RERANK_ATTENTION_COST,
     )

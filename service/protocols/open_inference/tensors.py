@@ -49,6 +49,8 @@ RERANK_OUTPUTS = [("scores", "FP32", [-1])]
 OUTPUT_POOLED = "pooled"
 OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text input)
 NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
+# An answer's datatype by its array's dtype (quantized pooled vectors: INT8, UINT8).
+DATATYPES = {"<f4": "FP32", "<i8": "INT64", "|i1": "INT8", "|u1": "UINT8"}
 MASK_TYPES = ("INT64", "INT32", "BOOL")
 POOLINGS = ("mean", "cls", "max", "last")
 MEASURES = ("weights", "norms")
@@ -84,6 +86,8 @@ class Options:
     normalize: bool = False
     truncate: bool = False
     attention_measure: str = "weights"  # "weights" or "norms" (attention norms)
+    # ``pooled`` quantized: int8/uint8 (the model's ranges), binary/ubinary (INT8/UINT8)
+    embedding_type: str = "float"
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,7 @@ def encode_request(
         return_hidden_states=graph_io.OUTPUT_HIDDEN_STATES in outputs,
         pooling=options.pooling,  # type: ignore[arg-type]  # checked above
         normalize=options.normalize,
+        embedding_type=options.embedding_type,
         return_embeddings=graph_io.OUTPUT_HIDDEN in outputs,
         truncate=options.truncate,
         pad_to=pad_to,
@@ -392,10 +397,8 @@ def output_arrays(result: EncodeResult, reply: Reply) -> list[tuple[str, str, np
     """(name, datatype, little-endian array) of every requested output, in order."""
     lengths = reply.rows.lengths if reply.rows is not None else [o.length for o in result.outputs]
     length = max(reply.pad_to, *lengths)
-    return [
-        (name, "INT64" if name == OUTPUT_MASK else "FP32", _output(result, name, lengths, length))
-        for name in reply.outputs
-    ]
+    arrays = [(name, _output(result, name, lengths, length)) for name in reply.outputs]
+    return [(name, DATATYPES[array.dtype.str], array) for name, array in arrays]
 
 
 def _output(result: EncodeResult, name: str, lengths: list[int], length: int) -> np.ndarray:
@@ -403,7 +406,8 @@ def _output(result: EncodeResult, name: str, lengths: list[int], length: int) ->
     if name == OUTPUT_MASK:
         return (np.arange(length)[None, :] < np.array(lengths)[:, None]).astype("<i8")
     if name == OUTPUT_POOLED:
-        return wire.float32_le(np.stack([o.pooled for o in outs if o.pooled is not None]))
+        pooled = np.stack([o.pooled for o in outs if o.pooled is not None])
+        return pooled if pooled.dtype.kind in "iu" else wire.float32_le(pooled)  # quantized
     field = {
         graph_io.OUTPUT_HIDDEN: "embeddings",
         graph_io.OUTPUT_ATTENTIONS: "attention",  # unreduced: [L, H, n, n] as the graph's
