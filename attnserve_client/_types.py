@@ -169,6 +169,7 @@ class ModelCard:
     tokenizer: bool
     default: bool
     raw: dict[str, Any] = field(repr=False, compare=False)
+    task: str = "embed"  # embed, rerank, classify or splade: what its head answers
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> ModelCard:
@@ -181,6 +182,7 @@ class ModelCard:
             tokenizer=body.get("tokenizer", False),
             default=body.get("default", False),
             raw=body,
+            task=body.get("task", "embed"),
         )
 
     @classmethod

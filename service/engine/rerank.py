@@ -92,8 +92,9 @@ def require_task(info: ModelInfo, tasks: tuple[str, ...], what: str) -> None:
     """A model asked for what its head does not answer: 422 naming its task."""
     task = info.manifest.task
     if task not in tasks:
+        article = "an" if task[0] in "aeiou" else "a"
         raise UnsupportedByModel(
-            f"model {info.name!r} is a {task} model: it cannot {what} (models that can: "
+            f"model {info.name!r} is {article} {task} model: it cannot {what} (models that can: "
             f"{' or '.join(tasks)}, exported from a checkpoint with that head)",
             field=("model",),
         )

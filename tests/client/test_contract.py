@@ -291,6 +291,8 @@ def card_body(window: int | None, tokenizer: bool) -> Body:
         "prompts": {"query": "query: "} if tokenizer else {},
         "default_prompt_name": "query" if tokenizer else None,
         "include_prompt": tokenizer,
+        "task": "embed" if tokenizer else "classify",
+        "labels": [] if tokenizer else ["no", "yes"],
         "default": not tokenizer,
     }
 
@@ -312,6 +314,7 @@ def test_model_card_shapes(
         512,
     )
     assert (card.tokenizer, card.default) == (tokenizer, not tokenizer)
+    assert card.task == ("embed" if tokenizer else "classify")
     assert card.raw["window"] == window
 
 

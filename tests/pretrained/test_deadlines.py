@@ -16,14 +16,16 @@ of theirs (two requests of 8 x 256 tokens with attention) takes about 2 s on 2 c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.conftest import running_server
 from tests.support.metrics import metric
 from tests.support.wait import wait_until
 
@@ -133,6 +135,7 @@ class Protocol:
     path: str
     body: dict[str, Any]
     error_type: Callable[[dict[str, Any]], str]  # the machine type, read from its error body
+    heads: bool = False  # served by a model with a head (a reranker), not MiniLM
 
 
 # TEI's error kinds are its own (TEI has no deadlines or header rules): the engine's
@@ -162,6 +165,21 @@ PROTOCOLS = {
             ("/decode", {"ids": [101, 7592, 102]}),
         )
     },
+    **{
+        f"tei{path.replace('/', '-')}": Protocol(
+            path, body, lambda b: TEI_KINDS[b["error_type"]], heads=True
+        )
+        for path, body in (
+            ("/rerank", {"query": SHORT, "texts": [SHORT]}),
+            ("/predict", {"inputs": SHORT}),
+        )
+    },
+    "native-rerank": Protocol(
+        "/v1/rerank",
+        {"query": SHORT, "documents": [SHORT]},
+        lambda body: body["error_type"],
+        heads=True,
+    ),
     "openai": Protocol(
         "/v1/embeddings", {"model": MODEL, "input": [SHORT]}, lambda body: body["error"]["code"]
     ),
@@ -193,6 +211,19 @@ def test_every_post_route_is_covered(minilm_server_url: str) -> None:
     assert posted == {protocol.path for protocol in PROTOCOLS.values()} - hidden
 
 
+@pytest.fixture(scope="module")
+def reranker_url(head_models: tuple[Path, dict[str, Path]]) -> Iterator[str]:
+    """The head models' server, a reranker by default (TEI's /rerank and /predict)."""
+    with running_server(head_models[0], default_model="bert-reranker") as url:
+        yield url
+
+
+def url_of(request: pytest.FixtureRequest, protocol: Protocol) -> str:
+    """The server that serves ``protocol``'s route: MiniLM, or the reranker's."""
+    url: str = request.getfixturevalue("reranker_url" if protocol.heads else "minilm_server_url")
+    return url
+
+
 def post(url: str, protocol: Protocol, timeout: str) -> httpx.Response:
     return httpx.post(
         f"{url}{protocol.path}",
@@ -203,26 +234,29 @@ def post(url: str, protocol: Protocol, timeout: str) -> httpx.Response:
 
 
 @pytest.mark.parametrize("name", list(PROTOCOLS))
-def test_every_protocol_answers_504_past_the_deadline(minilm_server_url: str, name: str) -> None:
+def test_every_protocol_answers_504_past_the_deadline(
+    request: pytest.FixtureRequest, name: str
+) -> None:
     """A microsecond has passed before the request can be queued: 504, never run."""
     protocol = PROTOCOLS[name]
-    refusals = deadline_refusals(minilm_server_url)
-    r = post(minilm_server_url, protocol, "0.000001")
+    url = url_of(request, protocol)
+    refusals = deadline_refusals(url)
+    r = post(url, protocol, "0.000001")
     assert r.status_code == 504, r.text
     assert protocol.error_type(r.json()) == "deadline_exceeded"
     if name == "openai":
         assert r.json()["error"]["type"] == "server_error"
     assert_retry_after(r)
-    assert deadline_refusals(minilm_server_url) == refusals + 1
+    assert deadline_refusals(url) == refusals + 1
 
 
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 @pytest.mark.parametrize("value", ["soon", "-1", "0", "nan", "inf", "86401", ""])
 def test_every_protocol_refuses_a_malformed_header(
-    minilm_server_url: str, name: str, value: str
+    request: pytest.FixtureRequest, name: str, value: str
 ) -> None:
     protocol = PROTOCOLS[name]
-    r = post(minilm_server_url, protocol, value)
+    r = post(url_of(request, protocol), protocol, value)
     assert r.status_code == 400, r.text
     assert protocol.error_type(r.json()) == "invalid_header"
     assert "X-Request-Timeout" in r.text
@@ -231,8 +265,9 @@ def test_every_protocol_refuses_a_malformed_header(
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 @pytest.mark.parametrize("value", ["86400", "1e3", "30"])
 def test_every_protocol_accepts_a_well_formed_header(
-    minilm_server_url: str, name: str, value: str
+    request: pytest.FixtureRequest, name: str, value: str
 ) -> None:
     """Up to a day is accepted (the server's ATTNSERVE_REQUEST_TIMEOUT caps it anyway)."""
-    r = post(minilm_server_url, PROTOCOLS[name], value)
+    protocol = PROTOCOLS[name]
+    r = post(url_of(request, protocol), protocol, value)
     assert r.status_code == 200, r.text

