@@ -19,6 +19,7 @@ import pytest
 
 from service.run_planner import memory_bounds
 from tests.conftest import running_server
+from tests.support.metrics import scrape
 
 WEIGHT_ATOL = 1e-4
 TEXTS = [
@@ -112,6 +113,34 @@ def test_bad_splade_requests_are_refused_naming_the_field(
     answer = sparse(url, **{"model": "bert-splade", **change})
     assert answer.status_code == 422, answer.text
     assert field in answer.json()["error"], answer.text
+
+
+@pytest.fixture(scope="module")
+def tight_url(head_models: tuple[Path, dict[str, Path]]) -> Iterator[str]:
+    """A server whose runs may hold the logits of 2 x 128 tokens (30,522 floats each)."""
+    floats = str(2 * 128 * 30522)
+    with running_server(head_models[0], max_batch_attention_floats=floats) as base:
+        yield base
+
+
+def test_a_large_splade_request_runs_within_the_logits_bound(tight_url: str) -> None:
+    """12 texts of 128 tokens: at most two a run, so at least 6 runs, every one of them
+    (the only runs on this server meanwhile) of at most 2 sequences."""
+
+    def runs() -> tuple[float, float, float]:
+        now = scrape(tight_url)
+        count = now.value("attnserve_inference_seconds_count", model="bert-splade", graph="splade")
+        small = now.value("attnserve_batch_sequences_bucket", le="2.0")
+        return count, small, now.value("attnserve_batch_sequences_count")
+
+    before = runs()
+    body = {"inputs": [TEXTS[3]] * 12, "model": "bert-splade", "truncate": True}
+    answer = httpx.post(f"{tight_url}/v1/embed_sparse", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["tokens"] == 12 * 128
+    after = runs()
+    assert after[0] - before[0] >= 6
+    assert after[1] - before[1] == after[2] - before[2]  # every run: <= 2 sequences
 
 
 def test_a_splade_run_is_bounded_by_its_logits() -> None:
