@@ -15,14 +15,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import running_server
+from tests.pretrained.test_rerank import DOCUMENTS, QUERY
 
-QUERY = "what is attention in a transformer"
-DOCUMENTS = [
-    "attention weighs every token by its relevance to the query",
-    "the quick brown fox jumps over the lazy dog",
-    "rerankers read the query and the document together",
-    "sparse vectors keep a weight per vocabulary word " * 30,  # cut to fit the window
-]
+DOCUMENTS = DOCUMENTS[:4]  # test_rerank's, its long one cut to fit the window
 
 
 @pytest.fixture(scope="module")

@@ -56,13 +56,7 @@ def infer_request(
     body: bytes, header_length: str | None, info: ModelInfo, version: str | None
 ) -> tuple[EncodeRequest, Reply]:
     """An infer body -> (EncodeRequest, what the answer needs)."""
-    header, binary = split_body(body, header_length)
-    params = _dict(header.get("parameters"), "parameters")
-    inputs = _inputs(header, binary)
-    outputs = _requested_outputs(header.get("outputs"), params, info)
-    request_id = header.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput("'id' must be a string")
+    params, inputs, outputs, request_id = _parsed(body, header_length, info)
     options = Options(
         pooling=params.get("pooling", "none"),
         normalize=_bool(params.get("normalize", False), "parameters.normalize"),
@@ -71,6 +65,20 @@ def infer_request(
         embedding_type=params.get("embedding_type", "float"),
     )
     return tensors.encode_request(inputs, outputs, options, info, version, request_id)
+
+
+def _parsed(
+    body: bytes, header_length: str | None, info: ModelInfo
+) -> tuple[dict[str, Any], list[InputTensor], dict[str, bool], str | None]:
+    """An infer body's parameters, input tensors, requested outputs and id, checked."""
+    header, binary = split_body(body, header_length)
+    params = _dict(header.get("parameters"), "parameters")
+    inputs = _inputs(header, binary)
+    outputs = _requested_outputs(header.get("outputs"), params, info)
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return params, inputs, outputs, request_id
 
 
 def _inputs(header: dict[str, Any], binary: memoryview) -> list[InputTensor]:
@@ -180,13 +188,7 @@ def rerank_request(
     body: bytes, header_length: str | None, info: ModelInfo
 ) -> tuple[RerankRequest, RerankReply]:
     """An infer body for a reranker -> its request, and how to frame the scores."""
-    header, binary = split_body(body, header_length)
-    params = _dict(header.get("parameters"), "parameters")
-    inputs = _inputs(header, binary)
-    outputs = _requested_outputs(header.get("outputs"), params, info)
-    request_id = header.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput("'id' must be a string")
+    params, inputs, outputs, request_id = _parsed(body, header_length, info)
     binary_out = next(iter(outputs.values()))
     return rerank.rerank_request(inputs, params, info), RerankReply(request_id, binary_out)
 
