@@ -159,20 +159,35 @@ def _requested_outputs(raw: Any, params: dict[str, Any], info: ModelInfo) -> dic
 
 def infer_response(result: EncodeResult, reply: Reply) -> Answer:
     """The answer: JSON header, then the raw bytes of the binary outputs, in order."""
+    outputs = [
+        (name, datatype, array, reply.outputs[name])
+        for name, datatype, array in tensors.output_arrays(result, reply)
+    ]
+    return _answer(reply.model, result.version, reply.request_id, outputs)
+
+
+def _answer(
+    model: str,
+    version: str,
+    request_id: str | None,
+    outputs: list[tuple[str, str, np.ndarray, bool]],
+) -> Answer:
+    """(name, datatype, array, as raw bytes) outputs framed: a JSON header listing each,
+    then the raw bytes of the binary ones, in order."""
     entries: list[dict[str, Any]] = []
     blobs: list[memoryview] = []
-    for name, datatype, array in tensors.output_arrays(result, reply):
+    for name, datatype, array, binary in outputs:
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if reply.outputs[name]:
+        if binary:
             raw = np.ascontiguousarray(array).data.cast("B")  # its own buffer: no copy
             entry["parameters"] = {"binary_data_size": raw.nbytes}
             blobs.append(raw)
         else:
             entry["data"] = array.ravel()
         entries.append(entry)
-    header: dict[str, Any] = {"model_name": reply.model, "model_version": result.version}
-    if reply.request_id is not None:
-        header["id"] = reply.request_id
+    header: dict[str, Any] = {"model_name": model, "model_version": version}
+    if request_id is not None:
+        header["id"] = request_id
     header["outputs"] = entries
     content = wire.dumps(header)
     if not blobs:
@@ -201,24 +216,5 @@ class RerankReply:
 
 def rerank_response(result: RerankResult, reply: RerankReply, version: str) -> Answer:
     """The scores, in the documents' order, as JSON data or raw bytes."""
-    array = rerank.scores(result)
-    entry: dict[str, Any] = {"name": rerank.OUTPUT_SCORES, "datatype": "FP32"}
-    entry["shape"] = [len(array)]
-    blobs: list[memoryview] = []
-    if reply.binary:
-        entry["parameters"] = {"binary_data_size": array.nbytes}
-        blobs.append(array.data.cast("B"))
-    else:
-        entry["data"] = array
-    header: dict[str, Any] = {"model_name": result.model, "model_version": version}
-    if reply.request_id is not None:
-        header["id"] = reply.request_id
-    header["outputs"] = [entry]
-    content = wire.dumps(header)
-    if not blobs:
-        return Answer([content])
-    return Answer(
-        [content, *blobs],
-        media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(len(content))},
-    )
+    scores = (rerank.OUTPUT_SCORES, "FP32", rerank.scores(result), reply.binary)
+    return _answer(result.model, version, reply.request_id, [scores])
