@@ -320,3 +320,21 @@ def test_open_inference_refuses_mismatched_attention_parameters(minilm_server_ur
         r = httpx.post(url, json=body, timeout=60)
         assert r.status_code == 422, (params, r.text)
         assert says in r.json()["error"], (params, r.json())
+
+
+def test_sdk_asks_for_and_reads_compact_attention(minilm_server_url: str) -> None:
+    from attnserve_client import Client
+
+    attention = {"top_k": 2, "dtype": "float16", "summaries": ["self", "first"]}
+    native = encode(minilm_server_url, attention)
+    with Client(minilm_server_url) as client:
+        got = client.encode(HELD_OUT, return_attention=True, attention_options=attention)
+    assert got.attention is not None and got.attention_indices is not None
+    assert got.attention_summaries is not None
+    for row, item in enumerate(native):
+        assert got.attention[row].dtype == np.float16
+        assert np.array_equal(got.attention[row], decode(item["attention"]))
+        assert np.array_equal(got.attention_indices[row], decode(item["attention_indices"]))
+        assert list(got.attention_summaries[row]) == ["self", "first"]
+        for name, value in got.attention_summaries[row].items():
+            assert np.array_equal(value, decode(item["attention_summaries"][name]))
