@@ -128,6 +128,19 @@ def text_tokens_and_pooled(answer: Answer, session: ort.InferenceSession) -> Non
     unit_length(pooled)
 
 
+def compact_attention(answer: Answer, session: ort.InferenceSession) -> None:
+    (item,) = ok(answer)["data"]
+    n = len(item["tokens"])
+    values, keys = np.asarray(item["attention"]), np.asarray(item["attention_indices"])
+    assert values.shape == keys.shape == (1, MINILM_HEADS, n, 3)
+    assert (np.diff(values, axis=-1) <= 0).all() and ((keys >= 0) & (keys < n)).all()
+    summaries = item["attention_summaries"]
+    assert list(summaries) == ["entropy", "first"]
+    entropy = np.asarray(summaries["entropy"])
+    assert entropy.shape == (1, MINILM_HEADS) and (entropy >= 0).all()
+    assert (entropy <= np.log(n) + 1e-5).all()
+
+
 def attention_maps(layers: int, heads: int, tokens: int) -> Check:
     def check(answer: Answer, session: ort.InferenceSession) -> None:
         (item,) = ok(answer)["data"]
@@ -369,6 +382,7 @@ BASH_CHECKS: dict[str, Check] = {
     r"Attention is all you need\.": text_tokens_and_pooled,
     r"random\.seed\(0\)": two_sequences,
     r"random\.seed\(1\)": attention_maps(1, 2, 3),
+    r'"top_k": 3': compact_attention,
     r'"reduce": "mean"': attention_maps(MINILM_LAYERS, 1, 4),
     r'"reduce": "rollout"': attention_maps(1, 1, 4),
     r"random\.seed\(3\)": pooled_unit_vectors,

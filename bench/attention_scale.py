@@ -1,0 +1,246 @@
+"""Attention at scale: what compact attention answers cost, in bytes and in server memory.
+
+For each model (MiniLM and a base-size model, 12 layers × 12 heads) and each length
+(128 and 512 tokens: a text cut to that many), one request per answer form:
+
+- ``full``: every map, float32 [L, H, n, n] (the full graph);
+- ``fp16``: every map, float16;
+- ``top8`` / ``top32``: each row's 8 / 32 largest weights and their keys, every layer
+  and head (the compact graph);
+- ``summaries``: the six per-head summaries [L, H], no maps (the compact graph);
+- ``top8+summaries``: both (the compact graph, one run).
+
+Each form goes over ``/v2`` binary, ``/v1/encode`` base64 and ``/v1/encode`` JSON; the
+table reports the answer's bytes on the wire and, for the binary form, the server's
+peak RSS during the request over its RSS before it (``VmHWM`` after resetting it
+through ``/proc/PID/clear_refs``), with the server's default settings (memory budget
+included: a refused request says so).
+
+    .venv/bin/python -m bench.attention_scale --base /path/to/mpnet-base [--minilm models/minilm-l6]
+
+Writes ``bench/out/attention_scale.json`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tokenizers import Tokenizer
+
+from bench.lib.server import running_repository
+from model_export import graph_io
+from model_export.quantize_sentences import sentences
+
+MiB = 1024 * 1024
+FORMS: dict[str, dict[str, Any]] = {
+    "full": {},
+    "fp16": {"dtype": "float16"},
+    "top8": {"top_k": 8},
+    "top32": {"top_k": 32},
+    "summaries": {"maps": False, "summaries": list(graph_io.SUMMARIES)},
+    "top8+summaries": {"top_k": 8, "summaries": list(graph_io.SUMMARIES)},
+}
+V2_PARAMETERS: dict[str, dict[str, Any]] = {
+    "full": {},
+    "fp16": {"attention_dtype": "FP16"},
+    "top8": {"attention_top_k": 8},
+    "top32": {"attention_top_k": 32},
+    "summaries": {"attention_summaries": ",".join(graph_io.SUMMARIES)},
+    "top8+summaries": {"attention_top_k": 8, "attention_summaries": ",".join(graph_io.SUMMARIES)},
+}
+
+
+def text_of(model_dir: Path, tokens: int) -> str:
+    """A text of exactly ``tokens`` tokens, special tokens included."""
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.no_truncation()  # a tokenizer.json may carry its own (MiniLM's: 128)
+    words = " ".join(sentences(400, seed=3))
+    assert len(tokenizer.encode(words).ids) > tokens
+    tokenizer.enable_truncation(tokens)
+    ids = tokenizer.encode(words).ids
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    tokenizer.no_truncation()
+    assert len(tokenizer.encode(text).ids) >= tokens  # the request truncates to ``tokens``
+    return text
+
+
+def peak_rss(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of ``pid`` in bytes."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def v2_outputs(form: str) -> list[dict[str, Any]]:
+    names = {
+        "summaries": ["attention_summaries"],
+        "top8+summaries": ["attentions", "attention_indices", "attention_summaries"],
+    }.get(form, ["attentions", "attention_indices"] if form.startswith("top") else ["attentions"])
+    return [{"name": n, "parameters": {"binary_data": True}} for n in names]
+
+
+def one(url: str, pid: int, model: str, text: str, form: str, fmt: str) -> dict[str, Any]:
+    """One request: its status, bytes and seconds, and the server's peak RSS during it
+    (VmHWM reset to the current RSS first) over its RSS before it."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    before, _ = peak_rss(pid)
+    start = time.perf_counter()
+    if fmt == "binary":
+        header = {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+            "outputs": v2_outputs(form),
+            "parameters": {"truncate": True, **V2_PARAMETERS[form]},
+        }
+        r = httpx.post(f"{url}/v2/models/{model}/infer", json=header, timeout=600)
+    else:
+        body = {
+            "model": model,
+            "inputs": [text],
+            "truncate": True,
+            "return_attention": True,
+            "attention": FORMS[form],
+            "return_embeddings": False,
+            "encoding_format": fmt,
+        }
+        r = httpx.post(f"{url}/v1/encode", json=body, timeout=600)
+    seconds = time.perf_counter() - start
+    _, peak = peak_rss(pid)
+    return {
+        "model": model,
+        "form": form,
+        "format": fmt,
+        "status": r.status_code,
+        "error": None if r.status_code == 200 else r.text[:300],
+        "bytes": len(r.content),
+        "seconds": round(seconds, 3),
+        "rss_before_mib": round(before / MiB, 1),
+        "peak_over_before_mib": round((peak - before) / MiB, 1),
+        "peak_mib": round(peak / MiB, 1),
+    }
+
+
+def link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system
+        shutil.copy2(source, target)
+
+
+def repository(root: Path, *model_dirs: Path) -> Path:
+    """A model repository of ``model_dirs`` (hard links: a symlink would resolve outside)."""
+    for model_dir in model_dirs:
+        if not (root / model_dir.name).exists():
+            shutil.copytree(model_dir, root / model_dir.name, copy_function=link_or_copy)
+    return root
+
+
+def sizes(repo: Path, model_dirs: list[Path]) -> list[dict[str, Any]]:
+    """Every form in every format at 128 and 512 tokens, on one server (defaults)."""
+    rows = []
+    with running_repository(repo) as served:
+        for model_dir in model_dirs:
+            for length in (128, 512):
+                text = text_of(model_dir, length)
+                for form in FORMS:
+                    for fmt in ("binary", "base64", "float"):
+                        row = one(served.url, served.pid, model_dir.name, text, form, fmt)
+                        rows.append({"measure": "size", "tokens": length, **row})
+                        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def peaks(repo: Path, model_dir: Path, rounds: int) -> list[dict[str, Any]]:
+    """A 512-token text over /v2 binary, one form per fresh server (defaults; nothing
+    an earlier request left in its heap hides the peak), ``rounds`` times each."""
+    rows = []
+    text = text_of(model_dir, 512)
+    for _ in range(rounds):
+        for form in ("summaries", "top8+summaries", "top32", "fp16", "full"):
+            with running_repository(repo) as served:
+                row = one(served.url, served.pid, model_dir.name, text, form, "binary")
+            rows.append({"measure": "peak", "tokens": 512, **row})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def size_table(rows: list[dict[str, Any]]) -> str:
+    """docs/api.md's table: answer bytes per model, length and form, per wire format."""
+
+    def cell(row: dict[str, Any]) -> str:
+        if row["status"] != 200:
+            return f"{row['status']} (over the response limit)" if row["status"] == 413 else "—"
+        size = row["bytes"]
+        return f"{size / 1e6:.2f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"
+
+    lines = [
+        "| model | tokens | answer | /v2 binary | base64 | JSON |",
+        "|---|---|---|---|---|---|",
+    ]
+    sized = [r for r in rows if r["measure"] == "size"]
+    keys = dict.fromkeys((r["model"], r["tokens"], r["form"]) for r in sized)
+    for model, tokens, form in keys:
+        cells = {
+            r["format"]: cell(r)
+            for r in sized
+            if (r["model"], r["tokens"], r["form"]) == (model, tokens, form)
+        }
+        lines.append(
+            f"| {model} | {tokens} | {form} | {cells['binary']} | {cells['base64']} | "
+            f"{cells['float']} |"
+        )
+    return "\n".join(lines)
+
+
+def peak_table(rows: list[dict[str, Any]]) -> str:
+    """docs/benchmarks.md's table: the server's peak RSS per form (min over rounds)."""
+    lines = [
+        "| answer (512 tokens, /v2 binary) | status | answer | peak RSS over idle | peak RSS |",
+        "|---|---|---|---|---|",
+    ]
+    peaked = [r for r in rows if r["measure"] == "peak"]
+    for form in dict.fromkeys(r["form"] for r in peaked):
+        mine = [r for r in peaked if r["form"] == form]
+        best = min(mine, key=lambda r: r["peak_over_before_mib"])
+        worst = max(r["peak_over_before_mib"] for r in mine)
+        lines.append(
+            f"| {form} | {best['status']} | {best['bytes'] / 1e6:.2f} MB | "
+            f"{best['peak_over_before_mib']:.0f}–{worst:.0f} MiB | {best['peak_mib']:.0f} MiB |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", type=Path, required=True, help="a base-size model directory")
+    parser.add_argument("--minilm", type=Path, default=Path("models/minilm-l6"))
+    parser.add_argument("--rounds", type=int, default=2, help="fresh servers per peak form")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/attention_scale.json"))
+    parser.add_argument("--render", action="store_true", help="print the tables of --out")
+    args = parser.parse_args(argv)
+    if args.render:
+        rows = json.loads(args.out.read_text())
+        print(size_table(rows), peak_table(rows), sep="\n\n")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        both = repository(Path(tmp) / "both", args.minilm, args.base)
+        rows = sizes(both, [args.minilm, args.base])
+        rows += peaks(repository(Path(tmp) / "base", args.base), args.base, args.rounds)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(size_table(rows), peak_table(rows), sep="\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
