@@ -1,5 +1,6 @@
 """A model exported before the text graph (format_version 2), each graph holding its
-own weights (before format 5's shared weights.bin), still loads and serves text.
+own weights (before format 5's shared weights.bin), still loads and serves text, and
+answers compact attention (format 6's graph) from its full maps.
 
 Its text asking only for embeddings runs embeddings.onnx then model.onnx in one
 step, as the current format's does (format 3 and 4 ran a text_model.onnx of
@@ -40,6 +41,8 @@ def format2_url(minilm_repository: Path, tmp_path_factory: pytest.TempPathFactor
     for key in ("graph", "sparse_graph", "stopwords"):
         raw["text"].pop(key)
         raw["text"].pop(f"{key}_sha256")
+    raw["graphs"].pop(graph_io.GRAPH_COMPACT_ATTENTION)  # format 6's
+    (model_dir / graph_io.GRAPH_COMPACT_ATTENTION).unlink()
     # Each graph with its weights inside, as exports before format 5 wrote them.
     for graph in [*raw["graphs"], raw["text"]["embeddings_graph"]]:
         onnx.save(onnx.load(str(model_dir / graph)), str(model_dir / graph))
@@ -89,3 +92,31 @@ def test_format_2_has_no_bm42_documents_but_takes_queries(format2_url: str) -> N
     r = httpx.post(url, json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert sorted(r.json()["data"][0]["text"]) == ["capit", "germani", "of", "the"]
+
+
+def test_format_2_answers_compact_attention_from_its_full_maps(
+    format2_url: str, minilm_server_url: str
+) -> None:
+    """No compact graph: top-k rows and summaries come from the full maps in numpy, equal
+    to the compact graph's (1e-5: two graphs' float rounding; the same keys)."""
+    attention = {"top_k": 4, "summaries": ["entropy", "distance"]}
+    body = {"inputs": SENTENCES, "return_attention": True, "attention": attention}
+    answers, ran = {}, {}
+    for url in (format2_url, minilm_server_url):
+        before = _graph_runs(url)
+        r = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        after = _graph_runs(url)
+        ran[url] = {g for g in after if after[g] > before.get(g, 0.0)}
+        answers[url] = r.json()["data"]
+    assert "attention" in ran[format2_url] and "compact_attention" in ran[minilm_server_url]
+    for old, new in zip(answers[format2_url], answers[minilm_server_url], strict=True):
+        np.testing.assert_allclose(old["attention"], new["attention"], rtol=0, atol=AGREEMENT_ATOL)
+        assert np.array_equal(old["attention_indices"], new["attention_indices"])
+        for name in attention["summaries"]:
+            np.testing.assert_allclose(
+                old["attention_summaries"][name],
+                new["attention_summaries"][name],
+                rtol=AGREEMENT_ATOL,
+                atol=AGREEMENT_ATOL,
+            )
