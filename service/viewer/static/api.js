@@ -41,8 +41,30 @@ export async function listModels() {
   return (await call("v1/models")).data;
 }
 
-/** One sequence's attention maps, as asked: [layers', heads', n, n] and the tokens (or null). */
+/** One sequence's attention maps, as asked: [layers', heads', n, n] and the tokens (or null).
+ * With ``attention.top_k`` the maps are the kept weights [layers', heads', n, k] and
+ * ``indices`` their key indices (same shape); otherwise ``indices`` is null. */
 export async function encodeAttention(model, input, attention, truncate) {
+  const item = await encodeOne(model, input, attention, truncate);
+  return {
+    tokens: item.tokens,
+    shape: item.attention.shape,
+    values: decode(item.attention),
+    indices: item.attention_indices ? decode(item.attention_indices) : null,
+  };
+}
+
+/** Per-head summaries of every layer and head, no maps: {name: {shape [L, H], values}}. */
+export async function encodeSummaries(model, input, names, truncate) {
+  const item = await encodeOne(model, input, { summaries: names, maps: false }, truncate);
+  const summaries = {};
+  for (const [name, array] of Object.entries(item.attention_summaries)) {
+    summaries[name] = { shape: array.shape, values: decode(array) };
+  }
+  return { tokens: item.tokens, summaries };
+}
+
+async function encodeOne(model, input, attention, truncate) {
   const body = {
     model,
     inputs: [typeof input === "string" ? input : toBase64Array(input)],
@@ -52,8 +74,19 @@ export async function encodeAttention(model, input, attention, truncate) {
     encoding_format: "base64",
     truncate,
   };
-  const item = (await call("v1/encode", body)).data[0];
-  return { tokens: item.tokens, shape: item.attention.shape, values: fromBase64(item.attention.data) };
+  return (await call("v1/encode", body)).data[0];
+}
+
+/** How many tokens a text is (after the model's tokenizer, cut to its limit if asked). */
+export async function countTokens(model, text, truncate) {
+  return (await call("v1/tokenize", { model, text, truncate })).data[0].tokens.length;
+}
+
+/** Why a text and another matched: /v1/explain/similarity's answer for the one pair
+ * (score, both token lists, the top pairs and per-token totals). */
+export async function explainSimilarity(model, query, document, topPairs, truncate) {
+  const body = { model, query, documents: [document], top_pairs: topPairs, truncate };
+  return (await call("v1/explain/similarity", body)).data[0];
 }
 
 /** One document reranked against a query, with the attention from the query's tokens to
@@ -77,15 +110,33 @@ export async function embedSparse(model, text, truncate) {
   return (await call("v1/embed_sparse", body)).data[0];
 }
 
-// Base64Array: standard base64 of little-endian float32. DataView keeps it right on any host.
-function fromBase64(text) {
-  const binary = atob(text);
+// Base64Array: standard base64 of little-endian values of its dtype (float32 unless it
+// says float16 or int32). DataView keeps it right on any host.
+const READERS = {
+  float32: [4, (view, at) => view.getFloat32(at, true)],
+  float16: [2, (view, at) => float16(view.getUint16(at, true))],
+  int32: [4, (view, at) => view.getInt32(at, true)],
+};
+
+function decode({ data, dtype }) {
+  const binary = atob(data);
   const bytes = new Uint8Array(binary.length);
   for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
   const view = new DataView(bytes.buffer);
-  const values = new Float32Array(bytes.length / 4);
-  for (let i = 0; i < values.length; i++) values[i] = view.getFloat32(i * 4, true);
+  const [width, read] = READERS[dtype ?? "float32"] ?? READERS.float32;
+  const values = dtype === "int32" ? new Int32Array(bytes.length / width) : new Float32Array(bytes.length / width);
+  for (let i = 0; i < values.length; i++) values[i] = read(view, i * width);
   return values;
+}
+
+// IEEE 754 half precision: 1 sign, 5 exponent, 10 fraction bits.
+function float16(bits) {
+  const sign = bits & 0x8000 ? -1 : 1;
+  const exponent = (bits >> 10) & 0x1f;
+  const fraction = bits & 0x3ff;
+  if (exponent === 0) return sign * fraction * 2 ** -24;
+  if (exponent === 0x1f) return fraction ? NaN : sign * Infinity;
+  return sign * (1 + fraction / 1024) * 2 ** (exponent - 15);
 }
 
 function toBase64Array({ shape, values }) {

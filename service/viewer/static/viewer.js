@@ -1,17 +1,28 @@
 // The viewer's state, its URL, its controls and the drawing of the current view.
 //
 // One-way flow: controls and the URL set `state`; show() asks the server for exactly the
-// maps the view needs (cached per input), then draw() renders them.
+// maps the view needs (cached per input), then draw() renders them. The summaries view
+// asks for no maps at all, only per-head numbers: the way into a long input.
 
-import { apiKey, embedSparse, encodeAttention, explainRank, listModels, setApiKey } from "./api.js";
-import { colourOf, drawMap, drawScale, drawThumbnail, maxOf, viewImage } from "./heatmap.js";
+import {
+  apiKey, countTokens, embedSparse, encodeAttention, encodeSummaries, explainRank,
+  explainSimilarity, listModels, setApiKey,
+} from "./api.js";
+import { colourOf, drawMap, drawScale, drawThumbnail, maxOf, spreadTopK, viewImage } from "./heatmap.js";
+import { drawMatch } from "./match.js";
 import { parseNpy } from "./npy.js";
 import { drawRank } from "./rank.js";
+import { SUMMARIES, drawSummaries } from "./summaries.js";
 
-const VIEWS = ["head", "grid", "mean", "rollout"];
+const VIEWS = ["summaries", "head", "grid", "mean", "rollout"];
 const MAP_PIXELS = 640; // a map wider than this scrolls, its labels kept in view
 const MIN_CELL = 12; // the smallest cell whose token label stays readable
 const MAX_CELL = 28;
+const ZOOMS = [1, 2, 3, 4, 6, 8, 12, 16, 20, 28]; // cell sizes the zoom steps through
+const LABEL_PIXELS = 12; // below this cell size only every few token labels are written
+const LONG = 256; // "auto": past this many tokens a map keeps only each row's top AUTO_K
+const AUTO_K = 32;
+const TOP_PAIRS = 20; // the match view's lines
 const THUMBNAIL = 160; // grid thumbnails: whole cells up to this size, averaged beyond
 const CACHE_SIZE = 16;
 
@@ -21,13 +32,17 @@ const state = {
   model: null, // the chosen model's card from /v1/models
   layer: 0,
   head: 0,
-  view: "head",
+  view: "summaries",
+  summary: "entropy", // the summary the grid is coloured by
+  topk: "auto", // keys kept per query row: "auto", "all" or a number
+  cell: null, // the zoom: pixels per cell, or null for the size that fits the tokens
   npy: null, // {name, shape, values} when token embeddings were uploaded
   selected: null, // the clicked token, highlighted in the single-map views
   cursor: null, // the cell the keyboard is on: {i, j}
   shown: null, // what draw() renders: {labels, maps, captions, n, vmax, title}
 };
-const cache = new Map(); // request -> promise of encodeAttention's answer
+const cache = new Map(); // request -> promise of encodeAttention's (or encodeSummaries') answer
+const counts = new Map(); // input (and truncation) -> promise of its token count
 let asked = 0; // the latest show(): an older answer arriving late is dropped
 
 // ---------- what to ask for ----------
@@ -40,14 +55,36 @@ function inputKey() {
   return state.npy ? `npy:${state.npy.id}` : `text:${$("text").value}`;
 }
 
-/** The attention selection of a view: only the maps it draws, weights or norms. */
-function selectionFor(view, layer, head) {
-  const norms = $("norms").checked ? { measure: "norms" } : {};
-  if (view === "grid") return { layers: [layer], reduce: "none", ...norms };
-  if (view === "head") return { layers: [layer], heads: [head], reduce: "none", ...norms };
-  if (view === "mean") return { layers: [layer], reduce: "mean", ...norms };
+/** The attention selection of a view: only the maps it draws, weights or norms, each
+ * row's top k keys only when ``k`` is a number. */
+function selectionFor(view, layer, head, k) {
+  const more = { ...($("norms").checked ? { measure: "norms" } : {}), ...(k ? { top_k: k } : {}) };
+  if (view === "grid") return { layers: [layer], reduce: "none", ...more };
+  if (view === "head") return { layers: [layer], heads: [head], reduce: "none", ...more };
+  if (view === "mean") return { layers: [layer], reduce: "mean", ...more };
   // first layer up to this one
-  return { layers: [...Array(layer + 1).keys()], reduce: "rollout", ...norms };
+  return { layers: [...Array(layer + 1).keys()], reduce: "rollout", ...more };
+}
+
+/** The k of the maps to ask for: null for whole maps. "auto" keeps whole maps up to LONG
+ * tokens; a k is never more than the input's tokens (the server refuses k > n). */
+async function topK() {
+  if (state.topk === "all") return null;
+  const n = await tokenCount();
+  if (state.topk === "auto") return n > LONG ? Math.min(AUTO_K, n) : null;
+  return Math.min(state.topk, n);
+}
+
+/** The input's token count: an upload's rows, else the tokenizer's answer (asked once). */
+function tokenCount() {
+  if (state.npy) return Promise.resolve(state.npy.shape[0]);
+  const key = JSON.stringify([state.model.id, inputKey(), $("truncate").checked]);
+  if (!counts.has(key)) {
+    const count = countTokens(state.model.id, $("text").value, $("truncate").checked);
+    count.catch(() => counts.delete(key));
+    counts.set(key, count);
+  }
+  return counts.get(key);
 }
 
 /** The cache's key of a request: everything its answer depends on. */
@@ -58,7 +95,9 @@ function requestKey(selection) {
 function fetchSelection(selection) {
   const key = requestKey(selection);
   if (!cache.has(key)) {
-    const answer = encodeAttention(state.model.id, inputOf(), selection, $("truncate").checked);
+    const ask = selection.maps === false ? encodeSummaries : encodeAttention;
+    const what = selection.maps === false ? selection.summaries : selection;
+    const answer = ask(state.model.id, inputOf(), what, $("truncate").checked);
     answer.catch(() => cache.delete(key)); // errors are not kept: the next try asks again
     cache.set(key, answer);
     if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value);
@@ -69,20 +108,30 @@ function fetchSelection(selection) {
 /** The maps of the current view, as [n * n] arrays, with their labels and captions. */
 async function fetchView() {
   const { view, layer, head } = state;
+  if (view === "summaries") {
+    const answer = await fetchSelection({ summaries: Object.keys(SUMMARIES), maps: false });
+    const n = answer.tokens?.length ?? (state.npy ? state.npy.shape[0] : 0);
+    return { labels: answer.tokens ?? [...Array(n).keys()].map((i) => `#${i}`), summaries: answer.summaries, n, title: titleOf(n, null) };
+  }
+  const k = await topK();
   // One head of a layer whose heads are all here already costs no request.
-  const fromGrid = view === "head" && cache.has(requestKey(selectionFor("grid", layer, head)));
-  const answer = await fetchSelection(selectionFor(fromGrid ? "grid" : view, layer, head));
-  const [, heads, n] = answer.shape;
-  const maps = [...Array(heads).keys()].map((h) => answer.values.subarray(h * n * n, (h + 1) * n * n));
+  const fromGrid = view === "head" && cache.has(requestKey(selectionFor("grid", layer, head, k)));
+  const answer = await fetchSelection(selectionFor(fromGrid ? "grid" : view, layer, head, k));
+  const [, heads, n, kept] = answer.shape;
+  const maps = answer.indices
+    ? spreadTopK(answer.values, answer.indices, heads, n, kept)
+    : [...Array(heads).keys()].map((h) => answer.values.subarray(h * n * n, (h + 1) * n * n));
   const labels = answer.tokens ?? [...Array(n).keys()].map((i) => `#${i}`);
   const shown = fromGrid ? [maps[head]] : maps;
   const captions = view === "grid" ? maps.map((_, h) => `head ${h}`) : [];
-  return { labels, maps: shown, captions, n, vmax: maxOf(shown), title: titleOf(n) };
+  const topk = answer.indices ? kept : null;
+  return { labels, maps: shown, captions, n, topk, vmax: maxOf(shown), title: titleOf(n, topk) };
 }
 
-function titleOf(n) {
+function titleOf(n, topk) {
   const { model, view, layer, head } = state;
   const what = {
+    summaries: `per-head summaries of ${model.layers} layers × ${model.heads} heads: click one to see its map`,
     head: `layer ${layer}, head ${head}`,
     grid: `layer ${layer}, all ${model.heads} heads`,
     mean: `layer ${layer}, mean of ${model.heads} heads`,
@@ -90,7 +139,8 @@ function titleOf(n) {
   }[view];
   const source = state.npy ? state.npy.name : "text";
   const cut = !state.npy && n === model.max_seq_len && $("truncate").checked ? " (the model's limit: longer text is cut)" : "";
-  return `${model.id} · ${source} · ${n} tokens${cut} · ${what}`;
+  const sparse = topk ? ` · each row's top ${topk} keys` : "";
+  return `${model.id} · ${source} · ${n} tokens${cut} · ${what}${sparse}`;
 }
 
 // ---------- showing it ----------
@@ -107,10 +157,14 @@ async function show() {
   try {
     const shown = await fetchView();
     if (mine !== asked) return;
-    if (state.shown?.labels.join("\u0000") !== shown.labels.join("\u0000")) state.selected = null;
+    if (state.shown?.labels.join("\u0000") !== shown.labels.join("\u0000")) {
+      state.selected = null;
+      if (state.shown?.n !== shown.n) state.cell = null; // a new length: the fitting zoom
+    }
     state.shown = shown;
     draw();
     status(shown.title, "ready");
+    if (state.view === "summaries") $("download").disabled = true; // the PNG is of maps
   } catch (error) {
     if (mine === asked) status(error.message, "error");
   }
@@ -169,6 +223,28 @@ async function showRank() {
   }
 }
 
+/** Why the text and the second text match (mean-pooled models): their token pairs joined
+ * by each pair's share of the cosine, as /v1/explain/similarity splits it. */
+async function showMatch() {
+  if (!$("text").value.trim() || !$("other").value.trim()) return status("type two texts", "error");
+  const mine = ++asked;
+  status("asking the server…", "busy");
+  try {
+    const result = await explainSimilarity(
+      state.model.id, $("text").value, $("other").value, TOP_PAIRS, $("truncate").checked,
+    );
+    if (mine !== asked) return;
+    drawMatch($("stage"), result);
+    $("stage").dataset.view = "match";
+    $("zoom").hidden = true;
+    $("readout").textContent = "hover a line or a token to read its share of the score";
+    status(`${state.model.id} · text → second text: the cosine split into token pairs (mean pooling)`, "ready");
+    $("download").disabled = true; // the PNG is of heatmaps
+  } catch (error) {
+    if (mine === asked) status(error.message, "error");
+  }
+}
+
 function cell(text) {
   const td = element("td");
   td.textContent = text;
@@ -187,9 +263,28 @@ function draw() {
   const stage = $("stage");
   stage.replaceChildren();
   stage.dataset.view = state.view;
-  if (state.view === "grid") drawGrid(stage);
+  if (state.view === "summaries") drawSummaryGrid(stage);
+  else if (state.view === "grid") drawGrid(stage);
   else drawSingle(stage);
+  $("zoom").hidden = state.view === "summaries" || state.view === "grid";
   readout(null);
+}
+
+function drawSummaryGrid(stage) {
+  drawSummaries(stage, {
+    summaries: state.shown.summaries,
+    name: state.summary,
+    chosen: { layer: state.layer, head: state.head },
+    pick: (layer, head) => {
+      Object.assign(state, { layer, head, view: "head" });
+      syncControls();
+      show();
+    },
+    hover: (text, { layer, head, value }) => {
+      $("readout").textContent = text;
+      Object.assign($("readout").dataset, { layer, head, value });
+    },
+  });
 }
 
 /** Whole cells up to THUMBNAIL pixels; past that many tokens, averaged down to it. */
@@ -202,22 +297,30 @@ function cellSize(n) {
 }
 
 function drawSingle(stage) {
-  const { labels, maps, n, vmax } = state.shown;
-  const cell = cellSize(n);
+  const { labels, maps, n, vmax, topk } = state.shown;
+  const cell = state.cell ?? cellSize(n);
+  // Small cells: every step-th label written (the rest kept, empty, to click and hover).
+  const step = cell >= LABEL_PIXELS ? 1 : Math.ceil(LABEL_PIXELS / cell);
   const scroller = element("div", "scroller");
-  const map = element("div", "map");
+  const map = element("div", step > 1 ? "map thinned" : "map");
   map.style.setProperty("--cell", `${cell}px`);
   map.style.setProperty("--n", n);
   const keys = element("div", "keys");
   const queries = element("div", "queries");
   labels.forEach((token, i) => {
-    keys.append(tokenLabel(token, i, "key"));
-    queries.append(tokenLabel(token, i, "query"));
+    keys.append(tokenLabel(token, i, "key", i % step === 0));
+    queries.append(tokenLabel(token, i, "query", i % step === 0));
   });
   const canvas = element("canvas");
   canvas.id = "heatmap";
   canvas.dataset.n = n;
   canvas.dataset.cell = cell;
+  canvas.dataset.topk = topk ?? "";
+  scroller.addEventListener("wheel", (event) => {
+    if (!event.ctrlKey) return; // a plain wheel scrolls; with Ctrl it zooms
+    event.preventDefault();
+    zoom(event.deltaY < 0 ? 1 : -1, event);
+  }, { passive: false });
   drawMap(canvas, maps[0], n, cell, vmax, state.selected);
   canvas.addEventListener("mousemove", (event) => hoverCell(event, canvas, cell));
   canvas.addEventListener("mouseleave", () => {
@@ -271,8 +374,8 @@ function legend(height, vmax) {
   return box;
 }
 
-function tokenLabel(token, index, axis) {
-  const label = element("span", "tok", token);
+function tokenLabel(token, index, axis, written = true) {
+  const label = element("span", "tok", written ? token : "");
   label.dataset.index = index;
   label.title = `#${index} ${token} (${axis}): click to highlight`;
   label.addEventListener("click", () => select(index));
@@ -309,29 +412,36 @@ function hoverCell(event, canvas, cell) {
 function readout(cell) {
   const out = $("readout");
   const { labels, maps, n } = state.shown ?? {};
-  delete out.dataset.query;
-  delete out.dataset.key;
-  delete out.dataset.weight;
+  for (const name of ["query", "key", "weight", "layer", "head", "value"]) delete out.dataset[name];
   if (!cell) $("tooltip").hidden = true;
-  if (!state.shown || state.view === "grid") {
-    out.textContent = state.shown ? "click a head to enlarge it" : "";
+  if (!state.shown || state.view === "grid" || state.view === "summaries") {
+    const hint = state.view === "grid" ? "click a head to enlarge it" : "click a cell to see that layer's head";
+    out.textContent = state.shown ? hint : "";
     return;
   }
   const map = maps[0];
   if (cell) {
     const weight = map[cell.i * n + cell.j];
+    const pair = `query “${labels[cell.i]}” (#${cell.i}) → key “${labels[cell.j]}” (#${cell.j})`;
+    if (Number.isNaN(weight)) { // a top-k map's cell that was not kept
+      Object.assign(out.dataset, { query: cell.i, key: cell.j, weight: "" });
+      out.textContent = `${pair}: not among the row's top ${state.shown.topk}`;
+      out.style.setProperty("--swatch", "transparent");
+      return;
+    }
     Object.assign(out.dataset, { query: cell.i, key: cell.j, weight });
-    out.textContent = `query “${labels[cell.i]}” (#${cell.i}) → key “${labels[cell.j]}” (#${cell.j}): ${weight.toFixed(4)}`;
+    out.textContent = `${pair}: ${weight.toFixed(4)}`;
     out.style.setProperty("--swatch", colourOf(weight, state.shown.vmax));
   } else if (state.selected !== null) {
     const t = state.selected;
     const row = [...Array(n).keys()].map((j) => map[t * n + j]);
     const column = [...Array(n).keys()].map((i) => map[i * n + t]);
-    const top = (values) => values.indexOf(Math.max(...values));
+    const top = (values) => values.reduce((best, v, k) => (v > (values[best] ?? -Infinity) ? k : best), 0);
     const [to, from] = [top(row), top(column)];
+    const read = (v) => (Number.isNaN(v) ? "not kept" : v.toFixed(3));
     out.textContent =
-      `“${labels[t]}” (#${t}) attends most to “${labels[to]}” (${row[to].toFixed(3)}); ` +
-      `attended most by “${labels[from]}” (${column[from].toFixed(3)})`;
+      `“${labels[t]}” (#${t}) attends most to “${labels[to]}” (${read(row[to])}); ` +
+      `attended most by “${labels[from]}” (${read(column[from])})`;
   } else {
     out.textContent = "hover a cell to read its weight; click a token to highlight its row and column";
   }
@@ -378,7 +488,46 @@ function markSelected() {
   $("stage").dataset.selected = state.selected ?? "";
 }
 
-// ---------- the URL: ?text=&model=&layer=&head=&view= ----------
+// ---------- zooming a map ----------
+
+/** One zoom step in (1) or out (-1), or "fit" the whole map in view; with a pointer
+ * (Ctrl + wheel) the point under it stays under it. */
+function zoom(direction, pointer = null) {
+  if (!state.shown || state.view === "summaries" || state.view === "grid") return;
+  const { n } = state.shown;
+  const current = state.cell ?? cellSize(n);
+  let next;
+  if (direction === "fit") {
+    const scroller = document.querySelector(".scroller");
+    const width = scroller.clientWidth - document.querySelector(".queries").offsetWidth;
+    const height = window.innerHeight * 0.78 - document.querySelector(".keys").offsetHeight;
+    next = [...ZOOMS].reverse().find((c) => c * n <= Math.min(width, height)) ?? ZOOMS[0];
+  } else if (direction > 0) {
+    next = ZOOMS.find((c) => c > current) ?? current;
+  } else {
+    next = [...ZOOMS].reverse().find((c) => c < current) ?? current;
+  }
+  if (next === current) return;
+  let anchor = null; // the pointer's place on the map, in cells, and in the scroller
+  if (pointer) {
+    const box = $("heatmap").getBoundingClientRect();
+    const view = document.querySelector(".scroller").getBoundingClientRect();
+    anchor = {
+      x: (pointer.clientX - box.left) / current, y: (pointer.clientY - box.top) / current,
+      left: pointer.clientX - view.left, top: pointer.clientY - view.top,
+    };
+  }
+  state.cell = next;
+  draw();
+  if (anchor) {
+    const scroller = document.querySelector(".scroller");
+    const canvas = $("heatmap");
+    scroller.scrollLeft = canvas.offsetLeft + anchor.x * next - anchor.left;
+    scroller.scrollTop = canvas.offsetTop + anchor.y * next - anchor.top;
+  }
+}
+
+// ---------- the URL: ?text=&model=&layer=&head=&view=&summary=&topk= ----------
 
 function readUrl() {
   const params = new URLSearchParams(location.search);
@@ -387,7 +536,9 @@ function readUrl() {
   if (params.has("text")) $("text").value = params.get("text");
   state.layer = indexIn(params.get("layer"), state.model.layers);
   state.head = indexIn(params.get("head"), state.model.heads);
-  state.view = VIEWS.includes(params.get("view")) ? params.get("view") : "head";
+  state.view = VIEWS.includes(params.get("view")) ? params.get("view") : "summaries";
+  state.summary = params.get("summary") in SUMMARIES ? params.get("summary") : "entropy";
+  state.topk = topkOf(params.get("topk") ?? "auto");
   $("norms").checked = params.get("measure") === "norms";
 }
 
@@ -398,6 +549,13 @@ function indexIn(text, count) {
   return value < 0 ? count + value : value;
 }
 
+/** "auto", "all" or a whole number of keys (anything else: auto). */
+function topkOf(text) {
+  if (text === "all") return "all";
+  const k = Number.parseInt(text, 10);
+  return k >= 1 ? k : "auto";
+}
+
 function writeUrl() {
   const params = new URLSearchParams();
   if (!state.npy) params.set("text", $("text").value); // an uploaded file cannot be linked
@@ -405,6 +563,8 @@ function writeUrl() {
   params.set("layer", state.layer);
   params.set("head", state.head);
   params.set("view", state.view);
+  if (state.view === "summaries") params.set("summary", state.summary);
+  if (state.topk !== "auto") params.set("topk", state.topk);
   if ($("norms").checked) params.set("measure", "norms");
   history.replaceState(null, "", `?${params}`);
 }
@@ -423,6 +583,9 @@ function setModel(card) {
   const reranks = card.task === "rerank";
   $("query-row").hidden = !reranks;
   $("show-rank").hidden = !reranks;
+  const matches = card.tokenizer && card.pooling === "mean" && !reranks; // explain/similarity
+  $("other-row").hidden = !matches;
+  $("show-match").hidden = !matches;
   $("text").title = card.tokenizer ? "" : `${card.id} has no tokenizer: upload token embeddings`;
 }
 
@@ -430,7 +593,12 @@ function syncControls() {
   $("model").value = state.model.id;
   $("layer").value = state.layer;
   $("head").value = state.head;
-  $("head").disabled = state.view !== "head";
+  $("head").disabled = state.view !== "head" && state.view !== "summaries";
+  $("summary").value = state.summary;
+  $("summary").disabled = state.view !== "summaries";
+  $("topk").value = String(state.topk);
+  $("topk").disabled = state.view === "summaries";
+  $("norms").disabled = state.view === "summaries"; // summaries are of the weights
   for (const radio of document.querySelectorAll("input[name=view]")) radio.checked = radio.value === state.view;
   $("clear-npy").hidden = !state.npy;
 }
@@ -501,6 +669,20 @@ function wire() {
       show();
     });
   }
+  $("summary").addEventListener("change", () => {
+    state.summary = $("summary").value;
+    writeUrl();
+    if (state.view === "summaries" && state.shown?.summaries) draw(); // already here: no request
+    else show();
+  });
+  $("topk").addEventListener("change", () => {
+    state.topk = topkOf($("topk").value);
+    show();
+  });
+  $("zoom-in").addEventListener("click", () => zoom(1));
+  $("zoom-out").addEventListener("click", () => zoom(-1));
+  $("zoom-fit").addEventListener("click", () => zoom("fit"));
+  $("show-match").addEventListener("click", showMatch);
   $("truncate").addEventListener("change", show);
   $("norms").addEventListener("change", show);
   $("npy").addEventListener("change", () => $("npy").files[0] && chooseFile($("npy").files[0]));
@@ -517,6 +699,7 @@ function wire() {
   $("api-key").addEventListener("change", () => {
     setApiKey($("api-key").value.trim());
     cache.clear();
+    counts.clear();
     if (state.models.length) show();
     else start();
   });
@@ -533,6 +716,11 @@ async function start() {
     return status(`could not list the models: ${error.message}${hint}`, "error");
   }
   $("model").replaceChildren(...state.models.map((m) => new Option(m.id, m.id)));
+  $("summary").replaceChildren(...Object.entries(SUMMARIES).map(([name, meaning]) => {
+    const option = new Option(name, name);
+    option.title = meaning;
+    return option;
+  }));
   readUrl();
   syncControls();
   show();
