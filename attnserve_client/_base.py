@@ -37,6 +37,7 @@ from attnserve_client._types import (
     EncodeResult,
     ModelCard,
     RerankResult,
+    SimilarityResult,
     SparseResult,
     TokenizeResult,
     encode_array,
@@ -462,6 +463,20 @@ class BaseClient:
         body.update({k: v for k, v in options.items() if v is not None})
         answer = yield from self._request("POST", "/v1/rerank", json=body, timeout=timeout)
         return parse_body(RerankResult.from_json, answer)
+
+    def _explain_similarity(
+        self,
+        query: str,
+        documents: Sequence[str],
+        options: dict[str, Any],
+        timeout: float | None,
+    ) -> Flow[SimilarityResult]:
+        body = {"query": query, "documents": list(documents), "encoding_format": "base64"}
+        body.update({k: v for k, v in options.items() if v is not None})
+        answer = yield from self._request(
+            "POST", "/v1/explain/similarity", json=body, timeout=timeout
+        )
+        return parse_body(SimilarityResult.from_json, answer)
 
     def _classify(
         self, inputs: Sequence[str | tuple[str, str]], raw_scores: bool, timeout: float | None

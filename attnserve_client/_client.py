@@ -33,6 +33,7 @@ from attnserve_client._types import (
     EncodeResult,
     ModelCard,
     RerankResult,
+    SimilarityResult,
     SparseResult,
     TokenizeResult,
 )
@@ -256,6 +257,23 @@ class Client(BaseClient):
             "truncate": truncate,
         }
         return self._run(self._rerank(query, documents, options, timeout))
+
+    def explain_similarity(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        model: str | None = None,
+        top_pairs: int = 10,
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> SimilarityResult:
+        """Why ``query`` matches each of ``documents`` (``POST /v1/explain/similarity``,
+        mean-pooled models): each served cosine split into token-pair contributions
+        ([n_q, n_d] numpy, summing to the score), the ``top_pairs`` largest, and
+        per-token totals."""
+        options = {"model": model, "top_pairs": top_pairs, "truncate": truncate}
+        return self._run(self._explain_similarity(query, documents, options, timeout))
 
     def classify(
         self,
@@ -481,6 +499,23 @@ class AsyncClient(BaseClient):
             "truncate": truncate,
         }
         return await self._run(self._rerank(query, documents, options, timeout))
+
+    async def explain_similarity(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        model: str | None = None,
+        top_pairs: int = 10,
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> SimilarityResult:
+        """Why ``query`` matches each of ``documents`` (``POST /v1/explain/similarity``,
+        mean-pooled models): each served cosine split into token-pair contributions
+        ([n_q, n_d] numpy, summing to the score), the ``top_pairs`` largest, and
+        per-token totals."""
+        options = {"model": model, "top_pairs": top_pairs, "truncate": truncate}
+        return await self._run(self._explain_similarity(query, documents, options, timeout))
 
     async def classify(
         self,

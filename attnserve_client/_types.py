@@ -293,3 +293,68 @@ class Classified:
             cls([str(p["label"]) for p in answer], [float(p["score"]) for p in answer])
             for answer in body
         ]
+
+
+@dataclass(frozen=True)
+class TokenPair:
+    """One term of a similarity: a query token, a document token and what they add."""
+
+    query_index: int
+    document_index: int
+    query_token: str
+    document_token: str
+    contribution: float
+
+
+@dataclass(frozen=True)
+class SimilarityExplanation:
+    """Why one document matches the query (``explain_similarity``).
+
+    ``contributions`` [n_q, n_d] float32: ``a_i·b_j / (n_q n_d ‖ā‖ ‖b̄‖)``, summing to
+    ``score`` (the served cosine); ``query_totals`` [n_q] and ``document_totals`` [n_d]
+    its row and column sums (float64); ``top_pairs`` its largest terms, largest first."""
+
+    index: int
+    score: float
+    query_tokens: list[str]
+    document_tokens: list[str]
+    contributions: np.ndarray
+    top_pairs: list[TokenPair]
+    query_totals: np.ndarray
+    document_totals: np.ndarray
+
+
+@dataclass(frozen=True)
+class SimilarityResult:
+    """The answer to ``explain_similarity``: one explanation per document, in order."""
+
+    model: str
+    data: list[SimilarityExplanation]
+    usage: Usage
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SimilarityResult:
+        def explained(x: dict[str, Any]) -> SimilarityExplanation:
+            pairs = [
+                TokenPair(
+                    int(p["query_index"]),
+                    int(p["document_index"]),
+                    str(p["query_token"]),
+                    str(p["document_token"]),
+                    float(p["contribution"]),
+                )
+                for p in x["top_pairs"]
+            ]
+            return SimilarityExplanation(
+                index=int(x["index"]),
+                score=float(x["score"]),
+                query_tokens=list(x["query_tokens"]),
+                document_tokens=list(x["document_tokens"]),
+                contributions=decode_array(x["contributions"]),
+                top_pairs=pairs,
+                query_totals=np.asarray(x["query_totals"], dtype=np.float64),
+                document_totals=np.asarray(x["document_totals"], dtype=np.float64),
+            )
+
+        items = sorted(body["data"], key=lambda item: item["index"])
+        return cls(body["model"], [explained(x) for x in items], Usage.from_json(body["usage"]))

@@ -17,6 +17,12 @@ from service.engine.rerank import (
     RerankResult,
 )
 from service.engine.scope import Access, Caller, RequestScope
+from service.engine.similarity import (
+    SimilarityExplanation,
+    SimilarityRequest,
+    SimilarityResult,
+    TokenPair,
+)
 from service.engine.types import (
     AnswerShape,
     ArrayInput,
@@ -62,10 +68,14 @@ __all__ = [
     "RerankResult",
     "SequenceOutput",
     "ServingLimits",
+    "SimilarityExplanation",
+    "SimilarityRequest",
+    "SimilarityResult",
     "SpannedText",
     "SparseRequest",
     "SparseResult",
     "TokenIds",
+    "TokenPair",
     "TokenizeRequest",
     "TokenizeResult",
     "TokenizedText",

@@ -6,7 +6,8 @@ module of its own, composed here: ``registry`` (which version serves),
 ``control`` (load, swap, unload, poll), ``lifecycle`` (ready, draining),
 ``admit`` (the one request prologue), ``text`` (tokenizers), ``prepare``
 (every limit before any work), ``execute`` (the batcher, parts, deadlines),
-``finish`` (outputs), ``sparse`` (BM42), ``rerank`` (heads) and ``response_cache``.
+``finish`` (outputs), ``sparse`` (BM42), ``rerank`` (heads), ``similarity`` (why two
+texts match) and ``response_cache``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from service.engine import prepare, rerank, sparse, text
+from service.engine import prepare, rerank, similarity, sparse, text
 from service.engine.admission import Admission, Ticket
 from service.engine.admit import Admit, BodyMeter
 from service.engine.control import ModelControl
@@ -28,6 +29,7 @@ from service.engine.registry import Registry
 from service.engine.rerank import ClassifyRequest, ClassifyResult, RerankRequest, RerankResult
 from service.engine.response_cache import ResponseCache, allowed_bytes, request_key
 from service.engine.scope import Caller, Disconnected, RequestScope
+from service.engine.similarity import SimilarityRequest, SimilarityResult
 from service.engine.types import (
     ArrayInput,
     DecodeRequest,
@@ -50,6 +52,16 @@ log = logging.getLogger(__name__)
 Headers = dict[str, str] | None
 T = TypeVar("T")
 W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
+
+
+class Sized(Protocol):
+    """A result that knows its answer's estimated size (EncodeResult, SimilarityResult)."""
+
+    @property
+    def response_bytes(self) -> float: ...
+
+
+R = TypeVar("R", bound=Sized)
 
 
 class Engine:
@@ -177,9 +189,7 @@ class Engine:
     async def off_loop(self, work: Callable[..., T], *args: Any, small: bool = False) -> T:
         return await self._admit.off_loop(work, *args, small=small)
 
-    async def render(
-        self, result: EncodeResult, write: Callable[[EncodeResult, W], T], wire: W
-    ) -> T:
+    async def render(self, result: R, write: Callable[[R, W], T], wire: W) -> T:
         """The protocol's ``write`` of an answer: on a codec thread when it is large."""
         if result.response_bytes > OFFLOAD_BYTES:
             return await self.off_loop(write, result, wire)
@@ -260,6 +270,13 @@ class Engine:
     ) -> tuple[ClassifyResult, W]:
         """A score per label of texts or pairs (see ``rerank.py``)."""
         return await rerank.classify(parse, scope, self.registry, self._admit, self._execute)
+
+    async def explain_similarity(
+        self, parse: Callable[[], tuple[SimilarityRequest, W]], scope: RequestScope
+    ) -> tuple[SimilarityResult, W]:
+        """A query's cosine with each document split into token pairs, for mean-pooled
+        models (see ``similarity.py``)."""
+        return await similarity.explain(parse, scope, self.registry, self._admit, self._execute)
 
     async def tokenize(
         self, parse: Callable[[], tuple[TokenizeRequest, W]], scope: RequestScope

@@ -1,4 +1,5 @@
-"""Native bodies <-> the engine's types: ``/v1/encode``, ``/v1/tokenize``, ``/v1/rerank``.
+"""Native bodies <-> the engine's types: ``/v1/encode``, ``/v1/tokenize``, ``/v1/rerank``,
+``/v1/explain/similarity``.
 
 Input arrays are nested JSON floats or ``{"shape", "data"}`` base64 objects;
 they are decoded straight to numpy (never through pydantic) and only once the
@@ -26,6 +27,9 @@ from service.engine import (
     Ranked,
     RerankRequest,
     RerankResult,
+    SimilarityExplanation,
+    SimilarityRequest,
+    SimilarityResult,
     SpannedText,
     SparseRequest,
     SparseResult,
@@ -37,6 +41,7 @@ from service.errors import InvalidInput
 from service.protocols import wire
 from service.protocols.native.schemas import AttentionOptions, EmbedSparseRequest, EncodeOptions
 from service.protocols.native.schemas import RerankRequest as RerankBody
+from service.protocols.native.schemas import SimilarityRequest as SimilarityBody
 from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
 from service.protocols.quantized import pooled_array
 
@@ -381,3 +386,65 @@ def _ranked(ranked: Ranked, documents: list[str], return_documents: bool) -> dic
             ],
         }
     return item
+
+
+# A similarity answer beyond its arrays and listed tokens (limits.AnswerShape counts
+# those): per item its keys, index and score; per top pair its five keys and braces;
+# per listed token its quotes and separator, and its total (a float in the totals).
+SIMILARITY_ITEM_BYTES = 256.0
+SIMILARITY_PAIR_BYTES = 96.0
+SIMILARITY_TOKEN_BYTES = 3.0 + 18.0
+
+
+def similarity_request(body: bytes) -> tuple[SimilarityRequest, str]:
+    """A /v1/explain/similarity body -> the engine's request, and its answer's format."""
+    options = wire.parse_options(SimilarityBody, wire.parse_json_object(body))
+    pairs = max(options.top_pairs, 0)
+    cost = WireCost(
+        **ARRAYS[options.encoding_format],
+        per_sequence=SIMILARITY_ITEM_BYTES + SIMILARITY_PAIR_BYTES * pairs,
+        per_token=SIMILARITY_TOKEN_BYTES,
+        fixed=128.0,
+    )
+    request = SimilarityRequest(
+        query=options.query,
+        documents=options.documents,
+        wire_cost=cost,
+        model=options.model,
+        top_pairs=options.top_pairs,
+        truncate=options.truncate,
+    )
+    return request, options.encoding_format
+
+
+def similarity_response(result: SimilarityResult, encoding_format: str) -> bytes:
+    """``{"model", "data": [one item per document, in order], "usage"}``."""
+    return wire.dumps(
+        {
+            "model": result.model,
+            "data": [_similarity_item(x, encoding_format) for x in result.explanations],
+            "usage": {"sequences": result.sequences, "tokens": result.tokens},
+        }
+    )
+
+
+def _similarity_item(x: SimilarityExplanation, encoding_format: str) -> dict[str, Any]:
+    return {
+        "index": x.index,
+        "score": x.score,
+        "query_tokens": x.query_tokens,
+        "document_tokens": x.document_tokens,
+        "contributions": encode_array(x.contributions, encoding_format),
+        "top_pairs": [
+            {
+                "query_index": p.query_index,
+                "document_index": p.document_index,
+                "query_token": x.query_tokens[p.query_index],
+                "document_token": x.document_tokens[p.document_index],
+                "contribution": p.contribution,
+            }
+            for p in x.top_pairs
+        ],
+        "query_totals": x.query_totals,
+        "document_totals": x.document_totals,
+    }

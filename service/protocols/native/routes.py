@@ -1,4 +1,5 @@
-"""Native routes: ``/v1/encode``, ``/v1/tokenize``, ``/v1/models``, health and metrics.
+"""Native routes: ``/v1/encode``, ``/v1/tokenize``, ``/v1/embed_sparse``, ``/v1/rerank``,
+``/v1/explain/similarity``, ``/v1/models``, health and metrics.
 
 Routes move bytes: body -> codec -> engine -> codec -> bytes. No limit, no
 array math and no model logic lives here.
@@ -37,6 +38,8 @@ from service.protocols.native.schemas import (
     ModelList,
     RerankRequest,
     RerankResponse,
+    SimilarityRequest,
+    SimilarityResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -192,6 +195,22 @@ async def rerank(request: Request, engine: EngineDep) -> Response:
     return ChunkedResponse([answer])
 
 
+@encode.post(
+    "/explain/similarity",
+    response_model=None,
+    responses={200: {"model": SimilarityResponse}},
+    openapi_extra=json_request_body("SimilarityRequest"),
+)
+async def explain_similarity(request: Request, engine: EngineDep) -> Response:
+    """Why a query and documents match (mean-pooled models): each served cosine split
+    exactly into token-pair contributions, the top pairs and per-token totals."""
+    body = await http.read_body(request, engine)
+    result, fmt = await engine.explain_similarity(
+        lambda: codec.similarity_request(body), scope_of(request)
+    )
+    return ChunkedResponse([await engine.render(result, codec.similarity_response, fmt)])
+
+
 @metrics.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response)
 async def prometheus_metrics(engine: EngineDep) -> Response:
     """Prometheus text exposition."""
@@ -201,7 +220,13 @@ async def prometheus_metrics(engine: EngineDep) -> Response:
 def openapi_components() -> dict[str, Any]:
     """Schemas referenced by hand (the encode body is parsed by the codec, not FastAPI)."""
     components: dict[str, Any] = {}
-    for model in (EncodeRequest, TokenizeRequest, EmbedSparseRequest, RerankRequest):
+    for model in (
+        EncodeRequest,
+        TokenizeRequest,
+        EmbedSparseRequest,
+        RerankRequest,
+        SimilarityRequest,
+    ):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema

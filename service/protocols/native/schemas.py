@@ -249,6 +249,63 @@ class RerankResponse(BaseModel):
     usage: dict[str, int]
 
 
+class SimilarityRequest(BaseModel):
+    """``POST /v1/explain/similarity``: why a query and documents match, for mean-pooled
+    models: each cosine split into token-pair terms."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(
+        None, description="A mean-pooling model; the server's default if omitted."
+    )
+    query: str = Field(description="Non-empty.")
+    documents: list[str] = Field(
+        description="Non-empty texts, 1 to ATTNSERVE_MAX_SEQUENCES - 1 (the answer is per "
+        "token; more is 413)."
+    )
+    top_pairs: int = Field(
+        10, description="Token pairs listed per document, largest contribution first (0..100)."
+    )
+    encoding_format: EncodingFormat = Field(
+        "float", description="contributions as nested JSON floats, or a Base64Array."
+    )
+    truncate: bool = Field(
+        False, description="Cut texts to the model's max_seq_len instead of refusing them (413)."
+    )
+
+
+class TokenPairItem(BaseModel):
+    query_index: int = Field(description="The pair's position among the query's tokens.")
+    document_index: int = Field(description="Its position among the document's tokens.")
+    query_token: str
+    document_token: str
+    contribution: float = Field(description="contributions[query_index][document_index].")
+
+
+class SimilarityItem(BaseModel):
+    index: int = Field(description="The document's position in the request.")
+    score: float = Field(
+        description="Cosine of the served (mean-pooled, normalised) query and document "
+        "vectors, as /v1/encode and /v1/embeddings answer them."
+    )
+    query_tokens: list[str] = Field(description="The query's tokens, special tokens included.")
+    document_tokens: list[str]
+    contributions: list[list[float]] | Base64Array = Field(
+        description="[n_q, n_d]: a_i·b_j / (n_q n_d ‖ā‖ ‖b̄‖) for token vectors a_i of the "
+        "query and b_j of the document (ā, b̄ their means); sums to score."
+    )
+    top_pairs: list[TokenPairItem] = Field(description="The largest terms, largest first.")
+    query_totals: list[float] = Field(description="Row sums [n_q]: each query token's share.")
+    document_totals: list[float] = Field(
+        description="Column sums [n_d]: each document token's share."
+    )
+
+
+class SimilarityResponse(BaseModel):
+    model: str
+    data: list[SimilarityItem]
+    usage: Usage
+
+
 class TokenizeRequest(BaseModel):
     """``POST /v1/tokenize``: texts -> tokens, ids and the encoder's input embeddings."""
 
