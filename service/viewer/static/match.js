@@ -70,6 +70,7 @@ export function drawMatch(stage, result) {
         x: side === "left" ? TOKEN_BOX - 6 : WIDTH - TOKEN_BOX + 6, y: y(k),
         "text-anchor": side === "left" ? "end" : "start",
         class: side === "left" ? "qtok" : "dtok",
+        fill: Math.abs(totals[k]) / top > 0.55 ? "#fff" : "#111", // legible on a dark box
       }, token);
       text.dataset.index = k;
       text.dataset.total = totals[k];
