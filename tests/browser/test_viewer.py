@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
@@ -514,6 +515,34 @@ def painted_columns(driver: webdriver.Chrome, row: int) -> list[int]:
     )
 
 
+def hover_far_cell(driver: webdriver.Chrome, i: int, j: int) -> dict[str, str]:
+    """``hover_cell`` for a map larger than the window: the map scrolled so cell (i, j) is
+    in view, the real mouse moved to it in the window's coordinates."""
+    x, y = driver.execute_script(
+        """
+        const [i, j] = arguments, canvas = document.getElementById('heatmap');
+        const cell = Number(canvas.dataset.cell), scroller = document.querySelector('.scroller');
+        scroller.scrollLeft = Math.max(0, j * cell - 200);
+        scroller.scrollTop = Math.max(0, i * cell - 200);
+        scroller.scrollIntoView({block: 'start'});
+        const box = canvas.getBoundingClientRect();
+        return [box.left + (j + 0.5) * cell, box.top + (i + 0.5) * cell];
+        """,
+        i,
+        j,
+    )
+    actions = ActionBuilder(driver)
+    actions.pointer_action.move_to_location(int(x), int(y))
+    actions.perform()
+    wait_for_script(
+        driver,
+        f"document.getElementById('readout').dataset.query === '{i}' && "
+        f"document.getElementById('readout').dataset.key === '{j}'",
+    )
+    readout = driver.find_element(By.ID, "readout")
+    return {k: readout.get_attribute(f"data-{k}") or "" for k in ("query", "key", "weight")}
+
+
 def test_a_512_token_input_draws_its_top_k_keys_as_a_sparse_map_that_zooms(
     browser: webdriver.Chrome, long_model: str
 ) -> None:
@@ -539,11 +568,11 @@ def test_a_512_token_input_draws_its_top_k_keys_as_a_sparse_map_that_zooms(
     assert indices.shape == (LONG_TOKENS, 32)
     for row in (0, 1, 300, LONG_TOKENS - 1):
         assert painted_columns(browser, row) == sorted(indices[row].tolist())
-    kept = int(indices[1, 0])  # row 1's strongest key
-    read = hover_cell(browser, canvas, 1, kept)
-    assert abs(float(read["weight"]) - weights[1, 0]) <= WEIGHT_TOLERANCE
-    dropped = next(j for j in range(LONG_TOKENS) if j not in set(indices[2].tolist()))
-    assert hover_cell(browser, canvas, 2, dropped)["weight"] == ""
+    kept = int(indices[300, 0])  # row 300's strongest key
+    read = hover_far_cell(browser, 300, kept)
+    assert abs(float(read["weight"]) - weights[300, 0]) <= WEIGHT_TOLERANCE
+    dropped = next(j for j in range(400, LONG_TOKENS) if j not in set(indices[450].tolist()))
+    assert hover_far_cell(browser, 450, dropped)["weight"] == ""
     assert "not among the row's top 32" in browser.find_element(By.ID, "readout").text
     screenshot(browser, "viewer-512-top-k")
 
