@@ -59,13 +59,17 @@ async function topK() {
 /** The input's token count: an upload's rows, else the tokenizer's answer (asked once). */
 function tokenCount() {
   if (state.npy) return Promise.resolve(state.npy.shape[0]);
-  const key = JSON.stringify([state.model.id, inputKey(), $("truncate").checked]);
+  const key = countKey();
   if (!counts.has(key)) {
     const count = countTokens(state.model.id, $("text").value, $("truncate").checked);
     count.catch(() => counts.delete(key));
     counts.set(key, count);
   }
   return counts.get(key);
+}
+
+function countKey() {
+  return JSON.stringify([state.model.id, inputKey(), $("truncate").checked]);
 }
 
 /** The cache's key of a request: everything its answer depends on. */
@@ -92,6 +96,7 @@ async function fetchView() {
   if (view === "summaries") {
     const answer = await fetchSelection({ summaries: Object.keys(SUMMARIES), maps: false });
     const n = answer.tokens?.length ?? (state.npy ? state.npy.shape[0] : 0);
+    if (answer.tokens) counts.set(countKey(), Promise.resolve(n)); // a map's k needs no tokenize
     return { labels: answer.tokens ?? [...Array(n).keys()].map((i) => `#${i}`), summaries: answer.summaries, n, title: titleOf(n, null) };
   }
   const k = await topK();
