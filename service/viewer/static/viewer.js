@@ -191,7 +191,8 @@ async function showBm42() {
 async function showRank() {
   const query = $("query").value.trim();
   if (!query || !$("text").value.trim()) return status("type a query and a document", "error");
-  const attention = state.view === "head"
+  const oneHead = state.view === "head" || state.view === "summaries"; // a head is chosen
+  const attention = oneHead
     ? { layers: [state.layer], heads: [state.head], reduce: "none" }
     : { layers: [state.layer], reduce: "mean" };
   if ($("norms").checked) attention.measure = "norms";
@@ -201,7 +202,7 @@ async function showRank() {
     drawRank($("stage"), result, 0);
     $("stage").dataset.view = "rank";
     $("readout").textContent = "hover a line to read its weight";
-    const what = state.view === "head" ? `layer ${state.layer}, head ${state.head}` : `layer ${state.layer}, head mean`;
+    const what = oneHead ? `layer ${state.layer}, head ${state.head}` : `layer ${state.layer}, head mean`;
     status(`${state.model.id} · query → document attention · ${what}`, "ready");
     $("download").disabled = true; // the PNG is of heatmaps
   } catch (error) {
