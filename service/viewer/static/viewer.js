@@ -353,7 +353,7 @@ function download() {
     captions,
     vmax,
     selected: single ? state.selected : null,
-    cell: cellSize(n),
+    cell: state.cell ?? cellSize(n), // as zoomed
     thumbnail: thumbnailSize(n),
   });
   const name = `attention-${state.model.id}-${state.view}-layer${state.layer}` +
