@@ -102,9 +102,15 @@ class SimilarityResult:
 
 
 def require_mean_pooling(runtime: ModelRuntime) -> None:
-    """422 naming ``model`` for a model whose served vectors are not a mean over every
-    token of the text: the split is exact only then."""
+    """422 naming ``model`` for a model without a tokenizer, or whose served vectors are
+    not a mean over every token of the text: the split is exact only then."""
     info = runtime.info
+    if not info.has_tokenizer:
+        raise UnsupportedByModel(
+            f"model {info.name!r} has no tokenizer: this route takes texts (use a model "
+            "exported from a checkpoint with a tokenizer, e.g. minilm-l6)",
+            field=("model",),
+        )
     pooling = info.default_pooling
     if pooling != "mean":
         raise UnsupportedByModel(

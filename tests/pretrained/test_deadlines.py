@@ -152,6 +152,11 @@ PROTOCOLS = {
     "native-sparse": Protocol(
         "/v1/embed_sparse", {"inputs": [SHORT]}, lambda body: body["error_type"]
     ),
+    "native-similarity": Protocol(
+        "/v1/explain/similarity",
+        {"query": SHORT, "documents": [SHORT]},
+        lambda body: body["error_type"],
+    ),
     **{
         f"tei{path.replace('/', '-')}": Protocol(path, body, lambda b: TEI_KINDS[b["error_type"]])
         for path, body in (

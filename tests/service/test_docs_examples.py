@@ -300,6 +300,18 @@ def tei_similarity(answer: Answer, session: ort.InferenceSession) -> None:
     assert len(scores) == 2 and scores[0] > scores[1] + 0.3, scores
 
 
+def similarity_explained(answer: Answer, session: ort.InferenceSession) -> None:
+    data = ok(answer)["data"]
+    assert [item["index"] for item in data] == [0, 1]
+    assert data[0]["score"] > data[1]["score"] + 0.3, data  # the tulip sentence matches
+    for item in data:
+        matrix = np.asarray(item["contributions"], dtype=np.float64)
+        assert matrix.shape == (len(item["query_tokens"]), len(item["document_tokens"]))
+        assert abs(matrix.sum() - item["score"]) <= ROW_SUM_ATOL
+        assert len(item["top_pairs"]) == 3
+        assert item["top_pairs"][0]["contribution"] == pytest.approx(matrix.max(), abs=1e-7)
+
+
 def tei_tokenize(answer: Answer, session: ort.InferenceSession) -> None:
     (tokens,) = ok(answer)
     assert [t["text"] for t in tokens] == ["[CLS]", "Héllo", ",", "wörld", "!", "[SEP]"]
@@ -350,6 +362,7 @@ BASH_CHECKS: dict[str, Check] = {
     path("/health"): tei_health,
     path("/v1/embed_sparse"): sparse_vector,
     path("/v1/rerank"): Refused(422, "unsupported_by_model"),
+    path("/v1/explain/similarity"): similarity_explained,
     path("/rerank"): Refused(422, "Validation"),
     path("/predict"): Refused(422, "Validation"),
     r'"embedding_type": "int8"': quantized_int8,
