@@ -6,6 +6,8 @@ Layout written::
                             layer by softmax but never returned)
     <out>/model_hidden.onnx embeddings and every layer's hidden states
     <out>/model_attn.onnx   embeddings, attention weights, hidden states, value norms
+    <out>/model_attn_compact.onnx  embeddings, each row's top-k attention and summaries
+                            (model_export.compact_attention)
     <out>/embeddings.onnx   token ids -> inputs_embeds (models with a tokenizer)
     <out>/sparse_model.onnx token ids -> BM42's [CLS] attention row (WordPiece models)
     <out>/weights.bin       every graph's weights, each distinct tensor once
@@ -37,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
+from model_export.compact_attention import CompactAttentionGraph
 from model_export.embedding_ranges import embedding_ranges
 from model_export.heads import Head, HeadGraph
 from model_export.manifest import (
@@ -154,6 +157,7 @@ GRAPH_MODULES = {
     graph_io.GRAPH_EMBEDDINGS: _EmbeddingsGraph,
     graph_io.GRAPH_HIDDEN_STATES: _HiddenStatesGraph,
     graph_io.GRAPH_ATTENTION: _AttentionGraph,
+    graph_io.GRAPH_COMPACT_ATTENTION: CompactAttentionGraph,
 }
 
 
@@ -272,6 +276,7 @@ def _export_graph(
         if exporter == "dynamo":
             batch = torch.export.Dim(graph_io.BATCH_AXIS, min=1)
             seq = torch.export.Dim(graph_io.SEQ_AXIS, min=1)
+            k = torch.export.Dim("k", min=1)
             program = torch.onnx.export(
                 module,
                 example,
@@ -280,7 +285,10 @@ def _export_graph(
                 opset_version=opset,
                 dynamo=True,
                 verbose=False,
-                dynamic_shapes={name: {0: batch, 1: seq} for name in inputs},
+                dynamic_shapes={
+                    name: {0: k} if name == graph_io.INPUT_TOP_K else {0: batch, 1: seq}
+                    for name in inputs
+                },
             )
             assert program is not None
             program.save(str(path), external_data=False)
@@ -341,13 +349,15 @@ def export_model(
         # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic.
         example = (torch.randn(2, 8, encoder.config.d_model), torch.ones(2, 8, dtype=torch.int64))
         for graph, module_class in GRAPH_MODULES.items():
+            inputs = graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)
+            top_k = (torch.zeros(3, dtype=torch.int64),)  # k = 3 of 8 keys: a dynamic axis
             _export_graph(
                 module_class(encoder),
-                example,
+                example + top_k[: len(inputs) - len(example)],
                 staging / graph,
                 opset,
                 exporter,
-                list(graph_io.INPUT_NAMES),
+                list(inputs),
                 list(graph_io.GRAPH_OUTPUTS[graph]),
             )
         fused = (
@@ -356,7 +366,7 @@ def export_model(
                     staging / graph,
                     encoder.config,
                     # A fused kernel keeps its attention weights to itself.
-                    fuse_attention=graph_io.OUTPUT_ATTENTIONS not in graph_io.GRAPH_OUTPUTS[graph],
+                    fuse_attention=graph not in graph_io.MAP_GRAPHS,
                 )
                 for graph in GRAPH_MODULES
             }

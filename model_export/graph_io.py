@@ -18,6 +18,20 @@ OUTPUT_HIDDEN_STATES: Final = "hidden_states"  # float32 [batch, layers + 1, seq
 # ‖f_h(x_j)‖ per layer, head and token (Kobayashi et al., 2020): weights times these are
 # the attention norms. float32 [batch, layers, heads, seq], 0 at padding.
 OUTPUT_VALUE_NORMS: Final = "value_norms"
+# Compact attention (model_attn_compact.onnx): per query row the k largest weights and
+# their keys, and per-head statistics, computed layer by layer inside the graph, so the
+# [B, L, H, T, T] maps are never stacked nor copied out. k is the length of the
+# ``attention_top_k`` input (its values are unused: a shape is what ONNX's TopK can take
+# from a dynamic input without a data-dependent export).
+INPUT_TOP_K: Final = "attention_top_k"  # int64 [k], 1 <= k <= seq
+OUTPUT_TOP_WEIGHTS: Final = "attention_top_weights"  # float32 [batch, layers, heads, seq, k]
+OUTPUT_TOP_INDICES: Final = "attention_top_indices"  # int32 [batch, layers, heads, seq, k]
+# float32 [batch, layers, heads, seq, len(SUMMARIES)]: each query row's statistics.
+OUTPUT_SUMMARIES: Final = "attention_summaries"
+# Per query row i over keys j (weights a_ij of a sequence of n tokens), in this order:
+# entropy -sum a_ij ln a_ij (nats, 0 ln 0 = 0); first a_i0; self a_ii; previous a_i,i-1
+# (0 at i = 0); next a_i,i+1 (0 at the last token); distance sum a_ij |i - j| (tokens).
+SUMMARIES: Final = ("entropy", "first", "self", "previous", "next", "distance")
 
 # The optional text front end (models imported from a checkpoint with a tokenizer).
 INPUT_IDS: Final = "input_ids"  # int64 [batch, seq]
@@ -33,6 +47,7 @@ INPUT_NAMES: Final = (INPUT_EMBEDS, INPUT_MASK)
 GRAPH_EMBEDDINGS: Final = "model.onnx"  # embeddings only: the fast path
 GRAPH_ATTENTION: Final = "model_attn.onnx"  # embeddings, attention weights, hidden states
 GRAPH_HIDDEN_STATES: Final = "model_hidden.onnx"  # embeddings and hidden states, no attention
+GRAPH_COMPACT_ATTENTION: Final = "model_attn_compact.onnx"  # top-k attention and summaries
 CONFIG_FILE: Final = "config.json"
 GRAPH_TOKEN_EMBEDDINGS: Final = "embeddings.onnx"  # token ids -> inputs_embeds
 TOKENIZER_FILE: Final = "tokenizer.json"  # a `tokenizers` Tokenizer
@@ -82,6 +97,19 @@ GRAPH_OUTPUTS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_EMBEDDINGS: (OUTPUT_HIDDEN,),
     GRAPH_HIDDEN_STATES: (OUTPUT_HIDDEN, OUTPUT_HIDDEN_STATES),
     GRAPH_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_ATTENTIONS, OUTPUT_HIDDEN_STATES, OUTPUT_VALUE_NORMS),
+    GRAPH_COMPACT_ATTENTION: (
+        OUTPUT_HIDDEN,
+        OUTPUT_TOP_WEIGHTS,
+        OUTPUT_TOP_INDICES,
+        OUTPUT_SUMMARIES,
+    ),
+}
+# The graphs that compute attention weights to return (no fused attention kernel: it
+# keeps its weights to itself).
+MAP_GRAPHS: Final = (GRAPH_ATTENTION, GRAPH_COMPACT_ATTENTION)
+# Each graph's inputs where they are not INPUT_NAMES.
+GRAPH_INPUTS: Final[dict[str, tuple[str, ...]]] = {
+    GRAPH_COMPACT_ATTENTION: (*INPUT_NAMES, INPUT_TOP_K),
 }
 # One short label per graph: the inference metric's ``graph`` label (the first release's
 # values kept) and the names ATTNSERVE_PREPACKED_GRAPHS takes.
@@ -89,6 +117,7 @@ GRAPH_LABELS: Final[dict[str, str]] = {
     GRAPH_EMBEDDINGS: "embeddings",
     GRAPH_HIDDEN_STATES: "hidden_states",
     GRAPH_ATTENTION: "attention",
+    GRAPH_COMPACT_ATTENTION: "compact_attention",
     GRAPH_TEXT: "text",
     GRAPH_SPARSE: "sparse",
     GRAPH_TOKEN_EMBEDDINGS: "token_embeddings",
@@ -119,6 +148,10 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     INPUT_TOKEN_TYPES: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_CLS_ATTENTION: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_VALUE_NORMS: {0: BATCH_AXIS, 3: SEQ_AXIS},
+    INPUT_TOP_K: {0: "k"},
+    OUTPUT_TOP_WEIGHTS: {0: BATCH_AXIS, 3: SEQ_AXIS, 4: "k"},
+    OUTPUT_TOP_INDICES: {0: BATCH_AXIS, 3: SEQ_AXIS, 4: "k"},
+    OUTPUT_SUMMARIES: {0: BATCH_AXIS, 3: SEQ_AXIS},
     OUTPUT_LOGITS: {0: BATCH_AXIS},
     OUTPUT_SPLADE: {0: BATCH_AXIS},
 }
@@ -140,4 +173,10 @@ SHAPES: Final[dict[str, list[str]]] = {
     OUTPUT_VALUE_NORMS: [BATCH_AXIS, "layers", "heads", SEQ_AXIS],
     INPUT_IDS: [BATCH_AXIS, SEQ_AXIS],
     INPUT_TOKEN_TYPES: [BATCH_AXIS, SEQ_AXIS],
+    INPUT_TOP_K: ["k"],
+    OUTPUT_TOP_WEIGHTS: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, "k"],
+    OUTPUT_TOP_INDICES: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, "k"],
+    OUTPUT_SUMMARIES: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, "summaries"],
 }
+# Outputs that are not float32.
+DTYPES: Final[dict[str, str]] = {OUTPUT_TOP_INDICES: "int32"}

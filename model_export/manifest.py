@@ -63,8 +63,10 @@ __all__ = [
     "sha256_file",
 ]
 
-FORMAT_VERSION: Final = 5
-READABLE_VERSIONS: Final = (1, 2, 3, 4, 5)
+# 6: the compact attention graph (graph_io.GRAPH_COMPACT_ATTENTION); older exports answer
+# the same requests from their full maps.
+FORMAT_VERSION: Final = 6
+READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6)
 
 # "last": the last token of each sequence (sentence-transformers' ``lasttoken``).
 Pooling = Literal["mean", "cls", "max", "last"]
@@ -462,7 +464,8 @@ class Manifest:
             "graphs": {
                 f: {
                     "outputs": {
-                        o: {"dtype": "float32", "shape": graph_io.SHAPES[o]} for o in g.outputs
+                        o: {"dtype": graph_io.DTYPES.get(o, "float32"), "shape": graph_io.SHAPES[o]}
+                        for o in g.outputs
                     },
                     "sha256": g.sha256,
                 }

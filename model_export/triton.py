@@ -79,7 +79,11 @@ def write_repository(
     manifest = Manifest.read(model_dir)
     manifest.verify(model_dir)
     graphs: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-        name: (graph_io.INPUT_NAMES, g.outputs) for name, g in manifest.graphs.items()
+        name: (graph_io.INPUT_NAMES, g.outputs)
+        for name, g in manifest.graphs.items()
+        # The compact attention graph's k input has no batch axis, which Triton's
+        # batching requires of every input: not served there.
+        if name in SUFFIXES
     }
     if manifest.text is not None:
         graphs[manifest.text.embeddings_graph] = (

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
+from model_export.compact_attention import row_summaries
 from model_export.model import Encoder, TokenEmbeddings
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,12 @@ def validate_model_dir(
         }
         for graph, session in sessions.items():
             names = list(graph_io.GRAPH_OUTPUTS[graph])
-            got = session.run(names, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask})
+            feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+            if graph == graph_io.GRAPH_COMPACT_ATTENTION:
+                feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, mask.shape[1]), dtype=np.int64)
+            got = session.run(names, feeds)
+            if graph == graph_io.GRAPH_COMPACT_ATTENTION:
+                got = compact_as_checked(got, attn.numpy(), expected)
             for name, value in zip(names, got, strict=True):
                 diff, excess = differences(value, expected[name])
                 result = CheckResult(graph, case.name, name, list(value.shape), diff, atol, excess)
@@ -181,6 +187,29 @@ def validate_model_dir(
         max(r.max_abs_diff for r in results),
     )
     return results
+
+
+def compact_as_checked(
+    got: list[np.ndarray], attn: np.ndarray, expected: dict[str, np.ndarray]
+) -> list[np.ndarray]:
+    """The compact graph's outputs in a form PyTorch's full maps check exactly.
+
+    Its top-k weights are checked against PyTorch's sorted top-k values, which two
+    near-equal keys swapping places (float rounding) cannot change; its indices are
+    checked by the weights they point at in PyTorch's maps, which must be the graph's
+    own (the swapped keys' weights are equal to rounding). Summaries are computed by
+    ``compact_attention.row_summaries`` from PyTorch's maps, layer by layer.
+    """
+    hidden, weights, indices, summaries = got
+    k = weights.shape[-1]
+    full = torch.from_numpy(attn)  # (B, L, h, T, T)
+    expected[graph_io.OUTPUT_TOP_WEIGHTS] = torch.topk(full, k, dim=-1).values.numpy()
+    expected[graph_io.OUTPUT_TOP_INDICES] = weights  # what the indices point at, below
+    pointed = np.take_along_axis(attn, indices.astype(np.int64), axis=-1)
+    expected[graph_io.OUTPUT_SUMMARIES] = torch.stack(
+        [row_summaries(full[:, layer]) for layer in range(full.shape[1])], dim=1
+    ).numpy() * (attn.sum(axis=-1, keepdims=True) > 0)  # padded query rows are 0
+    return [hidden, weights, pointed, summaries]
 
 
 def validate_token_embeddings(

@@ -46,7 +46,14 @@ from service.fair_queue import FairQueue, Flow, late_refusal
 from service.inference_lanes import InferenceLanes, Lease, SequenceResult
 from service.jobs import Job, Slice, forget
 from service.metrics import GRAPH_LABELS, Metrics
-from service.run_planner import Fits, RunCostModel, SharingModel, memory_bounds, plan_runs
+from service.run_planner import (
+    Fits,
+    RunCostModel,
+    SharingModel,
+    compact_run_floats,
+    memory_bounds,
+    plan_runs,
+)
 from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.timing import RunTiming
@@ -231,6 +238,7 @@ class Batcher:
         timing: RunTiming | None = None,
         runtime: ModelRuntime | None = None,
         flow: Flow | None = None,
+        top_k: int = 1,
     ) -> list[SequenceResult]:
         """Queue one request's sequences and wait for their per-sequence results, run on
         ``runtime`` (the version the request was prepared for; default: the serving one).
@@ -254,6 +262,7 @@ class Batcher:
             flow or Flow(sum(len(s) for s in sequences)),
             results=[None] * len(sequences),
             pending=len(sequences),
+            top_k=top_k,
         )
         tokens = job.tokens  # before queueing: a malformed job must leave nothing behind
         self._queues[model].append(job)
@@ -339,7 +348,9 @@ class Batcher:
         lengths = [len(job.sequences[i]) for job, i in slots]
         name = runtime.info.name
         cost = self._costs[name, graph]
-        runs = plan_runs(lengths, self._fits(runtime, graph), cost if cost.fitted else None)
+        top_k = max(job.top_k for job, _ in slots)
+        fits = self._fits(runtime, graph, top_k)
+        runs = plan_runs(lengths, fits, cost if cost.fitted else None)
         # The slots are in the order the fair queue took them: the run holding the first
         # taken (a small request's) goes first, and each job is answered after its own
         # last run, not the batch's.
@@ -376,7 +387,8 @@ class Batcher:
         try:
             try:
                 sequences = [job.sequences[i] for job, i in pieces]
-                results = await self._lanes.run(lease.lane, runtime, sequences, graph)
+                top_k = max(job.top_k for job in jobs)
+                results = await self._lanes.run(lease.lane, runtime, sequences, graph, top_k)
             finally:
                 alone = lease.ran_alone()
                 lease.release()
@@ -394,16 +406,19 @@ class Batcher:
             if not job.future.done() and job.pending == 0:  # its last sequences ran
                 job.future.set_result([r for r in job.results if r is not None])
 
-    def _fits(self, runtime: ModelRuntime, graph: str) -> Fits:
+    def _fits(self, runtime: ModelRuntime, graph: str, top_k: int = 1) -> Fits:
         """The memory bounds of one run of ``graph`` (see ``run_planner.memory_bounds``)."""
         config, settings = runtime.info.config, self._settings
         text = runtime.info.manifest.text
-        vocab = text.vocab_size if graph == graph_io.GRAPH_SPLADE and text is not None else 0
+        per_token, maps = 0, 0
+        if graph == graph_io.GRAPH_SPLADE and text is not None:
+            per_token = text.vocab_size
+        elif graph == graph_io.GRAPH_ATTENTION:
+            maps = config.n_layers * config.n_heads
+        elif graph == graph_io.GRAPH_COMPACT_ATTENTION:
+            maps, per_token = compact_run_floats(config.n_layers, config.n_heads, top_k)
         return memory_bounds(
-            settings.max_batch_tokens,
-            config.n_layers * config.n_heads if graph == graph_io.GRAPH_ATTENTION else 0,
-            settings.max_batch_attention_floats,
-            per_token=vocab,
+            settings.max_batch_tokens, maps, settings.max_batch_attention_floats, per_token
         )
 
     def _started(self, jobs: list[Job], now: float) -> None:

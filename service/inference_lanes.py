@@ -133,13 +133,18 @@ class InferenceLanes:
         ]
 
     async def run(
-        self, lane: int, runtime: ModelRuntime, sequences: list[np.ndarray], graph: str
+        self,
+        lane: int,
+        runtime: ModelRuntime,
+        sequences: list[np.ndarray],
+        graph: str,
+        top_k: int = 1,
     ) -> list[SequenceResult]:
         """``sequences`` through ``graph`` as one padded run on ``lane``'s thread, cut
         back per sequence; the caller holds the lanes it needs (``gate.acquire``)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._threads[lane], partial(run_and_split, runtime, sequences, graph)
+            self._threads[lane], partial(run_and_split, runtime, sequences, graph, top_k)
         )
 
     async def time(self, runtime: ModelRuntime, graph: str, batch: int, longest: int) -> float:
@@ -196,7 +201,7 @@ def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
 
 
 def run_and_split(
-    runtime: ModelRuntime, sequences: list[np.ndarray], graph: str
+    runtime: ModelRuntime, sequences: list[np.ndarray], graph: str, top_k: int = 1
 ) -> list[SequenceResult]:
     """Pad, run and cut the outputs back per sequence, all on an inference lane.
 
@@ -207,7 +212,7 @@ def run_and_split(
     copying blocks the event loop.
     """
     embeds, mask = pad(sequences)
-    outputs = runtime.run(embeds, mask, graph)
+    outputs = runtime.run(embeds, mask, graph, top_k)
     if all(len(seq) == embeds.shape[1] for seq in sequences):
         return [
             {name: value[row] for name, value in outputs.items()} for row in range(len(sequences))

@@ -29,6 +29,9 @@ class Job:
     results: list[SequenceResult | None] = field(default_factory=list)
     taken: int = 0  # sequences taken into batches so far (a prefix)
     pending: int = 0  # sequences whose results have not come back yet
+    # The compact attention graph's k for its sequences: a run takes its jobs' largest
+    # (each sequence keeps its own first k of the sorted rows).
+    top_k: int = 1
 
     @property
     def tokens(self) -> int:

@@ -110,6 +110,20 @@ def memory_bounds(
     return fits
 
 
+# The compact attention graph's [B, h, T, T] buffers alive at once within one layer: the
+# scores, their softmax, and the entropy's and distance's products; each layer's are
+# freed before the next (the graph runs without onnxruntime's arena).
+COMPACT_LAYER_MAPS = 4
+COMPACT_SUMMARIES = 6  # graph_io.SUMMARIES, one float each per query row
+
+
+def compact_run_floats(n_layers: int, n_heads: int, top_k: int) -> tuple[int, int]:
+    """(maps, floats per token) of one compact attention run for ``memory_bounds``: one
+    layer's transient maps, and per token every layer's and head's top-k weights and
+    indices (4 bytes each) and row summaries."""
+    return COMPACT_LAYER_MAPS * n_heads, n_layers * n_heads * (2 * top_k + COMPACT_SUMMARIES)
+
+
 def plan_runs(lengths: list[int], fits: Fits, cost: Cost | None = None) -> list[list[int]]:
     """Sequence indices grouped into runs, longest first.
 

@@ -87,12 +87,17 @@ class ModelRuntime:
             chosen = _session_options(settings, prepack=prepack)
             # The attention graph's buffers grow with seq²: without the arena, a long
             # request's memory goes back to the system afterwards, not reserved for good.
-            chosen.enable_cpu_mem_arena &= graph != graph_io.GRAPH_ATTENTION
+            chosen.enable_cpu_mem_arena &= graph not in graph_io.MAP_GRAPHS
             return chosen
 
         # Each graph the manifest lists, checked to have the outputs it records.
         self._sessions = {
-            graph: self._open(options(graph), graph, graph_io.INPUT_NAMES, entry.outputs)
+            graph: self._open(
+                options(graph),
+                graph,
+                graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES),
+                entry.outputs,
+            )
             for graph, entry in info.manifest.graphs.items()
         }
         text = info.manifest.text
@@ -175,12 +180,15 @@ class ModelRuntime:
         d = self.info.config.d_model
         return np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
 
-    def run(self, batch: np.ndarray, mask: np.ndarray, graph: str) -> dict[str, np.ndarray]:
+    def run(
+        self, batch: np.ndarray, mask: np.ndarray, graph: str, top_k: int = 1
+    ) -> dict[str, np.ndarray]:
         """batch (float32 [B, T, d] embeddings, or int64 [B, T, 2] token id and type for
         the text and sparse graphs), mask int64 [B, T] -> the graph's outputs by name.
 
         ``last_hidden_state`` [B, T, d]; ``attentions`` [B, L, H, T, T] and
-        ``hidden_states`` [B, L + 1, T, d] where the graph has them.
+        ``hidden_states`` [B, L + 1, T, d] where the graph has them; the compact
+        attention graph's top-``top_k`` rows (at most T).
         """
         if graph == graph_io.GRAPH_TEXT and self._composed_text:
             # Padding ids embed to something, which model.onnx masks out as the one-run
@@ -201,6 +209,9 @@ class ModelRuntime:
             names: tuple[str, ...] = graph_io.ID_GRAPHS[graph]
         else:
             feeds = {graph_io.INPUT_EMBEDS: batch, graph_io.INPUT_MASK: mask}
+            if graph == graph_io.GRAPH_COMPACT_ATTENTION:  # k is the input's length
+                k = min(top_k, batch.shape[1])
+                feeds[graph_io.INPUT_TOP_K] = np.zeros(k, dtype=np.int64)
             names = self.info.manifest.graphs[graph].outputs
         outputs = session.run(None, feeds)
         return dict(zip(names, outputs, strict=True))

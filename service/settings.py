@@ -272,9 +272,10 @@ class Settings(BaseSettings):
         "embeddings,attention",
         description=(
             "Graphs whose sessions pre-pack their weights, comma-separated (`embeddings`, "
-            "`hidden_states`, `attention`, `sparse`; empty for none). A pre-packed session runs "
-            "its matrix products faster, most on small runs, but holds a copy of the encoder's "
-            "weights of its own; the others share one mapping of the model's `weights.bin`. "
+            "`hidden_states`, `attention`, `compact_attention`, `sparse`; empty for none). A "
+            "pre-packed session runs its matrix products faster, most on small runs, but holds "
+            "a copy of the encoder's weights of its own; the others share one mapping of the "
+            "model's `weights.bin`. "
             "Text asking only for embeddings runs on `embeddings`. Exports before format 5 keep "
             "a copy per graph and always pre-pack (measured in "
             "[benchmarks.md](benchmarks.md#memory-weights-held-once))."
@@ -290,7 +291,7 @@ class Settings(BaseSettings):
     @field_validator("prepacked_graphs")
     @classmethod
     def _known_graphs(cls, value: str) -> str:
-        known = ("embeddings", "hidden_states", "attention", "sparse")
+        known = ("embeddings", "hidden_states", "attention", "compact_attention", "sparse")
         unknown = [g.strip() for g in value.split(",") if g.strip() and g.strip() not in known]
         if unknown:
             raise ValueError(f"unknown graphs {unknown}: choose from {', '.join(known)}")

@@ -118,6 +118,7 @@ class Executor:
         until: Disconnected | None,
         timing: RunTiming | None,
         flow: Flow | None,
+        top_k: int = 1,
     ) -> list[SequenceResult]:
         """One batcher job, awaited within the request's bounds."""
         work = self._batcher().submit(
@@ -128,6 +129,7 @@ class Executor:
             timing=timing,
             runtime=runtime,
             flow=flow,
+            top_k=top_k,
         )
         try:
             return await self.unless_gone(work, until, deadline)
@@ -244,7 +246,9 @@ class Executor:
             for k, result in zip(to_embed, found, strict=True):
                 sequences[k] = result[graph_io.INPUT_EMBEDS]
             prepared = dataclasses.replace(prepared, sequences=sequences)
-        results = await self._submit(runtime, sequences, prepared.graph, flow=flow, **bounds)
+        results = await self._submit(
+            runtime, sequences, prepared.graph, flow=flow, top_k=prepared.run_top_k, **bounds
+        )
         self.count_tokens(runtime, sum(len(s) for s in sequences))
         if prepared.response_bytes > OFFLOAD_BYTES:
             done: EncodeResult = await self._off_loop(finish, prepared, results)

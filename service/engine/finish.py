@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.engine import postprocess, quantize
+from service.engine import attention_answer, postprocess, quantize
 from service.engine.prepare import PreparedEncode
 from service.engine.types import EncodeResult, SequenceOutput
 from service.errors import InvalidInput
@@ -32,15 +32,9 @@ def _output(prepared: PreparedEncode, i: int, outputs: SequenceResult) -> Sequen
             field=("inputs", prepared.first_index + i),
         )
     hidden = outputs[graph_io.OUTPUT_HIDDEN]
-    attention = None
+    attention = indices = summaries = None
     if request.return_attention:
-        attention = postprocess.select_attention(
-            outputs[graph_io.OUTPUT_ATTENTIONS],
-            prepared.layers,
-            prepared.heads,
-            request.attention.reduce,
-            outputs[graph_io.OUTPUT_VALUE_NORMS] if request.attention.measure == "norms" else None,
-        )
+        attention, indices, summaries = _attention(prepared, i, outputs)
     hidden_states = None
     if request.return_hidden_states:
         hidden_states = outputs[graph_io.OUTPUT_HIDDEN_STATES][prepared.hidden_layers]
@@ -74,4 +68,43 @@ def _output(prepared: PreparedEncode, i: int, outputs: SequenceResult) -> Sequen
         hidden_states=hidden_states,
         pooled=pooled,
         span_embeddings=span_embeddings,
+        attention_indices=indices,
+        attention_summaries=summaries,
     )
+
+
+Maps = tuple[np.ndarray | None, np.ndarray | None, dict[str, np.ndarray] | None]
+
+
+def _attention(prepared: PreparedEncode, i: int, outputs: SequenceResult) -> Maps:
+    """One sequence's (maps, their key indices if rows are cut, summaries if asked)."""
+    spec, layers, heads = prepared.request.attention, prepared.layers, prepared.heads
+    keys = prepared.kept_keys[i]
+    summaries = None
+    if prepared.compact:  # the graph's sorted rows and row statistics, for every head
+        chosen = np.ix_(layers, heads)
+        if spec.summaries:
+            rows = outputs[graph_io.OUTPUT_SUMMARIES][chosen]
+            summaries = attention_answer.pick_summaries(rows, spec)
+        if not spec.maps:
+            return None, None, summaries
+        values = outputs[graph_io.OUTPUT_TOP_WEIGHTS][chosen]
+        order = outputs[graph_io.OUTPUT_TOP_INDICES][chosen]
+        return (*attention_answer.compact_maps(values, order, spec, keys), summaries)
+    full = outputs[graph_io.OUTPUT_ATTENTIONS]
+    if spec.summaries:
+        rows = attention_answer.summaries_of(full[np.ix_(layers, heads)])
+        summaries = attention_answer.pick_summaries(rows, spec)
+    if not spec.maps:
+        return None, None, summaries
+    maps = postprocess.select_attention(
+        full,
+        layers,
+        heads,
+        spec.reduce,
+        outputs[graph_io.OUTPUT_VALUE_NORMS] if spec.measure == "norms" else None,
+    )
+    if not spec.sparse:
+        return attention_answer.as_dtype(maps, spec), None, summaries
+    values, order = attention_answer.top_rows(maps, keys)
+    return (*attention_answer.compact_maps(values, order, spec, keys), summaries)

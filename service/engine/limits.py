@@ -7,6 +7,7 @@ texts embedded, and the answer's size before anything is computed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -168,20 +169,33 @@ def answer_shape(
     hidden_states: int = 0,
     tokens: list[list[str] | None] | None = None,
     spans: list[int] | None = None,
+    attention_keys: list[int] | None = None,
+    summaries: tuple[int, int, int] | None = None,
+    summaries_per_token: bool = False,
 ) -> AnswerShape:
     """Every array (and token list) the answer to sequences of ``lengths`` holds;
-    ``spans``: each sequence's late-chunking span vectors."""
+    ``spans``: each sequence's late-chunking span vectors. ``attention`` is the maps'
+    (layers, heads); with ``attention_keys`` each sequence's rows keep that many keys,
+    as values and indices; ``summaries`` is (count, layers, heads) of [L', H'] arrays,
+    or [L', H', n] ``summaries_per_token``."""
     arrays: list[tuple[int, ...]] = []
     attention_floats = hidden_state_floats = 0
     for count in spans or []:
         if count and pooled_width is not None:
             arrays.append((count, pooled_width))
-    for n in lengths:
+    for index, n in enumerate(lengths):
         if embeddings:
             arrays.append((n, d_model))
         if attention is not None:
-            arrays.append((*attention, n, n))
-            attention_floats += attention[0] * attention[1] * n * n
+            keys = n if attention_keys is None else attention_keys[index]
+            maps = [(*attention, n, keys)] * (1 if attention_keys is None else 2)
+            arrays += maps
+            attention_floats += sum(math.prod(m) for m in maps)
+        if summaries is not None:
+            count, layers, heads = summaries
+            one = (layers, heads, n) if summaries_per_token else (layers, heads)
+            arrays += [one] * count
+            attention_floats += count * math.prod(one)
         if pooled_width is not None:
             arrays.append((pooled_width,))
         if hidden_states:
@@ -231,12 +245,15 @@ def work_bytes(
     shape: AnswerShape,
     response_bytes: float,
     copies: float = 1.0,
+    compact_keys: int | None = None,
+    sorts_maps: bool = False,
 ) -> int:
     """The memory an admitted request holds at its peak, beyond its body.
 
     Its decoded inputs [n, d]; the model's outputs kept per sequence until the
     answer is built: the last hidden state, with attention every map [L, H, n, n]
-    (that graph returns the hidden states too), with hidden states all L + 1
+    (that graph returns the hidden states too) or from the compact graph each row's
+    ``compact_keys`` values and indices and its summaries, with hidden states all L + 1
     [n, d]; the answer's arrays; and its encoded bytes, times the copies its
     protocol makes while framing them (``WireCost.copies``). Selection and reduction
     work layer by layer (``postprocess``), so their scratch space is one layer's
@@ -245,9 +262,13 @@ def work_bytes(
     """
     tokens = sum(lengths)
     floats = 2 * tokens * cfg.d_model  # inputs and last_hidden_state
-    if attention:
-        floats += cfg.n_layers * cfg.n_heads * sum(n * n for n in lengths)
-    if attention or hidden_states:
+    if compact_keys is not None:  # the compact graph's outputs: k values, k indices, 6 stats
+        floats += cfg.n_layers * cfg.n_heads * tokens * (2 * compact_keys + 6)
+    elif attention:
+        # Every map; cutting rows to their top keys in numpy sorts them (int64 order).
+        maps = cfg.n_layers * cfg.n_heads * sum(n * n for n in lengths)
+        floats += 3 * maps if sorts_maps else maps
+    if (attention and compact_keys is None) or hidden_states:
         floats += (cfg.n_layers + 1) * tokens * cfg.d_model
     floats += shape.floats
     return FLOAT32 * floats + int(response_bytes * copies)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.engine import limits, postprocess, quantize, text
+from service.engine import attention_answer, limits, postprocess, quantize, text
 from service.engine.types import (
     ArrayInput,
     EncodeRequest,
@@ -64,15 +64,24 @@ class PreparedEncode:
     runtime: ModelRuntime | None = None
     # int8/uint8 answers: the [2, width] ranges their pooled vectors are quantized with.
     quantization_ranges: np.ndarray | None = None
+    # Attention answered by the compact graph (attention_answer.in_graph), and per
+    # sequence the keys each of its rows keeps at most (attention_answer.kept_keys).
+    compact: bool = False
+    kept_keys: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def graph(self) -> str:
         """The lightest graph that has every output asked for."""
         if self.request.return_attention:
-            return graph_io.GRAPH_ATTENTION
+            return graph_io.GRAPH_COMPACT_ATTENTION if self.compact else graph_io.GRAPH_ATTENTION
         if self.request.return_hidden_states:
             return graph_io.GRAPH_HIDDEN_STATES
         return graph_io.GRAPH_TEXT if self.by_token_ids else graph_io.GRAPH_EMBEDDINGS
+
+    @property
+    def run_top_k(self) -> int:
+        """The compact graph's k for this request's runs: its sequences' largest."""
+        return max(self.kept_keys, default=1) if self.compact else 1
 
     def needs_embedding(self, sequence: np.ndarray) -> bool:
         """Is ``sequence`` token ids that the graph cannot take as they are?"""
@@ -123,8 +132,16 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
     sequences = _sequences(info, inputs, tokenized, ids, settings, pooled_only)
     tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
     pool_skip = _prompt_skip(runtime, tokens, prompt, options.pooling)
+    spec = request.attention
+    attention_answer.check_spec(spec, [len(s) for s in sequences])
+    kept = [attention_answer.kept_keys(spec, len(s)) for s in sequences]
+    compact = request.return_attention and attention_answer.in_graph(
+        spec,
+        request.return_hidden_states,
+        graph_io.GRAPH_COMPACT_ATTENTION in runtime.graphs,
+    )
     size, work = _answer_cost(
-        request, info, sequences, tokens, options, span_tokens, settings, by_token_ids
+        request, info, sequences, tokens, options, span_tokens, settings, by_token_ids, compact
     )
     return PreparedEncode(
         request,
@@ -142,6 +159,8 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         pool_skip=pool_skip,
         runtime=runtime,
         quantization_ranges=quantization,
+        compact=compact,
+        kept_keys=kept,
     )
 
 
@@ -324,6 +343,7 @@ def _answer_cost(
     span_tokens: list[list[list[int]] | None],
     settings: Settings,
     by_token_ids: bool,
+    compact: bool = False,
 ) -> tuple[float, int]:
     """The answer's size (413 beyond ATTNSERVE_MAX_RESPONSE_BYTES) and the working
     memory the request holds until it is sent, from token lengths alone."""
@@ -332,12 +352,21 @@ def _answer_cost(
     answer_lengths = lengths
     if request.pad_to is not None:
         answer_lengths = [max(request.pad_to, *lengths)] * len(lengths)
+    spec = request.attention
+    asks = request.return_attention
     shape = limits.answer_shape(
         answer_lengths,
         cfg.d_model,
-        attention=limits.attention_maps(request.attention, len(options.layers), len(options.heads))
-        if request.return_attention
+        attention=limits.attention_maps(spec, len(options.layers), len(options.heads))
+        if asks and spec.maps
         else None,
+        attention_keys=[attention_answer.kept_keys(spec, n) for n in answer_lengths]
+        if asks and spec.sparse
+        else None,
+        summaries=(len(spec.summaries), len(options.layers), len(options.heads))
+        if asks and spec.summaries
+        else None,
+        summaries_per_token=spec.summaries_per_token,
         embeddings=request.return_embeddings,
         pooled_width=None if options.pooling == "none" else (request.dimensions or cfg.d_model),
         hidden_states=len(options.hidden_layers) if request.return_hidden_states else 0,
@@ -366,5 +395,7 @@ def _answer_cost(
         shape,
         size,
         request.wire_cost.copies,
+        compact_keys=max(attention_answer.kept_keys(spec, n) for n in running) if compact else None,
+        sorts_maps=asks and spec.sparse and not compact,
     )
     return size, work + inputs_held

@@ -117,6 +117,21 @@ class AttentionSpec:
     heads: list[int] | None = None
     reduce: Reduce = "none"
     measure: str = "weights"  # "weights" (α_ij) or "norms" (α_ij · ‖f_h(x_j)‖)
+    # Compact answers (attention_answer.py): per query row the k largest values, or those
+    # above a threshold, with their key indices; the maps' dtype; no maps at all.
+    top_k: int | None = None
+    threshold: float | None = None
+    dtype: str = "float32"  # or "float16"
+    maps: bool = True
+    # Row statistics (graph_io.SUMMARIES names) of the selected heads' weights, per
+    # sequence [L', H'] (their mean over query rows) or per token [L', H', n].
+    summaries: tuple[str, ...] = ()
+    summaries_per_token: bool = False
+
+    @property
+    def sparse(self) -> bool:
+        """Are rows answered as (indices, values) of their kept keys?"""
+        return self.top_k is not None or self.threshold is not None
 
 
 @dataclass(frozen=True)
@@ -171,10 +186,13 @@ class SequenceOutput:
     tokens: list[str] | None  # tokens of a text item
     length: int
     embeddings: np.ndarray | None  # [n, d_model]
-    attention: np.ndarray | None  # [L', H' or 1, n, n] or [1, 1, n, n]
+    attention: np.ndarray | None  # [L', H' or 1, n, n] or [1, 1, n, n]; [.., n, k] kept
     hidden_states: np.ndarray | None  # [selected of the L + 1, n, d_model]
     pooled: np.ndarray | None  # [d_model] or [dimensions]
     span_embeddings: np.ndarray | None = None  # [n_spans, d_model or dimensions]
+    attention_indices: np.ndarray | None = None  # int32 [.., n, k]: keys of the kept values
+    # Summary name -> [L', H'] or [L', H', n] (AttentionSpec.summaries, in that order).
+    attention_summaries: dict[str, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,11 @@ def _holds_bool(value: Any) -> bool:
     return isinstance(value, bool)
 
 
+def little_endian(array: np.ndarray) -> np.ndarray:
+    """``array`` contiguous in its own type, little-endian (base64 and binary answers)."""
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+
+
 def float32_le(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=FLOAT32_LE)
 

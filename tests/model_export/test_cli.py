@@ -187,16 +187,16 @@ def test_cli_exports_and_prints_the_validation_table(runs: CliRuns) -> None:
     assert run.returncode == 0, run.stderr
     out_dir = runs.root / "tiny-cli"
     assert {*graph_io.GRAPH_OUTPUTS, graph_io.CONFIG_FILE} <= set(model_files(out_dir))
-    assert len(graph_io.GRAPH_OUTPUTS) == 3  # model.onnx, model_hidden.onnx, model_attn.onnx
+    assert len(graph_io.GRAPH_OUTPUTS) == 4  # model, model_hidden, model_attn, compact .onnx
     assert not list(runs.root.glob(".tiny-cli.*"))  # no staging directory left
 
     lines = run.stdout.splitlines()
     assert lines[0].split() == ["graph", "case", "output", "shape", "max|diff|", "ok"]
     rows = [line for line in lines if line.startswith(tuple(graph_io.GRAPH_OUTPUTS))]
-    assert len(rows) == len(CASES) * 7  # (1 + 2 + 4) outputs per case
+    assert len(rows) == len(CASES) * 11  # (1 + 2 + 4 + 4) outputs per case
     assert all(row.endswith("  yes") for row in rows)
     for case in CASES:
-        assert sum(case in row for row in rows) == 7
+        assert sum(case in row for row in rows) == 11
     for graph, outputs in graph_io.GRAPH_OUTPUTS.items():  # every output of every graph
         for output in outputs:
             checked = [r for r in rows if r.split()[0] == graph and f" {output} " in r]

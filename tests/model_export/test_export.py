@@ -19,6 +19,7 @@ from model_export.export import export_model
 from model_export.manifest import FORMAT_VERSION, Manifest
 from model_export.model import Encoder
 from model_export.validate import (
+    compact_as_checked,
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     ValidationError,
@@ -62,6 +63,9 @@ TOKEN_AXIS = {
     graph_io.OUTPUT_ATTENTIONS: 3,  # (B, L, h, T, T): query rows
     graph_io.OUTPUT_HIDDEN_STATES: 2,  # (B, L + 1, T, d)
     graph_io.OUTPUT_VALUE_NORMS: 3,  # (B, L, h, T)
+    graph_io.OUTPUT_TOP_WEIGHTS: 3,  # (B, L, h, T, k)
+    graph_io.OUTPUT_TOP_INDICES: 3,  # checked as the weights they point at (float32)
+    graph_io.OUTPUT_SUMMARIES: 3,  # (B, L, h, T, 6)
 }
 
 
@@ -88,9 +92,13 @@ def assert_parity(encoder: Encoder, model_dir: Path, lengths: tuple[int, ...], s
     want = torch_outputs(encoder, embeds, mask)
     padded = ~mask.astype(bool)
     for graph, names in graph_io.GRAPH_OUTPUTS.items():
-        got = new_session(model_dir / graph).run(
-            list(names), {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
-        )
+        feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+        compact = graph == graph_io.GRAPH_COMPACT_ATTENTION
+        if compact:  # the three largest keys of each row (or every key of a shorter batch)
+            feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, mask.shape[1]), dtype=np.int64)
+        got = new_session(model_dir / graph).run(list(names), feeds)
+        if compact:
+            got = compact_as_checked(got, want[graph_io.OUTPUT_ATTENTIONS], want)
         for name, value in zip(names, got, strict=True):
             assert value.shape == want[name].shape, (graph, name)
             assert value.dtype == np.float32, (graph, name)
@@ -118,6 +126,7 @@ def test_directory_holds_exactly_the_three_graphs_their_weights_and_config(
             graph_io.GRAPH_EMBEDDINGS,
             graph_io.GRAPH_HIDDEN_STATES,
             graph_io.GRAPH_ATTENTION,
+            graph_io.GRAPH_COMPACT_ATTENTION,
             graph_io.WEIGHTS_FILE,
             graph_io.CONFIG_FILE,
         ]
@@ -130,7 +139,7 @@ def test_config_json_records_architecture_and_io(
     tiny_model_dir: Path, tiny_config: EncoderConfig
 ) -> None:
     config = read_config(tiny_model_dir)
-    assert config["format_version"] == FORMAT_VERSION == 5
+    assert config["format_version"] == FORMAT_VERSION == 6
     assert Manifest.read(tiny_model_dir).to_dict() == config  # the typed contract reads it all
     assert config["name"] == "tiny"
     assert config["seed"] == TINY_SEED
@@ -151,7 +160,8 @@ def test_config_json_records_architecture_and_io(
         recorded = config["graphs"][graph]["outputs"]
         assert list(recorded) == list(outputs)
         for name in outputs:
-            assert recorded[name] == {"dtype": "float32", "shape": graph_io.SHAPES[name]}
+            dtype = "int32" if name == graph_io.OUTPUT_TOP_INDICES else "float32"
+            assert recorded[name] == {"dtype": dtype, "shape": graph_io.SHAPES[name]}
 
 
 def test_config_json_sha256_matches_files(tiny_model_dir: Path) -> None:
@@ -190,7 +200,8 @@ def test_graph_opset_and_names(tiny_model_dir: Path, graph: str) -> None:
     onnx.checker.check_model(model)
     default_domain = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
     assert default_domain == [read_config(tiny_model_dir)["opset"]]
-    assert [i.name for i in model.graph.input] == list(graph_io.INPUT_NAMES)
+    inputs = graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)
+    assert [i.name for i in model.graph.input] == list(inputs)
     # model.onnx has only last_hidden_state; model_hidden.onnx adds hidden_states;
     # model_attn.onnx has all three, attentions before hidden_states, then value norms.
     assert [o.name for o in model.graph.output] == list(graph_io.GRAPH_OUTPUTS[graph])
@@ -202,6 +213,12 @@ def test_graph_opset_and_names(tiny_model_dir: Path, graph: str) -> None:
             graph_io.OUTPUT_ATTENTIONS,
             graph_io.OUTPUT_HIDDEN_STATES,
             graph_io.OUTPUT_VALUE_NORMS,
+        ],
+        graph_io.GRAPH_COMPACT_ATTENTION: [
+            graph_io.OUTPUT_HIDDEN,
+            graph_io.OUTPUT_TOP_WEIGHTS,
+            graph_io.OUTPUT_TOP_INDICES,
+            graph_io.OUTPUT_SUMMARIES,
         ],
     }[graph]
 
@@ -253,7 +270,7 @@ def test_validate_model_dir_checks_all_three_graphs_on_every_case(
     tiny_model_dir: Path, tiny_encoder: Encoder
 ) -> None:
     results = validate_model_dir(tiny_encoder, tiny_model_dir)
-    assert len(results) == 5 * 7  # five default cases x (1 + 2 + 4) outputs
+    assert len(results) == 5 * 11  # five default cases x (1 + 2 + 4 + 4) outputs
     assert all(r.passed and r.max_abs_diff <= DEFAULT_ATOL for r in results)
     shapes = {(r.output, tuple(r.shape)) for r in results}
     assert (graph_io.OUTPUT_HIDDEN, (1, 1, 32)) in shapes  # batch 1, seq 1
@@ -405,6 +422,7 @@ def test_failed_export_keeps_the_previous_model_and_success_replaces_it(
             graph_io.GRAPH_EMBEDDINGS,
             graph_io.GRAPH_HIDDEN_STATES,
             graph_io.GRAPH_ATTENTION,
+            graph_io.GRAPH_COMPACT_ATTENTION,
             graph_io.WEIGHTS_FILE,
             graph_io.CONFIG_FILE,
         ]

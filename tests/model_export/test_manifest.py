@@ -122,6 +122,7 @@ def test_the_first_release_format_is_still_read(tiny_model_dir: Path) -> None:
     assert (read.prompts, read.include_prompt) == ({}, True)
     # Nor per-layer hidden states: two graphs, the attention graph without them.
     raw["graphs"].pop(graph_io.GRAPH_HIDDEN_STATES)
+    raw["graphs"].pop(graph_io.GRAPH_COMPACT_ATTENTION)  # format 6
     raw["graphs"][graph_io.GRAPH_ATTENTION]["outputs"].pop(graph_io.OUTPUT_HIDDEN_STATES)
     raw["graphs"][graph_io.GRAPH_ATTENTION]["outputs"].pop(graph_io.OUTPUT_VALUE_NORMS)
     read = Manifest.from_dict(raw)
@@ -160,7 +161,7 @@ HEAD = {
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"format_version": 6}, "format_version 6 is not supported"),
+        ({"format_version": 7}, "format_version 7 is not supported"),
         ({"format_version": None}, "format_version None"),
         ({"pooling": "sum"}, "pooling must be one of"),
         ({"matryoshka_dimensions": [33]}, "1..32"),

@@ -28,6 +28,7 @@ EXPECTED = {
     graph_io.GRAPH_EMBEDDINGS: {"Attention": 2, **LAYER_FUSIONS},
     graph_io.GRAPH_HIDDEN_STATES: {"Attention": 2, **LAYER_FUSIONS},
     graph_io.GRAPH_ATTENTION: LAYER_FUSIONS,
+    graph_io.GRAPH_COMPACT_ATTENTION: LAYER_FUSIONS,
 }
 # Fused and plain graphs of the same weights: float32 reordering only.
 ATOL = 1e-5
@@ -58,8 +59,10 @@ def test_no_optimize_keeps_the_plain_graphs_and_the_same_answers(
     assert json.loads((plain / "config.json").read_text())["optimizations"] == {}
     assert op_counts(plain / graph_io.GRAPH_EMBEDDINGS)["Erf"] == tiny_config.n_layers
     embeds, mask = make_inputs((7, 3, 5), tiny_config.d_model, seed=3)
-    feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
     for graph in graph_io.GRAPH_OUTPUTS:
+        feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+        if graph == graph_io.GRAPH_COMPACT_ATTENTION:
+            feeds[graph_io.INPUT_TOP_K] = np.zeros(3, dtype=np.int64)
         fused, unfused = new_session(tiny_model_dir / graph), new_session(plain / graph)
         for got, want in zip(fused.run(None, feeds), unfused.run(None, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)

@@ -47,11 +47,12 @@ from service.protocols.quantized import pooled_array
 
 ARRAYS = {"float": wire.JSON_ARRAYS, "base64": wire.BASE64_ARRAYS}
 # Upper bounds of an answer's envelope: {"model":..,"data":[..],"usage":{..}} once, and per
-# item {"index":N,"tokens":[..],"embeddings":..,"attention":..,"hidden_states":..,"pooled":..}
-# (nulls included),
+# item {"index":N,"tokens":[..],"embeddings":..,"attention":..,"attention_indices":..,
+# "attention_summaries":{name: ..},"hidden_states":..,"pooled":..} (nulls and the six
+# summary names included),
 # each listed token "..", (and, for /v1/tokenize, its id).
 ENCODE_COST = {
-    fmt: WireCost(**arrays, per_sequence=128.0, per_token=3.0, fixed=128.0)
+    fmt: WireCost(**arrays, per_sequence=256.0, per_token=3.0, fixed=128.0)
     for fmt, arrays in ARRAYS.items()
 }
 TOKENIZE_COST = {
@@ -62,7 +63,18 @@ TOKENIZE_COST = {
 
 def attention_spec(options: AttentionOptions) -> AttentionSpec:
     """The attention selection of a request's ``attention`` object."""
-    return AttentionSpec(options.layers, options.heads, options.reduce, options.measure)
+    return AttentionSpec(
+        options.layers,
+        options.heads,
+        options.reduce,
+        options.measure,
+        top_k=options.top_k,
+        threshold=options.threshold,
+        dtype=options.dtype,
+        maps=options.maps,
+        summaries=tuple(options.summaries or ()),
+        summaries_per_token=options.summaries_per_token,
+    )
 
 
 def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
@@ -231,6 +243,12 @@ def encode_array(array: np.ndarray, encoding_format: str) -> Any:
     quantized = pooled_array(array, encoding_format)
     if quantized is not None:
         return quantized
+    if array.dtype in (np.float16, np.int32):  # attention asked as float16, its key indices
+        array = wire.little_endian(array)
+        if encoding_format == "base64":
+            data = base64.b64encode(array.tobytes()).decode("ascii")
+            return {"shape": list(array.shape), "dtype": array.dtype.name, "data": data}
+        return array if array.dtype == np.int32 else array.astype(np.float32)
     array = wire.float32_le(array)
     if encoding_format == "base64":
         return {"shape": list(array.shape), "dtype": "float32", "data": wire.base64_float32(array)}
@@ -250,6 +268,10 @@ def encode_response(result: EncodeResult, encoding_format: str) -> bytes:
                     "tokens": out.tokens,
                     "embeddings": arr(out.embeddings),
                     "attention": arr(out.attention),
+                    "attention_indices": arr(out.attention_indices),
+                    "attention_summaries": None
+                    if out.attention_summaries is None
+                    else {k: arr(v) for k, v in out.attention_summaries.items()},
                     "hidden_states": arr(out.hidden_states),
                     "pooled": arr(out.pooled),
                     "span_embeddings": arr(out.span_embeddings),

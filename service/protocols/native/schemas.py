@@ -24,12 +24,16 @@ class Usage(BaseModel):
 
 
 class Base64Array(BaseModel):
-    """A float32 array as base64 of its little-endian bytes, row-major."""
+    """An array as base64 of its little-endian bytes, row-major: float32 (inputs and most
+    answers); attention maps asked as float16, their key indices int32."""
 
     model_config = ConfigDict(extra="forbid")
     shape: list[int] = Field(description="Array shape, e.g. [seq_len, d_model].")
-    data: str = Field(description="Standard base64 of little-endian float32, row-major.")
-    dtype: Literal["float32"] = "float32"
+    data: str = Field(description="Standard base64 of the little-endian values, row-major.")
+    dtype: Literal["float32", "float16", "int32"] = "float32"
+
+
+SummaryName = Literal["entropy", "first", "self", "previous", "next", "distance"]
 
 
 class AttentionOptions(BaseModel):
@@ -53,6 +57,35 @@ class AttentionOptions(BaseModel):
         description="weights: α_ij; norms: α_ij · ‖f_h(x_j)‖ (Kobayashi et al. 2020), how "
         "much token j moves token i through head h, not only how much i attends to j "
         "(rollout normalises each averaged map's rows first). Same shapes either way.",
+    )
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        description="Keep each row's k largest values (k at most the sequence's tokens): "
+        "attention is then [.., n, k] (largest first, ties to the lower key) and "
+        "attention_indices their keys. With reduce none and measure weights it is computed "
+        "inside the model's graph, so the full maps never leave onnxruntime.",
+    )
+    threshold: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Keep each row's values above this (not with top_k): [.., n, k] with k "
+        "the fullest row's count, other rows padded with index -1 and value 0.",
+    )
+    dtype: Literal["float32", "float16"] = Field(
+        "float32", description="The maps' values: float16 halves the answer (≤ 1e-3 apart)."
+    )
+    maps: bool = Field(True, description="false: no maps, only the summaries asked for.")
+    summaries: list[SummaryName] | None = Field(
+        None,
+        description="Per selected layer and head, statistics of its weights' rows, each the "
+        "mean over the sequence's query rows [L', H']: entropy (nats), attention to the first "
+        "token, to itself, to the previous and the next token, and the mean attended "
+        "distance (tokens). See docs/api.md.",
+    )
+    summaries_per_token: bool = Field(
+        False, description="Each summary per query token [L', H', n] instead of its mean."
     )
 
 
@@ -343,7 +376,15 @@ class EncodeItem(BaseModel):
         description="[seq_len_i, d_model] contextualized embeddings of the real tokens."
     )
     attention: list[list[list[list[float]]]] | Base64Array | None = Field(
-        description="[L', H', seq_len_i, seq_len_i] attention weights, or null."
+        description="[L', H', seq_len_i, seq_len_i] attention weights ([.., k] with top_k or "
+        "threshold), or null."
+    )
+    attention_indices: list[list[list[list[int]]]] | Base64Array | None = Field(
+        None, description="With top_k or threshold: the key of each kept value, or null."
+    )
+    attention_summaries: dict[str, Any] | None = Field(
+        None,
+        description="Summary name -> [L', H'] (or [L', H', seq_len_i]) array, as asked, or null.",
     )
     hidden_states: list[list[list[float]]] | Base64Array | None = Field(
         None, description="[L'', seq_len_i, d_model] selected hidden states, or null."
