@@ -574,6 +574,13 @@ def test_a_512_token_input_draws_its_top_k_keys_as_a_sparse_map_that_zooms(
     dropped = next(j for j in range(400, LONG_TOKENS) if j not in set(indices[450].tolist()))
     assert hover_far_cell(browser, 450, dropped)["weight"] == ""
     assert "not among the row's top 32" in browser.find_element(By.ID, "readout").text
+    # Scrolled far to the right, the query labels stay at the frame's left edge.
+    stuck = browser.execute_script(
+        "const s = document.querySelector('.scroller'); return [s.scrollLeft, "
+        "document.querySelector('.queries').getBoundingClientRect().left - "
+        "s.getBoundingClientRect().left]"
+    )
+    assert stuck[0] > 3000 and abs(stuck[1]) <= 2
     screenshot(browser, "viewer-512-top-k")
 
     browser.find_element(By.ID, "zoom-fit").click()
