@@ -9,6 +9,8 @@ import { drawSummaries } from "./summaries.js";
 const MAP_PIXELS = 640; // a map wider than this scrolls, its labels kept in view
 const MIN_CELL = 12; // the smallest cell whose token label stays readable
 const MAX_CELL = 28;
+const LONG_MAP = 256; // past this many tokens a map starts at LONG_CELL, its labels thinned
+const LONG_CELL = 4;
 const ZOOMS = [1, 2, 3, 4, 6, 8, 12, 16, 20, 28]; // cell sizes the zoom steps through
 const LABEL_PIXELS = 12; // below this cell size only every few token labels are written
 const THUMBNAIL = 160; // grid thumbnails: whole cells up to this size, averaged beyond
@@ -48,7 +50,10 @@ export function thumbnailSize(n) {
   return n >= THUMBNAIL ? THUMBNAIL : n * Math.floor(THUMBNAIL / n);
 }
 
+/** The cell size before any zoom: labels readable up to LONG_MAP tokens; past that a
+ * map a couple of screens wide (at 12 px a 512-token map would be 6144 px square). */
 export function cellSize(n) {
+  if (n > LONG_MAP) return LONG_CELL;
   return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(MAP_PIXELS / n)));
 }
 
