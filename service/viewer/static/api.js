@@ -110,33 +110,22 @@ export async function embedSparse(model, text, truncate) {
   return (await call("v1/embed_sparse", body)).data[0];
 }
 
-// Base64Array: standard base64 of little-endian values of its dtype (float32 unless it
-// says float16 or int32). DataView keeps it right on any host.
-const READERS = {
-  float32: [4, (view, at) => view.getFloat32(at, true)],
-  float16: [2, (view, at) => float16(view.getUint16(at, true))],
-  int32: [4, (view, at) => view.getInt32(at, true)],
-};
-
+// Base64Array: standard base64 of little-endian values of its dtype: float32, or int32
+// (top-k key indices). DataView keeps it right on any host.
 function decode({ data, dtype }) {
   const binary = atob(data);
   const bytes = new Uint8Array(binary.length);
   for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
   const view = new DataView(bytes.buffer);
-  const [width, read] = READERS[dtype ?? "float32"] ?? READERS.float32;
-  const values = dtype === "int32" ? new Int32Array(bytes.length / width) : new Float32Array(bytes.length / width);
-  for (let i = 0; i < values.length; i++) values[i] = read(view, i * width);
+  if (dtype === "int32") {
+    const values = new Int32Array(bytes.length / 4);
+    for (let i = 0; i < values.length; i++) values[i] = view.getInt32(i * 4, true);
+    return values;
+  }
+  if (dtype && dtype !== "float32") throw new Error(`unexpected dtype ${dtype}: the page asks for float32`);
+  const values = new Float32Array(bytes.length / 4);
+  for (let i = 0; i < values.length; i++) values[i] = view.getFloat32(i * 4, true);
   return values;
-}
-
-// IEEE 754 half precision: 1 sign, 5 exponent, 10 fraction bits.
-function float16(bits) {
-  const sign = bits & 0x8000 ? -1 : 1;
-  const exponent = (bits >> 10) & 0x1f;
-  const fraction = bits & 0x3ff;
-  if (exponent === 0) return sign * fraction * 2 ** -24;
-  if (exponent === 0x1f) return fraction ? NaN : sign * Infinity;
-  return sign * (1 + fraction / 1024) * 2 ** (exponent - 15);
 }
 
 function toBase64Array({ shape, values }) {
