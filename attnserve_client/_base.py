@@ -16,7 +16,7 @@ import email.utils
 import os
 import random
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypeVar
 from urllib.parse import quote
@@ -103,6 +103,8 @@ class EncodeOptions:
     # Pooled vectors quantized (int8, uint8, binary, ubinary), with optional ranges.
     embedding_type: str = "float"
     quantization_ranges: Any = None
+    # More of /v1/encode's attention object: top_k, threshold, dtype, maps, summaries...
+    attention_options: Mapping[str, Any] | None = None
 
 
 def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
@@ -138,6 +140,7 @@ def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
             attention["heads"] = list(options.heads)
         if options.reduce is not None:
             attention["reduce"] = options.reduce
+        attention.update(options.attention_options or {})
         body["attention"] = attention
     if options.return_hidden_states:
         body["return_hidden_states"] = True

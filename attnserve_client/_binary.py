@@ -72,7 +72,8 @@ def eligible(arrays: list[Any], options: dict[str, Any]) -> list[np.ndarray] | N
         return None
     if options.get("normalize") and options.get("pooling") in (None, "none"):
         return None  # JSON's 422 says what is wrong
-    if any(options.get(k) is not None for k in ("layers", "heads", "hidden_layers")):
+    keys = ("layers", "heads", "hidden_layers", "attention_options")
+    if any(options.get(k) is not None for k in keys):
         return None
     if options.get("reduce") not in (None, "none") or options.get("truncate"):
         return None

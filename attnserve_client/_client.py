@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Literal, TypeVar
 
@@ -112,6 +112,7 @@ class Client(BaseClient):
         spans: Sequence[Sequence[tuple[int, int]] | None] | None = None,
         embedding_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float",
         quantization_ranges: Any = None,
+        attention_options: Mapping[str, Any] | None = None,
     ) -> EncodeResult:
         """Contextualized embeddings of ``inputs``: [batch, seq, d] array, or a list of
         [seq_i, d] arrays (ragged) or texts (models with a tokenizer).
@@ -127,7 +128,11 @@ class Client(BaseClient):
 
         ``embedding_type``: pooled vectors quantized as sentence-transformers'
         ``quantize_embeddings`` does (int8/uint8 arrays; binary/ubinary packed bits),
-        with ``quantization_ranges`` [[mins], [maxes]] or the model's own."""
+        with ``quantization_ranges`` [[mins], [maxes]] or the model's own.
+
+        ``attention_options``: more of the request's ``attention`` object (``top_k``,
+        ``threshold``, ``dtype``, ``maps``, ``summaries``, ``summaries_per_token``): the
+        result's ``attention_indices`` and ``attention_summaries`` carry what they add."""
         options = EncodeOptions(
             model=model,
             return_attention=return_attention,
@@ -145,6 +150,7 @@ class Client(BaseClient):
             spans=spans,
             embedding_type=embedding_type,
             quantization_ranges=quantization_ranges,
+            attention_options=attention_options,
         )
         return self._run(self._encode(inputs, options))
 
@@ -368,6 +374,7 @@ class AsyncClient(BaseClient):
         spans: Sequence[Sequence[tuple[int, int]] | None] | None = None,
         embedding_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float",
         quantization_ranges: Any = None,
+        attention_options: Mapping[str, Any] | None = None,
     ) -> EncodeResult:
         """See :meth:`Client.encode`."""
         options = EncodeOptions(
@@ -387,6 +394,7 @@ class AsyncClient(BaseClient):
             spans=spans,
             embedding_type=embedding_type,
             quantization_ranges=quantization_ranges,
+            attention_options=attention_options,
         )
         return await self._run(self._encode(inputs, options))
 

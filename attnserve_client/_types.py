@@ -13,13 +13,15 @@ ArrayField = Literal["embeddings", "attention", "hidden_states", "pooled"]
 
 def decode_array(value: Any) -> np.ndarray:
     """A response array (base64 object or nested floats) -> float32 numpy (int8/uint8
-    for quantized vectors)."""
+    for quantized vectors, int32 for attention's keys, float16 maps as asked)."""
     if value is None:
         raise ValueError("an array is missing (null) where its siblings have one")
     if isinstance(value, dict):
         raw = base64.b64decode(value["data"])
-        if value.get("dtype") in ("int8", "uint8"):  # quantized vectors keep their dtype
-            return np.frombuffer(raw, dtype=value["dtype"]).reshape(value["shape"]).copy()
+        kept = {"int8": "i1", "uint8": "u1", "int32": "<i4", "float16": "<f2"}
+        if value.get("dtype") in kept:  # quantized vectors, attention's keys and float16
+            dtype = kept[value["dtype"]]
+            return np.frombuffer(raw, dtype=dtype).reshape(value["shape"]).copy()
         return np.frombuffer(raw, dtype="<f4").reshape(value["shape"]).astype(np.float32)
     return np.asarray(value, dtype=np.float32)
 
@@ -67,6 +69,10 @@ class EncodeResult:
     hidden_states: list[np.ndarray] | None = None
     # Late chunking: per input, [n_spans, d_model] for a text sent with spans, else None.
     span_embeddings: list[np.ndarray | None] | None = None
+    # With attention top_k/threshold: each kept value's key, int32 [L', H', n, k].
+    attention_indices: list[np.ndarray] | None = None
+    # With attention summaries: per sequence, name -> [L', H'] (or [L', H', n]).
+    attention_summaries: list[dict[str, np.ndarray]] | None = None
 
     def __len__(self) -> int:
         return self.usage.sequences
@@ -100,6 +106,8 @@ class EncodeResult:
             tokens=[item.get("tokens") for item in items],
             usage=Usage.from_json(body["usage"]),
             span_embeddings=spans_column(items),
+            attention_indices=indices_column(items),
+            attention_summaries=summaries_column(items),
         )
 
     @classmethod
@@ -123,7 +131,25 @@ class EncodeResult:
             else [s for p in parts for s in (p.span_embeddings or [None] * len(p.tokens))],
             tokens=[t for p in parts for t in p.tokens],
             usage=Usage(sum(p.usage.sequences for p in parts), sum(p.usage.tokens for p in parts)),
+            attention_indices=join("attention_indices"),
+            attention_summaries=None
+            if parts[0].attention_summaries is None
+            else [s for p in parts for s in p.attention_summaries or []],
         )
+
+
+def indices_column(items: list[dict[str, Any]]) -> list[np.ndarray] | None:
+    values = [item.get("attention_indices") for item in items]
+    if all(v is None for v in values):
+        return None
+    return [np.asarray(decode_array(v), dtype=np.int32) for v in values]
+
+
+def summaries_column(items: list[dict[str, Any]]) -> list[dict[str, np.ndarray]] | None:
+    values = [item.get("attention_summaries") for item in items]
+    if all(v is None for v in values):
+        return None
+    return [{name: decode_array(a) for name, a in (v or {}).items()} for v in values]
 
 
 def spans_column(items: list[dict[str, Any]]) -> list[np.ndarray | None] | None:

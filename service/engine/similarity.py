@@ -15,7 +15,8 @@ as that encode request is (``prepare.prepare``); the answer's own size is checke
 against ATTNSERVE_MAX_RESPONSE_BYTES by the protocol's ``WireCost``, before any run.
 
 Other poolings (cls, max, last) have no such split: 422 ``unsupported_by_model``, as
-for a model whose pooling leaves a prompt's tokens out (``include_prompt`` false).
+for a model whose pooling leaves its default prompt's tokens out (``include_prompt``
+false) and for a model without a tokenizer. No approximation is offered.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ MAX_TOP_PAIRS = 100
 # The encode run's answer is never sent: it costs nothing on a wire (its arrays are
 # still counted as held memory by ``limits.work_bytes``).
 UNSENT = WireCost(per_float=0.0, per_char=0.0, copies=0.0)
-FLOAT64 = 8
+FLOAT32, FLOAT64 = 4, 8
 # Up to this many contribution floats in all, the split is computed on the event loop
 # (well under a millisecond); beyond, on a codec thread.
 SPLIT_INLINE_FLOATS = 65536
@@ -268,11 +269,13 @@ async def explain(
     info = runtime.info
     scope.served(info.name, info.version)
     lengths = [len(s) for s in prepared.sequences]
-    # The run's own memory, the float64 terms of one document at a time with every
-    # document's float32 matrix, and the encoded answer.
+    # The run's own memory, every document's float32 matrix, the float64 work of one
+    # document's split (its token vectors, terms and their order), the encoded answer.
     matrices = sum(lengths[0] * n for n in lengths[1:])
-    scratch = FLOAT64 * lengths[0] * max(lengths[1:])
-    held = prepared.work_bytes + 4 * matrices + scratch + int(size * request.wire_cost.copies)
+    n_q, n_d, width = lengths[0], max(lengths[1:]), info.config.d_model
+    scratch = FLOAT64 * (3 * n_q * n_d + (n_q + n_d) * width)  # one document's split at a time
+    answer = FLOAT32 * matrices + int(size * request.wire_cost.copies)
+    held = prepared.work_bytes + scratch + answer
     ticket = scope.admitted()
     ticket.hold(ticket.bytes + held, "this request")
     result = await execute.run(
@@ -281,7 +284,7 @@ async def explain(
     query, *documents = result.outputs
 
     def split() -> list[SimilarityExplanation]:
-        return [_explained(k, query, d, request.top_pairs) for k, d in enumerate(documents)]
+        return [_explained(k, query, doc, request.top_pairs) for k, doc in enumerate(documents)]
 
     explanations = await admit.off_loop(split) if matrices > SPLIT_INLINE_FLOATS else split()
     return (

@@ -98,9 +98,7 @@ def reference_summaries(maps: np.ndarray) -> np.ndarray:
     )
 
 
-def check_top_rows(
-    values: np.ndarray, indices: np.ndarray, want: np.ndarray, k: int
-) -> None:
+def check_top_rows(values: np.ndarray, indices: np.ndarray, want: np.ndarray, k: int) -> None:
     """``values``/``indices`` [.., n, k] against eager maps ``want`` [.., n, n]."""
     order = np.argsort(-want, axis=-1, kind="stable")[..., :k]  # ties to the lower key
     want_values = np.take_along_axis(want, order, axis=-1)
@@ -257,3 +255,86 @@ def test_bad_options_name_their_field(
     error = r.json()
     assert error["error_type"] == "invalid_input"
     assert f"attention.{field}" in error["error"], error
+
+
+def test_open_inference_http_and_grpc_carry_compact_attention(
+    minilm_server_url: str, minilm_grpc_address: str
+) -> None:
+    """tritonclient over /v2 binary and gRPC: FP16 top-k values, INT32 keys and the
+    summaries, equal to the native answer (base64 of the same bytes)."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    attention = {"top_k": 3, "dtype": "float16", "summaries": ["entropy", "distance"]}
+    native = encode(minilm_server_url, attention)
+    params = {
+        "attention_top_k": 3,
+        "attention_dtype": "FP16",
+        "attention_summaries": "entropy,distance",
+    }
+    names = ["attentions", "attention_indices", "attention_summaries"]
+    texts = np.array([s.encode() for s in HELD_OUT], dtype=np.object_)
+    http = httpclient.InferenceServerClient(minilm_server_url.removeprefix("http://"))
+    text = httpclient.InferInput("text", [len(HELD_OUT)], "BYTES")
+    text.set_data_from_numpy(texts, binary_data=True)
+    wanted = [httpclient.InferRequestedOutput(n, binary_data=True) for n in names]
+    got_http = http.infer("minilm-l6", [text], outputs=wanted, parameters=params)
+    rpc = grpcclient.InferenceServerClient(minilm_grpc_address)
+    text_rpc = grpcclient.InferInput("text", [len(HELD_OUT)], "BYTES")
+    text_rpc.set_data_from_numpy(texts)
+    wanted_rpc = [grpcclient.InferRequestedOutput(n) for n in names]
+    got_rpc = rpc.infer("minilm-l6", [text_rpc], outputs=wanted_rpc, parameters=params)
+    for got in (got_http, got_rpc):
+        values = got.as_numpy("attentions")
+        indices = got.as_numpy("attention_indices")
+        summaries = got.as_numpy("attention_summaries")
+        assert values.dtype == np.float16 and indices.dtype == np.int32
+        assert summaries.shape == (len(HELD_OUT), 2, LAYERS, HEADS)
+        for row, item in enumerate(native):
+            n = decode(item["attention"]).shape[2]
+            assert np.array_equal(values[row, :, :, :n], decode(item["attention"]))
+            assert np.array_equal(indices[row, :, :, :n], decode(item["attention_indices"]))
+            assert not values[row, :, :, n:].any()  # padded query rows
+            for s, name in enumerate(["entropy", "distance"]):
+                want = decode(item["attention_summaries"][name])
+                assert np.array_equal(summaries[row, s], want)
+
+
+def test_open_inference_refuses_mismatched_attention_parameters(minilm_server_url: str) -> None:
+    url = f"{minilm_server_url}/v2/models/minilm-l6/infer"
+    text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Why?"]}
+    for outputs, params, says in [
+        (["attention_indices"], {}, "attention_top_k"),
+        (["attention_summaries"], {}, "attention_summaries"),
+        (["attentions"], {"attention_top_k": 0}, "top_k"),
+        (["attentions"], {"attention_top_k": 9}, "top_k"),
+        (["attentions"], {"attention_dtype": "FP64"}, "attention_dtype"),
+        (["attentions"], {"attention_threshold": "high"}, "attention_threshold"),
+        (["attention_summaries"], {"attention_summaries": "entropy,mood"}, "summaries"),
+    ]:
+        body = {
+            "inputs": [text],
+            "outputs": [{"name": n} for n in outputs],
+            "parameters": params,
+        }
+        r = httpx.post(url, json=body, timeout=60)
+        assert r.status_code == 422, (params, r.text)
+        assert says in r.json()["error"], (params, r.json())
+
+
+def test_sdk_asks_for_and_reads_compact_attention(minilm_server_url: str) -> None:
+    from attnserve_client import Client
+
+    attention = {"top_k": 2, "dtype": "float16", "summaries": ["self", "first"]}
+    native = encode(minilm_server_url, attention)
+    with Client(minilm_server_url) as client:
+        got = client.encode(HELD_OUT, return_attention=True, attention_options=attention)
+    assert got.attention is not None and got.attention_indices is not None
+    assert got.attention_summaries is not None
+    for row, item in enumerate(native):
+        assert got.attention[row].dtype == np.float16
+        assert np.array_equal(got.attention[row], decode(item["attention"]))
+        assert np.array_equal(got.attention_indices[row], decode(item["attention_indices"]))
+        assert list(got.attention_summaries[row]) == ["self", "first"]
+        for name, value in got.attention_summaries[row].items():
+            assert np.array_equal(value, decode(item["attention_summaries"][name]))

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 from service.engine import EncodeRequest, EncodeResult, ModelInfo, RerankRequest, RerankResult
 from service.errors import InvalidInput, quoted
 from service.protocols.open_inference import rerank, tensors
+from service.protocols.open_inference.attention import AttentionParameters
 from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
 # The typed contents field of each datatype.
@@ -48,9 +49,7 @@ def infer_request(
         pooling=_typed(params.get("pooling", "none"), str, "pooling"),
         normalize=_typed(params.get("normalize", False), bool, "normalize"),
         truncate=_typed(params.get("truncate", False), bool, "truncate"),
-        attention_measure=_typed(
-            params.get("attention_measure", "weights"), str, "attention_measure"
-        ),
+        attention=AttentionParameters.of(params),
         embedding_type=_typed(params.get("embedding_type", "float"), str, "embedding_type"),
     )
     return tensors.encode_request(inputs, outputs, options, info, version, request.id or None)
@@ -101,8 +100,7 @@ def _requested_outputs(
     """Output name -> True (raw), in the order asked; every output when none is named."""
     known = [name for name, _, _ in tensors.available_outputs(info)]
     if not names:
-        pooled = params.get("pooling", "none") != "none"
-        return dict.fromkeys((n for n in known if n != tensors.OUTPUT_POOLED or pooled), True)
+        return dict.fromkeys(tensors.default_outputs(info, params), True)
     outputs: dict[str, bool] = {}
     for name in names:
         if name not in known:

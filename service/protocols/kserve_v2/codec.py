@@ -21,6 +21,7 @@ from service.errors import InvalidInput, quoted
 from service.protocols import wire
 from service.protocols.http import Answer
 from service.protocols.open_inference import rerank, tensors
+from service.protocols.open_inference.attention import AttentionParameters
 from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -61,7 +62,7 @@ def infer_request(
         pooling=params.get("pooling", "none"),
         normalize=_bool(params.get("normalize", False), "parameters.normalize"),
         truncate=_bool(params.get("truncate", False), "parameters.truncate"),
-        attention_measure=params.get("attention_measure", "weights"),
+        attention=AttentionParameters.of(params),
         embedding_type=params.get("embedding_type", "float"),
     )
     return tensors.encode_request(inputs, outputs, options, info, version, request_id)
@@ -137,9 +138,7 @@ def _requested_outputs(raw: Any, params: dict[str, Any], info: ModelInfo) -> dic
     known = [name for name, _, _ in tensors.available_outputs(info)]
     binary_all = _bool(params.get("binary_data_output", False), "parameters.binary_data_output")
     if raw is None:
-        pooled = params.get("pooling", "none") != "none"
-        names = [n for n in known if n != tensors.OUTPUT_POOLED or pooled]
-        return dict.fromkeys(names, binary_all)
+        return dict.fromkeys(tensors.default_outputs(info, params), binary_all)
     if not isinstance(raw, list) or not raw:
         raise InvalidInput("'outputs' must be a non-empty list (or absent, for every output)")
     outputs: dict[str, bool] = {}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, overload
 
@@ -31,7 +31,6 @@ import numpy as np
 from model_export.manifest import graph_io
 from service.engine import (
     ArrayInput,
-    AttentionSpec,
     EncodeRequest,
     EncodeResult,
     InputItem,
@@ -40,6 +39,8 @@ from service.engine import (
 )
 from service.errors import InvalidInput, quoted
 from service.protocols import wire
+from service.protocols.open_inference import attention
+from service.protocols.open_inference.attention import AttentionParameters
 from service.protocols.open_inference.padding import lengths_of, repad
 
 INPUT_TEXT = "text"
@@ -50,10 +51,16 @@ OUTPUT_POOLED = "pooled"
 OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text input)
 NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
 # An answer's datatype by its array's dtype (quantized pooled vectors: INT8, UINT8).
-DATATYPES = {"<f4": "FP32", "<i8": "INT64", "|i1": "INT8", "|u1": "UINT8"}
+DATATYPES = {
+    "<f4": "FP32",
+    "<f2": "FP16",
+    "<i8": "INT64",
+    "<i4": "INT32",
+    "|i1": "INT8",
+    "|u1": "UINT8",
+}
 MASK_TYPES = ("INT64", "INT32", "BOOL")
 POOLINGS = ("mean", "cls", "max", "last")
-MEASURES = ("weights", "norms")
 # Dimensions a tensor may declare (ours have at most 3); data is nested no deeper.
 MAX_RANK = 8
 # Upper bounds of an answer: raw float32 bytes, or flat JSON data lists; each output's
@@ -85,7 +92,7 @@ class Options:
     pooling: str = "none"
     normalize: bool = False
     truncate: bool = False
-    attention_measure: str = "weights"  # "weights" or "norms" (attention norms)
+    attention: AttentionParameters = field(default_factory=AttentionParameters)
     # ``pooled`` quantized: int8/uint8 (the model's ranges), binary/ubinary (INT8/UINT8)
     embedding_type: str = "float"
 
@@ -141,6 +148,8 @@ def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
     outputs = [
         (graph_io.OUTPUT_HIDDEN, "FP32", [-1, -1, cfg.d_model]),
         (graph_io.OUTPUT_ATTENTIONS, "FP32", [-1, cfg.n_layers, cfg.n_heads, -1, -1]),
+        (attention.OUTPUT_INDICES, "INT32", [-1, cfg.n_layers, cfg.n_heads, -1, -1]),
+        (attention.OUTPUT_SUMMARIES, "FP32", [-1, -1, cfg.n_layers, cfg.n_heads]),
     ]
     if info.manifest.has_hidden_states:
         outputs.append(
@@ -148,6 +157,18 @@ def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
         )
     outputs += [(OUTPUT_POOLED, "FP32", [-1, cfg.d_model]), (OUTPUT_MASK, "INT64", [-1, -1])]
     return outputs
+
+
+def default_outputs(info: ModelInfo, params: dict[str, Any]) -> list[str]:
+    """The outputs answered when a request names none: each one its parameters ask for
+    (pooled vectors with a pooling, attention's indices and summaries with theirs)."""
+    asked = {
+        OUTPUT_POOLED: params.get("pooling", "none") != "none",
+        attention.OUTPUT_INDICES: params.get("attention_top_k") is not None
+        or params.get("attention_threshold") is not None,
+        attention.OUTPUT_SUMMARIES: bool(params.get("attention_summaries")),
+    }
+    return [name for name, _, _ in available_outputs(info) if asked.get(name, True)]
 
 
 def model_inputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
@@ -186,11 +207,7 @@ def encode_request(
         )
     if OUTPUT_POOLED in outputs and options.pooling == "none":
         raise InvalidInput("output 'pooled' needs parameters.pooling (mean, cls, max or last)")
-    if options.attention_measure not in MEASURES:
-        raise InvalidInput(
-            f"parameters.attention_measure must be one of {MEASURES}, "
-            f"got {quoted(options.attention_measure)}"
-        )
+    attention_spec = options.attention.spec(outputs)
     items, rows, pad_to = _items(tensors)
     request = EncodeRequest(
         inputs=items,
@@ -198,8 +215,8 @@ def encode_request(
         model=info.name,
         model_version=version,
         resolved=info,
-        return_attention=graph_io.OUTPUT_ATTENTIONS in outputs,
-        attention=AttentionSpec(measure=options.attention_measure),
+        return_attention=attention.asks_attention(outputs),
+        attention=attention_spec,
         return_hidden_states=graph_io.OUTPUT_HIDDEN_STATES in outputs,
         pooling=options.pooling,  # type: ignore[arg-type]  # checked above
         normalize=options.normalize,
@@ -408,10 +425,11 @@ def _output(result: EncodeResult, name: str, lengths: list[int], length: int) ->
     if name == OUTPUT_POOLED:
         pooled = np.stack([o.pooled for o in outs if o.pooled is not None])
         return pooled if pooled.dtype.kind in "iu" else wire.float32_le(pooled)  # quantized
-    field = {
+    if name in (graph_io.OUTPUT_ATTENTIONS, *attention.OUTPUTS):
+        return attention.output(outs, name, length)
+    attr = {
         graph_io.OUTPUT_HIDDEN: "embeddings",
-        graph_io.OUTPUT_ATTENTIONS: "attention",  # unreduced: [L, H, n, n] as the graph's
         graph_io.OUTPUT_HIDDEN_STATES: "hidden_states",
     }[name]
-    arrays = [getattr(o, field) for o in outs]
+    arrays = [getattr(o, attr) for o in outs]
     return wire.float32_le(repad(arrays, length, graph_io.TOKEN_AXES[name]))
