@@ -2,7 +2,8 @@
 
 The page is plain HTML, CSS and JavaScript modules shipped in this package (no
 build step, no third-party code) and talks to the server only through the public
-API (``/v1/models``, ``/v1/encode``), as any other client does. Its
+API (``/v1/models``, ``/v1/encode``, ``/v1/tokenize``, ``/v1/rerank``,
+``/v1/embed_sparse``, ``/v1/explain/similarity``), as any other client does. Its
 Content-Security-Policy allows requests to this origin only, so the browser
 itself refuses anything that would leave for another host.
 """

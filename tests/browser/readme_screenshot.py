@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from tests.browser.conftest import CHROMIUM_FLAGS, _binary, wait_until
+from tests.browser.conftest import CHROMIUM_FLAGS, _binary, wait_for_script
 from tests.browser.test_viewer import RENDERED
 
 VIEW = {
@@ -41,12 +41,12 @@ def main(base_url: str, out: Path) -> None:
         driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
         try:
             driver.get(f"{base_url}/viewer?{urlencode(VIEW)}")
-            wait_until(driver, RENDERED)
+            wait_for_script(driver, RENDERED)
             # The whole page at WIDTH CSS pixels, however tall it is now (no scroll bar).
             height = driver.execute_script("return document.documentElement.scrollHeight")
             metrics = {"width": WIDTH, "height": height, "deviceScaleFactor": 1, "mobile": False}
             driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
-            wait_until(driver, RENDERED)
+            wait_for_script(driver, RENDERED)
             assert driver.save_screenshot(str(out)), f"no screenshot written to {out}"
         finally:
             driver.quit()

@@ -17,10 +17,16 @@ import numpy as np
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select
 
+from model_export.config import preset
+from model_export.export import export_model
+from model_export.hf_import import minilm_l6_dir
+from model_export.model import Encoder, TokenEmbeddings
 from tests.browser.conftest import (
     assert_only_local_requests,
     posted_bodies,
@@ -33,6 +39,7 @@ TEXT = "The cat sat on the mat."
 TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
 RENDERED = "document.getElementById('stage').dataset.state === 'ready'"
 WEIGHT_TOLERANCE = 1e-6
+SUMMARIES = ["entropy", "first", "self", "previous", "next", "distance"]
 KEY = "sesame"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 
@@ -391,3 +398,271 @@ def test_why_it_ranked_draws_the_query_to_document_attention(
     assert tokens == answer["explanation"]["document_tokens"]
     screenshot(browser, "viewer-why-it-ranked")
     assert_only_local_requests(browser, rerankers)
+
+
+def api_item(url: str, inputs: list, attention: dict, model: str) -> dict:
+    """One item of /v1/encode's answer (JSON floats) for ``attention``."""
+    body = {
+        "model": model,
+        "inputs": inputs,
+        "return_embeddings": False,
+        "return_attention": True,
+        "attention": attention,
+        "truncate": True,
+    }
+    answer = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
+    answer.raise_for_status()
+    item: dict = answer.json()["data"][0]
+    return item
+
+
+def summary_cells(driver: webdriver.Chrome) -> list[list[float]]:
+    """The summaries grid as the page shows it: [layer][head] of each cell's value."""
+    cells = driver.execute_script(
+        "return [...document.querySelectorAll('#summaries .sum')].map(b => "
+        "[Number(b.dataset.layer), Number(b.dataset.head), Number(b.dataset.value)])"
+    )
+    layers, heads = max(c[0] for c in cells) + 1, max(c[1] for c in cells) + 1
+    grid = [[float("nan")] * heads for _ in range(layers)]
+    for layer, head, value in cells:
+        grid[layer][head] = value
+    return grid
+
+
+def test_the_summaries_grid_is_the_way_in_and_a_click_opens_that_head(
+    browser: webdriver.Chrome, minilm: str
+) -> None:
+    """With no view named the page opens on every layer's and head's summaries (no maps
+    asked for); the chosen summary colours the grid without a new request; a click on a
+    cell shows that layer's head, a short text's whole map."""
+    open_view(browser, minilm, text=TEXT, model="minilm-l6")
+    assert url_params(browser)["view"] == "summaries"
+    (body,) = posted_bodies(browser, "/v1/encode")
+    assert body["attention"] == {"summaries": SUMMARIES, "maps": False}
+    want = api_item(minilm, [TEXT], {"summaries": SUMMARIES, "maps": False}, "minilm-l6")
+    assert want["attention"] is None
+    shown = np.asarray(summary_cells(browser))
+    assert shown.shape == (6, 12)
+    entropy = np.asarray(want["attention_summaries"]["entropy"])
+    assert np.abs(shown - entropy).max() <= WEIGHT_TOLERANCE
+    screenshot(browser, "viewer-summaries")
+
+    Select(browser.find_element(By.ID, "summary")).select_by_value("distance")
+    wait_for_script(browser, "document.getElementById('summaries').dataset.summary === 'distance'")
+    distance = np.asarray(want["attention_summaries"]["distance"])
+    assert np.abs(np.asarray(summary_cells(browser)) - distance).max() <= WEIGHT_TOLERANCE
+    assert url_params(browser)["summary"] == "distance"
+    assert len(posted_bodies(browser, "/v1/encode")) == 1  # the grid had every summary
+
+    browser.find_element(By.CSS_SELECTOR, '#summaries .sum[data-layer="3"][data-head="5"]').click()
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'head'")
+    wait_for_script(browser, RENDERED)
+    assert {k: url_params(browser)[k] for k in ("layer", "head", "view")} == {
+        "layer": "3",
+        "head": "5",
+        "view": "head",
+    }
+    canvas = browser.find_element(By.ID, "heatmap")
+    assert canvas.get_attribute("data-n") == str(len(TOKENS))
+    assert canvas.get_attribute("data-topk") == ""  # a short text: the whole map
+    asked = posted_bodies(browser, "/v1/encode")[-1]["attention"]
+    assert asked == {"layers": [3], "heads": [5], "reduce": "none"}
+    map_ = api_attention(minilm, [TEXT], {"layers": [3], "heads": [5]}, "minilm-l6")[0, 0]
+    assert abs(float(hover_cell(browser, canvas, 4, 1)["weight"]) - map_[4, 1]) <= WEIGHT_TOLERANCE
+    assert_only_local_requests(browser, minilm)
+
+
+LONG_TOKENS = 512
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A small random encoder that reads 512 tokens (MiniLM's WordPiece tokenizer, mean
+    pooling): a long input for the page without a base-size model's minutes per export."""
+    config = preset("tiny", max_seq_len=LONG_TOKENS)
+    root = tmp_path_factory.mktemp("long-models")
+    export_model(
+        Encoder(config, seed=11),
+        root / "long",
+        exporter="torchscript",
+        optimize=False,
+        embeddings=TokenEmbeddings(30522, LONG_TOKENS, 2, config.d_model, 1e-12),
+        tokenizer_file=minilm_l6_dir() / "tokenizer.json",
+        name="long",
+        seed=11,
+        pooling="mean",
+    )
+    with running_server(root) as url:
+        yield url
+
+
+def painted_columns(driver: webdriver.Chrome, row: int) -> list[int]:
+    """The key columns of query ``row`` the heatmap paints (not the page's empty colour)."""
+    return driver.execute_script(  # type: ignore[no-any-return]
+        """
+        const canvas = document.getElementById('heatmap');
+        const cell = Number(canvas.dataset.cell), n = Number(canvas.dataset.n);
+        const y = Math.floor(arguments[0] * cell + cell / 2);
+        const strip = canvas.getContext('2d').getImageData(0, y, n * cell, 1).data;
+        const painted = [];
+        for (let j = 0; j < n; j++) {
+          const p = Math.floor(j * cell + cell / 2) * 4;
+          if (!(strip[p] === 246 && strip[p + 1] === 246 && strip[p + 2] === 248)) painted.push(j);
+        }
+        return painted;
+        """,
+        row,
+    )
+
+
+def hover_far_cell(driver: webdriver.Chrome, i: int, j: int) -> dict[str, str]:
+    """``hover_cell`` for a map larger than the window: the map scrolled so cell (i, j) is
+    in view, the real mouse moved to it in the window's coordinates."""
+    x, y = driver.execute_script(
+        """
+        const [i, j] = arguments, canvas = document.getElementById('heatmap');
+        const cell = Number(canvas.dataset.cell), scroller = document.querySelector('.scroller');
+        scroller.scrollLeft = Math.max(0, j * cell - 200);
+        scroller.scrollTop = Math.max(0, i * cell - 200);
+        scroller.scrollIntoView({block: 'start'});
+        const box = canvas.getBoundingClientRect();
+        return [box.left + (j + 0.5) * cell, box.top + (i + 0.5) * cell];
+        """,
+        i,
+        j,
+    )
+    actions = ActionBuilder(driver)
+    actions.pointer_action.move_to_location(int(x), int(y))
+    actions.perform()
+    wait_for_script(
+        driver,
+        f"document.getElementById('readout').dataset.query === '{i}' && "
+        f"document.getElementById('readout').dataset.key === '{j}'",
+    )
+    readout = driver.find_element(By.ID, "readout")
+    return {k: readout.get_attribute(f"data-{k}") or "" for k in ("query", "key", "weight")}
+
+
+def test_a_512_token_input_draws_its_top_k_keys_as_a_sparse_map_that_zooms(
+    browser: webdriver.Chrome, long_model: str
+) -> None:
+    """512 tokens: the summaries grid first, then one head's map with each row's top 32
+    keys only (auto), those cells painted and no others; zoomed out to fit, the labels
+    are thinned."""
+    text = " ".join(f"word{i}" for i in range(400))  # more word pieces than 512: cut
+    open_view(browser, long_model, text=text, model="long")
+    assert np.asarray(summary_cells(browser)).shape == (2, 4)
+    browser.find_element(By.CSS_SELECTOR, '#summaries .sum[data-layer="1"][data-head="2"]').click()
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'head'")
+    wait_for_script(browser, RENDERED)
+    asked = posted_bodies(browser, "/v1/encode")[-1]["attention"]
+    assert asked == {"layers": [1], "heads": [2], "reduce": "none", "top_k": 32}
+    canvas = browser.find_element(By.ID, "heatmap")
+    assert canvas.get_attribute("data-n") == str(LONG_TOKENS)
+    assert canvas.get_attribute("data-topk") == "32"
+    assert "top 32 keys" in browser.find_element(By.ID, "status").text
+    assert canvas.get_attribute("data-cell") == "4"  # two screens wide, every third label
+    assert labels(browser, "queries")[:4] == ["[CLS]", "", "", "word"]
+
+    want = api_item(long_model, [text], asked, "long")
+    indices = np.asarray(want["attention_indices"])[0, 0]  # [n, k]
+    weights = np.asarray(want["attention"], dtype=np.float32)[0, 0]
+    assert indices.shape == (LONG_TOKENS, 32)
+    for row in (0, 1, 300, LONG_TOKENS - 1):
+        assert painted_columns(browser, row) == sorted(indices[row].tolist())
+    kept = int(indices[300, 0])  # row 300's strongest key
+    read = hover_far_cell(browser, 300, kept)
+    assert abs(float(read["weight"]) - weights[300, 0]) <= WEIGHT_TOLERANCE
+    dropped = next(j for j in range(400, LONG_TOKENS) if j not in set(indices[450].tolist()))
+    assert hover_far_cell(browser, 450, dropped)["weight"] == ""
+    assert "not among the row's top 32" in browser.find_element(By.ID, "readout").text
+    # Scrolled far to the right, the query labels stay at the frame's left edge.
+    stuck = browser.execute_script(
+        "const s = document.querySelector('.scroller'); return [s.scrollLeft, "
+        "document.querySelector('.queries').getBoundingClientRect().left - "
+        "s.getBoundingClientRect().left]"
+    )
+    assert stuck[0] > 1000 and abs(stuck[1]) <= 2
+    screenshot(browser, "viewer-512-top-k")
+
+    browser.find_element(By.ID, "zoom-fit").click()
+    wait_for_script(browser, "Number(document.getElementById('heatmap').dataset.cell) <= 2")
+    canvas = browser.find_element(By.ID, "heatmap")
+    cell = int(canvas.get_attribute("data-cell") or 0)
+    assert canvas.get_property("width") == LONG_TOKENS * cell
+    written = [t for t in labels(browser, "queries") if t]
+    assert len(labels(browser, "queries")) == LONG_TOKENS
+    assert 0 < len(written) <= LONG_TOKENS // 4  # every few labels, not a smear of 512
+    scrolls = "const s = document.querySelector('.scroller'); return s.scrollWidth > s.clientWidth"
+    assert not browser.execute_script(scrolls)  # the whole map in view
+    assert painted_columns(browser, 300) == sorted(indices[300].tolist())
+    # Ctrl + wheel over the map zooms in a step (a plain wheel only scrolls).
+    browser.execute_script(
+        "arguments[0].dispatchEvent(new WheelEvent('wheel', {deltaY: -100, ctrlKey: true, "
+        "bubbles: true, cancelable: true, clientX: 300, clientY: 400}))",
+        canvas,
+    )
+    wait_for_script(browser, f"Number(document.getElementById('heatmap').dataset.cell) > {cell}")
+    screenshot(browser, "viewer-512-fit")
+    assert_only_local_requests(browser, long_model)
+
+
+def test_why_they_match_draws_the_top_token_pairs_and_the_score(
+    browser: webdriver.Chrome, minilm: str
+) -> None:
+    """Two texts: the score is the cosine of the two mean-pooled embeddings, the lines the
+    top pairs /v1/explain/similarity names, each token shaded by its total."""
+    first, second = "A man is playing a guitar.", "Someone plays an instrument on stage."
+    open_view(browser, minilm, text=first, model="minilm-l6", view="head")
+    assert browser.find_element(By.ID, "show-match").is_displayed()
+    field = browser.find_element(By.ID, "other")
+    field.clear()
+    field.send_keys(second)
+    browser.find_element(By.ID, "show-match").click()
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'match'")
+    wait_for_script(browser, RENDERED)
+    (posted,) = posted_bodies(browser, "/v1/explain/similarity")
+    assert posted == {
+        "model": "minilm-l6",
+        "query": first,
+        "documents": [second],
+        "top_pairs": 20,
+        "truncate": True,
+    }
+    answer = httpx.post(f"{minilm}/v1/explain/similarity", json=posted, timeout=60)
+    (result,) = answer.json()["data"]
+    score = float(browser.find_element(By.ID, "match-score").get_attribute("data-score") or "nan")
+    assert score == result["score"]
+    assert f"{score:.4f}" in browser.find_element(By.ID, "match-score").text
+    # The score drawn is the served cosine: the two texts' mean-pooled, normalised vectors.
+    body = {"model": "minilm-l6", "inputs": [first, second], "pooling": "mean", "normalize": True}
+    pooled = httpx.post(f"{minilm}/v1/encode", json=body, timeout=60).json()["data"]
+    a, b = (np.asarray(item["pooled"]) for item in pooled)
+    assert abs(score - float(a @ b)) <= 1e-5
+
+    lines = browser.execute_script(
+        "return [...document.querySelectorAll('#match line.pair')].map(l => "
+        "[Number(l.dataset.query), Number(l.dataset.document), Number(l.dataset.contribution)])"
+    )
+    pairs = result["top_pairs"]
+    assert len(pairs) == 20
+    drawn = sorted(lines, key=lambda line: -line[2])  # drawn weakest first: strongest on top
+    assert [(q, d) for q, d, _ in drawn] == [(p["query_index"], p["document_index"]) for p in pairs]
+    widths = browser.execute_script(
+        "return [...document.querySelectorAll('#match line.pair')].map(l => "
+        "Number(l.getAttribute('stroke-width')))"
+    )
+    assert widths[-1] == max(widths) > widths[0]  # the largest pair drawn thickest
+    for side, tokens, totals in (
+        ("qtok", result["query_tokens"], result["query_totals"]),
+        ("dtok", result["document_tokens"], result["document_totals"]),
+    ):
+        read = browser.execute_script(
+            f"return [...document.querySelectorAll('#match text.{side}')].map(t => "
+            "[t.textContent, Number(t.dataset.total)])"
+        )
+        assert [t for t, _ in read] == tokens
+        assert [v for _, v in read] == totals
+    assert abs(sum(result["query_totals"]) - score) <= 1e-5
+    screenshot(browser, "viewer-why-they-match")
+    assert_only_local_requests(browser, minilm)

@@ -41,8 +41,30 @@ export async function listModels() {
   return (await call("v1/models")).data;
 }
 
-/** One sequence's attention maps, as asked: [layers', heads', n, n] and the tokens (or null). */
+/** One sequence's attention maps, as asked: [layers', heads', n, n] and the tokens (or null).
+ * With ``attention.top_k`` the maps are the kept weights [layers', heads', n, k] and
+ * ``indices`` their key indices (same shape); otherwise ``indices`` is null. */
 export async function encodeAttention(model, input, attention, truncate) {
+  const item = await encodeOne(model, input, attention, truncate);
+  return {
+    tokens: item.tokens,
+    shape: item.attention.shape,
+    values: decode(item.attention),
+    indices: item.attention_indices ? decode(item.attention_indices) : null,
+  };
+}
+
+/** Per-head summaries of every layer and head, no maps: {name: {shape [L, H], values}}. */
+export async function encodeSummaries(model, input, names, truncate) {
+  const item = await encodeOne(model, input, { summaries: names, maps: false }, truncate);
+  const summaries = {};
+  for (const [name, array] of Object.entries(item.attention_summaries)) {
+    summaries[name] = { shape: array.shape, values: decode(array) };
+  }
+  return { tokens: item.tokens, summaries };
+}
+
+async function encodeOne(model, input, attention, truncate) {
   const body = {
     model,
     inputs: [typeof input === "string" ? input : toBase64Array(input)],
@@ -52,8 +74,19 @@ export async function encodeAttention(model, input, attention, truncate) {
     encoding_format: "base64",
     truncate,
   };
-  const item = (await call("v1/encode", body)).data[0];
-  return { tokens: item.tokens, shape: item.attention.shape, values: fromBase64(item.attention.data) };
+  return (await call("v1/encode", body)).data[0];
+}
+
+/** How many tokens a text is (after the model's tokenizer, cut to its limit if asked). */
+export async function countTokens(model, text, truncate) {
+  return (await call("v1/tokenize", { model, text, truncate })).data[0].tokens.length;
+}
+
+/** Why a text and another matched: /v1/explain/similarity's answer for the one pair
+ * (score, both token lists, the top pairs and per-token totals). */
+export async function explainSimilarity(model, query, document, topPairs, truncate) {
+  const body = { model, query, documents: [document], top_pairs: topPairs, truncate };
+  return (await call("v1/explain/similarity", body)).data[0];
 }
 
 /** One document reranked against a query, with the attention from the query's tokens to
@@ -77,12 +110,19 @@ export async function embedSparse(model, text, truncate) {
   return (await call("v1/embed_sparse", body)).data[0];
 }
 
-// Base64Array: standard base64 of little-endian float32. DataView keeps it right on any host.
-function fromBase64(text) {
-  const binary = atob(text);
+// Base64Array: standard base64 of little-endian values of its dtype: float32, or int32
+// (top-k key indices). DataView keeps it right on any host.
+function decode({ data, dtype }) {
+  const binary = atob(data);
   const bytes = new Uint8Array(binary.length);
   for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
   const view = new DataView(bytes.buffer);
+  if (dtype === "int32") {
+    const values = new Int32Array(bytes.length / 4);
+    for (let i = 0; i < values.length; i++) values[i] = view.getInt32(i * 4, true);
+    return values;
+  }
+  if (dtype && dtype !== "float32") throw new Error(`unexpected dtype ${dtype}: the page asks for float32`);
   const values = new Float32Array(bytes.length / 4);
   for (let i = 0; i < values.length; i++) values[i] = view.getFloat32(i * 4, true);
   return values;

@@ -4,6 +4,8 @@
 const VIRIDIS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
 const LUT = buildLut(VIRIDIS, 256);
 const FADE = 0.7; // how far cells outside a selected token's row and column fade to white
+// A top-k map's cells that were not kept (NaN in the map): painted as the page, not as 0.
+export const EMPTY = [246, 246, 248];
 
 function buildLut(stops, size) {
   const rgb = stops.map((hex) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)));
@@ -27,6 +29,23 @@ function lutIndex(weight, vmax) {
   return Math.max(0, Math.min(255, Math.round((weight / vmax) * 255)));
 }
 
+/**
+ * Top-k maps ([heads, n, k] weights and key indices) spread to [n * n] maps per head, the
+ * cells not kept NaN: drawn as empty, read as "not kept". Index -1 pads a short row.
+ */
+export function spreadTopK(values, indices, heads, n, k) {
+  return [...Array(heads).keys()].map((h) => {
+    const map = new Float32Array(n * n).fill(NaN);
+    for (let i = 0; i < n; i++) {
+      for (let r = 0; r < k; r++) {
+        const at = (h * n + i) * k + r;
+        if (indices[at] >= 0) map[i * n + indices[at]] = values[at];
+      }
+    }
+    return map;
+  });
+}
+
 /** The largest value of some maps: the top of their shared colour scale. */
 export function maxOf(maps) {
   let top = 0;
@@ -42,10 +61,13 @@ function matrixImage(map, n, vmax, selected) {
   const image = ctx.createImageData(n, n);
   for (let i = 0; i < n; i++) {
     for (let j = 0; j < n; j++) {
-      const k = lutIndex(map[i * n + j], vmax) * 3;
+      const weight = map[i * n + j];
+      const k = lutIndex(weight, vmax) * 3;
       const p = (i * n + j) * 4;
       const fade = selected !== null && i !== selected && j !== selected ? FADE : 0;
-      for (let c = 0; c < 3; c++) image.data[p + c] = LUT[k + c] + (255 - LUT[k + c]) * fade;
+      for (let c = 0; c < 3; c++) {
+        image.data[p + c] = Number.isNaN(weight) ? EMPTY[c] : LUT[k + c] + (255 - LUT[k + c]) * fade;
+      }
       image.data[p + 3] = 255;
     }
   }

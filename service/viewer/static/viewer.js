@@ -1,33 +1,29 @@
 // The viewer's state, its URL, its controls and the drawing of the current view.
 //
 // One-way flow: controls and the URL set `state`; show() asks the server for exactly the
-// maps the view needs (cached per input), then draw() renders them.
+// maps the view needs (cached per input), then draw() renders them. The summaries view
+// asks for no maps at all, only per-head numbers: the way into a long input.
 
-import { apiKey, embedSparse, encodeAttention, explainRank, listModels, setApiKey } from "./api.js";
-import { colourOf, drawMap, drawScale, drawThumbnail, maxOf, viewImage } from "./heatmap.js";
+import {
+  apiKey, countTokens, embedSparse, encodeAttention, encodeSummaries, explainRank,
+  explainSimilarity, listModels, setApiKey,
+} from "./api.js";
+import { maxOf, spreadTopK, viewImage } from "./heatmap.js";
+import { cellSize, draw, select, thumbnailSize, zoom } from "./mapview.js";
+import { drawMatch } from "./match.js";
 import { parseNpy } from "./npy.js";
 import { drawRank } from "./rank.js";
+import { $, element, state } from "./state.js";
+import { SUMMARIES } from "./summaries.js";
 
-const VIEWS = ["head", "grid", "mean", "rollout"];
-const MAP_PIXELS = 640; // a map wider than this scrolls, its labels kept in view
-const MIN_CELL = 12; // the smallest cell whose token label stays readable
-const MAX_CELL = 28;
-const THUMBNAIL = 160; // grid thumbnails: whole cells up to this size, averaged beyond
+const VIEWS = ["summaries", "head", "grid", "mean", "rollout"];
+const LONG = 256; // "auto": past this many tokens a map keeps only each row's top AUTO_K
+const AUTO_K = 32;
+const TOP_PAIRS = 20; // the match view's lines
 const CACHE_SIZE = 16;
 
-const $ = (id) => document.getElementById(id);
-const state = {
-  models: [],
-  model: null, // the chosen model's card from /v1/models
-  layer: 0,
-  head: 0,
-  view: "head",
-  npy: null, // {name, shape, values} when token embeddings were uploaded
-  selected: null, // the clicked token, highlighted in the single-map views
-  cursor: null, // the cell the keyboard is on: {i, j}
-  shown: null, // what draw() renders: {labels, maps, captions, n, vmax, title}
-};
-const cache = new Map(); // request -> promise of encodeAttention's answer
+const cache = new Map(); // request -> promise of encodeAttention's (or encodeSummaries') answer
+const counts = new Map(); // input (and truncation) -> promise of its token count
 let asked = 0; // the latest show(): an older answer arriving late is dropped
 
 // ---------- what to ask for ----------
@@ -40,14 +36,40 @@ function inputKey() {
   return state.npy ? `npy:${state.npy.id}` : `text:${$("text").value}`;
 }
 
-/** The attention selection of a view: only the maps it draws, weights or norms. */
-function selectionFor(view, layer, head) {
-  const norms = $("norms").checked ? { measure: "norms" } : {};
-  if (view === "grid") return { layers: [layer], reduce: "none", ...norms };
-  if (view === "head") return { layers: [layer], heads: [head], reduce: "none", ...norms };
-  if (view === "mean") return { layers: [layer], reduce: "mean", ...norms };
+/** The attention selection of a view: only the maps it draws, weights or norms, each
+ * row's top k keys only when ``k`` is a number. */
+function selectionFor(view, layer, head, k) {
+  const more = { ...($("norms").checked ? { measure: "norms" } : {}), ...(k ? { top_k: k } : {}) };
+  if (view === "grid") return { layers: [layer], reduce: "none", ...more };
+  if (view === "head") return { layers: [layer], heads: [head], reduce: "none", ...more };
+  if (view === "mean") return { layers: [layer], reduce: "mean", ...more };
   // first layer up to this one
-  return { layers: [...Array(layer + 1).keys()], reduce: "rollout", ...norms };
+  return { layers: [...Array(layer + 1).keys()], reduce: "rollout", ...more };
+}
+
+/** The k of the maps to ask for: null for whole maps. "auto" keeps whole maps up to LONG
+ * tokens; a k is never more than the input's tokens (the server refuses k > n). */
+async function topK() {
+  if (state.topk === "all") return null;
+  const n = await tokenCount();
+  if (state.topk === "auto") return n > LONG ? Math.min(AUTO_K, n) : null;
+  return Math.min(state.topk, n);
+}
+
+/** The input's token count: an upload's rows, else the tokenizer's answer (asked once). */
+function tokenCount() {
+  if (state.npy) return Promise.resolve(state.npy.shape[0]);
+  const key = countKey();
+  if (!counts.has(key)) {
+    const count = countTokens(state.model.id, $("text").value, $("truncate").checked);
+    count.catch(() => counts.delete(key));
+    counts.set(key, count);
+  }
+  return counts.get(key);
+}
+
+function countKey() {
+  return JSON.stringify([state.model.id, inputKey(), $("truncate").checked]);
 }
 
 /** The cache's key of a request: everything its answer depends on. */
@@ -58,7 +80,9 @@ function requestKey(selection) {
 function fetchSelection(selection) {
   const key = requestKey(selection);
   if (!cache.has(key)) {
-    const answer = encodeAttention(state.model.id, inputOf(), selection, $("truncate").checked);
+    const ask = selection.maps === false ? encodeSummaries : encodeAttention;
+    const what = selection.maps === false ? selection.summaries : selection;
+    const answer = ask(state.model.id, inputOf(), what, $("truncate").checked);
     answer.catch(() => cache.delete(key)); // errors are not kept: the next try asks again
     cache.set(key, answer);
     if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value);
@@ -69,20 +93,31 @@ function fetchSelection(selection) {
 /** The maps of the current view, as [n * n] arrays, with their labels and captions. */
 async function fetchView() {
   const { view, layer, head } = state;
+  if (view === "summaries") {
+    const answer = await fetchSelection({ summaries: Object.keys(SUMMARIES), maps: false });
+    const n = answer.tokens?.length ?? (state.npy ? state.npy.shape[0] : 0);
+    if (answer.tokens) counts.set(countKey(), Promise.resolve(n)); // a map's k needs no tokenize
+    return { labels: answer.tokens ?? [...Array(n).keys()].map((i) => `#${i}`), summaries: answer.summaries, n, title: titleOf(n, null) };
+  }
+  const k = await topK();
   // One head of a layer whose heads are all here already costs no request.
-  const fromGrid = view === "head" && cache.has(requestKey(selectionFor("grid", layer, head)));
-  const answer = await fetchSelection(selectionFor(fromGrid ? "grid" : view, layer, head));
-  const [, heads, n] = answer.shape;
-  const maps = [...Array(heads).keys()].map((h) => answer.values.subarray(h * n * n, (h + 1) * n * n));
+  const fromGrid = view === "head" && cache.has(requestKey(selectionFor("grid", layer, head, k)));
+  const answer = await fetchSelection(selectionFor(fromGrid ? "grid" : view, layer, head, k));
+  const [, heads, n, kept] = answer.shape;
+  const maps = answer.indices
+    ? spreadTopK(answer.values, answer.indices, heads, n, kept)
+    : [...Array(heads).keys()].map((h) => answer.values.subarray(h * n * n, (h + 1) * n * n));
   const labels = answer.tokens ?? [...Array(n).keys()].map((i) => `#${i}`);
   const shown = fromGrid ? [maps[head]] : maps;
   const captions = view === "grid" ? maps.map((_, h) => `head ${h}`) : [];
-  return { labels, maps: shown, captions, n, vmax: maxOf(shown), title: titleOf(n) };
+  const topk = answer.indices ? kept : null;
+  return { labels, maps: shown, captions, n, topk, vmax: maxOf(shown), title: titleOf(n, topk) };
 }
 
-function titleOf(n) {
+function titleOf(n, topk) {
   const { model, view, layer, head } = state;
   const what = {
+    summaries: `per-head summaries of ${model.layers} layers × ${model.heads} heads: click one to see its map`,
     head: `layer ${layer}, head ${head}`,
     grid: `layer ${layer}, all ${model.heads} heads`,
     mean: `layer ${layer}, mean of ${model.heads} heads`,
@@ -90,7 +125,8 @@ function titleOf(n) {
   }[view];
   const source = state.npy ? state.npy.name : "text";
   const cut = !state.npy && n === model.max_seq_len && $("truncate").checked ? " (the model's limit: longer text is cut)" : "";
-  return `${model.id} · ${source} · ${n} tokens${cut} · ${what}`;
+  const sparse = topk ? ` · each row's top ${topk} keys` : "";
+  return `${model.id} · ${source} · ${n} tokens${cut} · ${what}${sparse}`;
 }
 
 // ---------- showing it ----------
@@ -107,10 +143,14 @@ async function show() {
   try {
     const shown = await fetchView();
     if (mine !== asked) return;
-    if (state.shown?.labels.join("\u0000") !== shown.labels.join("\u0000")) state.selected = null;
+    if (state.shown?.labels.join("\u0000") !== shown.labels.join("\u0000")) {
+      state.selected = null;
+      if (state.shown?.n !== shown.n) state.cell = null; // a new length: the fitting zoom
+    }
     state.shown = shown;
-    draw();
+    draw(openHead);
     status(shown.title, "ready");
+    if (state.view === "summaries") $("download").disabled = true; // the PNG is of maps
   } catch (error) {
     if (mine === asked) status(error.message, "error");
   }
@@ -151,7 +191,8 @@ async function showBm42() {
 async function showRank() {
   const query = $("query").value.trim();
   if (!query || !$("text").value.trim()) return status("type a query and a document", "error");
-  const attention = state.view === "head"
+  const oneHead = state.view === "head" || state.view === "summaries"; // a head is chosen
+  const attention = oneHead
     ? { layers: [state.layer], heads: [state.head], reduce: "none" }
     : { layers: [state.layer], reduce: "mean" };
   if ($("norms").checked) attention.measure = "norms";
@@ -161,12 +202,41 @@ async function showRank() {
     drawRank($("stage"), result, 0);
     $("stage").dataset.view = "rank";
     $("readout").textContent = "hover a line to read its weight";
-    const what = state.view === "head" ? `layer ${state.layer}, head ${state.head}` : `layer ${state.layer}, head mean`;
+    const what = oneHead ? `layer ${state.layer}, head ${state.head}` : `layer ${state.layer}, head mean`;
     status(`${state.model.id} · query → document attention · ${what}`, "ready");
     $("download").disabled = true; // the PNG is of heatmaps
   } catch (error) {
     status(error.message, "error");
   }
+}
+
+/** Why the text and the second text match (mean-pooled models): their token pairs joined
+ * by each pair's share of the cosine, as /v1/explain/similarity splits it. */
+async function showMatch() {
+  if (!$("text").value.trim() || !$("other").value.trim()) return status("type two texts", "error");
+  const mine = ++asked;
+  status("asking the server…", "busy");
+  try {
+    const result = await explainSimilarity(
+      state.model.id, $("text").value, $("other").value, TOP_PAIRS, $("truncate").checked,
+    );
+    if (mine !== asked) return;
+    drawMatch($("stage"), result);
+    $("stage").dataset.view = "match";
+    $("zoom").hidden = true;
+    $("readout").textContent = "hover a line or a token to read its share of the score";
+    status(`${state.model.id} · text → second text: the cosine split into token pairs (mean pooling)`, "ready");
+    $("download").disabled = true; // the PNG is of heatmaps
+  } catch (error) {
+    if (mine === asked) status(error.message, "error");
+  }
+}
+
+/** A click on a summaries cell or a grid thumbnail: that layer's head, as one map. */
+function openHead(layer, head) {
+  Object.assign(state, { layer, head, view: "head" });
+  syncControls();
+  show();
 }
 
 function cell(text) {
@@ -182,203 +252,7 @@ function status(text, kind) {
   $("download").disabled = kind !== "ready";
 }
 
-function draw() {
-  state.cursor = null;
-  const stage = $("stage");
-  stage.replaceChildren();
-  stage.dataset.view = state.view;
-  if (state.view === "grid") drawGrid(stage);
-  else drawSingle(stage);
-  readout(null);
-}
-
-/** Whole cells up to THUMBNAIL pixels; past that many tokens, averaged down to it. */
-function thumbnailSize(n) {
-  return n >= THUMBNAIL ? THUMBNAIL : n * Math.floor(THUMBNAIL / n);
-}
-
-function cellSize(n) {
-  return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(MAP_PIXELS / n)));
-}
-
-function drawSingle(stage) {
-  const { labels, maps, n, vmax } = state.shown;
-  const cell = cellSize(n);
-  const scroller = element("div", "scroller");
-  const map = element("div", "map");
-  map.style.setProperty("--cell", `${cell}px`);
-  map.style.setProperty("--n", n);
-  const keys = element("div", "keys");
-  const queries = element("div", "queries");
-  labels.forEach((token, i) => {
-    keys.append(tokenLabel(token, i, "key"));
-    queries.append(tokenLabel(token, i, "query"));
-  });
-  const canvas = element("canvas");
-  canvas.id = "heatmap";
-  canvas.dataset.n = n;
-  canvas.dataset.cell = cell;
-  drawMap(canvas, maps[0], n, cell, vmax, state.selected);
-  canvas.addEventListener("mousemove", (event) => hoverCell(event, canvas, cell));
-  canvas.addEventListener("mouseleave", () => {
-    $("tooltip").hidden = true;
-    readout(state.cursor);
-  });
-  canvas.addEventListener("click", (event) => select(cellAt(event, canvas, cell)[0]));
-  canvas.tabIndex = 0; // the keyboard's way in: arrows move over the cells, Enter selects
-  canvas.setAttribute("role", "img");
-  canvas.setAttribute("aria-label", `${state.shown.title}: arrow keys read the cells, Enter highlights a token`);
-  canvas.addEventListener("keydown", (event) => stepCell(event, n));
-  canvas.addEventListener("blur", () => {
-    state.cursor = null;
-    redrawMap();
-    readout(null);
-  });
-  map.append(element("div", "corner", "query ↓  key →"), keys, queries, canvas);
-  scroller.append(map);
-  stage.append(scroller, legend(Math.min(n * cell, 320), vmax));
-  markSelected();
-}
-
-function drawGrid(stage) {
-  const { maps, captions, n, vmax } = state.shown;
-  const size = thumbnailSize(n);
-  const grid = element("div", "grid");
-  maps.forEach((map, h) => {
-    const figure = element("figure", h === state.head ? "thumb chosen" : "thumb");
-    const canvas = element("canvas");
-    canvas.dataset.head = h;
-    canvas.title = `layer ${state.layer}, head ${h}: click to enlarge`;
-    drawThumbnail(canvas, map, n, size, vmax);
-    figure.append(canvas, element("figcaption", "", captions[h]));
-    figure.addEventListener("click", () => {
-      state.head = h;
-      state.view = "head";
-      syncControls();
-      show();
-    });
-    grid.append(figure);
-  });
-  stage.append(grid, legend(size, vmax));
-}
-
-function legend(height, vmax) {
-  const box = element("div", "legend");
-  const bar = element("canvas");
-  drawScale(bar, height);
-  box.append(element("span", "top", vmax.toFixed(3)), bar, element("span", "bottom", "0"));
-  box.title = "attention weight (colour scale from 0 to the largest weight shown)";
-  return box;
-}
-
-function tokenLabel(token, index, axis) {
-  const label = element("span", "tok", token);
-  label.dataset.index = index;
-  label.title = `#${index} ${token} (${axis}): click to highlight`;
-  label.addEventListener("click", () => select(index));
-  return label;
-}
-
-function element(tag, className = "", text = "") {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text) node.textContent = text;
-  return node;
-}
-
-// ---------- hovering and selecting ----------
-
-function cellAt(event, canvas, cell) {
-  const box = canvas.getBoundingClientRect();
-  const n = Number(canvas.dataset.n);
-  const clamp = (v) => Math.max(0, Math.min(n - 1, Math.floor(v / cell)));
-  return [clamp(event.clientY - box.top), clamp(event.clientX - box.left)];
-}
-
-function hoverCell(event, canvas, cell) {
-  const [i, j] = cellAt(event, canvas, cell);
-  readout({ i, j });
-  const tip = $("tooltip");
-  tip.hidden = false;
-  tip.textContent = $("readout").textContent;
-  tip.style.left = `${event.pageX + 14}px`;
-  tip.style.top = `${event.pageY + 14}px`;
-}
-
-/** The readout line: a hovered cell, else the selected token, else a hint. */
-function readout(cell) {
-  const out = $("readout");
-  const { labels, maps, n } = state.shown ?? {};
-  delete out.dataset.query;
-  delete out.dataset.key;
-  delete out.dataset.weight;
-  if (!cell) $("tooltip").hidden = true;
-  if (!state.shown || state.view === "grid") {
-    out.textContent = state.shown ? "click a head to enlarge it" : "";
-    return;
-  }
-  const map = maps[0];
-  if (cell) {
-    const weight = map[cell.i * n + cell.j];
-    Object.assign(out.dataset, { query: cell.i, key: cell.j, weight });
-    out.textContent = `query “${labels[cell.i]}” (#${cell.i}) → key “${labels[cell.j]}” (#${cell.j}): ${weight.toFixed(4)}`;
-    out.style.setProperty("--swatch", colourOf(weight, state.shown.vmax));
-  } else if (state.selected !== null) {
-    const t = state.selected;
-    const row = [...Array(n).keys()].map((j) => map[t * n + j]);
-    const column = [...Array(n).keys()].map((i) => map[i * n + t]);
-    const top = (values) => values.indexOf(Math.max(...values));
-    const [to, from] = [top(row), top(column)];
-    out.textContent =
-      `“${labels[t]}” (#${t}) attends most to “${labels[to]}” (${row[to].toFixed(3)}); ` +
-      `attended most by “${labels[from]}” (${column[from].toFixed(3)})`;
-  } else {
-    out.textContent = "hover a cell to read its weight; click a token to highlight its row and column";
-  }
-}
-
-function select(index) {
-  state.selected = state.selected === index ? null : index;
-  redrawMap();
-  markSelected();
-  readout(state.cursor);
-}
-
-function redrawMap() {
-  const canvas = $("heatmap");
-  if (!canvas) return;
-  const { maps, n, vmax } = state.shown;
-  drawMap(canvas, maps[0], n, Number(canvas.dataset.cell), vmax, state.selected, state.cursor);
-}
-
-const STEPS = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
-
-function stepCell(event, n) {
-  const cursor = state.cursor ?? { i: 0, j: 0 };
-  if (event.key === "Enter" || event.key === " ") {
-    select(cursor.i);
-  } else if (STEPS[event.key]) {
-    const [di, dj] = state.cursor ? STEPS[event.key] : [0, 0]; // the first key lands on (0, 0)
-    state.cursor = {
-      i: Math.max(0, Math.min(n - 1, cursor.i + di)),
-      j: Math.max(0, Math.min(n - 1, cursor.j + dj)),
-    };
-    redrawMap();
-    readout(state.cursor);
-  } else {
-    return;
-  }
-  event.preventDefault(); // no page scroll under the arrows
-}
-
-function markSelected() {
-  for (const label of document.querySelectorAll(".tok")) {
-    label.classList.toggle("selected", Number(label.dataset.index) === state.selected);
-  }
-  $("stage").dataset.selected = state.selected ?? "";
-}
-
-// ---------- the URL: ?text=&model=&layer=&head=&view= ----------
+// ---------- the URL: ?text=&model=&layer=&head=&view=&summary=&topk= ----------
 
 function readUrl() {
   const params = new URLSearchParams(location.search);
@@ -387,7 +261,9 @@ function readUrl() {
   if (params.has("text")) $("text").value = params.get("text");
   state.layer = indexIn(params.get("layer"), state.model.layers);
   state.head = indexIn(params.get("head"), state.model.heads);
-  state.view = VIEWS.includes(params.get("view")) ? params.get("view") : "head";
+  state.view = VIEWS.includes(params.get("view")) ? params.get("view") : "summaries";
+  state.summary = Object.hasOwn(SUMMARIES, params.get("summary") ?? "") ? params.get("summary") : "entropy";
+  state.topk = topkOf(params.get("topk") ?? "auto");
   $("norms").checked = params.get("measure") === "norms";
 }
 
@@ -398,6 +274,13 @@ function indexIn(text, count) {
   return value < 0 ? count + value : value;
 }
 
+/** "auto", "all" or a whole number of keys (anything else: auto). */
+function topkOf(text) {
+  if (text === "all") return "all";
+  const k = Number.parseInt(text, 10);
+  return k >= 1 ? k : "auto";
+}
+
 function writeUrl() {
   const params = new URLSearchParams();
   if (!state.npy) params.set("text", $("text").value); // an uploaded file cannot be linked
@@ -405,6 +288,8 @@ function writeUrl() {
   params.set("layer", state.layer);
   params.set("head", state.head);
   params.set("view", state.view);
+  if (state.view === "summaries") params.set("summary", state.summary);
+  if (state.topk !== "auto") params.set("topk", state.topk);
   if ($("norms").checked) params.set("measure", "norms");
   history.replaceState(null, "", `?${params}`);
 }
@@ -423,6 +308,9 @@ function setModel(card) {
   const reranks = card.task === "rerank";
   $("query-row").hidden = !reranks;
   $("show-rank").hidden = !reranks;
+  const matches = card.tokenizer && card.pooling === "mean" && !reranks; // explain/similarity
+  $("other-row").hidden = !matches;
+  $("show-match").hidden = !matches;
   $("text").title = card.tokenizer ? "" : `${card.id} has no tokenizer: upload token embeddings`;
 }
 
@@ -430,7 +318,12 @@ function syncControls() {
   $("model").value = state.model.id;
   $("layer").value = state.layer;
   $("head").value = state.head;
-  $("head").disabled = state.view !== "head";
+  $("head").disabled = state.view !== "head" && state.view !== "summaries";
+  $("summary").value = state.summary;
+  $("summary").disabled = state.view !== "summaries";
+  $("topk").value = String(state.topk);
+  $("topk").disabled = state.view === "summaries";
+  $("norms").disabled = state.view === "summaries"; // summaries are of the weights
   for (const radio of document.querySelectorAll("input[name=view]")) radio.checked = radio.value === state.view;
   $("clear-npy").hidden = !state.npy;
 }
@@ -460,7 +353,7 @@ function download() {
     captions,
     vmax,
     selected: single ? state.selected : null,
-    cell: cellSize(n),
+    cell: state.cell ?? cellSize(n), // as zoomed
     thumbnail: thumbnailSize(n),
   });
   const name = `attention-${state.model.id}-${state.view}-layer${state.layer}` +
@@ -501,6 +394,20 @@ function wire() {
       show();
     });
   }
+  $("summary").addEventListener("change", () => {
+    state.summary = $("summary").value;
+    writeUrl();
+    if (state.view === "summaries" && state.shown?.summaries) draw(openHead); // already here: no request
+    else show();
+  });
+  $("topk").addEventListener("change", () => {
+    state.topk = topkOf($("topk").value);
+    show();
+  });
+  $("zoom-in").addEventListener("click", () => zoom(1));
+  $("zoom-out").addEventListener("click", () => zoom(-1));
+  $("zoom-fit").addEventListener("click", () => zoom("fit"));
+  $("show-match").addEventListener("click", showMatch);
   $("truncate").addEventListener("change", show);
   $("norms").addEventListener("change", show);
   $("npy").addEventListener("change", () => $("npy").files[0] && chooseFile($("npy").files[0]));
@@ -517,6 +424,7 @@ function wire() {
   $("api-key").addEventListener("change", () => {
     setApiKey($("api-key").value.trim());
     cache.clear();
+    counts.clear();
     if (state.models.length) show();
     else start();
   });
@@ -533,6 +441,11 @@ async function start() {
     return status(`could not list the models: ${error.message}${hint}`, "error");
   }
   $("model").replaceChildren(...state.models.map((m) => new Option(m.id, m.id)));
+  $("summary").replaceChildren(...Object.entries(SUMMARIES).map(([name, meaning]) => {
+    const option = new Option(name, name);
+    option.title = meaning;
+    return option;
+  }));
   readUrl();
   syncControls();
   show();
