@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
+from model_export.config import EncoderConfig
 from service.engine import ArrayInput, AttentionSpec, EncodeRequest, Engine, limits
 from service.engine.types import AnswerShape, Pooling, Reduce, WireCost
 from service.errors import InvalidInput, PayloadTooLarge, SequenceTooLong
@@ -118,6 +119,40 @@ def test_check_array_passes_a_good_array_through() -> None:
 # -- the answer-size estimate -------------------------------------------------------------
 
 
+def test_answer_shape_counts_compact_attention() -> None:
+    """Rows cut to k keys hold k values and k indices; summaries [L', H'] (or per token)."""
+    shape = limits.answer_shape(
+        [3, 5],
+        D_MODEL,
+        attention=(2, 4),
+        embeddings=False,
+        pooled_width=None,
+        attention_keys=[2, 3],
+        summaries=(3, 2, 4),
+    )
+    assert shape.arrays == [(2, 4, 3, 2)] * 2 + [(2, 4)] * 3 + [(2, 4, 5, 3)] * 2 + [(2, 4)] * 3
+    assert shape.attention_floats == 2 * 8 * (3 * 2 + 5 * 3) + 2 * 3 * 8
+    per_token = limits.answer_shape(
+        [3], D_MODEL, attention=None, embeddings=False, pooled_width=None,
+        summaries=(2, 2, 4), summaries_per_token=True,
+    )  # fmt: skip
+    assert per_token.arrays == [(2, 4, 3)] * 2
+
+
+def test_work_bytes_price_the_compact_graph_by_what_it_holds(tiny_config: EncoderConfig) -> None:
+    """The compact graph keeps 2k + 6 numbers per row, not n: far below the full maps'
+    n per row at length, and sorting full maps in numpy counts its scratch."""
+    cfg = tiny_config
+    empty = limits.answer_shape([512], D_MODEL, attention=None, embeddings=False, pooled_width=None)
+    full = limits.work_bytes([512], cfg, True, False, empty, 0.0)
+    compact = limits.work_bytes([512], cfg, True, False, empty, 0.0, compact_keys=8)
+    sorted_full = limits.work_bytes([512], cfg, True, False, empty, 0.0, sorts_maps=True)
+    rows = cfg.n_layers * cfg.n_heads * 512
+    assert compact - limits.work_bytes([512], cfg, False, False, empty, 0.0) == 4 * rows * 22
+    assert full - compact == 4 * (rows * (512 - 22) + (cfg.n_layers + 1) * 512 * cfg.d_model)
+    assert sorted_full - full == 4 * 2 * rows * 512
+
+
 def test_answer_shape_counts_each_part() -> None:
     shape = limits.answer_shape(
         [3, 5],
@@ -168,6 +203,7 @@ class Shape:
     reduce: Reduce | None  # None: no attention
     pooling: Pooling = "none"
     embeddings: bool = True
+    compact: tuple[tuple[str, object], ...] = ()  # AttentionSpec's compact options
 
     @property
     def arrays(self) -> int:
@@ -183,6 +219,7 @@ class Measured:
 
 
 RAGGED = (3, 17, 40)
+SUMMARIES = ("entropy", "first", "self", "previous", "next", "distance")
 FULL = (MODEL_MAX_SEQ_LEN,) * 8
 
 SHAPES = {
@@ -199,6 +236,22 @@ SHAPES = {
     "base64-attention-none-ragged": Shape("base64", RAGGED, "none"),
     "base64-rollout-mean": Shape("base64", RAGGED, "rollout", "mean"),
     "base64-pooled-only-1": Shape("base64", (1,), None, "cls", embeddings=False),
+    # Compact attention: top-k, thresholds, float16 and summaries (attention_answer.py).
+    "float-top-k-ragged": Shape("float", RAGGED, "none", compact=(("top_k", 3),)),
+    "base64-threshold-ragged": Shape("base64", RAGGED, "none", compact=(("threshold", 0.05),)),
+    "base64-top-k-of-mean-float16": Shape(
+        "base64", RAGGED, "mean", compact=(("top_k", 2), ("dtype", "float16"))
+    ),
+    "float-summaries-per-token-only": Shape(
+        "float",
+        RAGGED,
+        "none",
+        embeddings=False,
+        compact=(("maps", False), ("summaries", SUMMARIES), ("summaries_per_token", True)),
+    ),
+    "base64-top-k-and-summaries": Shape(
+        "base64", FULL, "none", compact=(("top_k", 8), ("summaries", SUMMARIES))
+    ),
 }
 
 # Tightness, measured on this model (float32 LayerNorm outputs ~N(0, 1) and softmax
@@ -224,7 +277,7 @@ def measured(settings: Settings) -> dict[str, Measured]:
                 inputs=[ArrayInput(len(a), lambda a=a: a) for a in arrays],
                 wire_cost=codec.ENCODE_COST[shape.fmt],
                 return_attention=shape.reduce is not None,
-                attention=AttentionSpec(reduce=shape.reduce or "none"),
+                attention=AttentionSpec(reduce=shape.reduce or "none", **dict(shape.compact)),
                 pooling=shape.pooling,
                 normalize=shape.pooling != "none",
                 return_embeddings=shape.embeddings,
@@ -261,7 +314,9 @@ def _large(shape: Shape) -> bool:
     return answer.floats >= LARGE
 
 
-@pytest.mark.parametrize("name", [n for n, s in SHAPES.items() if _large(s)])
+# Compact answers are bounded by what rows keep at most (a threshold's 1/t, float16 as
+# float32): an upper bound, loose by design.
+@pytest.mark.parametrize("name", [n for n, s in SHAPES.items() if _large(s) and not s.compact])
 def test_estimate_is_not_absurdly_loose(measured: dict[str, Measured], name: str) -> None:
     shape, m = SHAPES[name], measured[name]
     slack = FLOAT_SLACK if shape.fmt == "float" else BASE64_SLACK
