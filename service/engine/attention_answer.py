@@ -27,9 +27,10 @@ SUMMARY_INDEX = {name: i for i, name in enumerate(graph_io.SUMMARIES)}
 NO_KEY = -1
 
 
-def check_spec(spec: AttentionSpec, lengths: list[int]) -> None:
+def check_spec(spec: AttentionSpec, lengths: list[int], asked: bool) -> None:
     """422s for options that no sequence of ``lengths`` can satisfy, naming the field
-    (protocols whose schemas already bound them reach here too)."""
+    (protocols whose schemas already bound them reach here too); whether anything is
+    answered at all only when attention is ``asked`` for."""
     if spec.top_k is not None and spec.threshold is not None:
         raise InvalidInput("choose top_k or threshold, not both", field=("attention", "threshold"))
     if spec.top_k is not None:
@@ -54,7 +55,7 @@ def check_spec(spec: AttentionSpec, lengths: list[int]) -> None:
         )
     if len(set(spec.summaries)) != len(spec.summaries):
         raise InvalidInput("name each summary at most once", field=("attention", "summaries"))
-    if not spec.maps and not spec.summaries:
+    if asked and not spec.maps and not spec.summaries:
         raise InvalidInput(
             "without maps, ask for summaries: nothing would be returned",
             field=("attention", "maps"),

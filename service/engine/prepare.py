@@ -133,7 +133,7 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
     tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
     pool_skip = _prompt_skip(runtime, tokens, prompt, options.pooling)
     spec = request.attention
-    attention_answer.check_spec(spec, [len(s) for s in sequences])
+    attention_answer.check_spec(spec, [len(s) for s in sequences], request.return_attention)
     kept = [attention_answer.kept_keys(spec, len(s)) for s in sequences]
     compact = request.return_attention and attention_answer.in_graph(
         spec,

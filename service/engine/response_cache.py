@@ -51,6 +51,7 @@ def allowed_bytes(settings: Settings) -> int:
 def _arrays(result: EncodeResult) -> Iterator[np.ndarray]:
     for out in result.outputs:
         yield from (v for v in vars(out).values() if isinstance(v, np.ndarray))
+        yield from (out.attention_summaries or {}).values()  # small, but held too
 
 
 def _strings_bytes(strings: list[str]) -> int:

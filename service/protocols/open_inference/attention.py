@@ -97,7 +97,7 @@ class AttentionParameters:
             top_k=None if self.top_k is None else int(self.top_k),
             threshold=None if threshold is None else float(threshold),
             dtype=DTYPES[self.dtype],
-            maps=graph_io.OUTPUT_ATTENTIONS in outputs,
+            maps=graph_io.OUTPUT_ATTENTIONS in outputs or not asks_attention(outputs),
             summaries=summaries,
             summaries_per_token=self.summaries_per_token,
         )
