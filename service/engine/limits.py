@@ -172,14 +172,15 @@ def answer_shape(
     attention_keys: list[int] | None = None,
     summaries: tuple[int, int, int] | None = None,
     summaries_per_token: bool = False,
+    half_maps: bool = False,
 ) -> AnswerShape:
     """Every array (and token list) the answer to sequences of ``lengths`` holds;
     ``spans``: each sequence's late-chunking span vectors. ``attention`` is the maps'
     (layers, heads); with ``attention_keys`` each sequence's rows keep that many keys,
     as values and indices; ``summaries`` is (count, layers, heads) of [L', H'] arrays,
-    or [L', H', n] ``summaries_per_token``."""
+    or [L', H', n] ``summaries_per_token``; ``half_maps``: the maps' values are float16."""
     arrays: list[tuple[int, ...]] = []
-    attention_floats = hidden_state_floats = 0
+    attention_floats = hidden_state_floats = half_floats = 0
     for count in spans or []:
         if count and pooled_width is not None:
             arrays.append((count, pooled_width))
@@ -191,6 +192,7 @@ def answer_shape(
             maps = [(*attention, n, keys)] * (1 if attention_keys is None else 2)
             arrays += maps
             attention_floats += sum(math.prod(m) for m in maps)
+            half_floats += math.prod(maps[0]) if half_maps else 0
         if summaries is not None:
             count, layers, heads = summaries
             one = (layers, heads, n) if summaries_per_token else (layers, heads)
@@ -209,6 +211,7 @@ def answer_shape(
         token_chars=sum(len(tok) for t in listed for tok in t),
         attention_floats=attention_floats,
         hidden_state_floats=hidden_state_floats,
+        half_floats=half_floats,
     )
 
 
@@ -271,4 +274,5 @@ def work_bytes(
     if (attention and compact_keys is None) or hidden_states:
         floats += (cfg.n_layers + 1) * tokens * cfg.d_model
     floats += shape.floats
-    return FLOAT32 * floats + int(response_bytes * copies)
+    half_bytes = 2 * shape.half_floats  # float16 answer arrays hold 2 bytes, not 4
+    return FLOAT32 * floats - half_bytes + int(response_bytes * copies)

@@ -367,6 +367,7 @@ def _answer_cost(
         if asks and spec.summaries
         else None,
         summaries_per_token=spec.summaries_per_token,
+        half_maps=spec.dtype == "float16",
         embeddings=request.return_embeddings,
         pooled_width=None if options.pooling == "none" else (request.dimensions or cfg.d_model),
         hidden_states=len(options.hidden_layers) if request.return_hidden_states else 0,

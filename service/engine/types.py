@@ -67,6 +67,7 @@ class AnswerShape:
     token_chars: int = 0  # their characters
     attention_floats: int = 0
     hidden_state_floats: int = 0
+    half_floats: int = 0  # of ``floats``, those answered as float16 (attention maps asked so)
 
     @property
     def floats(self) -> int:
@@ -87,6 +88,7 @@ class WireCost:
     """
 
     per_float: float
+    per_half: float | None = None  # a float16's, where the wire writes 2 bytes (else per_float)
     per_row: float = 0.0  # nested JSON: brackets and separators (at most 3 per nesting level)
     per_array: float = 0.0  # an array's wrapper: outer brackets, a base64 object, padding
     per_sequence: float = 0.0  # one item's envelope: keys, index, nulls
@@ -99,7 +101,8 @@ class WireCost:
 
     def bytes(self, shape: AnswerShape, model_name: str) -> float:
         return (
-            self.per_float * shape.floats
+            self.per_float * (shape.floats - shape.half_floats)
+            + (self.per_float if self.per_half is None else self.per_half) * shape.half_floats
             + self.per_row * shape.rows
             + self.per_array * len(shape.arrays)
             + self.per_sequence * shape.sequences

@@ -22,8 +22,9 @@ FLOAT32_LE = np.dtype("<f4")
 # over 5 M random bit patterns) plus a separator; nested JSON adds at most 3 bytes
 # ("[", "]", ",") per row at each of up to 4 levels; base64 is 4/3 x 4 bytes per float.
 JSON_ARRAYS = dict(per_float=17.0, per_row=12.0, per_array=3.0)
-# {"shape":[..],"dtype":"float32","data":"..."} with up to 4 dimensions, and padding.
-BASE64_ARRAYS = dict(per_float=16.0 / 3.0, per_array=96.0)
+# {"shape":[..],"dtype":"float32","data":"..."} with up to 4 dimensions, and padding;
+# float16 maps 2 bytes each.
+BASE64_ARRAYS = dict(per_float=16.0 / 3.0, per_half=8.0 / 3.0, per_array=96.0)
 
 # What parsing a JSON body costs at its peak, measured with tracemalloc (orjson, then
 # numpy for arrays; bench/floods.py): orjson's parser reserves ~13 bytes per body

@@ -68,7 +68,9 @@ MAX_RANK = 8
 # re-padded arrays, their bytes, the joined body: measured, a 7 x 256 attention answer
 # of 132 MB peaked at +738 MiB RSS with 427 MB counted before this), JSON ones twice.
 COST = {
-    True: WireCost(per_float=4.0, per_array=0.0, per_sequence=0.0, fixed=1024.0, copies=3.0),
+    True: WireCost(
+        per_float=4.0, per_half=2.0, per_array=0.0, per_sequence=0.0, fixed=1024.0, copies=3.0
+    ),
     False: WireCost(per_float=17.0, per_sequence=20.0 * 8, fixed=1024.0, copies=2.0),
 }
 

@@ -137,6 +137,13 @@ def test_answer_shape_counts_compact_attention() -> None:
         summaries=(2, 2, 4), summaries_per_token=True,
     )  # fmt: skip
     assert per_token.arrays == [(2, 4, 3)] * 2
+    half = limits.answer_shape(
+        [3], D_MODEL, attention=(2, 4), embeddings=False, pooled_width=None,
+        attention_keys=[2], half_maps=True,
+    )  # fmt: skip
+    assert half.half_floats == 2 * 4 * 3 * 2  # the values; their int32 keys are not
+    binary = WireCost(per_float=4.0, per_half=2.0)
+    assert binary.bytes(half, "") == 4.0 * half.floats - 2.0 * half.half_floats
 
 
 def test_work_bytes_price_the_compact_graph_by_what_it_holds(tiny_config: EncoderConfig) -> None:
@@ -238,6 +245,7 @@ SHAPES = {
     "base64-pooled-only-1": Shape("base64", (1,), None, "cls", embeddings=False),
     # Compact attention: top-k, thresholds, float16 and summaries (attention_answer.py).
     "float-top-k-ragged": Shape("float", RAGGED, "none", compact=(("top_k", 3),)),
+    "base64-float16-maps-full": Shape("base64", FULL, "none", compact=(("dtype", "float16"),)),
     "base64-threshold-ragged": Shape("base64", RAGGED, "none", compact=(("threshold", 0.05),)),
     "base64-top-k-of-mean-float16": Shape(
         "base64", RAGGED, "mean", compact=(("top_k", 2), ("dtype", "float16"))
@@ -314,9 +322,11 @@ def _large(shape: Shape) -> bool:
     return answer.floats >= LARGE
 
 
-# Compact answers are bounded by what rows keep at most (a threshold's 1/t, float16 as
-# float32): an upper bound, loose by design.
-@pytest.mark.parametrize("name", [n for n, s in SHAPES.items() if _large(s) and not s.compact])
+# Cut rows and summaries are bounded by what rows keep at most (a threshold's 1/t): an
+# upper bound, loose by design. float16 maps are priced at their 2 bytes: held to it.
+@pytest.mark.parametrize(
+    "name", [n for n, s in SHAPES.items() if _large(s) and set(dict(s.compact)) <= {"dtype"}]
+)
 def test_estimate_is_not_absurdly_loose(measured: dict[str, Measured], name: str) -> None:
     shape, m = SHAPES[name], measured[name]
     slack = FLOAT_SLACK if shape.fmt == "float" else BASE64_SLACK
