@@ -121,6 +121,9 @@ ATT = [RNG.random((2, 1, n, n), dtype=np.float32) for n in (2, 1, 3)]  # [L', H'
 POOL = [RNG.standard_normal(3, dtype=np.float32) for _ in range(3)]  # [d]
 HID = [RNG.standard_normal((2, n, 3), dtype=np.float32) for n in (2, 1, 3)]  # [L'', n_i, d]
 SPANS = [RNG.standard_normal((k, 3), dtype=np.float32) for k in (1, 2, 1)]  # [n_spans, d]
+# Compact attention: each row's kept keys [L', H', n, k] and summaries by name [L', H'].
+KEYS = [RNG.integers(0, n, (2, 1, n, 1)).astype(np.int32) for n in (2, 1, 3)]
+SUMMARIES = [{"entropy": RNG.random((2, 1), dtype=np.float32)} for _ in range(3)]
 
 
 def b64(array: np.ndarray, *, dtype: bool = True) -> Body:
@@ -162,6 +165,15 @@ def encode_body(kinds: dict[str, str | None], *, tokens: str = "null") -> Body:
         for name, values in arrays.items():
             kind = kinds.get(name)
             item[name] = None if kind is None else wire(kind, values[i])
+        item["attention_indices"] = item["attention_summaries"] = None  # as the server writes
+        kind = kinds.get("attention_indices")
+        if kind is not None:
+            raw = base64.b64encode(KEYS[i].astype("<i4").tobytes()).decode("ascii")
+            as_b64 = {"shape": list(KEYS[i].shape), "dtype": "int32", "data": raw}
+            item["attention_indices"] = KEYS[i].tolist() if kind == "float" else as_b64
+        kind = kinds.get("attention_summaries")
+        if kind is not None:
+            item["attention_summaries"] = {k: wire(kind, v) for k, v in SUMMARIES[i].items()}
         items.append(item)
     items.reverse()  # the schema does not order data; the SDK must order by index
     return {"model": MODEL, "data": items, "usage": {"sequences": 3, "tokens": 6}}
@@ -197,6 +209,14 @@ ENCODE_CASES: dict[str, tuple[dict[str, str | None], str]] = {
     "attention-only": ({"attention": "float"}, "absent"),
     "hidden-states-only": ({"hidden_states": "base64-no-dtype"}, "absent"),
     "all-null": ({}, "null"),
+    "compact-attention-float": (
+        {"attention": "float", "attention_indices": "float", "attention_summaries": "float"},
+        "null",
+    ),
+    "compact-attention-base64": (
+        {"attention": "base64", "attention_indices": "base64", "attention_summaries": "base64"},
+        "absent",
+    ),
 }
 
 
@@ -226,6 +246,20 @@ def test_encode_response_shapes(components: dict[str, Schema], case: str) -> Non
         for g, w in zip(got, want, strict=True):  # in index order
             assert g.dtype == np.float32 and g.shape == w.shape
             np.testing.assert_array_equal(g, w)  # atol 0
+    if kinds.get("attention_indices") is None:
+        assert result.attention_indices is None
+    else:
+        assert result.attention_indices is not None
+        for g, w in zip(result.attention_indices, KEYS, strict=True):
+            assert g.dtype == np.int32
+            np.testing.assert_array_equal(g, w)
+    if kinds.get("attention_summaries") is None:
+        assert result.attention_summaries is None
+    else:
+        assert result.attention_summaries is not None
+        for g, w in zip(result.attention_summaries, SUMMARIES, strict=True):
+            assert list(g) == list(w)
+            np.testing.assert_array_equal(g["entropy"], w["entropy"])
 
 
 def test_encode_response_with_no_items(components: dict[str, Schema]) -> None:
@@ -359,8 +393,8 @@ BAD: list[tuple[str, str, Callable[[Body], None]]] = [
     ),
     (
         "EncodeResponse",
-        "'float32' was expected",
-        lambda b: b["data"][0]["embeddings"].update(dtype="float16"),
+        "'float64' is not one of",
+        lambda b: b["data"][0]["embeddings"].update(dtype="float64"),
     ),
     (
         "EncodeResponse",
