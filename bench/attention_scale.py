@@ -174,14 +174,18 @@ def peaks(repo: Path, model_dir: Path, rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
+def megabytes(size: int) -> str:
+    return f"{size / 1e6:.2f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"
+
+
 def size_table(rows: list[dict[str, Any]]) -> str:
     """docs/api.md's table: answer bytes per model, length and form, per wire format."""
 
     def cell(row: dict[str, Any]) -> str:
-        if row["status"] != 200:
-            return f"{row['status']} (over the response limit)" if row["status"] == 413 else "—"
-        size = row["bytes"]
-        return f"{size / 1e6:.2f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"
+        if row["status"] == 413:  # "the response would be up to N bytes (...)"
+            would = int(row["error"].split("up to ", 1)[1].split(" bytes", 1)[0].replace(",", ""))
+            return f"413: ≤ {megabytes(would)}, over the limit"
+        return megabytes(row["bytes"]) if row["status"] == 200 else str(row["status"])
 
     lines = [
         "| model | tokens | answer | /v2 binary | base64 | JSON |",
@@ -214,7 +218,7 @@ def peak_table(rows: list[dict[str, Any]]) -> str:
         best = min(mine, key=lambda r: r["peak_over_before_mib"])
         worst = max(r["peak_over_before_mib"] for r in mine)
         lines.append(
-            f"| {form} | {best['status']} | {best['bytes'] / 1e6:.2f} MB | "
+            f"| {form} | {best['status']} | {megabytes(best['bytes'])} | "
             f"{best['peak_over_before_mib']:.0f}–{worst:.0f} MiB | {best['peak_mib']:.0f} MiB |"
         )
     return "\n".join(lines)
