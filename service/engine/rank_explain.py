@@ -21,6 +21,7 @@ from service.engine import prepare
 from service.engine.execute import Executor
 from service.engine.scope import RequestScope
 from service.engine.types import AttentionSpec, EncodeRequest, TokenIds, WireCost
+from service.errors import InvalidInput
 from service.runtime import ModelRuntime
 
 # Document tokens listed by the attention they receive, at most (a request asks fewer).
@@ -52,6 +53,24 @@ class RankExplanation:
     document_tokens: list[str]
     attention: np.ndarray
     top_tokens: list[tuple[int, str, float]]
+
+
+def check_spec(spec: AttentionSpec) -> None:
+    """The explanation is blocks of whole maps, as stored: no cut rows, summaries or
+    float16 (422 naming the option)."""
+    compact = {
+        "top_k": spec.top_k is not None,
+        "threshold": spec.threshold is not None,
+        "summaries": bool(spec.summaries),
+        "maps": not spec.maps,
+        "dtype": spec.dtype != "float32",
+    }
+    for name, asked in compact.items():
+        if asked:
+            raise InvalidInput(
+                "is for /v1/encode: why a document ranked answers whole maps' blocks",
+                field=("attention", name),
+            )
 
 
 async def explain(

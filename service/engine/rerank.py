@@ -21,7 +21,7 @@ from typing import TypeVar
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.engine import limits, text
+from service.engine import limits, rank_explain, text
 from service.engine.admit import Admit
 from service.engine.execute import Executor
 from service.engine.rank_explain import MAX_TOP_TOKENS, PairTokens, RankExplanation, explain
@@ -213,6 +213,7 @@ async def rerank(
             raise InvalidInput(f"must be at least 1, got {request.top_n}", field=("top_n",))
         if not 1 <= request.top_tokens <= MAX_TOP_TOKENS:
             raise InvalidInput(f"must be in 1..{MAX_TOP_TOKENS}", field=("top_tokens",))
+        rank_explain.check_spec(request.attention)
         pairs = [(request.query, d) for d in request.documents]
         encoded = tokenize_pairs(
             runtime, pairs, request, settings, lambda i: (("query",), (documents, i)), documents

@@ -182,6 +182,12 @@ def test_why_it_ranked_takes_the_encode_selection(url: str) -> None:
     np.testing.assert_allclose(one[0, 0], every[-1].mean(axis=0), atol=1e-6)
     bad = post(url, "/v1/rerank", {**base, "return_attention": True, "attention": {"layers": [9]}})
     assert bad.status_code == 422 and "attention.layers" in bad.json()["error"], bad.text
+    # Compact attention is /v1/encode's: an explanation is blocks of whole maps.
+    for option in ({"top_k": 2}, {"summaries": ["entropy"]}, {"dtype": "float16"}):
+        body = {**base, "return_attention": True, "attention": option}
+        bad = post(url, "/v1/rerank", body)
+        field = f"attention.{next(iter(option))}"
+        assert bad.status_code == 422 and field in bad.json()["error"], bad.text
 
 
 @pytest.mark.parametrize(
