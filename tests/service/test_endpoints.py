@@ -44,7 +44,12 @@ def test_model_list_and_card(http_client: httpx.Client, tiny_model_dir: Path) ->
     assert card["hidden_states"] is True  # exported with per-layer hidden states
     assert card["causal"] is False and card["window"] is None
     graphs = sorted(p.name for p in tiny_model_dir.glob("*.onnx"))
-    assert graphs == ["model.onnx", "model_attn.onnx", "model_hidden.onnx"]
+    assert graphs == [
+        "model.onnx",
+        "model_attn.onnx",
+        "model_attn_compact.onnx",
+        "model_hidden.onnx",
+    ]
     files = [*graphs, graph_io.WEIGHTS_FILE]  # the graphs and the weights they share
     assert card["sha256"] == {name: _file_sha256(tiny_model_dir / name) for name in files}
 
