@@ -124,7 +124,8 @@ class Metrics:
         self.inference = self._histogram(
             "attnserve_inference_seconds",
             "Wall time of one onnxruntime run, by model and graph: embeddings (model.onnx), "
-            "hidden_states (model_hidden.onnx), attention (model_attn.onnx), text (token ids "
+            "hidden_states (model_hidden.onnx), attention (model_attn.onnx), compact_attention "
+            "(model_attn_compact.onnx: top-k rows and summaries), text (token ids "
             "through text_model.onnx), sparse (BM42's sparse_model.onnx), token_embeddings "
             "(token ids to input embeddings through embeddings.onnx, before the attention or "
             "hidden-state graph), scores (a reranker's or classifier's scores_model.onnx), "

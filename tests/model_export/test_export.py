@@ -19,10 +19,10 @@ from model_export.export import export_model
 from model_export.manifest import FORMAT_VERSION, Manifest
 from model_export.model import Encoder
 from model_export.validate import (
-    compact_as_checked,
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     ValidationError,
+    compact_as_checked,
     differences,
     validate_model_dir,
 )

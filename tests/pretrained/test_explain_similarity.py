@@ -1,6 +1,6 @@
 """``POST /v1/explain/similarity`` on all-MiniLM-L6-v2: why a query and documents match.
 
-One real server on 127.0.0.1 serves the MiniLM export three times (its files linked,
+One real server on 127.0.0.1 serves the MiniLM export three times (its files copied,
 only ``config.json`` rewritten): as exported (mean pooling), as ``minilm-cls`` (CLS
 pooling) and as ``minilm-apart`` (mean pooling with a default prompt and
 ``include_prompt: false``). Driven by raw httpx and by the SDK:
@@ -21,7 +21,6 @@ pooling) and as ``minilm-apart`` (mean pooling with a default prompt and
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,16 +49,13 @@ TERM_ATOL = 1e-6  # each term against numpy on /v1/encode's token vectors (terms
 TIMEOUT = 60.0
 
 
-def _link_tree(source: Path, target: Path, **manifest: Any) -> None:
-    """``source``'s files in ``target`` (hard links, copies where links fail), its
-    ``config.json`` updated with ``manifest`` and named after ``target``."""
+def _copy_tree(source: Path, target: Path, **manifest: Any) -> None:
+    """``source``'s files in ``target``, its ``config.json`` updated with ``manifest`` and
+    named after ``target``. Copies, not hard links: a second link to the session's
+    ``weights.bin`` makes onnx's checker refuse it (a "hardlink attack") in later tests."""
     target.mkdir()
     for path in source.iterdir():
-        if path.name == "config.json":
-            continue
-        try:
-            os.link(path, target / path.name)
-        except OSError:
+        if path.name != "config.json":
             shutil.copy2(path, target / path.name)
     config = json.loads((source / "config.json").read_text())
     config.update(name=target.name, **manifest)
@@ -70,9 +66,9 @@ def _link_tree(source: Path, target: Path, **manifest: Any) -> None:
 def url(minilm_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     repo = tmp_path_factory.mktemp("similarity-models")
     exported = minilm_repository / MODEL
-    _link_tree(exported, repo / MODEL)
-    _link_tree(exported, repo / "minilm-cls", pooling="cls")
-    _link_tree(
+    _copy_tree(exported, repo / MODEL)
+    _copy_tree(exported, repo / "minilm-cls", pooling="cls")
+    _copy_tree(
         exported,
         repo / "minilm-apart",
         prompts={"query": "query: "},
