@@ -154,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         "apart from the recorded agreement's, recorded as quantization.keep)",
     )
     exp.add_argument(
+        "--no-compact-attention",
+        dest="compact_attention",
+        action="store_false",
+        help="skip model_attn_compact.onnx (each row's top-k attention and per-head "
+        "summaries computed in the graph): the service then answers them from the full "
+        "maps, with the same numbers and more memory",
+    )
+    exp.add_argument(
         "--no-optimize",
         dest="optimize",
         action="store_false",
@@ -220,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
         opset=args.opset,
         exporter=args.exporter,
         optimize=args.optimize,
+        compact_attention=args.compact_attention,
         atol=args.atol,
         name=args.name,
         matryoshka_dimensions=args.matryoshka_dimensions,

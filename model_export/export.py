@@ -326,6 +326,7 @@ def export_model(
     default_prompt_name: str | None = None,
     include_prompt: bool = True,
     head: Head | None = None,
+    compact_attention: bool = True,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -340,7 +341,9 @@ def export_model(
     sentence-embedding recipe. ``head`` (with ``embeddings``) adds its graph from
     token ids (model_export.heads). ``optimize`` fuses each encoder graph
     with onnxruntime's transformer optimizer (``optimize.py``) before validation;
-    the fusions applied are recorded in the manifest.
+    the fusions applied are recorded in the manifest. Without ``compact_attention``
+    the directory has no ``model_attn_compact.onnx`` (the service answers top-k rows
+    and summaries from the full maps instead).
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -348,7 +351,12 @@ def export_model(
     with staged_model_dir(out_dir) as staging:
         # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic.
         example = (torch.randn(2, 8, encoder.config.d_model), torch.ones(2, 8, dtype=torch.int64))
-        for graph, module_class in GRAPH_MODULES.items():
+        modules = {
+            graph: module_class
+            for graph, module_class in GRAPH_MODULES.items()
+            if compact_attention or graph != graph_io.GRAPH_COMPACT_ATTENTION
+        }
+        for graph, module_class in modules.items():
             inputs = graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)
             top_k = (torch.zeros(3, dtype=torch.int64),)  # k = 3 of 8 keys: a dynamic axis
             _export_graph(
@@ -368,12 +376,12 @@ def export_model(
                     # A fused kernel keeps its attention weights to itself.
                     fuse_attention=graph not in graph_io.MAP_GRAPHS,
                 )
-                for graph in GRAPH_MODULES
+                for graph in modules
             }
             if optimize
             else {}
         )
-        graphs = list(GRAPH_MODULES)
+        graphs = list(modules)
         if embeddings is not None:
             graphs += _export_text_frontend(
                 embeddings, encoder, tokenizer_file, staging, (opset, exporter)
@@ -410,12 +418,12 @@ def export_model(
             assert embeddings is not None
             path = staging / head_graph
             checks += validate_head_graph(embeddings, encoder, head.module, path, atol)
-        graph_sha = {f: sha256_file(staging / f) for f in graph_io.GRAPH_OUTPUTS}
+        graph_sha = {f: sha256_file(staging / f) for f in modules}
         manifest = Manifest(
             name=name or out_dir.name,
             architecture=encoder.config,
             opset=opset,
-            graphs={f: GraphFile(graph_sha[f], outs) for f, outs in graph_io.GRAPH_OUTPUTS.items()},
+            graphs={f: GraphFile(graph_sha[f], graph_io.GRAPH_OUTPUTS[f]) for f in modules},
             text=text,
             pooling=pooling,
             normalize=normalize,

@@ -144,7 +144,11 @@ def validate_model_dir(
             Case(c.name, tuple(min(n, embeddings.max_tokens) for n in c.lengths)) for c in cases
         ]
     results: list[CheckResult] = []
-    sessions = {name: new_session(model_dir / name) for name in graph_io.GRAPH_OUTPUTS}
+    sessions = {
+        name: new_session(model_dir / name)
+        for name in graph_io.GRAPH_OUTPUTS
+        if (model_dir / name).is_file()  # the compact graph is optional (--no-compact-attention)
+    }
     for i, case in enumerate(cases):
         if embeddings is None:
             embeds, mask = make_inputs(case.lengths, encoder.config.d_model, seed=i)
