@@ -120,7 +120,12 @@ def upstreams_in_balancer_log(podman: Podman, compose: Compose) -> Counter[str]:
 def test_requests_through_nginx_reach_both_replicas(
     podman: Podman, compose_stack: Compose, reference: np.ndarray
 ) -> None:
-    assert len(compose_stack.containers("attnserve")) == 2  # deploy.replicas
+    replicas = compose_stack.containers("attnserve")
+    assert len(replicas) == 2  # deploy.replicas
+    # Compose starts nginx once both are live; one may still be warming up (503, which
+    # nginx retries on the other): both must be ready for both to be reached.
+    for replica in replicas:
+        wait_ready(podman, replica)
     with Client(BALANCER) as client:
         for _ in range(10):
             got = client.encode(SENTENCES, pooling="mean", normalize=True).stack("pooled")
