@@ -11,6 +11,11 @@ them before the next layer: a run's attention memory is one layer's maps, not L.
 k is the length of the ``attention_top_k`` input, so a run asks for its own k
 without a graph per k (the service feeds ``max`` of its sequences' k and each
 sequence keeps its first k: the rows are sorted, largest first).
+
+``SelectedAttentionGraph`` answers full maps of some layers and heads, in float32 or
+float16: each layer's maps are cut to the asked heads (or to none) and cast as soon
+as they exist, so the maps of layers nobody asked for, and the float32 maps of a
+float16 answer, are freed before the next layer instead of being stacked.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from model_export.graph_io import LAYER_FLOAT16, LAYER_FLOAT32
 from model_export.model import Encoder
 
 # The smallest weight whose logarithm the entropy takes: 0 · ln(tiny) is exactly 0, as
@@ -85,4 +91,55 @@ class CompactAttentionGraph(nn.Module):
             torch.where(row, weights_out, torch.zeros_like(weights_out)),
             torch.where(row, indices_out, torch.zeros_like(indices_out)),
             torch.where(row, summaries_out, torch.zeros_like(summaries_out)),
+        )
+
+
+class SelectedAttentionGraph(nn.Module):
+    """inputs_embeds, attention_mask, attention_layers [L] (each graph_io.LAYER_*), attention_heads
+    [h'] (head indices) -> last_hidden_state, selected_attentions (B, l32, h', T, T)
+    float32 and selected_attentions_fp16 (B, l16, h', T, T): the maps of the layers
+    marked for each, in layer order, their heads in ``attention_heads``' order, 0 at
+    padded query rows.
+
+    A layer's heads are picked with a boolean index of ``attention_heads`` (all or
+    none), which both exporters write as NonZero + Gather: the outputs' layer axis is
+    data-dependent without a graph per selection."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(
+        self,
+        inputs_embeds: Tensor,
+        attention_mask: Tensor,
+        attention_layers: Tensor,
+        attention_heads: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        encoder = self.encoder
+        biases = encoder.layer_biases(attention_mask)
+        rotations = encoder.layer_rotations(attention_mask.shape[1])
+        row = attention_mask[:, None, :, None].to(inputs_embeds.dtype)  # (B, 1, T, 1)
+        n_heads = attention_heads.shape[0]
+        x = inputs_embeds
+        single: list[Tensor] = []
+        half: list[Tensor] = []
+        for index, (layer, bias, rotation) in enumerate(
+            zip(encoder.layers, biases, rotations, strict=True)
+        ):
+            x, weights, _ = layer(x, bias, rotation)  # weights (B, h, T, T)
+            mode = attention_layers[index].expand(n_heads)  # (h',)
+            for kept, wanted in ((single, LAYER_FLOAT32), (half, LAYER_FLOAT16)):
+                heads = attention_heads[mode == wanted]  # (h',) or (0,)
+                maps = weights.index_select(1, heads) * row  # (B, h' or 0, T, T)
+                kept.append(maps if wanted == LAYER_FLOAT32 else maps.to(torch.float16))
+        if encoder.final_norm is not None:
+            x = encoder.final_norm(x)
+        token = attention_mask.bool()[:, :, None]  # (B, T, 1)
+        hidden = torch.where(token, x, torch.zeros_like(x))  # (B, T, d_model)
+        b, t = attention_mask.shape
+        return (
+            hidden,
+            torch.cat(single, dim=1).reshape(b, -1, n_heads, t, t),
+            torch.cat(half, dim=1).reshape(b, -1, n_heads, t, t),
         )

@@ -8,6 +8,8 @@ Layout written::
     <out>/model_attn.onnx   embeddings, attention weights, hidden states, value norms
     <out>/model_attn_compact.onnx  embeddings, each row's top-k attention and summaries
                             (model_export.compact_attention)
+    <out>/model_attn_select.onnx  embeddings, the maps of chosen layers and heads, in
+                            float32 or float16 (model_export.compact_attention)
     <out>/embeddings.onnx   token ids -> inputs_embeds (models with a tokenizer)
     <out>/sparse_model.onnx token ids -> BM42's [CLS] attention row (WordPiece models)
     <out>/weights.bin       every graph's weights, each distinct tensor once
@@ -39,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
-from model_export.compact_attention import CompactAttentionGraph
+from model_export.compact_attention import CompactAttentionGraph, SelectedAttentionGraph
 from model_export.embedding_ranges import embedding_ranges
 from model_export.heads import Head, HeadGraph
 from model_export.manifest import (
@@ -158,7 +160,20 @@ GRAPH_MODULES = {
     graph_io.GRAPH_HIDDEN_STATES: _HiddenStatesGraph,
     graph_io.GRAPH_ATTENTION: _AttentionGraph,
     graph_io.GRAPH_COMPACT_ATTENTION: CompactAttentionGraph,
+    graph_io.GRAPH_SELECTED_ATTENTION: SelectedAttentionGraph,
 }
+
+
+def _extra_inputs(graph: str, n_layers: int, n_heads: int) -> tuple[Tensor, ...]:
+    """Example values of ``graph``'s inputs beyond the embeddings and mask."""
+    if graph == graph_io.GRAPH_COMPACT_ATTENTION:
+        return (torch.zeros(3, dtype=torch.int64),)  # k = 3 of 8 keys: a dynamic axis
+    if graph == graph_io.GRAPH_SELECTED_ATTENTION:
+        cycle = (graph_io.LAYER_FLOAT32, graph_io.LAYER_FLOAT16, graph_io.LAYER_DROPPED)
+        marks = [cycle[i % 3] for i in range(n_layers)]
+        heads = list(range(n_heads))[::-1][: max(2, n_heads - 1)]  # >1: a dynamic axis
+        return (torch.tensor(marks, dtype=torch.int64), torch.tensor(heads, dtype=torch.int64))
+    return ()
 
 
 def _export_text_frontend(
@@ -276,7 +291,14 @@ def _export_graph(
         if exporter == "dynamo":
             batch = torch.export.Dim(graph_io.BATCH_AXIS, min=1)
             seq = torch.export.Dim(graph_io.SEQ_AXIS, min=1)
-            k = torch.export.Dim("k", min=1)
+            extra = {
+                graph_io.INPUT_TOP_K: {0: torch.export.Dim("k", min=1)},
+                graph_io.INPUT_LAYERS: None,  # one mark per layer
+                # A model of one head has only [0] to select: a static axis of 1.
+                graph_io.INPUT_HEADS: {0: torch.export.Dim("heads", min=1)}
+                if len(example[-1]) > 1
+                else None,
+            }
             program = torch.onnx.export(
                 module,
                 example,
@@ -285,10 +307,7 @@ def _export_graph(
                 opset_version=opset,
                 dynamo=True,
                 verbose=False,
-                dynamic_shapes={
-                    name: {0: k} if name == graph_io.INPUT_TOP_K else {0: batch, 1: seq}
-                    for name in inputs
-                },
+                dynamic_shapes={name: extra.get(name, {0: batch, 1: seq}) for name in inputs},
             )
             assert program is not None
             program.save(str(path), external_data=False)
@@ -342,8 +361,9 @@ def export_model(
     token ids (model_export.heads). ``optimize`` fuses each encoder graph
     with onnxruntime's transformer optimizer (``optimize.py``) before validation;
     the fusions applied are recorded in the manifest. Without ``compact_attention``
-    the directory has no ``model_attn_compact.onnx`` (the service answers top-k rows
-    and summaries from the full maps instead).
+    the directory has neither ``model_attn_compact.onnx`` nor ``model_attn_select.onnx``
+    (the service answers top-k rows, summaries, float16 maps and selected layers from
+    the full maps instead).
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -354,18 +374,16 @@ def export_model(
         modules = {
             graph: module_class
             for graph, module_class in GRAPH_MODULES.items()
-            if compact_attention or graph != graph_io.GRAPH_COMPACT_ATTENTION
+            if compact_attention or graph not in graph_io.COMPACT_GRAPHS
         }
         for graph, module_class in modules.items():
-            inputs = graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)
-            top_k = (torch.zeros(3, dtype=torch.int64),)  # k = 3 of 8 keys: a dynamic axis
             _export_graph(
                 module_class(encoder),
-                example + top_k[: len(inputs) - len(example)],
+                example + _extra_inputs(graph, encoder.config.n_layers, encoder.config.n_heads),
                 staging / graph,
                 opset,
                 exporter,
-                list(inputs),
+                list(graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)),
                 list(graph_io.GRAPH_OUTPUTS[graph]),
             )
         fused = (

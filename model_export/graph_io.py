@@ -32,6 +32,16 @@ OUTPUT_SUMMARIES: Final = "attention_summaries"
 # entropy -sum a_ij ln a_ij (nats, 0 ln 0 = 0); first a_i0; self a_ii; previous a_i,i-1
 # (0 at i = 0); next a_i,i+1 (0 at the last token); distance sum a_ij |i - j| (tokens).
 SUMMARIES: Final = ("entropy", "first", "self", "previous", "next", "distance")
+# Selected full maps (model_attn_select.onnx): the maps of the marked layers and the
+# listed heads only, float32 or float16, each layer cut and cast as soon as its weights
+# exist. Each layer's mark says which output its maps go to.
+LAYER_DROPPED: Final = 0  # neither
+LAYER_FLOAT32: Final = 1  # selected_attentions
+LAYER_FLOAT16: Final = 2  # selected_attentions_fp16
+INPUT_LAYERS: Final = "attention_layers"  # int64 [layers], each a LAYER_* mark
+INPUT_HEADS: Final = "attention_heads"  # int64 [heads'], each in [0, heads)
+OUTPUT_SELECTED: Final = "selected_attentions"  # float32 [batch, layers', heads', seq, seq]
+OUTPUT_SELECTED_HALF: Final = "selected_attentions_fp16"  # float16, the same shape
 
 # The optional text front end (models imported from a checkpoint with a tokenizer).
 INPUT_IDS: Final = "input_ids"  # int64 [batch, seq]
@@ -48,6 +58,7 @@ GRAPH_EMBEDDINGS: Final = "model.onnx"  # embeddings only: the fast path
 GRAPH_ATTENTION: Final = "model_attn.onnx"  # embeddings, attention weights, hidden states
 GRAPH_HIDDEN_STATES: Final = "model_hidden.onnx"  # embeddings and hidden states, no attention
 GRAPH_COMPACT_ATTENTION: Final = "model_attn_compact.onnx"  # top-k attention and summaries
+GRAPH_SELECTED_ATTENTION: Final = "model_attn_select.onnx"  # some layers' and heads' maps
 CONFIG_FILE: Final = "config.json"
 GRAPH_TOKEN_EMBEDDINGS: Final = "embeddings.onnx"  # token ids -> inputs_embeds
 TOKENIZER_FILE: Final = "tokenizer.json"  # a `tokenizers` Tokenizer
@@ -103,13 +114,18 @@ GRAPH_OUTPUTS: Final[dict[str, tuple[str, ...]]] = {
         OUTPUT_TOP_INDICES,
         OUTPUT_SUMMARIES,
     ),
+    GRAPH_SELECTED_ATTENTION: (OUTPUT_HIDDEN, OUTPUT_SELECTED, OUTPUT_SELECTED_HALF),
 }
 # The graphs that compute attention weights to return (no fused attention kernel: it
 # keeps its weights to itself).
-MAP_GRAPHS: Final = (GRAPH_ATTENTION, GRAPH_COMPACT_ATTENTION)
+MAP_GRAPHS: Final = (GRAPH_ATTENTION, GRAPH_COMPACT_ATTENTION, GRAPH_SELECTED_ATTENTION)
+# The graphs an export may leave out (--no-compact-attention): the service answers
+# their requests from the full maps instead.
+COMPACT_GRAPHS: Final = (GRAPH_COMPACT_ATTENTION, GRAPH_SELECTED_ATTENTION)
 # Each graph's inputs where they are not INPUT_NAMES.
 GRAPH_INPUTS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_COMPACT_ATTENTION: (*INPUT_NAMES, INPUT_TOP_K),
+    GRAPH_SELECTED_ATTENTION: (*INPUT_NAMES, INPUT_LAYERS, INPUT_HEADS),
 }
 # One short label per graph: the inference metric's ``graph`` label (the first release's
 # values kept) and the names ATTNSERVE_PREPACKED_GRAPHS takes.
@@ -118,6 +134,7 @@ GRAPH_LABELS: Final[dict[str, str]] = {
     GRAPH_HIDDEN_STATES: "hidden_states",
     GRAPH_ATTENTION: "attention",
     GRAPH_COMPACT_ATTENTION: "compact_attention",
+    GRAPH_SELECTED_ATTENTION: "selected_attention",
     GRAPH_TEXT: "text",
     GRAPH_SPARSE: "sparse",
     GRAPH_TOKEN_EMBEDDINGS: "token_embeddings",
@@ -152,6 +169,10 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     OUTPUT_TOP_WEIGHTS: {0: BATCH_AXIS, 3: SEQ_AXIS, 4: "k"},
     OUTPUT_TOP_INDICES: {0: BATCH_AXIS, 3: SEQ_AXIS, 4: "k"},
     OUTPUT_SUMMARIES: {0: BATCH_AXIS, 3: SEQ_AXIS},
+    INPUT_LAYERS: {},
+    INPUT_HEADS: {0: "heads'"},
+    OUTPUT_SELECTED: {0: BATCH_AXIS, 1: "layers'", 2: "heads'", 3: SEQ_AXIS, 4: SEQ_AXIS},
+    OUTPUT_SELECTED_HALF: {0: BATCH_AXIS, 1: "layers'", 2: "heads'", 3: SEQ_AXIS, 4: SEQ_AXIS},
     OUTPUT_LOGITS: {0: BATCH_AXIS},
     OUTPUT_SPLADE: {0: BATCH_AXIS},
 }
@@ -177,6 +198,10 @@ SHAPES: Final[dict[str, list[str]]] = {
     OUTPUT_TOP_WEIGHTS: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, "k"],
     OUTPUT_TOP_INDICES: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, "k"],
     OUTPUT_SUMMARIES: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, "summaries"],
+    INPUT_LAYERS: ["layers"],
+    INPUT_HEADS: ["heads'"],
+    OUTPUT_SELECTED: [BATCH_AXIS, "layers'", "heads'", SEQ_AXIS, SEQ_AXIS],
+    OUTPUT_SELECTED_HALF: [BATCH_AXIS, "layers'", "heads'", SEQ_AXIS, SEQ_AXIS],
 }
 # Outputs that are not float32.
-DTYPES: Final[dict[str, str]] = {OUTPUT_TOP_INDICES: "int32"}
+DTYPES: Final[dict[str, str]] = {OUTPUT_TOP_INDICES: "int32", OUTPUT_SELECTED_HALF: "float16"}

@@ -64,9 +64,10 @@ __all__ = [
 ]
 
 # 6: the compact attention graph (graph_io.GRAPH_COMPACT_ATTENTION); older exports answer
-# the same requests from their full maps.
-FORMAT_VERSION: Final = 6
-READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6)
+# the same requests from their full maps. 7: the selected-maps graph
+# (graph_io.GRAPH_SELECTED_ATTENTION); older exports select and cast after the full maps.
+FORMAT_VERSION: Final = 7
+READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6, 7)
 
 # "last": the last token of each sequence (sentence-transformers' ``lasttoken``).
 Pooling = Literal["mean", "cls", "max", "last"]

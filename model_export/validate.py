@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ATOL = graph_io.DEFAULT_ATOL
 DEFAULT_RTOL = graph_io.DEFAULT_RTOL
+# float16 rounds to nearest: |fp16(x) - x| <= 2^-11 |x| (half its 2^-10 ulp) for normal x.
+HALF_RTOL = 2.0**-11
 
 
 class ValidationError(AssertionError):
@@ -147,7 +149,7 @@ def validate_model_dir(
     sessions = {
         name: new_session(model_dir / name)
         for name in graph_io.GRAPH_OUTPUTS
-        if (model_dir / name).is_file()  # the compact graph is optional (--no-compact-attention)
+        if (model_dir / name).is_file()  # the compact graphs are optional (--no-compact-attention)
     }
     for i, case in enumerate(cases):
         if embeddings is None:
@@ -176,11 +178,16 @@ def validate_model_dir(
             feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
             if graph == graph_io.GRAPH_COMPACT_ATTENTION:
                 feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, mask.shape[1]), dtype=np.int64)
+            if graph == graph_io.GRAPH_SELECTED_ATTENTION:
+                feeds.update(selection_feeds(encoder.config.n_layers, encoder.config.n_heads, i))
+                expected.update(selected_as_checked(attn.numpy(), feeds))
             got = session.run(names, feeds)
             if graph == graph_io.GRAPH_COMPACT_ATTENTION:
                 got = compact_as_checked(got, attn.numpy(), expected)
             for name, value in zip(names, got, strict=True):
-                diff, excess = differences(value, expected[name])
+                # float16 maps: within float16's rounding (half an ulp, 2^-11 relative).
+                rtol = HALF_RTOL if value.dtype == np.float16 else DEFAULT_RTOL
+                diff, excess = differences(value.astype(np.float32), expected[name], rtol)
                 result = CheckResult(graph, case.name, name, list(value.shape), diff, atol, excess)
                 results.append(result)
                 if not result.passed:
@@ -191,6 +198,32 @@ def validate_model_dir(
         max(r.max_abs_diff for r in results),
     )
     return results
+
+
+def selection_feeds(n_layers: int, n_heads: int, case: int) -> dict[str, np.ndarray]:
+    """The selected-maps graph's inputs for validation ``case``: each case marks the
+    layers differently (float32, float16, none), heads in reversed order, one fewer
+    each case (down to one)."""
+    cycle = (graph_io.LAYER_FLOAT32, graph_io.LAYER_FLOAT16, graph_io.LAYER_DROPPED)
+    marks = [cycle[(i + case) % 3] for i in range(n_layers)]
+    heads = list(range(n_heads))[::-1][: max(1, n_heads - case)]
+    return {
+        graph_io.INPUT_LAYERS: np.array(marks, dtype=np.int64),
+        graph_io.INPUT_HEADS: np.array(heads, dtype=np.int64),
+    }
+
+
+def selected_as_checked(attn: np.ndarray, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """PyTorch's full maps (B, L, h, T, T) cut to what the selected-maps graph's outputs
+    hold for ``feeds``."""
+    marks, heads = feeds[graph_io.INPUT_LAYERS], feeds[graph_io.INPUT_HEADS]
+    return {
+        name: attn[:, marks == mark][:, :, heads]
+        for name, mark in (
+            (graph_io.OUTPUT_SELECTED, graph_io.LAYER_FLOAT32),
+            (graph_io.OUTPUT_SELECTED_HALF, graph_io.LAYER_FLOAT16),
+        )
+    }
 
 
 def compact_as_checked(

@@ -44,7 +44,7 @@ from service.drain_rate import DrainRate, retry_after
 from service.errors import DeadlineExceeded, Overloaded
 from service.fair_queue import FairQueue, Flow, late_refusal
 from service.inference_lanes import InferenceLanes, Lease, SequenceResult
-from service.jobs import Job, Slice, forget
+from service.jobs import Job, Slice, forget, run_options
 from service.metrics import GRAPH_LABELS, Metrics
 from service.run_planner import (
     Fits,
@@ -53,8 +53,9 @@ from service.run_planner import (
     compact_run_floats,
     memory_bounds,
     plan_runs,
+    selected_run_maps,
 )
-from service.runtime import ModelRuntime
+from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions
 from service.settings import Settings
 from service.timing import RunTiming
 
@@ -238,7 +239,7 @@ class Batcher:
         timing: RunTiming | None = None,
         runtime: ModelRuntime | None = None,
         flow: Flow | None = None,
-        top_k: int = 1,
+        options: RunOptions = PLAIN_RUN,
     ) -> list[SequenceResult]:
         """Queue one request's sequences and wait for their per-sequence results, run on
         ``runtime`` (the version the request was prepared for; default: the serving one).
@@ -262,7 +263,7 @@ class Batcher:
             flow or Flow(sum(len(s) for s in sequences)),
             results=[None] * len(sequences),
             pending=len(sequences),
-            top_k=top_k,
+            options=options,
         )
         tokens = job.tokens  # before queueing: a malformed job must leave nothing behind
         self._queues[model].append(job)
@@ -332,12 +333,14 @@ class Batcher:
                     job.future.add_done_callback(partial(forget, in_hand, job))
             if self._before_batch is not None:
                 self._before_batch(model)
-            # Around a swap, jobs of two versions may share a batch: each runs on its own.
+            # Around a swap, jobs of two versions may share a batch: each runs on its own,
+            # as do jobs asking for other layers or heads of the selected-maps graph.
             # Groups go in the order the queue took their first slice (fair order).
-            groups: dict[tuple[int, str], list[Slice]] = {}
+            groups: dict[tuple[object, ...], list[Slice]] = {}
             for piece in taken:
                 job = piece[0]
-                groups.setdefault((id(job.runtime), job.graph), []).append(piece)
+                key = (id(job.runtime), job.graph, job.options.selection)
+                groups.setdefault(key, []).append(piece)
             for group in groups.values():
                 await self._dispatch(group[0][0].runtime, group, group[0][0].graph)
 
@@ -348,8 +351,8 @@ class Batcher:
         lengths = [len(job.sequences[i]) for job, i in slots]
         name = runtime.info.name
         cost = self._costs[name, graph]
-        top_k = max(job.top_k for job, _ in slots)
-        fits = self._fits(runtime, graph, top_k)
+        options = run_options([job for job, _ in slots])
+        fits = self._fits(runtime, graph, options)
         runs = plan_runs(lengths, fits, cost if cost.fitted else None)
         # The slots are in the order the fair queue took them: the run holding the first
         # taken (a small request's) goes first, and each job is answered after its own
@@ -387,8 +390,8 @@ class Batcher:
         try:
             try:
                 sequences = [job.sequences[i] for job, i in pieces]
-                top_k = max(job.top_k for job in jobs)
-                results = await self._lanes.run(lease.lane, runtime, sequences, graph, top_k)
+                options = run_options(jobs)
+                results = await self._lanes.run(lease.lane, runtime, sequences, graph, options)
             finally:
                 alone = lease.ran_alone()
                 lease.release()
@@ -406,17 +409,20 @@ class Batcher:
             if not job.future.done() and job.pending == 0:  # its last sequences ran
                 job.future.set_result([r for r in job.results if r is not None])
 
-    def _fits(self, runtime: ModelRuntime, graph: str, top_k: int = 1) -> Fits:
+    def _fits(self, runtime: ModelRuntime, graph: str, options: RunOptions = PLAIN_RUN) -> Fits:
         """The memory bounds of one run of ``graph`` (see ``run_planner.memory_bounds``)."""
         config, settings = runtime.info.config, self._settings
         text = runtime.info.manifest.text
-        per_token, maps = 0, 0
+        per_token, maps = 0, 0.0
         if graph == graph_io.GRAPH_SPLADE and text is not None:
             per_token = text.vocab_size
         elif graph == graph_io.GRAPH_ATTENTION:
             maps = config.n_layers * config.n_heads
         elif graph == graph_io.GRAPH_COMPACT_ATTENTION:
-            maps, per_token = compact_run_floats(config.n_layers, config.n_heads, top_k)
+            maps, per_token = compact_run_floats(config.n_layers, config.n_heads, options.top_k)
+        elif graph == graph_io.GRAPH_SELECTED_ATTENTION:
+            kept = options.kept_maps(config.n_layers, config.n_heads)
+            maps = selected_run_maps(config.n_heads, kept, options.half)
         return memory_bounds(
             settings.max_batch_tokens, maps, settings.max_batch_attention_floats, per_token
         )

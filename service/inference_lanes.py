@@ -26,7 +26,7 @@ from functools import partial
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.runtime import ModelRuntime, pad
+from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions, pad
 
 # One sequence's outputs by name, trimmed to its n tokens: last_hidden_state [n, d],
 # attentions [L, H, n, n], hidden_states [L + 1, n, d], value_norms [L, H, n] (the last
@@ -138,13 +138,13 @@ class InferenceLanes:
         runtime: ModelRuntime,
         sequences: list[np.ndarray],
         graph: str,
-        top_k: int = 1,
+        options: RunOptions = PLAIN_RUN,
     ) -> list[SequenceResult]:
         """``sequences`` through ``graph`` as one padded run on ``lane``'s thread, cut
         back per sequence; the caller holds the lanes it needs (``gate.acquire``)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._threads[lane], partial(run_and_split, runtime, sequences, graph, top_k)
+            self._threads[lane], partial(run_and_split, runtime, sequences, graph, options)
         )
 
     async def time(self, runtime: ModelRuntime, graph: str, batch: int, longest: int) -> float:
@@ -201,7 +201,10 @@ def _trim(value: np.ndarray, axes: tuple[int, ...], n: int) -> np.ndarray:
 
 
 def run_and_split(
-    runtime: ModelRuntime, sequences: list[np.ndarray], graph: str, top_k: int = 1
+    runtime: ModelRuntime,
+    sequences: list[np.ndarray],
+    graph: str,
+    options: RunOptions = PLAIN_RUN,
 ) -> list[SequenceResult]:
     """Pad, run and cut the outputs back per sequence, all on an inference lane.
 
@@ -212,7 +215,7 @@ def run_and_split(
     copying blocks the event loop.
     """
     embeds, mask = pad(sequences)
-    outputs = runtime.run(embeds, mask, graph, top_k)
+    outputs = runtime.run(embeds, mask, graph, options)
     if all(len(seq) == embeds.shape[1] for seq in sequences):
         return [
             {name: value[row] for name, value in outputs.items()} for row in range(len(sequences))

@@ -11,7 +11,7 @@ import numpy as np
 
 from service.fair_queue import Flow
 from service.inference_lanes import SequenceResult
-from service.runtime import ModelRuntime
+from service.runtime import ModelRuntime, RunOptions
 from service.timing import RunTiming
 
 
@@ -29,9 +29,10 @@ class Job:
     results: list[SequenceResult | None] = field(default_factory=list)
     taken: int = 0  # sequences taken into batches so far (a prefix)
     pending: int = 0  # sequences whose results have not come back yet
-    # The compact attention graph's k for its sequences: a run takes its jobs' largest
-    # (each sequence keeps its own first k of the sorted rows).
-    top_k: int = 1
+    # What its runs feed the graph beyond the sequences: it shares runs only with jobs of
+    # the same selection, and the compact graph's k is the largest of theirs (each
+    # sequence keeps its own first k of the sorted rows).
+    options: RunOptions = field(default_factory=RunOptions)
 
     @property
     def tokens(self) -> int:
@@ -45,3 +46,8 @@ def forget(in_hand: set[Job], job: Job, _: object) -> None:
 
 # Sequences [start, end) of one job, taken into a batch.
 Slice = tuple[Job, int, int]
+
+
+def run_options(jobs: list[Job]) -> RunOptions:
+    """The options of one run of ``jobs`` (one selection): the largest k of theirs."""
+    return jobs[0].options.with_top_k(max(job.options.top_k for job in jobs))

@@ -93,7 +93,7 @@ def _non_negative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float
 
 
 def memory_bounds(
-    max_tokens: int, maps: int, max_attention_floats: int, per_token: int = 0
+    max_tokens: int, maps: float, max_attention_floats: int, per_token: int = 0
 ) -> Fits:
     """(sequences, longest) -> within the bounds of one run: padded tokens bound the
     embeddings; with ``maps`` attention maps per sequence (0: none returned), their
@@ -124,6 +124,18 @@ def compact_run_floats(n_layers: int, n_heads: int, top_k: int) -> tuple[int, in
     layer's transient maps, and per token every layer's and head's top-k weights and
     indices (4 bytes each) and row summaries."""
     return COMPACT_LAYER_MAPS * n_heads, n_layers * n_heads * (2 * top_k + COMPACT_SUMMARIES)
+
+
+# The selected-maps graph's transient [B, h, T, T] float32 buffers of one layer at its
+# peak (the scores, the bias added, their softmax), beside the kept maps, which are
+# alive twice at the end: each layer's piece, then their concatenation.
+SELECTED_LAYER_MAPS = 4
+
+
+def selected_run_maps(n_heads: int, kept: int, half: bool) -> float:
+    """Maps (float32 [T, T] each) per sequence of one selected-maps run keeping ``kept``
+    (layer, head) maps, in float16 if ``half``, for ``memory_bounds``."""
+    return SELECTED_LAYER_MAPS * n_heads + 2 * kept * (0.5 if half else 1.0)
 
 
 def plan_runs(lengths: list[int], fits: Fits, cost: Cost | None = None) -> list[list[int]]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnxruntime as ort
@@ -42,6 +43,34 @@ from service.tokenizer import TextFrontEnd
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a run feeds its graph beyond the sequences: the compact graph's ``top_k``,
+    and the selected-maps graph's layers (ascending), heads (in answer order) and
+    dtype (``half``: float16). Runs share a graph only with jobs of the same
+    selection (``selection``); their k is the largest of theirs."""
+
+    top_k: int = 1
+    layers: tuple[int, ...] | None = None  # None: every layer
+    heads: tuple[int, ...] | None = None  # None: every head
+    half: bool = False
+
+    @property
+    def selection(self) -> tuple[object, ...]:
+        return (self.layers, self.heads, self.half)
+
+    def kept_maps(self, n_layers: int, n_heads: int) -> int:
+        """(layer, head) maps the selected-maps graph returns."""
+        layers = n_layers if self.layers is None else len(self.layers)
+        return layers * (n_heads if self.heads is None else len(self.heads))
+
+    def with_top_k(self, top_k: int) -> RunOptions:
+        return replace(self, top_k=top_k)
+
+
+# A run with nothing to feed beyond its sequences (every graph but the compact ones).
+PLAIN_RUN = RunOptions()
 
 # Inputs and outputs whose last axis is the model's width d_model.
 WIDTH_LAST = frozenset({graph_io.INPUT_EMBEDS, graph_io.OUTPUT_HIDDEN})
@@ -181,14 +210,15 @@ class ModelRuntime:
         return np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
 
     def run(
-        self, batch: np.ndarray, mask: np.ndarray, graph: str, top_k: int = 1
+        self, batch: np.ndarray, mask: np.ndarray, graph: str, options: RunOptions = PLAIN_RUN
     ) -> dict[str, np.ndarray]:
         """batch (float32 [B, T, d] embeddings, or int64 [B, T, 2] token id and type for
         the text and sparse graphs), mask int64 [B, T] -> the graph's outputs by name.
 
         ``last_hidden_state`` [B, T, d]; ``attentions`` [B, L, H, T, T] and
         ``hidden_states`` [B, L + 1, T, d] where the graph has them; the compact
-        attention graph's top-``top_k`` rows (at most T).
+        attention graph's top-k rows (at most T); the selected-maps graph's maps of
+        ``options``' layers and heads, in float32 or float16.
         """
         if graph == graph_io.GRAPH_TEXT and self._composed_text:
             # Padding ids embed to something, which model.onnx masks out as the one-run
@@ -210,11 +240,26 @@ class ModelRuntime:
         else:
             feeds = {graph_io.INPUT_EMBEDS: batch, graph_io.INPUT_MASK: mask}
             if graph == graph_io.GRAPH_COMPACT_ATTENTION:  # k is the input's length
-                k = min(top_k, batch.shape[1])
+                k = min(options.top_k, batch.shape[1])
                 feeds[graph_io.INPUT_TOP_K] = np.zeros(k, dtype=np.int64)
+            if graph == graph_io.GRAPH_SELECTED_ATTENTION:
+                feeds.update(self._selection_feeds(options))
             names = self.info.manifest.graphs[graph].outputs
         outputs = session.run(None, feeds)
         return dict(zip(names, outputs, strict=True))
+
+    def _selection_feeds(self, options: RunOptions) -> dict[str, np.ndarray]:
+        """The selected-maps graph's layer marks and head indices for ``options``."""
+        config = self.info.config
+        mark = graph_io.LAYER_FLOAT16 if options.half else graph_io.LAYER_FLOAT32
+        layers = range(config.n_layers) if options.layers is None else options.layers
+        marks = np.zeros(config.n_layers, dtype=np.int64)
+        marks[list(layers)] = mark
+        heads = range(config.n_heads) if options.heads is None else options.heads
+        return {
+            graph_io.INPUT_LAYERS: marks,
+            graph_io.INPUT_HEADS: np.array(heads, dtype=np.int64),
+        }
 
     def warmup(self) -> None:
         """One small ragged batch per graph: proves the sessions run before we say ready."""

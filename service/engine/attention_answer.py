@@ -10,6 +10,11 @@ sorted largest first, ties to the lower key index, as ONNX's TopK orders them.
 
 A threshold t keeps the keys with weight > t: a row sums to 1, so fewer than 1/t of
 them, and the compact graph's top ⌊1/t⌋ + 1 always holds them all.
+
+Full maps of fewer layers or heads than the model has, or in float16, come from the
+selected-maps graph (``graph_io.GRAPH_SELECTED_ATTENTION``) where the model has it:
+the maps nobody asked for, and a float16 answer's float32 maps, are freed layer by
+layer inside the run instead of being stacked and copied out.
 """
 
 from __future__ import annotations
@@ -82,6 +87,33 @@ def in_graph(spec: AttentionSpec, hidden_states: bool, has_graph: bool) -> bool:
         and spec.reduce == "none"
         and spec.measure == "weights"
         and not hidden_states
+    )
+
+
+def half_in_graph(spec: AttentionSpec) -> bool:
+    """Are the maps answered as the selected-maps graph casts them, float16? Only when
+    nothing is computed from them here (a reduction, top rows, summaries), which
+    float32 maps keep exact."""
+    return (
+        spec.dtype == "float16" and spec.reduce == "none" and not spec.sparse and not spec.summaries
+    )
+
+
+def selected_in_graph(
+    spec: AttentionSpec,
+    hidden_states: bool,
+    kept: tuple[int, int],
+    model: tuple[int, int],
+    has_graph: bool,
+) -> bool:
+    """Does the selected-maps graph answer this request, returning less than the full
+    graph would: ``kept`` (layers, heads) fewer than the ``model``'s, or float16? It has
+    the weights, not norms or hidden states."""
+    return (
+        has_graph
+        and spec.measure == "weights"
+        and not hidden_states
+        and (kept != model or half_in_graph(spec))
     )
 
 

@@ -32,7 +32,7 @@ from service.errors import ClientClosedRequest, DeadlineExceeded, NotReady
 from service.fair_queue import Flow
 from service.inference_lanes import SequenceResult
 from service.metrics import Metrics
-from service.runtime import ModelRuntime
+from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions
 from service.settings import Settings
 from service.timing import RunTiming
 
@@ -118,7 +118,7 @@ class Executor:
         until: Disconnected | None,
         timing: RunTiming | None,
         flow: Flow | None,
-        top_k: int = 1,
+        options: RunOptions = PLAIN_RUN,
     ) -> list[SequenceResult]:
         """One batcher job, awaited within the request's bounds."""
         work = self._batcher().submit(
@@ -129,7 +129,7 @@ class Executor:
             timing=timing,
             runtime=runtime,
             flow=flow,
-            top_k=top_k,
+            options=options,
         )
         try:
             return await self.unless_gone(work, until, deadline)
@@ -247,7 +247,7 @@ class Executor:
                 sequences[k] = result[graph_io.INPUT_EMBEDS]
             prepared = dataclasses.replace(prepared, sequences=sequences)
         results = await self._submit(
-            runtime, sequences, prepared.graph, flow=flow, top_k=prepared.run_top_k, **bounds
+            runtime, sequences, prepared.graph, flow=flow, options=prepared.run_options, **bounds
         )
         self.count_tokens(runtime, sum(len(s) for s in sequences))
         if prepared.response_bytes > OFFLOAD_BYTES:

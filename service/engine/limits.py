@@ -250,13 +250,16 @@ def work_bytes(
     copies: float = 1.0,
     compact_keys: int | None = None,
     sorts_maps: bool = False,
+    selected_maps: float | None = None,
 ) -> int:
     """The memory an admitted request holds at its peak, beyond its body.
 
     Its decoded inputs [n, d]; the model's outputs kept per sequence until the
     answer is built: the last hidden state, with attention every map [L, H, n, n]
-    (that graph returns the hidden states too) or from the compact graph each row's
-    ``compact_keys`` values and indices and its summaries, with hidden states all L + 1
+    (that graph returns the hidden states too), from the selected-maps graph its
+    ``selected_maps`` (float32 maps: a float16 one counts half), or from the compact
+    graph each row's ``compact_keys`` values and indices and its summaries, with hidden
+    states all L + 1
     [n, d]; the answer's arrays; and its encoded bytes, times the copies its
     protocol makes while framing them (``WireCost.copies``). Selection and reduction
     work layer by layer (``postprocess``), so their scratch space is one layer's
@@ -269,9 +272,11 @@ def work_bytes(
         floats += cfg.n_layers * cfg.n_heads * tokens * (2 * compact_keys + 6)
     elif attention:
         # Every map; cutting rows to their top keys in numpy sorts them (int64 order).
-        maps = cfg.n_layers * cfg.n_heads * sum(n * n for n in lengths)
+        per_sequence = cfg.n_layers * cfg.n_heads if selected_maps is None else selected_maps
+        maps = int(per_sequence * sum(n * n for n in lengths))
         floats += 3 * maps if sorts_maps else maps
-    if (attention and compact_keys is None) or hidden_states:
+    full_graph = attention and compact_keys is None and selected_maps is None
+    if full_graph or hidden_states:
         floats += (cfg.n_layers + 1) * tokens * cfg.d_model
     floats += shape.floats
     half_bytes = 2 * shape.half_floats  # float16 answer arrays hold 2 bytes, not 4

@@ -26,7 +26,7 @@ from service.engine.types import (
 )
 from service.errors import InvalidInput, UnsupportedByModel
 from service.model_info import ModelInfo
-from service.runtime import ModelRuntime
+from service.runtime import ModelRuntime, RunOptions
 from service.settings import Settings
 
 # A request of more than ATTNSERVE_MAX_SEQUENCES (pooled vectors only) runs in parts of
@@ -68,20 +68,30 @@ class PreparedEncode:
     # sequence the keys each of its rows keeps at most (attention_answer.kept_keys).
     compact: bool = False
     kept_keys: list[int] = dataclasses.field(default_factory=list)
+    # Full maps answered by the selected-maps graph (attention_answer.selected_in_graph).
+    selected: bool = False
 
     @property
     def graph(self) -> str:
         """The lightest graph that has every output asked for."""
         if self.request.return_attention:
-            return graph_io.GRAPH_COMPACT_ATTENTION if self.compact else graph_io.GRAPH_ATTENTION
+            if self.compact:
+                return graph_io.GRAPH_COMPACT_ATTENTION
+            return graph_io.GRAPH_SELECTED_ATTENTION if self.selected else graph_io.GRAPH_ATTENTION
         if self.request.return_hidden_states:
             return graph_io.GRAPH_HIDDEN_STATES
         return graph_io.GRAPH_TEXT if self.by_token_ids else graph_io.GRAPH_EMBEDDINGS
 
     @property
-    def run_top_k(self) -> int:
-        """The compact graph's k for this request's runs: its sequences' largest."""
-        return max(self.kept_keys, default=1) if self.compact else 1
+    def run_options(self) -> RunOptions:
+        """What this request's runs feed their graph: the compact graph's k (its
+        sequences' largest); the selected-maps graph's layers, heads and dtype."""
+        if self.compact:
+            return RunOptions(top_k=max(self.kept_keys, default=1))
+        if self.selected:
+            half = attention_answer.half_in_graph(self.request.attention)
+            return RunOptions(layers=tuple(sorted(self.layers)), heads=tuple(self.heads), half=half)
+        return RunOptions()
 
     def needs_embedding(self, sequence: np.ndarray) -> bool:
         """Is ``sequence`` token ids that the graph cannot take as they are?"""
@@ -140,8 +150,29 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         request.return_hidden_states,
         graph_io.GRAPH_COMPACT_ATTENTION in runtime.graphs,
     )
+    cfg = info.config
+    selected = (
+        request.return_attention
+        and not compact
+        and attention_answer.selected_in_graph(
+            spec,
+            request.return_hidden_states,
+            (len(options.layers), len(options.heads)),
+            (cfg.n_layers, cfg.n_heads),
+            graph_io.GRAPH_SELECTED_ATTENTION in runtime.graphs,
+        )
+    )
     size, work = _answer_cost(
-        request, info, sequences, tokens, options, span_tokens, settings, by_token_ids, compact
+        request,
+        info,
+        sequences,
+        tokens,
+        options,
+        span_tokens,
+        settings,
+        by_token_ids,
+        compact,
+        selected,
     )
     return PreparedEncode(
         request,
@@ -161,6 +192,7 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         quantization_ranges=quantization,
         compact=compact,
         kept_keys=kept,
+        selected=selected,
     )
 
 
@@ -344,6 +376,7 @@ def _answer_cost(
     settings: Settings,
     by_token_ids: bool,
     compact: bool = False,
+    selected: bool = False,
 ) -> tuple[float, int]:
     """The answer's size (413 beyond ATTNSERVE_MAX_RESPONSE_BYTES) and the working
     memory the request holds until it is sent, from token lengths alone."""
@@ -398,5 +431,10 @@ def _answer_cost(
         request.wire_cost.copies,
         compact_keys=max(attention_answer.kept_keys(spec, n) for n in running) if compact else None,
         sorts_maps=asks and spec.sparse and not compact,
+        selected_maps=len(options.layers)
+        * len(options.heads)
+        * (0.5 if attention_answer.half_in_graph(spec) else 1.0)
+        if selected
+        else None,
     )
     return size, work + inputs_held
