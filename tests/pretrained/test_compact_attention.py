@@ -1,6 +1,7 @@
-"""Compact attention (top-k rows, thresholds, float16 maps, per-head summaries) through
-a real server on all-MiniLM-L6-v2, against transformers' eager attentions on held-out
-sentences (none of them is used by the export or its validation).
+"""Compact attention (top-k rows, thresholds, float16 maps, selected layers and heads,
+per-head summaries) through a real server on all-MiniLM-L6-v2, against transformers'
+eager attentions on held-out sentences (none of them is used by the export or its
+validation).
 
 Tolerances: kept weights 1e-4 of eager's (as the full maps); top-k indices equal to
 eager's sorted order (ties to the lower key) wherever eager's neighbouring weights are
@@ -12,6 +13,9 @@ computation from eager's maps (entropy, weights) and 1e-5 relative for the dista
 from __future__ import annotations
 
 import base64
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -20,6 +24,7 @@ import pytest
 import torch
 
 from tests.pretrained.reference import ATTENTION_ATOL
+from tests.support.metrics import scrape
 
 HELD_OUT = [
     "Rivers carve canyons over millions of years.",
@@ -185,8 +190,23 @@ def test_reduced_maps_are_cut_after_reduction(minilm_server_url: str) -> None:
                        decode(whole["attention"]), 2)  # fmt: skip
 
 
+def graphs_run(url: str, send: Callable[[], Any]) -> tuple[Any, set[str]]:
+    """``send()``'s answer and the graphs (metric labels) that ran for it after the text
+    became token embeddings."""
+    before = scrape(url).by("graph", "attnserve_inference_seconds_count")
+    answer = send()
+    after = scrape(url).by("graph", "attnserve_inference_seconds_count")
+    ran = {graph for graph in after if after[graph] > before.get(graph, 0.0)}
+    return answer, ran - {"token_embeddings"}
+
+
 def test_float16_maps(minilm_server_url: str, eager: list[np.ndarray]) -> None:
-    for item, want in zip(encode(minilm_server_url, {"dtype": "float16"}), eager, strict=True):
+    """Cast inside the selected-maps graph, layer by layer: eager's within 1e-3."""
+    data, ran = graphs_run(
+        minilm_server_url, lambda: encode(minilm_server_url, {"dtype": "float16"})
+    )
+    assert ran == {"selected_attention"}
+    for item, want in zip(data, eager, strict=True):
         assert item["attention"]["dtype"] == "float16"
         got = decode(item["attention"])
         assert got.dtype == np.float16 and got.shape == want.shape
@@ -194,6 +214,96 @@ def test_float16_maps(minilm_server_url: str, eager: list[np.ndarray]) -> None:
     # top-k values in float16 too
     item = encode(minilm_server_url, {"dtype": "float16", "top_k": 2})[0]
     assert decode(item["attention"]).dtype == np.float16
+
+
+SELECTIONS: list[dict[str, Any]] = [
+    {"layers": [4, 0], "heads": [11, 3, 1]},
+    {"layers": [-1]},
+    {"heads": [6]},
+    {"layers": [2, 3], "heads": [0, 9], "dtype": "float16"},
+    {"layers": [5], "dtype": "float16"},
+]
+
+
+@pytest.mark.parametrize("attention", SELECTIONS, ids=lambda a: json.dumps(a))
+def test_selected_maps_equal_eager(
+    minilm_server_url: str, eager: list[np.ndarray], attention: dict[str, Any]
+) -> None:
+    """Fewer layers or heads: only theirs leave the selected-maps graph, in the asked
+    order, eager's within 1e-4 (float32) or 1e-3 (float16)."""
+    data, ran = graphs_run(minilm_server_url, lambda: encode(minilm_server_url, attention))
+    assert ran == {"selected_attention"}
+    layers = [layer % LAYERS for layer in attention.get("layers", range(LAYERS))]
+    heads = attention.get("heads", list(range(HEADS)))
+    half = attention.get("dtype") == "float16"
+    for item, want in zip(data, eager, strict=True):
+        got = decode(item["attention"])
+        assert got.dtype == (np.float16 if half else np.float32)
+        assert got.shape == (len(layers), len(heads), *want.shape[2:])
+        tolerance = FP16_ATOL if half else ATTENTION_ATOL
+        assert np.abs(got.astype(np.float32) - want[np.ix_(layers, heads)]).max() <= tolerance
+
+
+def test_selections_asked_at_once_each_get_their_own(
+    minilm_server_url: str, eager: list[np.ndarray]
+) -> None:
+    """Requests of different selections queued together: a run holds one selection,
+    so each answer is its own layers and heads (eager's within 1e-3 for all)."""
+    with ThreadPoolExecutor(len(SELECTIONS) * 2) as pool:
+        answers = list(pool.map(lambda a: encode(minilm_server_url, a), SELECTIONS * 2))
+    for attention, data in zip(SELECTIONS * 2, answers, strict=True):
+        layers = [layer % LAYERS for layer in attention.get("layers", range(LAYERS))]
+        heads = attention.get("heads", list(range(HEADS)))
+        for item, want in zip(data, eager, strict=True):
+            got = decode(item["attention"]).astype(np.float32)
+            assert np.abs(got - want[np.ix_(layers, heads)]).max() <= FP16_ATOL
+
+
+@pytest.mark.parametrize(
+    "attention",
+    [
+        {"layers": [5, 1], "reduce": "mean"},
+        {"layers": [3, 0], "heads": [2, 8], "reduce": "max"},
+        {"layers": [1, 3], "reduce": "rollout"},
+        {"heads": [4, 2], "top_k": 3, "reduce": "mean"},
+        {"layers": [0], "heads": [1, 5], "summaries": ["entropy"], "dtype": "float16"},
+    ],
+    ids=lambda a: json.dumps(a),
+)
+def test_selected_graph_answers_as_the_full_graph(
+    minilm_server_url: str, attention: dict[str, Any]
+) -> None:
+    """Reductions, rollout, top rows and summaries of a selection: the same answer from
+    the selected-maps graph as from the full graph (which hidden states make the server
+    run), 1e-6 apart (two graphs' float32 rounding), float16 maps one float16 ulp at
+    0.5..1 (2^-11: that rounding can round them apart)."""
+    selected, ran = graphs_run(minilm_server_url, lambda: encode(minilm_server_url, attention))
+    assert ran == {"selected_attention"}
+    full, ran = graphs_run(
+        minilm_server_url,
+        lambda: encode(
+            minilm_server_url, attention, return_hidden_states=True, hidden_states={"layers": [0]}
+        ),
+    )
+    assert ran == {"attention"}
+    for new, old in zip(selected, full, strict=True):
+        new_maps, old_maps = decode(new["attention"]), decode(old["attention"])
+        assert new_maps.dtype == old_maps.dtype and new_maps.shape == old_maps.shape
+        tolerance = 2.0**-11 if new_maps.dtype == np.float16 else 1e-6
+        difference = np.abs(new_maps.astype(np.float32) - old_maps.astype(np.float32))
+        assert difference.max() <= tolerance
+        if new["attention_indices"] is not None:
+            # The same keys, but where near-ties may swap: each key but the last (whose
+            # follower is not answered) more than 1e-5 from its kept neighbours.
+            new_keys, old_keys = decode(new["attention_indices"]), decode(old["attention_indices"])
+            apart = np.abs(np.diff(old_maps, axis=-1)) > 1e-5  # (.., k - 1): i to i + 1
+            clear = apart.copy()
+            clear[..., 1:] &= apart[..., :-1]
+            assert clear.any() and np.array_equal(
+                new_keys[..., :-1][clear], old_keys[..., :-1][clear]
+            )
+        for name, value in (new["attention_summaries"] or {}).items():
+            assert np.abs(decode(value) - decode(old["attention_summaries"][name])).max() <= 1e-6
 
 
 @pytest.mark.parametrize("maps", [False, True])

@@ -1,6 +1,7 @@
 """A model exported before the text graph (format_version 2), each graph holding its
 own weights (before format 5's shared weights.bin), still loads and serves text, and
-answers compact attention (format 6's graph) from its full maps.
+answers compact attention (format 6's graph) and selected or float16 maps (format 7's)
+from its full maps.
 
 Its text asking only for embeddings runs embeddings.onnx then model.onnx in one
 step, as the current format's does (format 3 and 4 ran a text_model.onnx of
@@ -41,8 +42,9 @@ def format2_url(minilm_repository: Path, tmp_path_factory: pytest.TempPathFactor
     for key in ("graph", "sparse_graph", "stopwords"):
         raw["text"].pop(key)
         raw["text"].pop(f"{key}_sha256")
-    raw["graphs"].pop(graph_io.GRAPH_COMPACT_ATTENTION)  # format 6's
-    (model_dir / graph_io.GRAPH_COMPACT_ATTENTION).unlink()
+    for graph in graph_io.COMPACT_GRAPHS:  # format 6's and 7's
+        raw["graphs"].pop(graph)
+        (model_dir / graph).unlink()
     # Each graph with its weights inside, as exports before format 5 wrote them.
     for graph in [*raw["graphs"], raw["text"]["embeddings_graph"]]:
         onnx.save(onnx.load(str(model_dir / graph)), str(model_dir / graph))
@@ -120,3 +122,26 @@ def test_format_2_answers_compact_attention_from_its_full_maps(
                 rtol=AGREEMENT_ATOL,
                 atol=AGREEMENT_ATOL,
             )
+
+
+def test_format_2_answers_selected_and_float16_maps_from_its_full_maps(
+    format2_url: str, minilm_server_url: str
+) -> None:
+    """No selected-maps graph: some layers' and heads' maps, float16, are cut and cast
+    from the full maps, equal to the selected-maps graph's within float16's rounding of
+    two graphs' float32 maps (one float16 ulp at 1: 2^-10)."""
+    attention = {"layers": [4, 1], "heads": [7, 0, 3], "dtype": "float16"}
+    body = {"inputs": SENTENCES, "return_attention": True, "attention": attention}
+    answers, ran = {}, {}
+    for url in (format2_url, minilm_server_url):
+        before = _graph_runs(url)
+        r = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        after = _graph_runs(url)
+        ran[url] = {g for g in after if after[g] > before.get(g, 0.0)}
+        answers[url] = r.json()["data"]
+    assert "attention" in ran[format2_url] and "selected_attention" in ran[minilm_server_url]
+    for old, new in zip(answers[format2_url], answers[minilm_server_url], strict=True):
+        old_maps, new_maps = np.asarray(old["attention"]), np.asarray(new["attention"])
+        assert old_maps.shape == new_maps.shape == (2, 3, len(old["tokens"]), len(old["tokens"]))
+        np.testing.assert_allclose(old_maps, new_maps, rtol=0, atol=2.0**-10)
