@@ -187,7 +187,7 @@ def test_cli_exports_and_prints_the_validation_table(runs: CliRuns) -> None:
     assert run.returncode == 0, run.stderr
     out_dir = runs.root / "tiny-cli"
     assert {*graph_io.GRAPH_OUTPUTS, graph_io.CONFIG_FILE} <= set(model_files(out_dir))
-    assert len(graph_io.GRAPH_OUTPUTS) == 4  # model, model_hidden, model_attn, compact .onnx
+    assert len(graph_io.GRAPH_OUTPUTS) == 5  # model, model_hidden, model_attn, compact, select
     assert not list(runs.root.glob(".tiny-cli.*"))  # no staging directory left
 
     lines = run.stdout.splitlines()

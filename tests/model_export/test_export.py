@@ -21,9 +21,12 @@ from model_export.model import Encoder
 from model_export.validate import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
+    HALF_RTOL,
     ValidationError,
     compact_as_checked,
     differences,
+    selected_as_checked,
+    selection_feeds,
     validate_model_dir,
 )
 from tests.conftest import TINY_SEED
@@ -66,6 +69,8 @@ TOKEN_AXIS = {
     graph_io.OUTPUT_TOP_WEIGHTS: 3,  # (B, L, h, T, k)
     graph_io.OUTPUT_TOP_INDICES: 3,  # checked as the weights they point at (float32)
     graph_io.OUTPUT_SUMMARIES: 3,  # (B, L, h, T, 6)
+    graph_io.OUTPUT_SELECTED: 3,  # (B, L', h', T, T)
+    graph_io.OUTPUT_SELECTED_HALF: 3,
 }
 
 
@@ -96,14 +101,23 @@ def assert_parity(encoder: Encoder, model_dir: Path, lengths: tuple[int, ...], s
         compact = graph == graph_io.GRAPH_COMPACT_ATTENTION
         if compact:  # the three largest keys of each row (or every key of a shorter batch)
             feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, mask.shape[1]), dtype=np.int64)
+        if graph == graph_io.GRAPH_SELECTED_ATTENTION:  # float32, float16 and dropped layers
+            feeds.update(selection_feeds(encoder.config.n_layers, encoder.config.n_heads, seed))
         got = new_session(model_dir / graph).run(list(names), feeds)
         if compact:
             got = compact_as_checked(got, want[graph_io.OUTPUT_ATTENTIONS], want)
+        if graph == graph_io.GRAPH_SELECTED_ATTENTION:
+            want.update(selected_as_checked(want[graph_io.OUTPUT_ATTENTIONS], feeds))
         for name, value in zip(names, got, strict=True):
             assert value.shape == want[name].shape, (graph, name)
-            assert value.dtype == np.float32, (graph, name)
-            np.testing.assert_allclose(
-                value, want[name], rtol=0, atol=PARITY_ATOL, err_msg=f"{graph} {name}"
+            half = name == graph_io.OUTPUT_SELECTED_HALF
+            assert value.dtype == (np.float16 if half else np.float32), (graph, name)
+            np.testing.assert_allclose(  # float16: within its rounding, 2^-11 relative
+                value.astype(np.float32),
+                want[name],
+                rtol=HALF_RTOL if half else 0,
+                atol=PARITY_ATOL,
+                err_msg=f"{graph} {name}",
             )
             # (B, T, ...) with the token axis second, indexed by the (B, T) padding mask.
             by_token = np.moveaxis(value, TOKEN_AXIS[name], 1)
@@ -127,6 +141,7 @@ def test_directory_holds_exactly_the_three_graphs_their_weights_and_config(
             graph_io.GRAPH_HIDDEN_STATES,
             graph_io.GRAPH_ATTENTION,
             graph_io.GRAPH_COMPACT_ATTENTION,
+            graph_io.GRAPH_SELECTED_ATTENTION,
             graph_io.WEIGHTS_FILE,
             graph_io.CONFIG_FILE,
         ]
@@ -219,6 +234,11 @@ def test_graph_opset_and_names(tiny_model_dir: Path, graph: str) -> None:
             graph_io.OUTPUT_TOP_WEIGHTS,
             graph_io.OUTPUT_TOP_INDICES,
             graph_io.OUTPUT_SUMMARIES,
+        ],
+        graph_io.GRAPH_SELECTED_ATTENTION: [
+            graph_io.OUTPUT_HIDDEN,
+            graph_io.OUTPUT_SELECTED,
+            graph_io.OUTPUT_SELECTED_HALF,
         ],
     }[graph]
 
@@ -423,6 +443,7 @@ def test_failed_export_keeps_the_previous_model_and_success_replaces_it(
             graph_io.GRAPH_HIDDEN_STATES,
             graph_io.GRAPH_ATTENTION,
             graph_io.GRAPH_COMPACT_ATTENTION,
+            graph_io.GRAPH_SELECTED_ATTENTION,
             graph_io.WEIGHTS_FILE,
             graph_io.CONFIG_FILE,
         ]

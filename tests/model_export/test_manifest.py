@@ -122,7 +122,8 @@ def test_the_first_release_format_is_still_read(tiny_model_dir: Path) -> None:
     assert (read.prompts, read.include_prompt) == ({}, True)
     # Nor per-layer hidden states: two graphs, the attention graph without them.
     raw["graphs"].pop(graph_io.GRAPH_HIDDEN_STATES)
-    raw["graphs"].pop(graph_io.GRAPH_COMPACT_ATTENTION)  # format 6
+    for graph in graph_io.COMPACT_GRAPHS:  # formats 6 and 7
+        raw["graphs"].pop(graph)
     raw["graphs"][graph_io.GRAPH_ATTENTION]["outputs"].pop(graph_io.OUTPUT_HIDDEN_STATES)
     raw["graphs"][graph_io.GRAPH_ATTENTION]["outputs"].pop(graph_io.OUTPUT_VALUE_NORMS)
     read = Manifest.from_dict(raw)

@@ -15,7 +15,7 @@ from model_export import graph_io
 from model_export.config import EncoderConfig
 from model_export.export import export_model
 from model_export.model import Encoder
-from model_export.validate import make_inputs
+from model_export.validate import make_inputs, selection_feeds
 from tests.conftest import TINY_SEED
 from tests.support.onnx_runs import new_session
 
@@ -29,6 +29,7 @@ EXPECTED = {
     graph_io.GRAPH_HIDDEN_STATES: {"Attention": 2, **LAYER_FUSIONS},
     graph_io.GRAPH_ATTENTION: LAYER_FUSIONS,
     graph_io.GRAPH_COMPACT_ATTENTION: LAYER_FUSIONS,
+    graph_io.GRAPH_SELECTED_ATTENTION: LAYER_FUSIONS,
 }
 # Fused and plain graphs of the same weights: float32 reordering only.
 ATOL = 1e-5
@@ -63,6 +64,8 @@ def test_no_optimize_keeps_the_plain_graphs_and_the_same_answers(
         feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
         if graph == graph_io.GRAPH_COMPACT_ATTENTION:
             feeds[graph_io.INPUT_TOP_K] = np.zeros(3, dtype=np.int64)
+        if graph == graph_io.GRAPH_SELECTED_ATTENTION:
+            feeds.update(selection_feeds(tiny_config.n_layers, tiny_config.n_heads, case=0))
         fused, unfused = new_session(tiny_model_dir / graph), new_session(plain / graph)
         for got, want in zip(fused.run(None, feeds), unfused.run(None, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
