@@ -158,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="compact_attention",
         action="store_false",
         help="skip model_attn_compact.onnx (each row's top-k attention and per-head "
-        "summaries computed in the graph): the service then answers them from the full "
-        "maps, with the same numbers and more memory",
+        "summaries computed in the graph) and model_attn_select.onnx (the maps of chosen "
+        "layers and heads, float32 or float16): the service then answers them from the "
+        "full maps, with the same numbers and more memory",
     )
     exp.add_argument(
         "--no-optimize",

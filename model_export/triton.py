@@ -81,8 +81,8 @@ def write_repository(
     graphs: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         name: (graph_io.INPUT_NAMES, g.outputs)
         for name, g in manifest.graphs.items()
-        # The compact attention graph's k input has no batch axis, which Triton's
-        # batching requires of every input: not served there.
+        # The compact graphs' k, layer and head inputs have no batch axis, which
+        # Triton's batching requires of every input: not served there.
         if name in SUFFIXES
     }
     if manifest.text is not None:

@@ -125,11 +125,12 @@ class Metrics:
             "attnserve_inference_seconds",
             "Wall time of one onnxruntime run, by model and graph: embeddings (model.onnx), "
             "hidden_states (model_hidden.onnx), attention (model_attn.onnx), compact_attention "
-            "(model_attn_compact.onnx: top-k rows and summaries), text (token ids "
-            "through text_model.onnx), sparse (BM42's sparse_model.onnx), token_embeddings "
-            "(token ids to input embeddings through embeddings.onnx, before the attention or "
-            "hidden-state graph), scores (a reranker's or classifier's scores_model.onnx), "
-            "splade (a SPLADE model's splade_model.onnx).",
+            "(model_attn_compact.onnx: top-k rows and summaries), selected_attention "
+            "(model_attn_select.onnx: some layers' and heads' maps, or float16 ones), text "
+            "(token ids through text_model.onnx), sparse (BM42's sparse_model.onnx), "
+            "token_embeddings (token ids to input embeddings through embeddings.onnx, before "
+            "the attention or hidden-state graph), scores (a reranker's or classifier's "
+            "scores_model.onnx), splade (a SPLADE model's splade_model.onnx).",
             ("model", "graph"),
             buckets=LATENCY_BUCKETS[:-1],
         )

@@ -272,7 +272,8 @@ class Settings(BaseSettings):
         "embeddings,attention",
         description=(
             "Graphs whose sessions pre-pack their weights, comma-separated (`embeddings`, "
-            "`hidden_states`, `attention`, `compact_attention`, `sparse`; empty for none). A "
+            "`hidden_states`, `attention`, `compact_attention`, `selected_attention`, `sparse`; "
+            "empty for none). A "
             "pre-packed session runs its matrix products faster, most on small runs, but holds "
             "a copy of the encoder's weights of its own; the others share one mapping of the "
             "model's `weights.bin`. "
@@ -291,7 +292,14 @@ class Settings(BaseSettings):
     @field_validator("prepacked_graphs")
     @classmethod
     def _known_graphs(cls, value: str) -> str:
-        known = ("embeddings", "hidden_states", "attention", "compact_attention", "sparse")
+        known = (
+            "embeddings",
+            "hidden_states",
+            "attention",
+            "compact_attention",
+            "selected_attention",
+            "sparse",
+        )
         unknown = [g.strip() for g in value.split(",") if g.strip() and g.strip() not in known]
         if unknown:
             raise ValueError(f"unknown graphs {unknown}: choose from {', '.join(known)}")

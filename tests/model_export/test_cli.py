@@ -193,10 +193,10 @@ def test_cli_exports_and_prints_the_validation_table(runs: CliRuns) -> None:
     lines = run.stdout.splitlines()
     assert lines[0].split() == ["graph", "case", "output", "shape", "max|diff|", "ok"]
     rows = [line for line in lines if line.startswith(tuple(graph_io.GRAPH_OUTPUTS))]
-    assert len(rows) == len(CASES) * 11  # (1 + 2 + 4 + 4) outputs per case
+    assert len(rows) == len(CASES) * 14  # (1 + 2 + 4 + 4 + 3) outputs per case
     assert all(row.endswith("  yes") for row in rows)
     for case in CASES:
-        assert sum(case in row for row in rows) == 11
+        assert sum(case in row for row in rows) == 14
     for graph, outputs in graph_io.GRAPH_OUTPUTS.items():  # every output of every graph
         for output in outputs:
             checked = [r for r in rows if r.split()[0] == graph and f" {output} " in r]

@@ -175,7 +175,7 @@ def test_config_json_records_architecture_and_io(
         recorded = config["graphs"][graph]["outputs"]
         assert list(recorded) == list(outputs)
         for name in outputs:
-            dtype = "int32" if name == graph_io.OUTPUT_TOP_INDICES else "float32"
+            dtype = graph_io.DTYPES.get(name, "float32")
             assert recorded[name] == {"dtype": dtype, "shape": graph_io.SHAPES[name]}
 
 
@@ -290,7 +290,7 @@ def test_validate_model_dir_checks_all_three_graphs_on_every_case(
     tiny_model_dir: Path, tiny_encoder: Encoder
 ) -> None:
     results = validate_model_dir(tiny_encoder, tiny_model_dir)
-    assert len(results) == 5 * 11  # five default cases x (1 + 2 + 4 + 4) outputs
+    assert len(results) == 5 * 14  # five default cases x (1 + 2 + 4 + 4 + 3) outputs
     assert all(r.passed and r.max_abs_diff <= DEFAULT_ATOL for r in results)
     shapes = {(r.output, tuple(r.shape)) for r in results}
     assert (graph_io.OUTPUT_HIDDEN, (1, 1, 32)) in shapes  # batch 1, seq 1

@@ -162,7 +162,7 @@ HEAD = {
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"format_version": 7}, "format_version 7 is not supported"),
+        ({"format_version": 8}, "format_version 8 is not supported"),
         ({"format_version": None}, "format_version None"),
         ({"pooling": "sum"}, "pooling must be one of"),
         ({"matryoshka_dimensions": [33]}, "1..32"),

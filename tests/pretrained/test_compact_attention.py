@@ -410,6 +410,39 @@ def test_open_inference_http_and_grpc_carry_compact_attention(
                 assert np.array_equal(summaries[row, s], want)
 
 
+def test_open_inference_selects_layers_and_heads(
+    minilm_server_url: str, minilm_grpc_address: str
+) -> None:
+    """attention_layers/attention_heads (comma-separated) over /v2 binary and gRPC: the
+    native answer's maps, from the selected-maps graph."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    native = encode(minilm_server_url, {"layers": [-1, 2], "heads": [7, 0], "dtype": "float16"})
+    params = {"attention_layers": "-1,2", "attention_heads": "7, 0", "attention_dtype": "FP16"}
+    texts = np.array([s.encode() for s in HELD_OUT], dtype=np.object_)
+    http = httpclient.InferenceServerClient(minilm_server_url.removeprefix("http://"))
+    text = httpclient.InferInput("text", [len(HELD_OUT)], "BYTES")
+    text.set_data_from_numpy(texts, binary_data=True)
+    wanted = [httpclient.InferRequestedOutput("attentions", binary_data=True)]
+    rpc = grpcclient.InferenceServerClient(minilm_grpc_address)
+    text_rpc = grpcclient.InferInput("text", [len(HELD_OUT)], "BYTES")
+    text_rpc.set_data_from_numpy(texts)
+    wanted_rpc = [grpcclient.InferRequestedOutput("attentions")]
+    got_http, ran = graphs_run(
+        minilm_server_url,
+        lambda: http.infer("minilm-l6", [text], outputs=wanted, parameters=params),
+    )
+    assert ran == {"selected_attention"}
+    got_rpc = rpc.infer("minilm-l6", [text_rpc], outputs=wanted_rpc, parameters=params)
+    for got in (got_http, got_rpc):
+        maps = got.as_numpy("attentions")
+        assert maps.dtype == np.float16 and maps.shape[1:3] == (2, 2)
+        for row, item in enumerate(native):
+            n = decode(item["attention"]).shape[2]
+            assert np.array_equal(maps[row, :, :, :n, :n], decode(item["attention"]))
+
+
 def test_open_inference_refuses_mismatched_attention_parameters(minilm_server_url: str) -> None:
     url = f"{minilm_server_url}/v2/models/minilm-l6/infer"
     text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Why?"]}
@@ -421,6 +454,11 @@ def test_open_inference_refuses_mismatched_attention_parameters(minilm_server_ur
         (["attentions"], {"attention_dtype": "FP64"}, "attention_dtype"),
         (["attentions"], {"attention_threshold": "high"}, "attention_threshold"),
         (["attention_summaries"], {"attention_summaries": "entropy,mood"}, "summaries"),
+        (["attentions"], {"attention_layers": "0,x"}, "attention_layers"),
+        (["attentions"], {"attention_layers": "0,²"}, "attention_layers"),
+        (["attentions"], {"attention_heads": True}, "attention_heads"),
+        (["attentions"], {"attention_heads": "12"}, "heads"),
+        (["attentions"], {"attention_layers": "1,1"}, "repeated"),
     ]:
         body = {
             "inputs": [text],

@@ -48,6 +48,7 @@ def test_model_list_and_card(http_client: httpx.Client, tiny_model_dir: Path) ->
         "model.onnx",
         "model_attn.onnx",
         "model_attn_compact.onnx",
+        "model_attn_select.onnx",
         "model_hidden.onnx",
     ]
     files = [*graphs, graph_io.WEIGHTS_FILE]  # the graphs and the weights they share

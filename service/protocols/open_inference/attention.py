@@ -1,13 +1,14 @@
 """Attention over the Open Inference Protocol: its parameters, and its outputs framed as
 tensors of one shape for the whole batch.
 
-Parameters (each optional): ``attention_measure`` (weights, norms), ``attention_top_k``
-(int), ``attention_threshold`` (float in [0, 1]), ``attention_dtype`` (FP32, FP16),
-``attention_summaries`` (comma-separated names of ``graph_io.SUMMARIES``) and
-``attention_summaries_per_token`` (bool). Outputs:
+Parameters (each optional): ``attention_measure`` (weights, norms), ``attention_layers``
+and ``attention_heads`` (comma-separated indices, negative from the end; default all),
+``attention_top_k`` (int), ``attention_threshold`` (float in [0, 1]), ``attention_dtype``
+(FP32, FP16), ``attention_summaries`` (comma-separated names of ``graph_io.SUMMARIES``)
+and ``attention_summaries_per_token`` (bool). Outputs:
 
-- ``attentions``: FP32 (or FP16) [batch, L, H, seq, seq], or with top-k/threshold
-  the kept values [batch, L, H, seq, k];
+- ``attentions``: FP32 (or FP16) [batch, L', H', seq, seq] of the chosen layers and
+  heads, or with top-k/threshold the kept values [batch, L', H', seq, k];
 - ``attention_indices``: INT32 [batch, L, H, seq, k], their keys (-1: none kept);
 - ``attention_summaries``: FP32 [batch, S, L, H] in the order asked, or
   [batch, S, L, H, seq] per token.
@@ -18,6 +19,7 @@ padding beyond what a sequence kept hold value 0 and key -1.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,9 @@ OUTPUTS = (OUTPUT_INDICES, OUTPUT_SUMMARIES)
 MEASURES = ("weights", "norms")
 DTYPES = {"FP32": "float32", "FP16": "float16"}
 NO_KEY = -1
+# Layer or head indices a parameter may list: more than any model has is refused later.
+MAX_INDICES = 1024
+INDEX = re.compile(r" *-?[0-9]{1,6} *")  # ASCII digits: int() would take others too
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class AttentionParameters:
     dtype: Any = "FP32"
     summaries: Any = ""
     summaries_per_token: Any = False
+    layers: Any = None
+    heads: Any = None
 
     @classmethod
     def of(cls, params: dict[str, Any]) -> AttentionParameters:
@@ -57,6 +64,8 @@ class AttentionParameters:
             params.get("attention_dtype", "FP32"),
             params.get("attention_summaries", ""),
             params.get("attention_summaries_per_token", False),
+            params.get("attention_layers"),
+            params.get("attention_heads"),
         )
 
     def spec(self, outputs: dict[str, bool]) -> AttentionSpec:
@@ -93,6 +102,8 @@ class AttentionParameters:
                 f"output {OUTPUT_INDICES!r} needs parameters.attention_top_k or attention_threshold"
             )
         return AttentionSpec(
+            layers=_indices("attention_layers", self.layers),
+            heads=_indices("attention_heads", self.heads),
             measure=self.measure,
             top_k=None if self.top_k is None else int(self.top_k),
             threshold=None if threshold is None else float(threshold),
@@ -101,6 +112,25 @@ class AttentionParameters:
             summaries=summaries,
             summaries_per_token=self.summaries_per_token,
         )
+
+
+def _indices(name: str, value: Any) -> list[int] | None:
+    """A comma-separated list of integers (the engine bounds and checks each)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    parts = value.split(",") if isinstance(value, str) else None
+    if parts is None or len(parts) > MAX_INDICES or not all(_digits(p) for p in parts):
+        raise InvalidInput(
+            f"parameters.{name} must be comma-separated integers (at most {MAX_INDICES}), "
+            f"got {quoted(value)}"
+        )
+    return [int(p) for p in parts]
+
+
+def _digits(part: str) -> bool:
+    return INDEX.fullmatch(part) is not None
 
 
 def _integer(value: Any) -> bool:

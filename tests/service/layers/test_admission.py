@@ -310,16 +310,23 @@ def test_work_bytes_counts_maps_only_with_attention_and_states_only_when_asked(
 def test_prepared_work_counts_every_map_whatever_the_reduction(
     engine: Engine, reduce: Reduce
 ) -> None:
-    """Selection and reduction read the full maps: a small (reduced) answer does not make
-    a small request."""
+    """Selection and reduction of the full graph's maps (norms need that graph) read
+    every map: a small (reduced) answer does not make a small request. The selected-maps
+    graph returns only the chosen heads' maps: the same request of weights counts those,
+    and less than the full graph's."""
     seqs = sequences(tuple(LENGTHS), seed=3)
     maps = FLOAT32 * N_LAYERS * N_HEADS * sum(n * n for n in LENGTHS)
-    request = request_of(
-        arrays(seqs), return_attention=True, attention=AttentionSpec(heads=[1], reduce=reduce)
-    )
-    prepared = engine.prepare(request)
     plain = engine.prepare(request_of(arrays(seqs)))
+    norms = AttentionSpec(heads=[1], reduce=reduce, measure="norms")
+    prepared = engine.prepare(request_of(arrays(seqs), return_attention=True, attention=norms))
+    assert prepared.graph == graph_io.GRAPH_ATTENTION
     assert prepared.work_bytes >= plain.work_bytes + maps
+    weights = AttentionSpec(heads=[1], reduce=reduce)
+    selected = engine.prepare(request_of(arrays(seqs), return_attention=True, attention=weights))
+    assert selected.graph == graph_io.GRAPH_SELECTED_ATTENTION
+    one_head = FLOAT32 * N_LAYERS * sum(n * n for n in LENGTHS)
+    # The same answer's shape: only the run's outputs differ.
+    assert plain.work_bytes + one_head <= selected.work_bytes < prepared.work_bytes
 
 
 @pytest.mark.parametrize(

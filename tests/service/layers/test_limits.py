@@ -160,6 +160,17 @@ def test_work_bytes_price_the_compact_graph_by_what_it_holds(tiny_config: Encode
     assert sorted_full - full == 4 * 2 * rows * 512
 
 
+def test_work_bytes_price_the_selected_graph_by_what_it_holds(tiny_config: EncoderConfig) -> None:
+    """The selected-maps graph returns its maps only (a float16 one counts half), no
+    hidden states: one map of the full graph's L · H, and nothing for the L + 1 states."""
+    cfg = tiny_config
+    empty = limits.answer_shape([512], D_MODEL, attention=None, embeddings=False, pooled_width=None)
+    plain = limits.work_bytes([512], cfg, False, False, empty, 0.0)
+    one = limits.work_bytes([512], cfg, True, False, empty, 0.0, selected_maps=1.0)
+    half = limits.work_bytes([512], cfg, True, False, empty, 0.0, selected_maps=0.5)
+    assert one - plain == 4 * 512 * 512 and half - plain == 2 * 512 * 512
+
+
 def test_answer_shape_counts_each_part() -> None:
     shape = limits.answer_shape(
         [3, 5],
@@ -259,6 +270,13 @@ SHAPES = {
     ),
     "base64-top-k-and-summaries": Shape(
         "base64", FULL, "none", compact=(("top_k", 8), ("summaries", SUMMARIES))
+    ),
+    # The selected-maps graph: one layer and head; fewer heads in float16.
+    "base64-one-layer-head": Shape(
+        "base64", FULL, "none", compact=(("layers", [-1]), ("heads", [1]))
+    ),
+    "float-heads-float16-ragged": Shape(
+        "float", RAGGED, "none", compact=(("heads", [1, 0]), ("dtype", "float16"))
     ),
 }
 
