@@ -117,6 +117,12 @@ def selected_in_graph(
     )
 
 
+def selected_maps(spec: AttentionSpec, layers: int, heads: int) -> float:
+    """The selected-maps graph's outputs per sequence, in float32 maps (a float16 one
+    counts half)."""
+    return layers * heads * (0.5 if half_in_graph(spec) else 1.0)
+
+
 def top_rows(maps: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """[..., n, n] -> each row's ``k`` largest values and their int32 key indices,
     largest first, ties to the lower index."""

@@ -91,14 +91,14 @@ def _attention(prepared: PreparedEncode, i: int, outputs: SequenceResult) -> Map
         values = outputs[graph_io.OUTPUT_TOP_WEIGHTS][chosen]
         order = outputs[graph_io.OUTPUT_TOP_INDICES][chosen]
         return (*attention_answer.compact_maps(values, order, spec, keys), summaries)
-    full = outputs.get(graph_io.OUTPUT_ATTENTIONS)
     if prepared.selected:  # only the asked layers (ascending) and heads (in order)
         options = prepared.run_options
         assert options.layers is not None
         full = outputs[graph_io.OUTPUT_SELECTED_HALF if options.half else graph_io.OUTPUT_SELECTED]
         layers = [options.layers.index(layer) for layer in layers]
         heads = list(range(len(heads)))
-    assert full is not None
+    else:
+        full = outputs[graph_io.OUTPUT_ATTENTIONS]
     if spec.summaries:
         rows = attention_answer.summaries_of(full[np.ix_(layers, heads)])
         summaries = attention_answer.pick_summaries(rows, spec)

@@ -256,11 +256,10 @@ def work_bytes(
 
     Its decoded inputs [n, d]; the model's outputs kept per sequence until the
     answer is built: the last hidden state, with attention every map [L, H, n, n]
-    (that graph returns the hidden states too), from the selected-maps graph its
-    ``selected_maps`` (float32 maps: a float16 one counts half), or from the compact
+    (that graph returns the hidden states too), or the selected-maps graph's
+    ``selected_maps`` per sequence (a float16 map counts half), or from the compact
     graph each row's ``compact_keys`` values and indices and its summaries, with hidden
-    states all L + 1
-    [n, d]; the answer's arrays; and its encoded bytes, times the copies its
+    states all L + 1 [n, d]; the answer's arrays; and its encoded bytes, times the copies its
     protocol makes while framing them (``WireCost.copies``). Selection and reduction
     work layer by layer (``postprocess``), so their scratch space is one layer's
     maps, within the outputs' count. Repeated indices are refused, so nothing a

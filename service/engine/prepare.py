@@ -26,7 +26,7 @@ from service.engine.types import (
 )
 from service.errors import InvalidInput, UnsupportedByModel
 from service.model_info import ModelInfo
-from service.runtime import ModelRuntime, RunOptions
+from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions
 from service.settings import Settings
 
 # A request of more than ATTNSERVE_MAX_SEQUENCES (pooled vectors only) runs in parts of
@@ -91,7 +91,7 @@ class PreparedEncode:
         if self.selected:
             half = attention_answer.half_in_graph(self.request.attention)
             return RunOptions(layers=tuple(sorted(self.layers)), heads=tuple(self.heads), half=half)
-        return RunOptions()
+        return PLAIN_RUN
 
     def needs_embedding(self, sequence: np.ndarray) -> bool:
         """Is ``sequence`` token ids that the graph cannot take as they are?"""
@@ -431,9 +431,7 @@ def _answer_cost(
         request.wire_cost.copies,
         compact_keys=max(attention_answer.kept_keys(spec, n) for n in running) if compact else None,
         sorts_maps=asks and spec.sparse and not compact,
-        selected_maps=len(options.layers)
-        * len(options.heads)
-        * (0.5 if attention_answer.half_in_graph(spec) else 1.0)
+        selected_maps=attention_answer.selected_maps(spec, len(options.layers), len(options.heads))
         if selected
         else None,
     )
