@@ -44,8 +44,9 @@ def deadline_refusals(url: str) -> float:
 
 
 def long_body(k: int) -> dict[str, Any]:
-    """Eight distinct texts cut to the model's 256 tokens, with the attention graph run
-    (only the last layer's mean map is returned, so the answers stay ~3 MB)."""
+    """Eight distinct texts cut to the model's 256 tokens, with the full attention graph
+    run (every layer's and head's maps: only their rollout is returned, so the answers
+    stay ~2 MB; one layer's maps would run the lighter selected-maps graph)."""
     texts = [
         f"Request {k}, text {j}: " + "the committee reviewed every clause of the long report " * 60
         for j in range(TEXTS_PER_REQUEST)
@@ -54,7 +55,7 @@ def long_body(k: int) -> dict[str, Any]:
         "inputs": texts,
         "truncate": True,
         "return_attention": True,
-        "attention": {"layers": [-1], "reduce": "mean"},
+        "attention": {"reduce": "rollout"},
         "return_embeddings": False,
         "encoding_format": "base64",
     }
