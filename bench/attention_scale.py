@@ -58,7 +58,7 @@ FORMS: dict[str, dict[str, Any]] = {
 V2_PARAMETERS: dict[str, dict[str, Any]] = {
     "full": {},
     "fp16": {"attention_dtype": "FP16"},
-    "layer": {"attention_layers": [-1]},
+    "layer": {"attention_layers": "-1"},
     "top8": {"attention_top_k": 8},
     "top32": {"attention_top_k": 32},
     "summaries": {"attention_summaries": ",".join(graph_io.SUMMARIES)},
