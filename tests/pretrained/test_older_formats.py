@@ -14,6 +14,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -62,6 +63,21 @@ def _graph_runs(url: str) -> dict[str, float]:
     return scrape(url).by("graph", "attnserve_inference_seconds_count")
 
 
+def _both_answer(
+    body: dict[str, object], *urls: str
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, set[str]]]:
+    """Each server's answer to the same /v1/encode ``body``, and the graphs it ran."""
+    answers, ran = {}, {}
+    for url in urls:
+        before = _graph_runs(url)
+        r = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        after = _graph_runs(url)
+        ran[url] = {g for g in after if after[g] > before.get(g, 0.0)}
+        answers[url] = r.json()["data"]
+    return answers, ran
+
+
 def test_format_2_text_runs_as_the_current_format_and_agrees_with_it(
     format2_url: str, minilm_server_url: str
 ) -> None:
@@ -103,14 +119,7 @@ def test_format_2_answers_compact_attention_from_its_full_maps(
     to the compact graph's (1e-5: two graphs' float rounding; the same keys)."""
     attention = {"top_k": 4, "summaries": ["entropy", "distance"]}
     body = {"inputs": SENTENCES, "return_attention": True, "attention": attention}
-    answers, ran = {}, {}
-    for url in (format2_url, minilm_server_url):
-        before = _graph_runs(url)
-        r = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
-        assert r.status_code == 200, r.text
-        after = _graph_runs(url)
-        ran[url] = {g for g in after if after[g] > before.get(g, 0.0)}
-        answers[url] = r.json()["data"]
+    answers, ran = _both_answer(body, format2_url, minilm_server_url)
     assert "attention" in ran[format2_url] and "compact_attention" in ran[minilm_server_url]
     for old, new in zip(answers[format2_url], answers[minilm_server_url], strict=True):
         np.testing.assert_allclose(old["attention"], new["attention"], rtol=0, atol=AGREEMENT_ATOL)
@@ -132,14 +141,7 @@ def test_format_2_answers_selected_and_float16_maps_from_its_full_maps(
     two graphs' float32 maps (one float16 ulp at 1: 2^-10)."""
     attention = {"layers": [4, 1], "heads": [7, 0, 3], "dtype": "float16"}
     body = {"inputs": SENTENCES, "return_attention": True, "attention": attention}
-    answers, ran = {}, {}
-    for url in (format2_url, minilm_server_url):
-        before = _graph_runs(url)
-        r = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
-        assert r.status_code == 200, r.text
-        after = _graph_runs(url)
-        ran[url] = {g for g in after if after[g] > before.get(g, 0.0)}
-        answers[url] = r.json()["data"]
+    answers, ran = _both_answer(body, format2_url, minilm_server_url)
     assert "attention" in ran[format2_url] and "selected_attention" in ran[minilm_server_url]
     for old, new in zip(answers[format2_url], answers[minilm_server_url], strict=True):
         old_maps, new_maps = np.asarray(old["attention"]), np.asarray(new["attention"])
