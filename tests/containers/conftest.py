@@ -90,7 +90,7 @@ def reference() -> Iterator[np.ndarray]:
 
 @pytest.fixture(scope="session")
 def health_checks(podman: Podman) -> Iterator[HealthChecks]:
-    with HealthChecks(podman) as checks:
+    with HealthChecks(podman, PROJECT) as checks:
         yield checks
 
 

@@ -270,16 +270,23 @@ class Compose:
 
 
 class HealthChecks:
-    """Runs the health checks of running containers, as systemd's timers would.
+    """Runs the health checks of a Compose project's containers, as systemd's timers
+    would.
 
     podman has no scheduler of its own for HEALTHCHECK: it asks systemd, which
     this host lacks, so a container would stay "starting" for ever and Compose
     would never start what ``depends_on: condition: service_healthy``. This thread
-    runs ``podman healthcheck run`` on every running container with a check.
+    runs ``podman healthcheck run`` on every running container of ``project`` with a
+    check. Only those: ``podman kube play`` turns the Deployment's liveness probe into
+    a check that cannot pass here (``curl`` on port 0: podman 4.3 resolves neither
+    the named port nor the image's tools), with a restart on failure, and would
+    restart the pod under test_kube (a kubelet asks the probe's endpoint itself,
+    which test_kube does).
     """
 
-    def __init__(self, podman: Podman, every: float = 2.0) -> None:
+    def __init__(self, podman: Podman, project: str, every: float = 2.0) -> None:
         self.podman = podman
+        self.project = project
         self.every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="healthchecks", daemon=True)
@@ -296,7 +303,8 @@ class HealthChecks:
         while not self._stop.wait(self.every):
             names = self.podman.run(
                 "healthchecks", "ps", "--filter", "health=starting", "--filter",
-                "health=healthy", "--filter", "health=unhealthy", "--format", "{{.Names}}",
+                "health=healthy", "--filter", "health=unhealthy", "--filter",
+                f"label=com.docker.compose.project={self.project}", "--format", "{{.Names}}",
                 check=False,
             ).stdout.split()  # fmt: skip
             for name in names:
