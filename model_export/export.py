@@ -63,6 +63,7 @@ from model_export.validate import (
     DEFAULT_RTOL,
     CheckResult,
     results_json,
+    selection_feeds,
     validate_head_graph,
     validate_model_dir,
     validate_sparse_graph,
@@ -168,11 +169,9 @@ def _extra_inputs(graph: str, n_layers: int, n_heads: int) -> tuple[Tensor, ...]
     """Example values of ``graph``'s inputs beyond the embeddings and mask."""
     if graph == graph_io.GRAPH_COMPACT_ATTENTION:
         return (torch.zeros(3, dtype=torch.int64),)  # k = 3 of 8 keys: a dynamic axis
-    if graph == graph_io.GRAPH_SELECTED_ATTENTION:
-        cycle = (graph_io.LAYER_FLOAT32, graph_io.LAYER_FLOAT16, graph_io.LAYER_DROPPED)
-        marks = [cycle[i % 3] for i in range(n_layers)]
-        heads = list(range(n_heads))[::-1][: max(2, n_heads - 1)]  # >1: a dynamic axis
-        return (torch.tensor(marks, dtype=torch.int64), torch.tensor(heads, dtype=torch.int64))
+    if graph == graph_io.GRAPH_SELECTED_ATTENTION:  # every head: > 1, a dynamic axis
+        feeds = selection_feeds(n_layers, n_heads, case=0)
+        return tuple(torch.from_numpy(feeds[name]) for name in graph_io.GRAPH_INPUTS[graph][2:])
     return ()
 
 
