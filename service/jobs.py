@@ -11,7 +11,7 @@ import numpy as np
 
 from service.fair_queue import Flow
 from service.inference_lanes import SequenceResult
-from service.runtime import ModelRuntime, RunOptions
+from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions
 from service.timing import RunTiming
 
 
@@ -32,7 +32,7 @@ class Job:
     # What its runs feed the graph beyond the sequences: it shares runs only with jobs of
     # the same selection, and the compact graph's k is the largest of theirs (each
     # sequence keeps its own first k of the sorted rows).
-    options: RunOptions = field(default_factory=RunOptions)
+    options: RunOptions = PLAIN_RUN  # frozen: shared safely
 
     @property
     def tokens(self) -> int:

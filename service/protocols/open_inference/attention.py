@@ -121,16 +121,12 @@ def _indices(name: str, value: Any) -> list[int] | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return [value]
     parts = value.split(",") if isinstance(value, str) else None
-    if parts is None or len(parts) > MAX_INDICES or not all(_digits(p) for p in parts):
+    if parts is None or len(parts) > MAX_INDICES or not all(map(INDEX.fullmatch, parts)):
         raise InvalidInput(
             f"parameters.{name} must be comma-separated integers (at most {MAX_INDICES}), "
             f"got {quoted(value)}"
         )
     return [int(p) for p in parts]
-
-
-def _digits(part: str) -> bool:
-    return INDEX.fullmatch(part) is not None
 
 
 def _integer(value: Any) -> bool:
