@@ -45,7 +45,9 @@ class Served:
 
 
 @contextmanager
-def running_server(model_dir: Path, /, **settings: str) -> Iterator[Served]:
+def running_server(
+    model_dir: Path, /, service_root: Path = ROOT, **settings: str
+) -> Iterator[Served]:
     """``python -m service`` with ``model_dir`` as its default model (the repository
     served is its parent folder); yields once ``/health/ready`` answers 200, stops the
     server on exit.
@@ -58,20 +60,25 @@ def running_server(model_dir: Path, /, **settings: str) -> Iterator[Served]:
         "ATTNSERVE_MODEL_REPOSITORY": str(model_dir.parent),
         "ATTNSERVE_DEFAULT_MODEL": model_dir.name,
     }
-    with _serve(models, settings) as served:
+    with _serve(models, settings, service_root) as served:
         yield served
 
 
 @contextmanager
-def running_repository(repository: Path, /, **settings: str) -> Iterator[Served]:
+def running_repository(
+    repository: Path, /, service_root: Path = ROOT, **settings: str
+) -> Iterator[Served]:
     """``running_server`` for a whole model ``repository``, its default model left to
     the service's settings."""
-    with _serve({"ATTNSERVE_MODEL_REPOSITORY": str(repository)}, settings) as served:
+    repo = {"ATTNSERVE_MODEL_REPOSITORY": str(repository)}
+    with _serve(repo, settings, service_root) as served:
         yield served
 
 
 @contextmanager
-def _serve(models: dict[str, str], settings: dict[str, str]) -> Iterator[Served]:
+def _serve(
+    models: dict[str, str], settings: dict[str, str], service_root: Path
+) -> Iterator[Served]:
     port = free_port()
     env = {
         **os.environ,
@@ -85,7 +92,7 @@ def _serve(models: dict[str, str], settings: dict[str, str]) -> Iterator[Served]
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "service"],
-            cwd=ROOT,
+            cwd=service_root,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
