@@ -35,17 +35,20 @@ directory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import IO, Any, Final, Literal
 
 from model_export import graph_io
 from model_export.config import ConfigError, EncoderConfig, check_size
+from model_export.model_files import FileChanged, open_checked
 
 __all__ = [
     "FORMAT_VERSION",
@@ -60,6 +63,7 @@ __all__ = [
     "TextFrontEnd",
     "check_file_name",
     "graph_io",
+    "open_model_file",
     "sha256_file",
 ]
 
@@ -104,12 +108,16 @@ class Cancelled(ManifestError):
 
 
 def sha256_file(path: Path, cancelled: Callable[[], bool] | None = None) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            if cancelled is not None and cancelled():
-                raise Cancelled(f"{path.name}: hashing given up")
-            digest.update(chunk)
+        return _sha256(f, path.name, cancelled)
+
+
+def _sha256(f: IO[bytes], name: str, cancelled: Callable[[], bool] | None = None) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        if cancelled is not None and cancelled():
+            raise Cancelled(f"{name}: hashing given up")
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -137,11 +145,27 @@ def resolve_file(model_dir: Path, name: str, within: Path | None = None) -> Path
     The error names the file only, never where a link points."""
     check_file_name(name, name)
     real = (model_dir / name).resolve()
-    root = (model_dir if within is None else within).resolve()
-    if not real.is_relative_to(root):
+    if not real.is_relative_to(_root(model_dir, within)):
         where = "model directory" if within is None else "model repository"
         raise ManifestError(f"{name} resolves outside the {where} (a symbolic link?)")
     return real
+
+
+def _root(model_dir: Path, within: Path | None) -> Path:
+    return (model_dir if within is None else within).resolve()
+
+
+def open_model_file(model_dir: Path, name: str, within: Path | None = None) -> IO[bytes]:
+    """``model_dir / name`` opened for reading: its path checked by ``resolve_file``,
+    then what was opened checked to be that file (``model_files.open_checked``: a
+    symbolic link swapped in after the check is refused, never followed). The one way
+    a model directory's files are read here. ManifestError if refused; OSError as
+    opening raises it."""
+    real = resolve_file(model_dir, name, within)
+    try:
+        return open_checked(real, _root(model_dir, within))
+    except FileChanged as exc:
+        raise ManifestError(f"{name} is refused: {exc.args[0]}") from None
 
 
 def json_depth(data: bytes, limit: int = MAX_CONFIG_DEPTH) -> int:
@@ -540,9 +564,8 @@ class Manifest:
         its size and nesting are bounded before it is parsed. ``within``: see
         ``resolve_file``."""
         config = graph_io.CONFIG_FILE
-        path = resolve_file(model_dir, config, within)
         try:
-            with path.open("rb") as f:
+            with open_model_file(model_dir, config, within) as f:
                 data = f.read(MAX_CONFIG_BYTES + 1)
         except FileNotFoundError:
             raise ManifestError(f"{config} is missing") from None
@@ -578,22 +601,24 @@ class Manifest:
         name -> its real path (see ``resolve_file``). Files larger than ``max_bytes`` in
         total are refused before any is hashed; ``cancelled`` is asked between chunks."""
         paths = {name: resolve_file(model_dir, name, within) for name in self.files()}
-        sizes = {}
-        for name, path in paths.items():
-            if not path.is_file():
-                raise ManifestError(f"{name} is missing")
-            sizes[name] = path.stat().st_size
-        total = sum(sizes.values())
-        if max_bytes is not None and total > max_bytes:
-            raise ManifestError(
-                f"its files take {total / 2**20:,.0f} MiB, more than the "
-                f"{max_bytes / 2**20:,.0f} MiB it may take"
-            )
-        for name, want in self.files().items():
-            # Only whether it matches: the digest of a file is not for an error message.
-            if sha256_file(paths[name], cancelled) != want:
+        with contextlib.ExitStack() as opened:
+            files = {}
+            for name in paths:
+                try:
+                    files[name] = opened.enter_context(open_model_file(model_dir, name, within))
+                except (FileNotFoundError, IsADirectoryError):
+                    raise ManifestError(f"{name} is missing") from None
+            total = sum(os.fstat(f.fileno()).st_size for f in files.values())
+            if max_bytes is not None and total > max_bytes:
                 raise ManifestError(
-                    f"{name} is corrupt: it does not match the SHA-256 recorded in "
-                    f"{graph_io.CONFIG_FILE}"
+                    f"its files take {total / 2**20:,.0f} MiB, more than the "
+                    f"{max_bytes / 2**20:,.0f} MiB it may take"
                 )
+            for name, want in self.files().items():
+                # Only whether it matches: the digest of a file is not for an error message.
+                if _sha256(files[name], name, cancelled) != want:
+                    raise ManifestError(
+                        f"{name} is corrupt: it does not match the SHA-256 recorded in "
+                        f"{graph_io.CONFIG_FILE}"
+                    )
         return paths

@@ -58,6 +58,11 @@ def _lifespan(engine: Engine) -> Any:
     return lifespan
 
 
+def internal_error(headers: dict[str, str] | None = None) -> JSONResponse:
+    """The answer to a bug of ours: no detail (those are in the server log only)."""
+    return native_errors.error_response(500, "internal server error", "internal_error", headers)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = Engine(settings, Metrics())
@@ -101,9 +106,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        # No logging here: Starlette re-raises after this answer and uvicorn logs the
-        # traceback once.
-        return native_errors.error_response(500, "internal server error", "internal_error")
+        # Only for a failure outside RequestScopeMiddleware (which answers the rest and
+        # keeps the connection): Starlette re-raises after this answer, uvicorn logs the
+        # traceback and closes the connection, so the answer says so.
+        return internal_error(headers={"connection": "close"})
 
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -117,5 +123,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
-    app.add_middleware(RequestScopeMiddleware, engine=engine)
+    app.add_middleware(RequestScopeMiddleware, engine=engine, unexpected=internal_error())
     return app

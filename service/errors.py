@@ -50,7 +50,10 @@ def quoted(value: object) -> str:
 class ServiceError(Exception):
     """Base class: ``status_code`` and ``error_type`` travel to the client."""
 
-    when: ClassVar[str] = "a bug; the details are in the server log only"
+    when: ClassVar[str] = (
+        "a bug; the details are in the server log only (under the answer's `X-Request-Id`); "
+        "the connection stays usable"
+    )
     raised_on: ClassVar[frozenset[str]] = frozenset()
     status_code: ClassVar[int] = 500
     error_type: ClassVar[str] = "internal_error"

@@ -419,6 +419,15 @@ class Settings(BaseSettings):
             "closed at once and a warning is logged (at most every 10 s)."
         ),
     )
+    grpc_max_connections: int = Field(
+        1024,
+        ge=1,
+        description=(
+            "Open gRPC connections (each takes at most 100 concurrent calls). Beyond it grpc "
+            "closes a new connection as soon as it is accepted: its client's calls fail "
+            "`UNAVAILABLE` and it retries elsewhere; the connections already open are served."
+        ),
+    )
     header_timeout: float = Field(
         10.0,
         gt=0,

@@ -10,10 +10,19 @@ own) to the response, and closes the scope once the last byte is sent (or the
 request failed), labelled by route template and status: 499 for a client that
 went away or stopped reading, never 500. Routes enter the scope with their
 access (``http.protocol_route``); nothing else here is a rule of the engine.
+
+An exception no handler knows (a bug of ours) is logged here, inside the scope
+(its line carries the request id), and answered with ``unexpected`` (a whole
+500) before any answer started: the request ends normally, so the keep-alive
+connection stays usable. Left to Starlette's outermost handler, it is re-raised
+after the answer and uvicorn closes the connection under the client's next
+request. Once an answer has started, it is re-raised: uvicorn cuts that
+connection, the only way to tell the client that answer is incomplete.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -24,6 +33,8 @@ from service.engine import Engine
 from service.engine.scope import Caller, RequestScope
 
 SCOPE_KEY = "attnserve.scope"
+
+log = logging.getLogger(__name__)
 
 
 def scope_of(request: Request) -> RequestScope:
@@ -55,8 +66,9 @@ def caller(headers: list[tuple[bytes, bytes]]) -> Caller:
 class RequestScopeMiddleware:
     """Opens and closes the engine's scope of every HTTP request."""
 
-    def __init__(self, app: ASGIApp, engine: Engine) -> None:
-        self.app, self.engine = app, engine
+    def __init__(self, app: ASGIApp, engine: Engine, unexpected: ASGIApp) -> None:
+        """``unexpected``: the 500 answered for an exception no handler knows."""
+        self.app, self.engine, self.unexpected = app, engine, unexpected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,14 +77,23 @@ class RequestScopeMiddleware:
         with self.engine.request(caller(scope["headers"])) as request_scope:
             scope[SCOPE_KEY] = request_scope
 
+            started = False
+
             async def send_with_scope(message: Message) -> None:
+                nonlocal started
                 if message["type"] == "http.response.start":
+                    started = True
                     request_scope.status = message["status"]
                     message["headers"] = _with_scope_headers(request_scope, message)
                 await send(message)
 
             try:
                 await self.app(scope, receive, send_with_scope)
+            except Exception:
+                if started:
+                    raise
+                log.exception("unexpected error: answered 500")
+                await self.unexpected(scope, receive, send_with_scope)
             finally:
                 # The router records the matched route in the scope: label by its template
                 # (/v1/models/{name}), so labels stay few whatever paths clients send.

@@ -21,7 +21,10 @@ from model_export.manifest import (
     Manifest,
     ManifestError,
     TextFrontEnd,
+    open_model_file,
+    resolve_file,
 )
+from model_export.model_files import FileChanged, open_checked
 
 GRAPHS = {name: GraphFile("0" * 64, outputs) for name, outputs in graph_io.GRAPH_OUTPUTS.items()}
 # What the first release wrote: no model_hidden.onnx, model_attn.onnx without hidden_states.
@@ -362,3 +365,52 @@ def test_the_depth_scan_is_linear_in_an_unterminated_string(tmp_path: Path) -> N
     (tmp_path / graph_io.CONFIG_FILE).write_bytes(b'{"x": "' + b'\\"' * (MAX_CONFIG_BYTES // 2 - 8))
     with pytest.raises(ManifestError, match="not readable JSON"):
         Manifest.read(tmp_path)
+
+
+def test_a_file_swapped_for_a_link_after_its_check_is_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The link-check race: a file's path is checked (``resolve_file``), then the file is
+    swapped for a symbolic link out of the directory before it is opened. Opening the
+    checked path (``open_checked``, what ``open_model_file`` does after the check) refuses
+    it instead of following the link."""
+    model = tmp_path / "repo" / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    outside = tmp_path / "secret.json"
+    outside.write_text("{}")
+    real = resolve_file(model, graph_io.CONFIG_FILE)  # checked: inside, no link
+    real.unlink()
+    real.symlink_to(outside)  # swapped in after the check
+    with pytest.raises(FileChanged, match="became a symbolic link"):
+        open_checked(real, model.resolve())
+    # Through the manifest the link is now seen by the path check itself.
+    with pytest.raises(ManifestError, match="resolves outside the model directory"):
+        Manifest.read(model)
+
+
+def test_a_directory_swapped_for_a_link_after_its_check_is_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The same race one level up: the model directory itself is swapped for a link to a
+    copy outside the repository. The file's own name is no link, so ``O_NOFOLLOW``
+    alone would open the copy; the opened file's path, read from its descriptor, is
+    outside the bound and refused."""
+    repo = tmp_path / "repo"
+    model = repo / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(tiny_model_dir, copy)
+    real = resolve_file(model, graph_io.CONFIG_FILE, repo)
+    model.rename(repo / "old")
+    model.symlink_to(copy)  # swapped in after the check
+    with pytest.raises(FileChanged, match="out of bounds"):
+        open_checked(real, repo.resolve())
+
+
+def test_every_model_file_is_read_through_the_checked_open(tiny_model_dir: Path) -> None:
+    """``open_model_file`` opens what the check allowed (the manifest's reads and hashes
+    go through it): the file's bytes, and a plain file only."""
+    with open_model_file(tiny_model_dir, graph_io.CONFIG_FILE) as f:
+        assert f.read() == (tiny_model_dir / graph_io.CONFIG_FILE).read_bytes()
+    with pytest.raises(ManifestError, match="not a regular file"):
+        open_model_file(tiny_model_dir.parent, tiny_model_dir.name)

@@ -3,7 +3,8 @@
 grpc's own clients respect the server's stream limit, send a call's message
 with its headers and read every answer; a hostile client does none of that.
 This one speaks just enough HTTP/2 (RFC 9113) to open streams with headers and
-no message, send a message, and never read an answer: it acknowledges SETTINGS
+no message, send a message, and never read an answer (or read it as slowly as
+it is told to, ``grant``): it acknowledges SETTINGS
 and PINGs (so the server keeps the connection), grants no flow-control window
 beyond what it is told to, and records per stream the DATA bytes and
 RST_STREAM codes it received. Headers are sent as HPACK literals and answers'
@@ -19,7 +20,7 @@ import threading
 from collections import defaultdict
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0x0, 0x1, 0x3, 0x4, 0x6, 0x7
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0x0, 0x1, 0x3, 0x4, 0x6, 0x7, 0x8
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE = 0x2, 0x4
 MAX_FRAME = 16_384  # SETTINGS_MAX_FRAME_SIZE's initial value
@@ -108,6 +109,13 @@ class RawH2:
         for i, chunk in enumerate(chunks):
             last = end and i == len(chunks) - 1
             self._send(self._frame(DATA, END_STREAM if last else 0, stream, chunk))
+
+    def grant(self, stream: int, size: int) -> None:
+        """Let the server send ``size`` more bytes on ``stream`` and on the connection
+        (a WINDOW_UPDATE for each): a reader taking its answer a little at a time."""
+        increment = struct.pack(">I", size)
+        self._send(self._frame(WINDOW_UPDATE, 0, stream, increment))
+        self._send(self._frame(WINDOW_UPDATE, 0, 0, increment))
 
     def _read(self) -> None:
         buffer = b""

@@ -6,6 +6,7 @@ the hostile ones go through grpc's own client on connections of their own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,11 +27,18 @@ from tests.support.wait import wait_until
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 # Options that give a channel a connection of its own (grpc shares them by target).
 OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
+GRPC_MAX_CONNECTIONS = 4
 
 
 @pytest.fixture(scope="module")
 def servers(model_repository: Path) -> Iterator[Servers]:
-    with serving(model_repository, body_timeout="2", send_timeout="3", log_level="info") as running:
+    with serving(
+        model_repository,
+        body_timeout="2",
+        send_timeout="3",
+        grpc_max_connections=str(GRPC_MAX_CONNECTIONS),
+        log_level="info",
+    ) as running:
         yield running
 
 
@@ -171,3 +179,67 @@ def test_a_deadline_beyond_a_day_is_capped_not_refused(servers: Servers) -> None
         request = pb.ModelInferRequest.FromString(infer_request())
         answer = stub.ModelInfer(request, timeout=2 * 86400)
     assert tuple(answer.outputs[0].shape) == (1, 4, D_MODEL)
+
+
+def test_a_slow_reader_of_a_large_answer_is_cut_at_send_timeout(servers: Servers) -> None:
+    """A client that reads its answer (128 KiB) but slowly, 8 KiB every 0.5 s, would
+    hold it for 8 s: the whole answer must be taken within ATTNSERVE_SEND_TIMEOUT
+    (3 s), a minimum read rate of answer / send_timeout, so its connection is dropped
+    then, having read part of it, and the answer's bytes are given back."""
+    host, port = servers.grpc.split(":")
+    url = servers.url
+    cut = metric(url, "attnserve_requests_total", route=INFER, status="499")
+    answer = 2 * 4 * 64 * 64 * 4  # [1, 2 layers, 4 heads, 64, 64] float32
+    reader = RawH2(host, int(port), window=0)
+    try:
+        stream = reader.open(INFER)
+        message = infer_request(1, 64, (graph_io.OUTPUT_ATTENTIONS,), seed=200)
+        reader.send(stream, grpc_message(message))
+        started = time.monotonic()
+        while not reader.closed.wait(0.5) and time.monotonic() - started < 30:
+            reader.grant(stream, 8192)
+        assert reader.closed.is_set(), "a slow reader was never cut"
+        assert 0 < reader.data_bytes[stream] < answer  # it read, too slowly
+    finally:
+        reader.close()
+    wait_until(
+        lambda: metric(url, "attnserve_in_flight_bytes") == 0, "bytes still held", timeout=10
+    )
+    wait_until(
+        lambda: metric(url, "attnserve_requests_total", route=INFER, status="499") == cut + 1,
+        "the cut answer is not a 499",
+        timeout=10,
+    )
+
+
+def test_connections_beyond_the_cap_are_closed_at_once(servers: Servers) -> None:
+    """ATTNSERVE_GRPC_MAX_CONNECTIONS (4 here) open connections: a fifth is closed as
+    soon as it is accepted, and a real client's call on one fails UNAVAILABLE; the four
+    held are served, and once they close new connections are served again."""
+    host, port = servers.grpc.split(":")
+    held = [RawH2(host, int(port)) for _ in range(GRPC_MAX_CONNECTIONS)]
+    try:
+        assert not any(h.closed.wait(0.5) for h in held)  # within the cap: kept
+        extra = RawH2(host, int(port))
+        try:
+            assert extra.closed.wait(5), "a connection beyond the cap was kept"
+        finally:
+            extra.close()
+        with grpc.insecure_channel(servers.grpc, options=OWN_CONNECTION) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        # A connection held within the cap still takes calls.
+        stream = held[0].open(INFER)
+        held[0].send(stream, grpc_message(infer_request()))
+        wait_until(lambda: stream in held[0].ended, "a held connection was not answered", 10)
+        assert held[0].data_bytes[stream] > 0
+    finally:
+        for h in held:
+            h.close()
+    wait_until(
+        lambda: health_and_infer(servers.grpc)[1] == (1, 4, D_MODEL),
+        "not served once the held connections closed",
+        timeout=10,
+    )

@@ -5,8 +5,9 @@ Each RPC here is a translation onto the engine; ``calls.py`` runs every call
 admission by the engine once the message is in, the bounded send of its answer),
 so what a call may do is the engine's rule, never this module's. There is no
 server-wide cap on calls (grpc's would count a call from its headers on, health
-checks in the same pool): per connection, streams are bounded; per call, the time
-it may take to send its message and to read its answer. The standard
+checks in the same pool): connections are capped (ATTNSERVE_GRPC_MAX_CONNECTIONS,
+beyond which grpc closes a new one at once); per connection, streams are bounded;
+per call, the time it may take to send its message and to read its answer. The standard
 ``grpc.health.v1`` service follows readiness (NOT_SERVING while warming up and
 from SIGTERM on). Message sizes are bounded by the HTTP limits
 (ATTNSERVE_MAX_BODY_BYTES in, ATTNSERVE_MAX_RESPONSE_BYTES out).
@@ -210,6 +211,9 @@ async def serve(engine: Engine) -> AsyncIterator[None]:
         options=[
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", settings.max_response_bytes + FRAMING_BYTES),
+            # grpc core closes a connection accepted beyond it (the HTTP side's cap is
+            # connection_guard's): no call of its starts, nothing of it is held.
+            ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
             *KEEPALIVE,
         ],
     )
