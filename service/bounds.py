@@ -92,6 +92,7 @@ class Bound:
 
 CALLER: tuple[Bound, ...] = (
     Bound("open connections", "max_connections", answer="new connections closed at once"),
+    Bound("open gRPC connections", "grpc_max_connections", answer="new connections closed at once"),
     Bound("time to send a request's headers", "header_timeout", answer="408, then closed"),
     Bound("request line plus headers", "max_header_bytes", answer="431, then closed"),
     Bound("header lines per request", "max_headers", answer="431, then closed"),
