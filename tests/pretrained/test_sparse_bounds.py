@@ -90,3 +90,11 @@ def test_an_empty_text_is_refused_as_on_every_other_route(url: str, kind: str | 
     answer = httpx.post(f"{url}/v1/embed_sparse", json=body, timeout=60)
     assert answer.status_code == 422, answer.text[:300]
     assert answer.json()["error"].startswith("inputs[1]: is empty"), answer.text
+
+
+def test_the_documented_costs_of_a_nonzero_are_the_codes() -> None:
+    from service.protocols import wire
+
+    api = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    index, value = int(wire.JSON_SPARSE_INDEX), int(wire.JSON_SPARSE_VALUE)
+    assert f"its index (up to {index} bytes) and its value (up to {value}:" in api
