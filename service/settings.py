@@ -231,7 +231,8 @@ class Settings(BaseSettings):
             "at the whole vocabulary (SPLADE), a word per token (BM42) or `top_k`, each its "
             "index and value, and its token with `return_text` (the 413 says how many texts "
             "fit); a thresholded attention row at ⌊1/t⌋ + 1 keys, or every key where rows "
-            "need not sum to 1. A built sparse answer is checked against that price before it is written."
+            "need not sum to 1. A built sparse answer is checked against that price before "
+            "it is written."
         ),
     )
 
