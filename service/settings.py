@@ -226,7 +226,13 @@ class Settings(BaseSettings):
         description=(
             "Response size, bounded from above before inference (413): 17 bytes per number for "
             "`float` (the longest float32 orjson writes, with its separator, plus brackets) and "
-            "16/3 for `base64`, plus each protocol's envelope and token strings."
+            "16/3 for `base64`, plus each protocol's envelope and token strings. Answers whose "
+            "size depends on values are priced at their worst case: a sparse vector's nonzeros "
+            "at the whole vocabulary (SPLADE), a word per token (BM42) or `top_k`, each its "
+            "index and value, and its token with `return_text` (the 413 says how many texts "
+            "fit); a thresholded attention row at ⌊1/t⌋ + 1 keys, or every key where rows "
+            "need not sum to 1. A built sparse answer is checked against that price before "
+            "it is written."
         ),
     )
 

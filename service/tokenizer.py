@@ -10,6 +10,8 @@ naming the model, never a 500.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +159,15 @@ class TextFrontEnd:
     def tokens_of_ids(self, ids: list[int]) -> list[str]:
         """The vocabulary's token for each id (SPLADE's dimensions)."""
         return [self._tokenizer.id_to_token(i) or f"[{i}]" for i in ids]
+
+    @functools.cached_property
+    def longest_tokens_chars(self) -> list[int]:
+        """At k: the characters of the vocabulary's k longest tokens, as ``tokens_of_ids``
+        names them (what k of them can cost written out), computed once."""
+        text = self.info.manifest.text
+        vocab = 0 if text is None else text.vocab_size
+        lengths = sorted(map(len, self.tokens_of_ids(list(range(vocab)))), reverse=True)
+        return [0, *itertools.accumulate(lengths)]
 
     def pair_overhead(self) -> int:
         """The special tokens a pair adds ([CLS] and two [SEP]; XLM-R's four)."""

@@ -8,8 +8,9 @@ else (a reduction, rollout, norms, or a model exported before the compact graph)
 takes the full maps and does the same here in numpy, with the same answers: rows
 sorted largest first, ties to the lower key index, as ONNX's TopK orders them.
 
-A threshold t keeps the keys with weight > t: a row sums to 1, so fewer than 1/t of
-them, and the compact graph's top ⌊1/t⌋ + 1 always holds them all.
+A threshold t keeps the keys with weight > t: a row of weights sums to 1, so fewer
+than 1/t of them, and the compact graph's top ⌊1/t⌋ + 1 always holds them all (a
+row that need not sum to 1, a max over heads or norms, is priced at every key).
 
 Full maps of fewer layers or heads than the model has, or in float16, come from the
 selected-maps graph (``graph_io.GRAPH_SELECTED_ATTENTION``) where the model has it:
@@ -74,8 +75,19 @@ def kept_keys(spec: AttentionSpec, n: int) -> int:
     if spec.top_k is not None:
         return spec.top_k
     if spec.threshold is not None:
-        return n if spec.threshold == 0.0 else min(n, math.floor(1.0 / spec.threshold) + 1)
+        # A row that sums to 1 holds fewer than 1/t values above t; a t so small that 1/t
+        # reaches n (or overflows, as 1/5e-324 does) keeps every key. Rows that need not
+        # sum to 1 (the max over heads, attention norms) may keep every key.
+        if not stochastic_rows(spec) or spec.threshold * n <= 1.0:
+            return n
+        return min(n, math.floor(1.0 / spec.threshold) + 1)
     return n
+
+
+def stochastic_rows(spec: AttentionSpec) -> bool:
+    """Does each row of the answered maps sum to 1? The weights, their mean over heads
+    and any rollout do; their max over heads and attention norms need not."""
+    return spec.reduce == "rollout" or (spec.measure == "weights" and spec.reduce != "max")
 
 
 def in_graph(spec: AttentionSpec, hidden_states: bool, has_graph: bool) -> bool:

@@ -216,12 +216,18 @@ def answer_shape(
 
 
 def check_response_size(
-    shape: AnswerShape, cost: WireCost, model_name: str, settings: Settings
+    shape: AnswerShape,
+    cost: WireCost,
+    model_name: str,
+    settings: Settings,
+    *,
+    hint: str | None = None,
 ) -> float:
-    """The answer's bytes (an upper bound); PayloadTooLarge (413) beyond ``max_response_bytes``."""
+    """The answer's bytes (an upper bound); PayloadTooLarge (413) beyond ``max_response_bytes``,
+    saying what to ask instead (``hint``, else what shrinks an encode answer)."""
     size = cost.bytes(shape, model_name)
     if size > settings.max_response_bytes:
-        hint = (
+        hint = hint or (
             (
                 "select fewer attention layers or heads, reduce the attention (mean, max "
                 "or rollout), "

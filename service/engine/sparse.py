@@ -24,14 +24,14 @@ import numpy as np
 from py_rust_stemmers import SnowballStemmer
 
 from model_export.manifest import graph_io
-from service.engine import splade, text
+from service.engine import limits, splade, text
 from service.engine.admit import Admit
-from service.engine.execute import Executor
+from service.engine.execute import OFFLOAD_BYTES, Executor
 from service.engine.registry import Registry
 from service.engine.rerank import require_task
 from service.engine.scope import RequestScope
-from service.engine.types import SparseRequest, SparseResult, SparseVector
-from service.errors import InvalidInput, UnsupportedByModel
+from service.engine.types import AnswerShape, SparseRequest, SparseResult, SparseVector
+from service.errors import InvalidInput, PayloadTooLarge, UnsupportedByModel
 from service.inference_lanes import SequenceResult
 from service.runtime import ModelRuntime
 from service.settings import Settings
@@ -109,7 +109,23 @@ def _vector(by_stem: dict[str, float]) -> SparseVector:
 # What a BM42 request holds per token: its ids and types, its weight, its tokens and the
 # words, stems and vector built from them (Python objects: generous).
 BYTES_PER_TOKEN = 512
+# What a kept nonzero holds from its vector's building until the answer is written: an
+# int, a float and a str (BM42's stem, SPLADE's token), each in a list slot (~150 bytes
+# measured for SPLADE's tokens; generous).
+BYTES_PER_NONZERO = 200
 W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A checked request, the version it runs on, its texts' tokens, and its answer's
+    worst case: its size (within ATTNSERVE_MAX_RESPONSE_BYTES) and its nonzeros."""
+
+    request: SparseRequest
+    runtime: ModelRuntime
+    encoded: list[text.Tokenized]
+    response_bytes: float
+    nonzeros: int
 
 
 async def embed(
@@ -119,9 +135,12 @@ async def embed(
     admit: Admit,
     execute: Executor,
 ) -> tuple[SparseResult, W]:
-    """BM42 vectors: texts tokenized off the loop; documents run the sparse graph (the
-    last layer's [CLS] attention row) in parts like a large pooled request, queries run
-    nothing. Admission, deadline and disconnects as an encode request."""
+    """Sparse vectors: texts tokenized off the loop; documents run the sparse graph (the
+    last layer's [CLS] attention row), SPLADE texts the head, in parts like a large pooled
+    request; queries run nothing. The answer is priced at its worst case before any of
+    that (413 beyond ATTNSERVE_MAX_RESPONSE_BYTES) and held on the ticket with the
+    objects it is built from; what was built is checked against that price, and the
+    deadline, before it is answered."""
     settings = execute.settings
 
     def checked(request: SparseRequest) -> Prepared:
@@ -129,14 +148,16 @@ async def embed(
         if request.kind is None:  # the model's own kind of sparse vector
             kind = "splade" if runtime.info.manifest.task == "splade" else "document"
             request = dataclasses.replace(request, kind=kind)
-        return request, runtime, prepare(request, runtime, settings)
+        return prepare(request, runtime, settings)
 
-    (request, runtime, encoded), wire = await admit.prepared(scope, parse, checked, lambda _: False)
+    prepared, wire = await admit.prepared(scope, parse, checked, lambda _: False)
+    request, runtime, encoded = prepared.request, prepared.runtime, prepared.encoded
     info = runtime.info
     scope.served(info.name, info.version)
     tokens = sum(len(t) for t, _, _ in encoded)
     ticket = scope.admitted()
-    held = BYTES_PER_TOKEN * tokens
+    held = BYTES_PER_TOKEN * tokens + BYTES_PER_NONZERO * prepared.nonzeros
+    held += int(prepared.response_bytes * request.wire_cost.copies)
     if request.kind == "splade":  # a [vocab] row per text until its vector is built
         assert info.manifest.text is not None
         held += splade.FLOAT_BYTES * info.manifest.text.vocab_size * len(encoded)
@@ -148,21 +169,25 @@ async def embed(
         graph = graph_io.GRAPH_SPLADE if request.kind == "splade" else graph_io.GRAPH_SPARSE
         results = await execute.results_in_parts(runtime, pairs, graph, scope)
         execute.count_tokens(runtime, tokens)
-    found = vectors(request, runtime, encoded, results)
-    return SparseResult(info.name, [splade.selected(v, request) for v in found], tokens), wire
+    if prepared.response_bytes > OFFLOAD_BYTES:
+        found = await admit.off_loop(vectors, request, runtime, encoded, results)
+    else:
+        found = vectors(request, runtime, encoded, results)
+    execute.check_deadline(scope.deadline, "before its answer was written")
+    check_within(found, prepared, info.name)
+    return SparseResult(info.name, found, tokens, prepared.response_bytes), wire
 
 
-# A checked request, the version it runs on and its texts' tokens.
-Prepared = tuple[SparseRequest, ModelRuntime, list[text.Tokenized]]
-
-
-def prepare(
-    request: SparseRequest, runtime: ModelRuntime, settings: Settings
-) -> list[text.Tokenized]:
-    """Check the request against the model and tokenize its texts."""
+def prepare(request: SparseRequest, runtime: ModelRuntime, settings: Settings) -> Prepared:
+    """Check the request against the model, price its answer, tokenize its texts (a
+    SPLADE answer, whose worst case does not depend on them, priced before)."""
     info = runtime.info
     if not request.texts:
         raise InvalidInput("is empty: send at least one string", field=("inputs",))
+    limits.check_sequence_count(len(request.texts), settings, pooled_only=True)
+    for i, item in enumerate(request.texts):
+        if not item:  # as every other route: not its special tokens alone
+            raise InvalidInput("is empty: send some text", field=("inputs", i))
     splade.check_options(request)
     if request.kind == "splade":
         require_task(info, ("splade",), "give SPLADE vectors")
@@ -176,6 +201,9 @@ def prepare(
             "of such a model: re-export it with this version of model_export)",
             field=("model",),
         )
+    if request.kind == "splade":
+        worst = splade_worst(request, runtime)
+        size = price(request, info.name, [worst] * len(request.texts), settings)
     _, encoded = text.tokenize_all(
         runtime,
         request.texts,
@@ -185,7 +213,73 @@ def prepare(
         pooled_only=True,
         left=request.truncation_direction == "left",
     )
-    return encoded
+    if request.kind != "splade":
+        worst_of = [bm42_worst(request, tokens) for tokens, _, _ in encoded]
+        size = price(request, info.name, worst_of, settings)
+        return Prepared(request, runtime, encoded, size, sum(k for k, _ in worst_of))
+    return Prepared(request, runtime, encoded, size, worst[0] * len(encoded))
+
+
+# A vector's most nonzeros and the characters of what is behind them.
+Worst = tuple[int, int]
+
+
+def splade_worst(request: SparseRequest, runtime: ModelRuntime) -> Worst:
+    """Every word of the vocabulary (a random head's rows are that dense), or top_k of
+    them; the longest tokens behind them."""
+    assert runtime.info.manifest.text is not None
+    vocab = runtime.info.manifest.text.vocab_size
+    most = vocab if request.top_k is None else min(vocab, request.top_k)
+    chars = text.front_end(runtime).longest_tokens_chars[most] if request.return_text else 0
+    return most, chars
+
+
+def bm42_worst(request: SparseRequest, tokens: list[str]) -> Worst:
+    """A word per token at most (top_k of them), its stem no longer than its tokens."""
+    most = len(tokens) if request.top_k is None else min(len(tokens), request.top_k)
+    return most, sum(map(len, tokens)) if request.return_text else 0
+
+
+def shape(request: SparseRequest, per_vector: list[Worst]) -> AnswerShape:
+    """The answer of vectors of so many nonzeros (a float each, with its index in the
+    wire cost), with what is behind each as a token when the answer names them."""
+    nonzeros = sum(k for k, _ in per_vector)
+    return AnswerShape(
+        arrays=[(k,) for k, _ in per_vector],
+        sequences=len(per_vector),
+        token_strings=nonzeros if request.return_text else 0,
+        token_chars=sum(chars for _, chars in per_vector),
+    )
+
+
+def price(request: SparseRequest, model: str, per_vector: list[Worst], settings: Settings) -> float:
+    """The answer's worst-case size; 413 beyond ATTNSERVE_MAX_RESPONSE_BYTES, saying how
+    many of these texts fit."""
+    cost = request.wire_cost
+    nothing = cost.bytes(shape(request, []), model)
+    largest = max(per_vector)
+    each = cost.bytes(shape(request, [largest]), model) - nothing
+    fit = max(int((settings.max_response_bytes - nothing) // each), 0)
+    hint = (
+        f"at most {fit:,} of these texts fit in one answer (a vector may hold "
+        f"{largest[0]:,} nonzeros{' with their text' if request.return_text else ''}): send "
+        "fewer, or ask for top_k (each vector's k largest values)"
+    )
+    return limits.check_response_size(shape(request, per_vector), cost, model, settings, hint=hint)
+
+
+def check_within(found: list[SparseVector], prepared: Prepared, model: str) -> None:
+    """What was built never exceeds its price (a bound of ours proved wrong: 413, never
+    a larger answer than admission granted)."""
+    request = prepared.request
+    named = request.return_text
+    real = [(len(v.indices), sum(map(len, v.stems)) if named else 0) for v in found]
+    size = request.wire_cost.bytes(shape(request, real), model)
+    if size > prepared.response_bytes:
+        raise PayloadTooLarge(
+            f"the answer came to {size:,.0f} bytes, over the {prepared.response_bytes:,.0f} "
+            "its worst case was priced at: ask for top_k"
+        )
 
 
 def vectors(
@@ -195,17 +289,20 @@ def vectors(
     results: list[SequenceResult] | None,
 ) -> list[SparseVector]:
     """Each text's vector: a query's from its tokens alone, a document's weighed by its
-    run of the sparse graph (``results``)."""
+    run of the sparse graph, a SPLADE text's from its row (``results``); cut by
+    ``threshold`` and ``top_k``."""
     front_end = text.front_end(runtime)
     if request.kind == "splade":
         assert results is not None
-        return [splade.vector_of(r[graph_io.OUTPUT_SPLADE], front_end) for r in results]
+        return [splade.vector_of(r[graph_io.OUTPUT_SPLADE], front_end, request) for r in results]
     special, stopwords = front_end.special_tokens, front_end.stopwords
     if results is None:
-        return [query_vector(tokens, special, stopwords) for tokens, _, _ in encoded]
-    return [
-        document_vector(
-            tokens, result[graph_io.OUTPUT_CLS_ATTENTION], special, stopwords, request.alpha
-        )
-        for (tokens, _, _), result in zip(encoded, results, strict=True)
-    ]
+        found = [query_vector(tokens, special, stopwords) for tokens, _, _ in encoded]
+    else:
+        found = [
+            document_vector(
+                tokens, result[graph_io.OUTPUT_CLS_ATTENTION], special, stopwords, request.alpha
+            )
+            for (tokens, _, _), result in zip(encoded, results, strict=True)
+        ]
+    return [splade.selected(v, request) for v in found]

@@ -48,11 +48,19 @@ def selected(vector: SparseVector, request: SparseRequest) -> SparseVector:
     )
 
 
-def vector_of(row: np.ndarray, front_end: TextFrontEnd) -> SparseVector:
-    """One text's [vocab] SPLADE row -> its nonzeros by vocabulary id, ascending."""
+def vector_of(row: np.ndarray, front_end: TextFrontEnd, request: SparseRequest) -> SparseVector:
+    """One text's [vocab] SPLADE row -> its nonzeros by vocabulary id, ascending, cut by
+    the request's ``threshold`` and ``top_k`` (as ``selected``) before any of them becomes
+    a Python object; the tokens behind them only when the answer names them."""
     (indices,) = np.nonzero(row)
+    values = row[indices].astype(np.float64)
+    if request.threshold is not None:
+        keep = values >= request.threshold
+        indices, values = indices[keep], values[keep]
+    if request.top_k is not None and len(indices) > request.top_k:
+        best = np.sort(np.lexsort((indices, -values))[: request.top_k])  # still by index
+        indices, values = indices[best], values[best]
+    ids = indices.tolist()
     return SparseVector(
-        indices.tolist(),
-        row[indices].astype(np.float64).tolist(),
-        front_end.tokens_of_ids(indices.tolist()),
+        ids, values.tolist(), front_end.tokens_of_ids(ids) if request.return_text else []
     )

@@ -259,9 +259,12 @@ class DecodeResult:
 class SparseRequest:
     """Sparse vectors of texts: BM42's ``document`` runs the model, ``query`` does not;
     ``splade`` runs a SPLADE model's head. None: splade for a SPLADE model, else document.
-    ``top_k`` keeps each vector's largest values, ``threshold`` drops those below it."""
+    ``top_k`` keeps each vector's largest values, ``threshold`` drops those below it;
+    ``return_text`` answers what is behind each index too. ``wire_cost`` prices one
+    nonzero as a float (its index and value), what is behind it as a token."""
 
     texts: list[str]
+    wire_cost: WireCost
     model: str | None = None
     kind: str | None = None  # "document" | "query" | "splade"
     top_k: int | None = None
@@ -269,6 +272,7 @@ class SparseRequest:
     alpha: float = 0.5  # the exponent of log(1 + weight), as fastembed's default
     truncate: bool = False
     truncation_direction: str = "right"  # "left": truncation keeps the last tokens
+    return_text: bool = False
 
 
 @dataclass(frozen=True)
@@ -286,6 +290,7 @@ class SparseResult:
     model: str
     vectors: list[SparseVector]
     tokens: int  # over every text, special tokens included
+    response_bytes: float = 0.0  # the answer's size, at most (priced before the run)
 
 
 @dataclass(frozen=True)

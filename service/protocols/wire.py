@@ -22,6 +22,11 @@ FLOAT32_LE = np.dtype("<f4")
 # over 5 M random bit patterns) plus a separator; nested JSON adds at most 3 bytes
 # ("[", "]", ",") per row at each of up to 4 levels; base64 is 4/3 x 4 bytes per float.
 JSON_ARRAYS = dict(per_float=17.0, per_row=12.0, per_array=3.0)
+# A sparse vector's nonzero in JSON: its index (a vocabulary id, or BM42's 32-bit hash:
+# at most 10 digits) and its value (a float64, which orjson writes in at most 24
+# characters: -2.2250738585072014e-308), each with a separator.
+JSON_SPARSE_INDEX = 11.0
+JSON_SPARSE_VALUE = 25.0
 # {"shape":[..],"dtype":"float32","data":"..."} with up to 4 dimensions, and padding;
 # float16 maps 2 bytes each.
 BASE64_ARRAYS = dict(per_float=16.0 / 3.0, per_half=8.0 / 3.0, per_array=96.0)

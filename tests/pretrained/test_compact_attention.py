@@ -486,3 +486,35 @@ def test_sdk_asks_for_and_reads_compact_attention(minilm_server_url: str) -> Non
         assert list(got.attention_summaries[row]) == ["self", "first"]
         for name, value in got.attention_summaries[row].items():
             assert np.array_equal(value, decode(item["attention_summaries"][name]))
+
+
+@pytest.mark.parametrize("measure", ["weights", "norms"])
+def test_a_vanishing_threshold_keeps_every_key_on_every_protocol(
+    minilm_server_url: str, minilm_grpc_address: str, measure: str
+) -> None:
+    """A threshold of 5e-324 (1/t overflows a float) is priced as the full map: the
+    native answer keeps every key of every row (as many as the sentence has tokens), and
+    /v2 and gRPC answer 200 (an OverflowError gave 500 and UNKNOWN)."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    tiny = 5e-324
+    for item in encode(minilm_server_url, {"threshold": tiny, "measure": measure}):
+        indices = decode(item["attention_indices"])
+        assert indices.shape[-1] == indices.shape[-2] == len(item["tokens"])
+    params = {"attention_threshold": tiny, "attention_measure": measure}
+    texts = np.array([s.encode() for s in HELD_OUT], dtype=np.object_)
+    http = httpclient.InferenceServerClient(minilm_server_url.removeprefix("http://"))
+    text = httpclient.InferInput("text", [len(HELD_OUT)], "BYTES")
+    text.set_data_from_numpy(texts, binary_data=True)
+    wanted = [httpclient.InferRequestedOutput("attentions", binary_data=True)]
+    got = http.infer("minilm-l6", [text], outputs=wanted, parameters=params)
+    assert got.as_numpy("attentions").shape[-1] == max(
+        len(item["tokens"]) for item in encode(minilm_server_url, {"threshold": tiny})
+    )
+    rpc = grpcclient.InferenceServerClient(minilm_grpc_address)
+    text_rpc = grpcclient.InferInput("text", [len(HELD_OUT)], "BYTES")
+    text_rpc.set_data_from_numpy(texts)
+    wanted_rpc = [grpcclient.InferRequestedOutput("attentions")]
+    got_rpc = rpc.infer("minilm-l6", [text_rpc], outputs=wanted_rpc, parameters=params)
+    assert np.array_equal(got_rpc.as_numpy("attentions"), got.as_numpy("attentions"))

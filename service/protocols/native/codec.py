@@ -55,6 +55,15 @@ ENCODE_COST = {
     fmt: WireCost(**arrays, per_sequence=256.0, per_token=3.0, fixed=128.0)
     for fmt, arrays in ARRAYS.items()
 }
+# /v1/embed_sparse: per nonzero its index and value (and with return_text its token or
+# stem, "..",); per vector {"index":N,"indices":[..],"values":[..],"text":[..]}.
+SPARSE_COST = WireCost(
+    per_float=wire.JSON_SPARSE_INDEX + wire.JSON_SPARSE_VALUE,
+    per_array=8.0,
+    per_sequence=64.0,
+    per_token=3.0,
+    fixed=128.0,
+)
 TOKENIZE_COST = {
     fmt: WireCost(**arrays, per_sequence=96.0, per_token=3.0 + 12.0, fixed=128.0)
     for fmt, arrays in ARRAYS.items()
@@ -288,6 +297,7 @@ def sparse_request(body: bytes) -> tuple[SparseRequest, bool]:
     options = wire.parse_options(EmbedSparseRequest, wire.parse_json_object(body))
     request = SparseRequest(
         texts=options.inputs,
+        wire_cost=SPARSE_COST,
         model=options.model,
         kind=options.kind,
         top_k=options.top_k,
@@ -295,6 +305,7 @@ def sparse_request(body: bytes) -> tuple[SparseRequest, bool]:
         alpha=options.alpha,
         truncate=options.truncate,
         truncation_direction=options.truncation_direction,
+        return_text=options.return_text,
     )
     return request, options.return_text
 

@@ -171,7 +171,7 @@ async def embed_sparse(request: Request, engine: EngineDep) -> Response:
     result, return_text = await engine.embed_sparse(
         lambda: codec.sparse_request(body), scope_of(request)
     )
-    return ChunkedResponse([codec.sparse_response(result, return_text)])
+    return ChunkedResponse([await engine.render(result, codec.sparse_response, return_text)])
 
 
 @cohere_v2.post("/rerank", response_model=None, include_in_schema=False)

@@ -48,6 +48,10 @@ Characters = int  # what a codec keeps for the answer: the inputs' length, for a
 # JSON float lists: one array per input (and per token for embed_all), a few bytes
 # of brackets and separators.
 COST = WireCost(**wire.JSON_ARRAYS, per_sequence=8.0, fixed=64.0)
+# /embed_sparse: per nonzero {"index":N,"value":V}, per vector its list.
+SPARSE_COST = WireCost(
+    per_float=20.0 + wire.JSON_SPARSE_INDEX + wire.JSON_SPARSE_VALUE, per_array=3.0, fixed=64.0
+)
 LEFT = ("Left", "left")
 
 
@@ -126,12 +130,15 @@ def sparse_request(body: bytes) -> tuple[SparseRequest, Characters]:
     options, texts, truncate = _text_request(EmbedSparseRequest, body)
     _no_prompt(options.prompt_name, "/embed_sparse")
     request = SparseRequest(
-        texts=texts, truncate=truncate, truncation_direction=_direction(options)
+        texts=texts,
+        wire_cost=SPARSE_COST,
+        truncate=truncate,
+        truncation_direction=_direction(options),
     )
     return request, _characters(texts)
 
 
-def sparse_response(result: SparseResult) -> bytes:
+def sparse_response(result: SparseResult, _: Characters) -> bytes:
     return wire.dumps(
         [
             [{"index": i, "value": v} for i, v in zip(vec.indices, vec.values, strict=True)]

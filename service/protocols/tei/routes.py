@@ -131,7 +131,7 @@ async def tei_embed_sparse(request: Request, engine: EngineDep) -> Response:
     result, characters = await engine.embed_sparse(
         lambda: codec.sparse_request(body), scope_of(request)
     )
-    response = ChunkedResponse([codec.sparse_response(result)])
+    response = ChunkedResponse([await engine.render(result, codec.sparse_response, characters)])
     return timed(response, request, characters, result.tokens)
 
 
