@@ -157,3 +157,13 @@ def test_a_dense_module_is_refused_by_name_not_left_out(
     assert code == 2 and len(err) == 1, err
     assert "Dense module 2_Dense (48 -> 24, tanh) is not applied" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_docs_state_these_bounds() -> None:
+    from model_export.manifest import MAX_CONFIG_BYTES, MAX_PROMPT_CHARS, MAX_PROMPTS
+    from model_export.st_folder import MAX_MODULES
+
+    docs = " ".join((Path(__file__).parents[2] / "docs" / "models.md").read_text().split())
+    assert f"read at most {MAX_CONFIG_BYTES >> 20} MiB each" in docs
+    assert f"a list of at most {MAX_MODULES} objects" in docs
+    assert f"at most {MAX_PROMPTS} prompts of up to {MAX_PROMPT_CHARS:,} characters" in docs
