@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from model_export.config import SIZE_BOUNDS, EncoderConfig, check_size
+from model_export.dense import DenseWeights, dense_weights
 from model_export.heads import Head, head_task, load_head
 from model_export.manifest import TEXT_SIZE_BOUNDS, Pooling
 from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
@@ -230,6 +231,7 @@ class Checkpoint:
     default_prompt_name: str | None = None
     include_prompt: bool = True  # false: pooling leaves the prompt's tokens out
     head: Head | None = None  # a classification or SPLADE head, when imported with one
+    dense: tuple[DenseWeights, ...] = ()  # sentence-transformers' Dense layers, after pooling
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -538,16 +540,11 @@ def load_checkpoint(
     # The folder's sentence-transformers files first: a hostile one is refused before
     # any weight is read.
     recipe = sentence_recipe(root)
-    if recipe.dense:
-        # Read and checked, not yet applied: served without it, vectors would be the
-        # pooled ones (hidden-size wide), not the model's own.
-        layers = ", ".join(
-            f"{d.path.name} ({d.in_features} -> {d.out_features}, {d.activation})"
-            for d in recipe.dense
-        )
+    if recipe.dense and recipe.dense[0].layer.in_features != config.d_model:
+        first = recipe.dense[0]
         raise CheckpointError(
-            f"modules.json: Dense module {layers} is not applied by this exporter yet; "
-            "served without it, vectors would differ from the model's own"
+            f"{first.path.name}: in_features {first.layer.in_features} is not the "
+            f"checkpoint's hidden_size {config.d_model}"
         )
     prompts, default_prompt_name = sentence_prompts(root)
     offset = position_offset(hf, family)
@@ -590,6 +587,7 @@ def load_checkpoint(
         default_prompt_name=default_prompt_name,
         include_prompt=recipe.include_prompt,
         head=loaded_head,
+        dense=tuple(dense_weights(module, _weights(module.path)) for module in recipe.dense),
     )
 
 

@@ -12,6 +12,7 @@ would serve vectors unlike the model's own.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,12 @@ from typing import Any, Final
 
 from model_export.manifest import (
     MAX_CONFIG_BYTES,
+    MAX_DENSE_FEATURES,
+    MAX_DENSE_LAYERS,
     MAX_PROMPT_CHARS,
     MAX_PROMPT_NAME,
     MAX_PROMPTS,
+    DenseLayer,
     Pooling,
 )
 
@@ -58,20 +62,15 @@ APPLIED: Final = {
 }
 # Dense's activation (the class name in its ``activation_function``) -> ours.
 DENSE_ACTIVATIONS: Final = {"Identity": "identity", "Tanh": "tanh", "ReLU": "relu"}
-# Dense widths a folder may claim (EmbeddingGemma's widest is 3,072).
-MAX_DENSE_FEATURES: Final = 1 << 16
 MAX_MODULES: Final = 64
 
 
 @dataclass(frozen=True)
-class DenseLayer:
+class DenseModule:
     """sentence-transformers' ``Dense``: activation(x W^T + b) on the pooled vector."""
 
     path: Path  # its folder (config.json, model.safetensors or pytorch_model.bin)
-    in_features: int
-    out_features: int
-    bias: bool
-    activation: str  # a value of DENSE_ACTIVATIONS
+    layer: DenseLayer
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class SentenceRecipe:
     pooling: Pooling | None  # None: the folder has no 1_Pooling
     normalize: bool  # a Normalize module follows the pooling
     include_prompt: bool  # false: a prompt's tokens ([CLS] with them) are not pooled
-    dense: tuple[DenseLayer, ...] = ()  # applied in order after pooling, before Normalize
+    dense: tuple[DenseModule, ...] = ()  # applied in order after pooling, before Normalize
 
 
 def read_json(path: Path, what: str | None = None) -> dict[str, Any]:
@@ -168,8 +167,8 @@ def _pooling_modes(config: dict[str, Any]) -> list[str]:
     return [name for flag, name in _POOLING_FLAGS.items() if config.get(flag)] or ["mean"]
 
 
-def _dense(folder: Path) -> DenseLayer:
-    """One Dense module's config, checked; its weights are read by ``dense_weights``."""
+def _dense(folder: Path) -> DenseModule:
+    """One Dense module's config, checked; hf_import reads its weights."""
     config = read_json(folder / "config.json", f"{folder.name}/config.json")
     sizes: list[int] = []
     for key in ("in_features", "out_features"):
@@ -189,9 +188,8 @@ def _dense(folder: Path) -> DenseLayer:
     for key, default in (("use_residual", False),):
         if config.get(key, default) != default:
             raise CheckpointError(f"{folder.name}: Dense with {key} is not applied")
-    return DenseLayer(
-        folder, sizes[0], sizes[1], config.get("bias", True) is not False, DENSE_ACTIVATIONS[kind]
-    )
+    bias = config.get("bias", True) is not False
+    return DenseModule(folder, DenseLayer(sizes[0], sizes[1], bias, DENSE_ACTIVATIONS[kind]))
 
 
 def sentence_recipe(root: Path) -> SentenceRecipe:
@@ -222,6 +220,14 @@ def sentence_recipe(root: Path) -> SentenceRecipe:
     dense = tuple(_dense(folder) for kind, folder in modules if kind == "Dense")
     if dense and pooling is None:
         raise CheckpointError("modules.json: Dense without a Pooling module is not applied")
+    if len(dense) > MAX_DENSE_LAYERS:
+        raise CheckpointError(f"modules.json: at most {MAX_DENSE_LAYERS} Dense modules")
+    for before, after in itertools.pairwise(dense):
+        if after.layer.in_features != before.layer.out_features:
+            raise CheckpointError(
+                f"{after.path.name}: in_features {after.layer.in_features} is not "
+                f"{before.path.name}'s out_features {before.layer.out_features}"
+            )
     normalize = any(kind == "Normalize" for kind, _ in modules)
     return SentenceRecipe(pooling, normalize, include_prompt, dense)
 
