@@ -253,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
             default_prompt_name=ckpt.default_prompt_name,
             include_prompt=ckpt.include_prompt,
             head=ckpt.head,
+            dense=ckpt.dense,
             **common,
         )
     else:

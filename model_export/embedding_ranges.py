@@ -3,19 +3,21 @@
 sentence-transformers quantizes to int8/uint8 with each dimension's min and max over
 a calibration set. The exporter computes them once, on sentences it draws itself
 (``quantize_sentences``: held-in text, seeded), as the server answers sentence
-vectors by default: the model's pooling (mean without a recipe), L2-normalised,
-full width. They are recorded in the manifest (``quantization_ranges``), the draw
-in its ``record``.
+vectors by default: the model's pooling (mean without a recipe), then its Dense
+layers if any, L2-normalised, full width. They are recorded in the manifest
+(``quantization_ranges``), the draw in its ``record``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 
+from model_export.dense import DenseWeights, apply_dense
 from model_export.model import Encoder, TokenEmbeddings
 from model_export.quantize_sentences import sentences
 
@@ -37,7 +39,11 @@ def pooled(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tens
 
 @torch.no_grad()
 def embedding_ranges(
-    encoder: Encoder, embeddings: TokenEmbeddings, tokenizer_file: Path, pooling: str
+    encoder: Encoder,
+    embeddings: TokenEmbeddings,
+    tokenizer_file: Path,
+    pooling: str,
+    dense: Sequence[DenseWeights] = (),
 ) -> tuple[tuple[tuple[float, ...], tuple[float, ...]], dict[str, Any]]:
     """(mins, maxes) per dimension of the model's normalised sentence vectors over the
     calibration sentences, and what to record of how they were drawn."""
@@ -61,7 +67,8 @@ def embedding_ranges(
                 1,
             )
         hidden = encoder(embeddings(ids, types), mask, need_weights=False)[0]
-        vectors.append(torch.nn.functional.normalize(pooled(hidden, mask, pooling), dim=-1))
+        vector = apply_dense(pooled(hidden, mask, pooling), dense)
+        vectors.append(torch.nn.functional.normalize(vector, dim=-1))
     every = torch.cat(vectors)
     mins = tuple(float(v) for v in every.amin(dim=0))
     maxes = tuple(float(v) for v in every.amax(dim=0))
@@ -70,6 +77,7 @@ def embedding_ranges(
         "seed": CALIBRATION_SEED,
         "source": "model_export.quantize_sentences",
         "pooling": pooling,
+        "dense": len(dense),
         "normalized": True,
     }
     return (mins, maxes), record

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from model_export import graph_io
 from model_export.compact_attention import CompactAttentionGraph, SelectedAttentionGraph
+from model_export.dense import DenseWeights, write_dense
 from model_export.embedding_ranges import embedding_ranges
 from model_export.heads import Head, HeadGraph
 from model_export.manifest import (
@@ -345,6 +346,7 @@ def export_model(
     include_prompt: bool = True,
     head: Head | None = None,
     compact_attention: bool = True,
+    dense: tuple[DenseWeights, ...] = (),
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -357,7 +359,9 @@ def export_model(
     ``pooling``/``normalize``/``matryoshka_dimensions`` (and sentence-transformers'
     ``prompts``/``default_prompt_name``/``include_prompt``) go into the manifest as the model's
     sentence-embedding recipe. ``head`` (with ``embeddings``) adds its graph from
-    token ids (model_export.heads). ``optimize`` fuses each encoder graph
+    token ids (model_export.heads). ``dense`` (sentence-transformers' Dense layers,
+    after ``pooling``) goes into ``dense.bin``, which the service applies to every
+    pooled vector. ``optimize`` fuses each encoder graph
     with onnxruntime's transformer optimizer (``optimize.py``) before validation;
     the fusions applied are recorded in the manifest. Without ``compact_attention``
     the directory has neither ``model_attn_compact.onnx`` nor ``model_attn_select.onnx``
@@ -429,7 +433,7 @@ def export_model(
         ranges, ranges_record = None, None
         if embeddings is not None and tokenizer_file is not None and head is None:
             ranges, ranges_record = embedding_ranges(
-                encoder, embeddings, tokenizer_file, pooling or "mean"
+                encoder, embeddings, tokenizer_file, pooling or "mean", dense
             )
         if head is not None and head_graph is not None:
             assert embeddings is not None
@@ -460,6 +464,7 @@ def export_model(
                 head.activation,
             ),
             quantization_ranges=ranges,
+            dense=write_dense(dense, staging / graph_io.DENSE_FILE) if dense else None,
             record={
                 "quantization_calibration": ranges_record,
                 "seed": seed,

@@ -91,6 +91,9 @@ STOPWORDS_FILE: Final = "stopwords.txt"  # one word per line: left out of BM42 v
 # runs embeddings.onnx then model.onnx in one step (no text_model.onnx: a third copy of
 # the encoder's pre-packed weights for no measured gain).
 WEIGHTS_FILE: Final = "weights.bin"
+# format_version 8: sentence-transformers' Dense layers, applied after pooling: per layer
+# its weight [out, in] (row-major), then its bias [out] if it has one, float32 little-endian.
+DENSE_FILE: Final = "dense.bin"
 # The graphs that take token ids (int64 [B, T, 2] id and type pairs at run time) -> outputs.
 # The token-embedding graph runs in the service's batches too, as the first step of text
 # asking for attention or hidden states (it takes no mask).

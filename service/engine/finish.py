@@ -38,11 +38,11 @@ def _output(prepared: PreparedEncode, i: int, outputs: SequenceResult) -> Sequen
     hidden_states = None
     if request.return_hidden_states:
         hidden_states = outputs[graph_io.OUTPUT_HIDDEN_STATES][prepared.hidden_layers]
-    pooled = None
+    pooled, dense = None, prepared.model.dense
     if prepared.pooling != "none":
         skip = prepared.pool_skip[i] if prepared.pool_skip else 0
         pooled = postprocess.pool(
-            hidden, prepared.pooling, request.normalize, request.dimensions, skip
+            hidden, prepared.pooling, request.normalize, request.dimensions, skip, dense
         )
     spans = prepared.span_tokens[i] if prepared.span_tokens else None
     span_embeddings = None
@@ -50,7 +50,7 @@ def _output(prepared: PreparedEncode, i: int, outputs: SequenceResult) -> Sequen
         span_embeddings = np.stack(
             [
                 postprocess.pool(
-                    hidden[held], prepared.pooling, request.normalize, request.dimensions
+                    hidden[held], prepared.pooling, request.normalize, request.dimensions, 0, dense
                 )
                 for held in spans
             ]

@@ -6,6 +6,7 @@ from collections import Counter
 
 import numpy as np
 
+from service.dense import DenseWeights, apply_dense
 from service.errors import FieldPath, InvalidInput
 
 # Offending indices named in an error, at most (the list itself may be huge).
@@ -127,8 +128,10 @@ def pool(
     normalize: bool,
     dimensions: int | None = None,
     skip: int = 0,
+    dense: tuple[DenseWeights, ...] = (),
 ) -> np.ndarray:
-    """[n, d] real-token embeddings -> [d], or its first ``dimensions`` (Matryoshka).
+    """[n, d] real-token embeddings -> [d] (the last ``dense`` layer's width after the
+    model's Dense layers), or its first ``dimensions`` (Matryoshka).
 
     ``last`` is the last token (sentence-transformers' ``lasttoken``: its last
     non-padding token; a sequence here has no padding). ``skip`` leaves the first
@@ -146,6 +149,8 @@ def pool(
         vector = pooled[-1]
     else:  # cls
         vector = pooled[0]
+    if dense:
+        vector = apply_dense(vector, dense)
     if dimensions is not None:
         vector = vector[:dimensions]
     if normalize:

@@ -202,12 +202,12 @@ def _quantization(info: ModelInfo, request: EncodeRequest, pooling: str) -> np.n
         raise InvalidInput(
             "quantizes pooled vectors: ask for a pooling too", field=("embedding_type",)
         )
-    width = request.dimensions or info.config.d_model
+    width = request.dimensions or info.pooled_width
     # The model's ranges are of its own sentence vectors: its pooling, normalised, whole.
     own = (
         pooling == (info.manifest.pooling or "mean")
         and request.normalize
-        and width == info.config.d_model
+        and width == info.pooled_width
     )
     return quantize.ranges_for(
         info, request.embedding_type, request.quantization_ranges, width, own
@@ -402,7 +402,9 @@ def _answer_cost(
         summaries_per_token=spec.summaries_per_token,
         half_maps=spec.dtype == "float16",
         embeddings=request.return_embeddings,
-        pooled_width=None if options.pooling == "none" else (request.dimensions or cfg.d_model),
+        pooled_width=None
+        if options.pooling == "none"
+        else (request.dimensions or info.pooled_width),
         hidden_states=len(options.hidden_layers) if request.return_hidden_states else 0,
         tokens=tokens,
         spans=[0 if spans is None else len(spans) for spans in span_tokens],

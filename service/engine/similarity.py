@@ -15,8 +15,9 @@ as that encode request is (``prepare.prepare``); the answer's own size is checke
 against ATTNSERVE_MAX_RESPONSE_BYTES by the protocol's ``WireCost``, before any run.
 
 Other poolings (cls, max, last) have no such split: 422 ``unsupported_by_model``, as
-for a model whose pooling leaves its default prompt's tokens out (``include_prompt``
-false) and for a model without a tokenizer. No approximation is offered.
+for a model with Dense layers after its pooling, for a model whose pooling leaves
+its default prompt's tokens out (``include_prompt`` false) and for a model without
+a tokenizer. No approximation is offered.
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ def require_mean_pooling(runtime: ModelRuntime) -> None:
         raise UnsupportedByModel(
             f"model {info.name!r} has no tokenizer: this route takes texts (use a model "
             "exported from a checkpoint with a tokenizer, e.g. minilm-l6)",
+            field=("model",),
+        )
+    if info.dense:
+        raise UnsupportedByModel(
+            f"model {info.name!r} passes its pooled vectors through Dense layers: its "
+            "cosine is not of a mean over tokens, so it does not split into their pairs",
             field=("model",),
         )
     pooling = info.default_pooling

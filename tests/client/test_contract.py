@@ -306,6 +306,7 @@ def card_body(window: int | None, tokenizer: bool) -> Body:
         "owned_by": "attnserve",
         "name": "m",
         "d_model": 384,
+        "dimensions": 384,
         "heads": 12,
         "layers": 6,
         "d_ff": 1536,

@@ -162,10 +162,32 @@ HEAD = {
 }
 
 
+# sentence-transformers' Dense layers after pooling (format 8): tiny's d_model is 32.
+LAYER = {"in_features": 32, "out_features": 16, "bias": True, "activation": "tanh"}
+DENSE = {"file": "dense.bin", "sha256": "4" * 64, "layers": [LAYER]}
+
+
+def test_dense_layers_round_trip_and_set_the_pooled_width() -> None:
+    second = {**LAYER, "in_features": 16, "out_features": 8, "bias": False}
+    raw = {**manifest(pooling="cls").to_dict(), "dense": {**DENSE, "layers": [LAYER, second]}}
+    raw["matryoshka_dimensions"] = [8, 4]
+    read = Manifest.from_dict(json.loads(json.dumps(raw)))
+    assert read.dense is not None and [x.out_features for x in read.dense.layers] == [16, 8]
+    assert read.dense.floats == 16 * 33 + 8 * 16
+    assert (read.pooled_width, read.architecture.d_model) == (8, 32)
+    assert read.files()["dense.bin"] == "4" * 64
+    assert Manifest.from_dict(json.loads(json.dumps(read.to_dict()))) == read
+    assert manifest().pooled_width == 32
+
+
+def dense_with(**layer: Any) -> dict[str, Any]:
+    return {"pooling": "cls", "dense": {**DENSE, "layers": [{**LAYER, **layer}]}}
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"format_version": 8}, "format_version 8 is not supported"),
+        ({"format_version": 9}, "format_version 9 is not supported"),
         ({"format_version": None}, "format_version None"),
         ({"pooling": "sum"}, "pooling must be one of"),
         ({"matryoshka_dimensions": [33]}, "1..32"),
@@ -219,6 +241,26 @@ HEAD = {
         ({"quantization_ranges": [[0.0] * 31, [1.0] * 31]}, "of 32 finite numbers each"),
         ({"quantization_ranges": [[True] * 32, [1.0] * 32]}, "numbers only"),
         ({"quantization_ranges": [[1e400] * 32, [1.0] * 32]}, "finite"),
+        # Dense layers (format 8) are read from an untrusted directory too
+        ({"dense": DENSE}, "its layers follow a pooling"),
+        (dense_with(in_features=16), "its layers follow a pooling of d_model-wide vectors"),
+        (dense_with(out_features=0), "dense.out_features must be an integer in 1..65536"),
+        (dense_with(out_features=1 << 40), "dense.out_features must be an integer"),
+        (dense_with(activation="gelu"), "activation one of"),
+        (dense_with(bias="yes"), "bias must be a boolean"),
+        (dense_with(extra=1), "dense:"),
+        ({"pooling": "cls", "dense": {**DENSE, "layers": []}}, "dense.layers must list 1..8"),
+        ({"pooling": "cls", "dense": {**DENSE, "layers": [LAYER] * 9}}, "must list 1..8"),
+        ({"pooling": "cls", "dense": {**DENSE, "layers": [LAYER, LAYER]}}, "the last's out"),
+        ({"pooling": "cls", "dense": {**DENSE, "file": "../dense.bin"}}, "dense.file"),
+        ({"pooling": "cls", "dense": [LAYER]}, "dense must be an object"),
+        ({"pooling": "cls", "dense": {**DENSE, "layers": [3]}}, "dense.layers must be objects"),
+        ({**dense_with(), "format_version": 7}, "written since format_version 8"),
+        ({**dense_with(), "matryoshka_dimensions": [17]}, "1..16"),
+        (
+            {**dense_with(), "quantization_ranges": [[0.0] * 32, [1.0] * 32]},
+            "of 16 finite numbers each",
+        ),
     ],
 )
 def test_invalid_manifests_are_refused(change: dict[str, Any], says: str) -> None:

@@ -32,8 +32,9 @@ from sentence_transformers.base.modules.normalize import Normalize
 from sentence_transformers.base.modules.transformer import Transformer
 from sentence_transformers.sentence_transformer.modules.pooling import Pooling as STPooling
 
-from model_export.hf_import import CheckpointError, minilm_l6_dir, sentence_recipe
+from model_export.hf_import import CheckpointError, minilm_l6_dir
 from model_export.manifest import Manifest
+from model_export.st_folder import sentence_recipe
 from service.engine.types import ServingLimits
 from service.model_info import ModelInfo
 from service.protocols.tei import codec as tei_codec

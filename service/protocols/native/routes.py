@@ -95,6 +95,7 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         created=info.created,
         name=info.name,
         d_model=cfg.d_model,
+        dimensions=info.pooled_width,
         heads=cfg.n_heads,
         layers=cfg.n_layers,
         d_ff=cfg.d_ff,

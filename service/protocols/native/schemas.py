@@ -389,7 +389,9 @@ class EncodeItem(BaseModel):
     hidden_states: list[list[list[float]]] | Base64Array | None = Field(
         None, description="[L'', seq_len_i, d_model] selected hidden states, or null."
     )
-    pooled: list[float] | Base64Array | None = Field(description="[d_model], or null.")
+    pooled: list[float] | Base64Array | None = Field(
+        description="[dimensions] (the model card's: d_model, or its Dense layers' width), or null."
+    )
     span_embeddings: list[list[float]] | Base64Array | None = Field(
         None, description="[n_spans, d_model]: one pooled vector per span of the item, or null."
     )
@@ -411,6 +413,10 @@ class ModelCard(BaseModel):
     owned_by: str = "attnserve"
     name: str
     d_model: int
+    dimensions: int = Field(
+        description="The width of its pooled sentence vectors: d_model, or its last Dense "
+        "layer's (sentence-transformers' Dense modules, e.g. LaBSE's)."
+    )
     heads: int
     layers: int
     d_ff: int

@@ -157,7 +157,10 @@ def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
         outputs.append(
             (graph_io.OUTPUT_HIDDEN_STATES, "FP32", [-1, cfg.n_layers + 1, -1, cfg.d_model])
         )
-    outputs += [(OUTPUT_POOLED, "FP32", [-1, cfg.d_model]), (OUTPUT_MASK, "INT64", [-1, -1])]
+    outputs += [
+        (OUTPUT_POOLED, "FP32", [-1, info.pooled_width]),
+        (OUTPUT_MASK, "INT64", [-1, -1]),
+    ]
     return outputs
 
 
