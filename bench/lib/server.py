@@ -45,9 +45,7 @@ class Served:
 
 
 @contextmanager
-def running_server(
-    model_dir: Path, /, service_root: Path = ROOT, **settings: str
-) -> Iterator[Served]:
+def running_server(model_dir: Path, /, **settings: str) -> Iterator[Served]:
     """``python -m service`` with ``model_dir`` as its default model (the repository
     served is its parent folder); yields once ``/health/ready`` answers 200, stops the
     server on exit.
@@ -56,6 +54,14 @@ def running_server(
     the response cache too: every request is computed (``bench.cache`` measures the
     cache by turning it on).
     """
+    with running_checkout(ROOT, model_dir, **settings) as served:
+        yield served
+
+
+@contextmanager
+def running_checkout(service_root: Path, model_dir: Path, /, **settings: str) -> Iterator[Served]:
+    """``running_server`` with the ``service`` of another checkout ``service_root``: an
+    older version measured beside this one (``bench.hardening``'s before/after figures)."""
     models = {
         "ATTNSERVE_MODEL_REPOSITORY": str(model_dir.parent),
         "ATTNSERVE_DEFAULT_MODEL": model_dir.name,
@@ -65,13 +71,10 @@ def running_server(
 
 
 @contextmanager
-def running_repository(
-    repository: Path, /, service_root: Path = ROOT, **settings: str
-) -> Iterator[Served]:
+def running_repository(repository: Path, /, **settings: str) -> Iterator[Served]:
     """``running_server`` for a whole model ``repository``, its default model left to
     the service's settings."""
-    repo = {"ATTNSERVE_MODEL_REPOSITORY": str(repository)}
-    with _serve(repo, settings, service_root) as served:
+    with _serve({"ATTNSERVE_MODEL_REPOSITORY": str(repository)}, settings, ROOT) as served:
         yield served
 
 
