@@ -318,7 +318,6 @@ class Batcher:
     async def _work(self, model: str) -> None:
         queue = self._queues[model]
         wakeup = self._wakeups[model]
-        in_hand = self._in_hand[model]
         while True:
             if not queue:
                 wakeup.clear()
@@ -326,23 +325,30 @@ class Batcher:
                 continue
             # Take the batch only when a lane can run it: meanwhile the queue fills it.
             await self._lanes.gate.until_free()
-            taken = self._take_batch(queue)
-            for job in {id(job): job for job, _, _ in taken}.values():
-                if job not in in_hand:
-                    in_hand.add(job)
-                    job.future.add_done_callback(partial(forget, in_hand, job))
-            if self._before_batch is not None:
-                self._before_batch(model)
-            # Around a swap, jobs of two versions may share a batch: each runs on its own,
-            # as do jobs asking for other layers or heads of the selected-maps graph.
-            # Groups go in the order the queue took their first slice (fair order).
-            groups: dict[tuple[object, ...], list[Slice]] = {}
-            for piece in taken:
-                job = piece[0]
-                key = (id(job.runtime), job.graph, job.options.selection)
-                groups.setdefault(key, []).append(piece)
-            for group in groups.values():
-                await self._dispatch(group[0][0].runtime, group, group[0][0].graph)
+            await self._take_and_dispatch(model, queue)
+
+    async def _take_and_dispatch(self, model: str, queue: FairQueue[Job]) -> None:
+        """One batch taken and its runs started. Its own frame: once it returns, an idle
+        worker holds no job, so a swapped-out version is freed when its last run ends,
+        not at the model's next request."""
+        in_hand = self._in_hand[model]
+        taken = self._take_batch(queue)
+        for job in {id(job): job for job, _, _ in taken}.values():
+            if job not in in_hand:
+                in_hand.add(job)
+                job.future.add_done_callback(partial(forget, in_hand, job))
+        if self._before_batch is not None:
+            self._before_batch(model)
+        # Around a swap, jobs of two versions may share a batch: each runs on its own,
+        # as do jobs asking for other layers or heads of the selected-maps graph.
+        # Groups go in the order the queue took their first slice (fair order).
+        groups: dict[tuple[object, ...], list[Slice]] = {}
+        for piece in taken:
+            job = piece[0]
+            key = (id(job.runtime), job.graph, job.options.selection)
+            groups.setdefault(key, []).append(piece)
+        for group in groups.values():
+            await self._dispatch(group[0][0].runtime, group, group[0][0].graph)
 
     async def _dispatch(self, runtime: ModelRuntime, group: list[Slice], graph: str) -> None:
         """Plan the group's runs and start each on the lanes it needs, in turn; a run

@@ -142,6 +142,26 @@ def test_a_version_swap_under_load_mixes_nothing(tmp_path: Path, exports: Path) 
             time.sleep(0.1)
 
 
+def test_an_idle_swapped_out_version_is_freed_without_another_request(
+    tmp_path: Path, exports: Path
+) -> None:
+    """Version 1 served a few requests, then version 2 was swapped in and nothing more
+    was asked of the model: version 1 was kept (two versions in memory) until the
+    model's next request, held by its batcher worker's last batch."""
+    repo = repository(tmp_path, exports, ("1",))
+    with server_process(repo, model_control="explicit") as server:
+        for _ in range(3):
+            assert hidden_of(infer(server.url))[0] == "1"
+        shutil.copytree(exports / "2", repo / "tiny" / "2")
+        loaded = httpx.post(f"{server.url}/v2/repository/models/tiny/load", timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        wait_until(
+            lambda: metric(server.url, "attnserve_model_versions_in_memory", model="tiny") == 1,
+            "version 1 stayed in memory with no request to free it",
+            timeout=10,
+        )
+
+
 def test_repository_api_through_tritonclient(
     tmp_path: Path, exports: Path, admin: dict[str, str]
 ) -> None:
