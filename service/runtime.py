@@ -272,6 +272,34 @@ class ModelRuntime:
                 raise ModelLoadError(
                     f"model {self.info.name!r}: warm-up of {graph} produced non-finite output"
                 )
+        self._probe_tables()
+
+    def _probe_tables(self) -> None:
+        """Each graph taking token ids run on the longest sequence served and on the
+        highest token id and type the manifest allows: a ``config.json`` promising more
+        than the graph's position, word or type tables is refused at load, where each
+        request past the tables was a 500."""
+        text = self.info.manifest.text
+        if text is None:
+            return
+        n = self.info.max_seq_len
+        highest = np.array([[text.vocab_size - 1, text.type_vocab_size - 1]], dtype=np.int64)
+        probes = {
+            f"{n} tokens (max_seq_len)": np.zeros((n, 2), dtype=np.int64),
+            f"token id {text.vocab_size - 1} and token type {text.type_vocab_size - 1} "
+            "(text.vocab_size, text.type_vocab_size)": highest,
+        }
+        for graph in sorted(self._sessions.keys() & graph_io.ID_GRAPHS.keys()):
+            for promised, sequence in probes.items():
+                batch, mask = pad([sequence])
+                try:
+                    self.run(batch, mask, graph)
+                except Exception as exc:  # onnxruntime's own error: an index out of a table
+                    said = str(exc).splitlines()[0][:300]
+                    raise ModelLoadError(
+                        f"model {self.info.name!r}: {graph} cannot run {promised}, which "
+                        f"{graph_io.CONFIG_FILE} promises: {said}"
+                    ) from exc
 
 
 def check_providers(providers: list[str]) -> None:
