@@ -314,6 +314,31 @@ def check_providers(providers: list[str]) -> None:
         )
 
 
+def read_version(
+    found: ModelVersion,
+    settings: Settings,
+    *,
+    budget: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> ModelInfo:
+    """One export's manifest, checked (what it takes against ``budget`` bytes, hashes,
+    the name its directory promises); ``cancelled`` gives up on the hashing."""
+    info = read_model_info(found.path, settings, found.version, budget=budget, cancelled=cancelled)
+    if info.name != found.name:
+        raise ModelLoadError(
+            f"directory {found.name!r} holds a model named {info.name!r}: name the "
+            "directory after its model (the repository API addresses models by directory)"
+        )
+    return info
+
+
+def open_version(info: ModelInfo, settings: Settings) -> ModelRuntime:
+    """The sessions and tokenizer of an export ``read_version`` checked."""
+    runtime = ModelRuntime(info, settings)
+    log.info("loaded model %s version %s from %s", info.name, info.version, info.path)
+    return runtime
+
+
 def load_version(
     found: ModelVersion,
     settings: Settings,
@@ -321,17 +346,9 @@ def load_version(
     budget: int | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> ModelRuntime:
-    """One export, checked (manifest, what it takes against ``budget`` bytes, hashes, the
-    name its directory promises) and opened; ``cancelled`` gives up on the hashing."""
-    info = read_model_info(found.path, settings, found.version, budget=budget, cancelled=cancelled)
-    if info.name != found.name:
-        raise ModelLoadError(
-            f"directory {found.name!r} holds a model named {info.name!r}: name the "
-            "directory after its model (the repository API addresses models by directory)"
-        )
-    runtime = ModelRuntime(info, settings)
-    log.info("loaded model %s version %s from %s", info.name, found.version, found.path)
-    return runtime
+    """One export, checked (``read_version``) and opened."""
+    info = read_version(found, settings, budget=budget, cancelled=cancelled)
+    return open_version(info, settings)
 
 
 def load_repository(settings: Settings, names: list[str] | None = None) -> dict[str, ModelRuntime]:
