@@ -61,6 +61,11 @@ from service.timing import RunTiming
 
 log = logging.getLogger(__name__)
 
+# A model loaded while serving calibrates only once the lanes have had no request's
+# work for this long (a client between two requests is not idle), and looks this often.
+CALIBRATION_SETTLE_SECONDS = 0.2
+IDLE_POLL_SECONDS = 0.01
+
 
 class Batcher:
     """One queue and worker per model, one set of inference lanes for the process."""
@@ -96,6 +101,7 @@ class Batcher:
             (name, graph): RunCostModel() for name in runtimes for graph in GRAPH_LABELS
         }
         self._sharing: dict[tuple[str, str], SharingModel] = {}
+        self._last_work = 0.0  # time.monotonic() when a request's work last came or went
 
     async def start(self) -> None:
         self._started_workers = True
@@ -131,10 +137,16 @@ class Batcher:
         await asyncio.gather(*self._runs, return_exceptions=True)
         self._lanes.shutdown()
 
-    async def calibrate(self, runtimes: list[ModelRuntime] | None = None) -> None:
+    async def calibrate(
+        self, runtimes: list[ModelRuntime] | None = None, *, between_requests: bool = False
+    ) -> None:
         """Time each graph of every served model (or of ``runtimes``) on the calibration
-        shapes: the run planner's first cost model and the graph's sharing model."""
+        shapes: the run planner's first cost model and the graph's sharing model.
+        ``between_requests`` (a model loaded while serving): each run waits until no
+        request's work has been queued or running for ``CALIBRATION_SETTLE_SECONDS``,
+        so serving goes first."""
         measure_sharing = self._lanes.gate.lanes > 1 and self._settings.shared_run_ms is None
+        idle = self.until_idle if between_requests else None
         for runtime in list(self._runtimes.values()) if runtimes is None else runtimes:
             for graph in runtime.graphs:
                 key = (runtime.info.name, graph)
@@ -145,11 +157,18 @@ class Batcher:
                     self._fits(runtime, graph),
                     self._costs.setdefault(key, RunCostModel()),
                     measure_sharing=measure_sharing,
+                    idle=idle,
                 )
 
+    async def until_idle(self) -> None:
+        """Until no request's work has been queued or in hand for a while (polled: it is
+        a calibration run's wait, not a request's)."""
+        while self.busy() or time.monotonic() - self._last_work < CALIBRATION_SETTLE_SECONDS:
+            await asyncio.sleep(IDLE_POLL_SECONDS)
+
     async def warm_up(self, runtime: ModelRuntime) -> None:
-        """A small ragged batch per graph of ``runtime`` (a model being loaded), on the
-        inference lanes like every other run: proves its sessions run."""
+        """A small ragged batch per graph of ``runtime`` (a model served from the start),
+        on the inference lanes like every other run: proves its sessions run."""
         await self._lanes.warm_up(runtime)
 
     def cost_model(self, model: str, graph: str) -> RunCostModel:
@@ -266,6 +285,7 @@ class Batcher:
             options=options,
         )
         tokens = job.tokens  # before queueing: a malformed job must leave nothing behind
+        self._last_work = time.monotonic()
         self._queues[model].append(job)
         self._queued += 1
         self._backlog_tokens += tokens
@@ -280,6 +300,7 @@ class Batcher:
                 self._metrics.queue_depth.set(self._queued)
             self._backlog_tokens -= tokens
             job.flow.finished += tokens
+            self._last_work = time.monotonic()
 
     def _take_batch(self, queue: FairQueue[Job]) -> list[Slice]:
         """Up to the token budget of queued sequences, small requests first, then large
@@ -318,7 +339,6 @@ class Batcher:
     async def _work(self, model: str) -> None:
         queue = self._queues[model]
         wakeup = self._wakeups[model]
-        in_hand = self._in_hand[model]
         while True:
             if not queue:
                 wakeup.clear()
@@ -326,23 +346,30 @@ class Batcher:
                 continue
             # Take the batch only when a lane can run it: meanwhile the queue fills it.
             await self._lanes.gate.until_free()
-            taken = self._take_batch(queue)
-            for job in {id(job): job for job, _, _ in taken}.values():
-                if job not in in_hand:
-                    in_hand.add(job)
-                    job.future.add_done_callback(partial(forget, in_hand, job))
-            if self._before_batch is not None:
-                self._before_batch(model)
-            # Around a swap, jobs of two versions may share a batch: each runs on its own,
-            # as do jobs asking for other layers or heads of the selected-maps graph.
-            # Groups go in the order the queue took their first slice (fair order).
-            groups: dict[tuple[object, ...], list[Slice]] = {}
-            for piece in taken:
-                job = piece[0]
-                key = (id(job.runtime), job.graph, job.options.selection)
-                groups.setdefault(key, []).append(piece)
-            for group in groups.values():
-                await self._dispatch(group[0][0].runtime, group, group[0][0].graph)
+            await self._take_and_dispatch(model, queue)
+
+    async def _take_and_dispatch(self, model: str, queue: FairQueue[Job]) -> None:
+        """One batch taken and its runs started. Its own frame: once it returns, an idle
+        worker holds no job, so a swapped-out version is freed when its last run ends,
+        not at the model's next request."""
+        in_hand = self._in_hand[model]
+        taken = self._take_batch(queue)
+        for job in {id(job): job for job, _, _ in taken}.values():
+            if job not in in_hand:
+                in_hand.add(job)
+                job.future.add_done_callback(partial(forget, in_hand, job))
+        if self._before_batch is not None:
+            self._before_batch(model)
+        # Around a swap, jobs of two versions may share a batch: each runs on its own,
+        # as do jobs asking for other layers or heads of the selected-maps graph.
+        # Groups go in the order the queue took their first slice (fair order).
+        groups: dict[tuple[object, ...], list[Slice]] = {}
+        for piece in taken:
+            job = piece[0]
+            key = (id(job.runtime), job.graph, job.options.selection)
+            groups.setdefault(key, []).append(piece)
+        for group in groups.values():
+            await self._dispatch(group[0][0].runtime, group, group[0][0].graph)
 
     async def _dispatch(self, runtime: ModelRuntime, group: list[Slice], graph: str) -> None:
         """Plan the group's runs and start each on the lanes it needs, in turn; a run

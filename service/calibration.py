@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from model_export.manifest import graph_io
-from service.inference_lanes import InferenceLanes
+from service.inference_lanes import Idle, InferenceLanes
 from service.metrics import GRAPH_LABELS
 from service.run_planner import Fits, RunCostModel, SharingModel
 from service.runtime import ModelRuntime
@@ -47,18 +47,21 @@ async def calibrate_graph(
     cost: RunCostModel,
     *,
     measure_sharing: bool,
+    idle: Idle | None = None,
 ) -> SharingModel:
     """Time ``graph``'s calibration shapes that fit, into ``cost``; the sharing model
-    measured (empty unless ``measure_sharing``)."""
+    measured (empty unless ``measure_sharing``). ``idle``: awaited before each run (a
+    model loaded while serving runs its shapes between requests)."""
     sharing = SharingModel()
     for batch, longest in calibration_shapes(graph):
         longest = min(longest, runtime.info.max_seq_len)
         if not fits(batch, longest):
             continue
-        seconds = await lanes.time(runtime, graph, batch, longest)
+        seconds = await lanes.time(runtime, graph, batch, longest, idle=idle)
         cost.observe(batch, longest, seconds)
         if measure_sharing:
-            sharing.observe(seconds, await lanes.time_shared(runtime, graph, batch, longest))
+            shared = await lanes.time_shared(runtime, graph, batch, longest, idle=idle)
+            sharing.observe(seconds, shared)
     if measure_sharing:
         log.info(
             "model %s, graph %s: runs of up to %.1f ms alone share the lanes",

@@ -1,8 +1,8 @@
 """The inference lanes: where every onnxruntime run of the process executes.
 
 Requests' runs, the token embeddings of text asking for attention or hidden
-states, the warm-up of a model being loaded and the timing of calibration
-shapes all run here, on ``ATTNSERVE_INFERENCE_LANES`` worker threads over the
+states, the warm-up of the models served from the start and the timing of
+calibration shapes all run here, on ``ATTNSERVE_INFERENCE_LANES`` worker threads over the
 same sessions (one ``InferenceSession`` may be run from several threads at
 once). A small run leaves its intra-op threads waiting at every operator's
 join, so two of them at once keep both cores busy; two large runs only fight
@@ -11,7 +11,9 @@ over the cores (measured in-process, MiniLM, 2 cores, 2 intra-op threads: two
 0.87×). So each run is *shared* (takes any free lane) or *exclusive* (waits for
 every lane and holds them all, as one run at a time did); which is the
 batcher's call, measured per graph (``run_planner.SharingModel``). Warm-up and
-calibration's single runs are exclusive. Outputs are cut back per sequence
+calibration's single runs are exclusive; a model loaded while serving calibrates
+between requests (each run waits until none is queued), its warm-up on the loader
+thread (``engine.control``), off the lanes. Outputs are cut back per sequence
 here too, so no copy blocks the event loop.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -32,6 +35,8 @@ from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions, pad
 # attentions [L, H, n, n], hidden_states [L + 1, n, d], value_norms [L, H, n] (the last
 # three when its graph has them).
 SequenceResult = dict[str, np.ndarray]
+# Awaited before a calibration run takes the lanes: until no request waits for them.
+Idle = Callable[[], Awaitable[None]]
 
 
 class Lease:
@@ -147,13 +152,29 @@ class InferenceLanes:
             self._threads[lane], partial(run_and_split, runtime, sequences, graph, options)
         )
 
-    async def time(self, runtime: ModelRuntime, graph: str, batch: int, longest: int) -> float:
+    async def time(
+        self,
+        runtime: ModelRuntime,
+        graph: str,
+        batch: int,
+        longest: int,
+        *,
+        idle: Idle | None = None,
+    ) -> float:
         """Seconds of one run of ``batch`` sequences of ``longest`` tokens, alone (run
-        twice: the first pays the allocations)."""
+        twice: the first pays the allocations). ``idle``: awaited before each run takes
+        the lanes (a model being loaded lets queued requests go first)."""
         sequences = [runtime.sample_sequence(graph, longest)] * batch
+        await self._alone(runtime, graph, sequences, idle)
+        return await self._alone(runtime, graph, sequences, idle)
+
+    async def _alone(
+        self, runtime: ModelRuntime, graph: str, sequences: list[np.ndarray], idle: Idle | None
+    ) -> float:
+        if idle is not None:
+            await idle()
         lease = await self.gate.acquire(exclusive=True)
         try:
-            await self.run(lease.lane, runtime, sequences, graph)
             start = time.monotonic()
             await self.run(lease.lane, runtime, sequences, graph)
             return time.monotonic() - start
@@ -161,23 +182,31 @@ class InferenceLanes:
             lease.release()
 
     async def time_shared(
-        self, runtime: ModelRuntime, graph: str, batch: int, longest: int
+        self,
+        runtime: ModelRuntime,
+        graph: str,
+        batch: int,
+        longest: int,
+        *,
+        idle: Idle | None = None,
     ) -> float:
         """Seconds until two such runs started at once on two lanes have both finished
         (the better of two tries: a pair's timing is the noisier)."""
         sequences = [runtime.sample_sequence(graph, longest)] * batch
-        lease = await self.gate.acquire(exclusive=True)
-        try:
-            tries = []
-            for _ in range(2):
+        tries = []
+        for _ in range(2):
+            if idle is not None:
+                await idle()
+            lease = await self.gate.acquire(exclusive=True)
+            try:
                 start = time.monotonic()
                 await asyncio.gather(
                     *(self.run(lane, runtime, sequences, graph) for lane in lease.held[:2])
                 )
                 tries.append(time.monotonic() - start)
-            return min(tries)
-        finally:
-            lease.release()
+            finally:
+                lease.release()
+        return min(tries)
 
     async def warm_up(self, runtime: ModelRuntime) -> None:
         lease = await self.gate.acquire(exclusive=True)

@@ -272,6 +272,34 @@ class ModelRuntime:
                 raise ModelLoadError(
                     f"model {self.info.name!r}: warm-up of {graph} produced non-finite output"
                 )
+        self._probe_tables()
+
+    def _probe_tables(self) -> None:
+        """Each graph taking token ids run on the longest sequence served and on the
+        highest token id and type the manifest allows: a ``config.json`` promising more
+        than the graph's position, word or type tables is refused at load, where each
+        request past the tables was a 500."""
+        text = self.info.manifest.text
+        if text is None:
+            return
+        n = self.info.max_seq_len
+        highest = np.array([[text.vocab_size - 1, text.type_vocab_size - 1]], dtype=np.int64)
+        probes = {
+            f"{n} tokens (max_seq_len)": np.zeros((n, 2), dtype=np.int64),
+            f"token id {text.vocab_size - 1} and token type {text.type_vocab_size - 1} "
+            "(text.vocab_size, text.type_vocab_size)": highest,
+        }
+        for graph in sorted(self._sessions.keys() & graph_io.ID_GRAPHS.keys()):
+            for promised, sequence in probes.items():
+                batch, mask = pad([sequence])
+                try:
+                    self.run(batch, mask, graph)
+                except Exception as exc:  # onnxruntime's own error: an index out of a table
+                    said = str(exc).splitlines()[0][:300]
+                    raise ModelLoadError(
+                        f"model {self.info.name!r}: {graph} cannot run {promised}, which "
+                        f"{graph_io.CONFIG_FILE} promises: {said}"
+                    ) from exc
 
 
 def check_providers(providers: list[str]) -> None:
@@ -286,6 +314,31 @@ def check_providers(providers: list[str]) -> None:
         )
 
 
+def read_version(
+    found: ModelVersion,
+    settings: Settings,
+    *,
+    budget: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> ModelInfo:
+    """One export's manifest, checked (what it takes against ``budget`` bytes, hashes,
+    the name its directory promises); ``cancelled`` gives up on the hashing."""
+    info = read_model_info(found.path, settings, found.version, budget=budget, cancelled=cancelled)
+    if info.name != found.name:
+        raise ModelLoadError(
+            f"directory {found.name!r} holds a model named {info.name!r}: name the "
+            "directory after its model (the repository API addresses models by directory)"
+        )
+    return info
+
+
+def open_version(info: ModelInfo, settings: Settings) -> ModelRuntime:
+    """The sessions and tokenizer of an export ``read_version`` checked."""
+    runtime = ModelRuntime(info, settings)
+    log.info("loaded model %s version %s from %s", info.name, info.version, info.path)
+    return runtime
+
+
 def load_version(
     found: ModelVersion,
     settings: Settings,
@@ -293,17 +346,9 @@ def load_version(
     budget: int | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> ModelRuntime:
-    """One export, checked (manifest, what it takes against ``budget`` bytes, hashes, the
-    name its directory promises) and opened; ``cancelled`` gives up on the hashing."""
-    info = read_model_info(found.path, settings, found.version, budget=budget, cancelled=cancelled)
-    if info.name != found.name:
-        raise ModelLoadError(
-            f"directory {found.name!r} holds a model named {info.name!r}: name the "
-            "directory after its model (the repository API addresses models by directory)"
-        )
-    runtime = ModelRuntime(info, settings)
-    log.info("loaded model %s version %s from %s", info.name, found.version, found.path)
-    return runtime
+    """One export, checked (``read_version``) and opened."""
+    info = read_version(found, settings, budget=budget, cancelled=cancelled)
+    return open_version(info, settings)
 
 
 def load_repository(settings: Settings, names: list[str] | None = None) -> dict[str, ModelRuntime]:

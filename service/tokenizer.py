@@ -107,7 +107,16 @@ class TextFrontEnd:
     def _probe(self, vocab_size: int) -> None:
         """Encode PROBE_TEXT both ways at load: a tokenizer that loads but cannot encode
         (its unknown-word token missing from its vocabulary) or gives ids beyond the
-        embedding table would fail every request; such a model never becomes ready."""
+        embedding table would fail every request; such a model never becomes ready.
+        Every id its vocabulary holds (added tokens too) must be within ``vocab_size``:
+        a token the probe never meets would fail each request that holds it."""
+        vocabulary = self._tokenizer.get_vocab(with_added_tokens=True)
+        token, top = max(vocabulary.items(), key=lambda entry: entry[1], default=("", 0))
+        if top >= vocab_size:
+            raise ModelLoadError(
+                f"model {self.info.name!r}: its tokenizer holds token {token[:40]!r} with id "
+                f"{top}, beyond the vocabulary of {vocab_size} (config.json text.vocab_size)"
+            )
         try:
             for truncate, left in ((False, False), (True, False), (True, True)):
                 for _, ids, _ in self.tokenize([PROBE_TEXT, ""], truncate=truncate, left=left):

@@ -1,12 +1,16 @@
 """The models' life: loaded at start and warmed up; then model control
 (ATTNSERVE_MODEL_CONTROL): load, swap, unload and poll.
 
-A load reads a model directory (untrusted: see ``runtime.load_version``) beside
-what serves, within the model memory budget, warms it up on the inference
-thread and swaps it in with one assignment on the event loop: new requests go
-to it, requests already prepared finish on the version they started on. One
-load or unload of a model at a time; other models' go on beside it. Poll mode
-repeats this for every changed directory.
+A load reads a model directory (untrusted: see ``runtime.read_version``) beside
+what serves, within the model memory budget, opens and warms it up on the
+loader thread, and swaps it in with one assignment on the event loop: new
+requests go to it, requests already prepared finish on the version they started
+on; it is calibrated afterwards on the inference lanes, one run at a time when no
+request has had work there for a moment. One load or unload of a model at a time;
+other models' go on beside it, their hashing too, but one model's sessions are
+opened and warmed up at a time (the others' wait their turn) and one calibrated
+at a time, so serving keeps the lanes and most of the cores. Poll mode repeats
+this for every changed directory.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from model_export.manifest import ManifestError
@@ -34,7 +40,7 @@ from service.errors import (
 )
 from service.metrics import Metrics
 from service.repository import ModelVersion, model_directories, versions
-from service.runtime import ModelRuntime, load_repository, load_version
+from service.runtime import ModelRuntime, load_repository, load_version, open_version, read_version
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,11 @@ class ModelControl:
         self._reserved: dict[str, int] = {}  # memory reserved by loads in progress
         self._loaded_from: dict[str, DiskMark] = {}  # what each loaded export was
         self._tasks: list[asyncio.Task[None]] = []  # warm-up and the repository poll
+        # Opens and warms up the models loaded while serving, one at a time: session
+        # creation and warm-up stay off the event loop and the inference lanes.
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-loader")
+        self._calibrating = asyncio.Lock()  # one loaded model's calibration at a time
+        self._calibrations: dict[str, asyncio.Task[None]] = {}  # by model, in the background
 
     # -- at start ------------------------------------------------------------------------------
 
@@ -93,10 +104,11 @@ class ModelControl:
 
     async def stop(self) -> None:
         self._lifecycle.ready = False
-        for task in self._tasks:
+        for task in (*self._tasks, *self._calibrations.values()):
             task.cancel()
         if self._lifecycle.batcher is not None:
             await self._lifecycle.batcher.stop()
+        self._loader.shutdown(wait=False, cancel_futures=True)
 
     async def _load_at_start(self) -> None:
         """The models to serve from the start (every one, or in explicit mode the default
@@ -174,6 +186,7 @@ class ModelControl:
                 raise ModelNotFound(f"{quoted(name)} is not loaded")
             del registry.runtimes[name]
             registry.versions.pop(name, None)
+            self._stop_calibrating(name)
             self._cache.drop_model(name)
             if self._lifecycle.batcher is not None:
                 self._lifecycle.batcher.retire(name)
@@ -270,15 +283,17 @@ class ModelControl:
             left = budget - self._held_bytes(besides=name)
             step = "loading"  # said in the reason: which step failed
             try:
-                runtime = await asyncio.to_thread(
-                    load_version,
+                info = await asyncio.to_thread(
+                    read_version,
                     version,
                     settings,
                     budget=left,
                     cancelled=self._lifecycle.stopping.is_set,
                 )
+                loop = asyncio.get_running_loop()
+                runtime = await loop.run_in_executor(self._loader, open_version, info, settings)
                 step = "warm-up"
-                await batcher.warm_up(runtime)
+                await loop.run_in_executor(self._loader, runtime.warmup)
             except ModelLoadError as exc:
                 return self._load_failed(name, str(exc))
             except Exception as exc:  # a graph that loads but cannot run, or a bug
@@ -288,7 +303,6 @@ class ModelControl:
             opened[version.version] = runtime
         if not self._lifecycle.ready:  # (a load begun before SIGTERM completes)
             raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})
-        await batcher.calibrate(list(opened.values()))
         on_disk = {v.version for v in wanted}
         kept = {v: rt for v, rt in loaded.items() if v in on_disk and v not in opened}
         registry.versions[name] = {**kept, **opened}
@@ -300,7 +314,35 @@ class ModelControl:
         self._loaded_from[name] = self._disk_mark(found)
         self._metrics.model_loads.labels(name, "loaded").inc()
         log.info("serving model %s version %s", name, serving.info.version)
+        self._calibrate_later(name, batcher, list(opened.values()))
         return serving
+
+    def _calibrate_later(self, name: str, batcher: Batcher, runtimes: list[ModelRuntime]) -> None:
+        """Time the loaded versions' calibration shapes in the background, between
+        requests (``Batcher.calibrate``): until then the run planner packs greedily, runs
+        alone and fits the cost model from the live runs, as before any calibration."""
+        self._stop_calibrating(name)
+
+        async def calibrate() -> None:
+            async with self._calibrating:
+                await batcher.calibrate(runtimes, between_requests=True)
+            log.info("model %s calibrated", name)
+
+        task = asyncio.create_task(calibrate(), name=f"calibrate-{name}")
+        self._calibrations[name] = task
+        task.add_done_callback(partial(self._calibrated, name))
+
+    def _calibrated(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._calibrations.get(name) is task:
+            del self._calibrations[name]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("calibrating model %s failed", name, exc_info=task.exception())
+
+    def _stop_calibrating(self, name: str) -> None:
+        """No more calibration of ``name``'s versions (swapped or unloaded)."""
+        task = self._calibrations.pop(name, None)
+        if task is not None:
+            task.cancel()
 
     def _load_failed(self, name: str, reason: str) -> ModelRuntime:
         self._metrics.model_loads.labels(name, "failed").inc()

@@ -356,6 +356,70 @@ def test_a_tokenizer_failing_at_request_time_is_a_4xx(
     assert httpx.post(f"{server.url}/v1/encode", json=known, timeout=30).status_code == 200
 
 
+# -- a manifest promising more than its graphs and tokenizer hold ------------------------
+
+
+def with_added_token(text_model: Path, target: Path, token_id: int) -> None:
+    """A copy of the text model whose tokenizer.json adds a token at ``token_id`` (in its
+    vocabulary: an added token's own id is renumbered on load), its digest recorded."""
+
+    def edit(raw: dict[str, Any]) -> None:
+        path = target / graph_io.TOKENIZER_FILE
+        tokenizer = json.loads(path.read_text())
+        tokenizer["model"]["vocab"]["hostiletoken"] = token_id
+        tokenizer["added_tokens"].append(
+            {"id": token_id, "content": "hostiletoken", "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": False}
+        )  # fmt: skip
+        path.write_text(json.dumps(tokenizer))
+        raw["text"]["tokenizer_sha256"] = sha256_file(path)
+
+    copy_as(text_model, target, edit)
+
+
+@pytest.fixture(scope="module")
+def overpromising(text_models: Path) -> Path:
+    """Copies of the text model (positions 0..127, 256 words, 2 token types) whose
+    config.json or tokenizer promise more."""
+    text = text_models / "text"
+    copy_as(
+        text,
+        text_models / "long-window",
+        lambda raw: (
+            raw["architecture"].update(max_seq_len=512),
+            raw["text"].update(max_positions=512),
+        ),
+    )
+    copy_as(text, text_models / "big-vocab", lambda raw: raw["text"].update(vocab_size=4096))
+    copy_as(text, text_models / "many-types", lambda raw: raw["text"].update(type_vocab_size=9))
+    with_added_token(text, text_models / "added-token", 40_000_000)
+    return text_models
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("long-window", "embeddings.onnx cannot run 512 tokens (max_seq_len)"),
+        ("big-vocab", "embeddings.onnx cannot run token id 4095 and token type 1"),
+        ("many-types", "embeddings.onnx cannot run token id 255 and token type 8"),
+        (
+            "added-token",
+            "its tokenizer holds token 'hostiletoken' with id 40000000, beyond the vocabulary "
+            "of 256",
+        ),
+    ],
+)
+def test_a_manifest_promising_more_than_its_tables_is_refused_at_load(
+    server: ServerProcess, hostile: Path, overpromising: Path, name: str, says: str
+) -> None:
+    """Each loaded, then every request past the graph's tables (a long text, an id or
+    token type the manifest allows, the added token) was a 500."""
+    answer = load(server, name)
+    assert_refused_cleanly(answer, hostile, says)
+    assert httpx.get(f"{server.url}/v2/models/{name}/ready").status_code == 404
+    assert httpx.get(f"{server.url}/health/ready").status_code == 200
+
+
 # -- a load that runs long -----------------------------------------------------------------
 
 HUGE = 48 << 30  # a sparse file: no disk, but minutes of hashing before the bound and shutdown

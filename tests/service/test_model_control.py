@@ -142,6 +142,72 @@ def test_a_version_swap_under_load_mixes_nothing(tmp_path: Path, exports: Path) 
             time.sleep(0.1)
 
 
+def test_an_idle_swapped_out_version_is_freed_without_another_request(
+    tmp_path: Path, exports: Path
+) -> None:
+    """Version 1 served a few requests, then version 2 was swapped in and nothing more
+    was asked of the model: version 1 was kept (two versions in memory) until the
+    model's next request, held by its batcher worker's last batch."""
+    repo = repository(tmp_path, exports, ("1",))
+    with server_process(repo, model_control="explicit") as server:
+        for _ in range(3):
+            assert hidden_of(infer(server.url))[0] == "1"
+        shutil.copytree(exports / "2", repo / "tiny" / "2")
+        loaded = httpx.post(f"{server.url}/v2/repository/models/tiny/load", timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        wait_until(
+            lambda: metric(server.url, "attnserve_model_versions_in_memory", model="tiny") == 1,
+            "version 1 stayed in memory with no request to free it",
+            timeout=10,
+        )
+
+
+@pytest.mark.slow  # MiniLM's export (shared with the other MiniLM tests) and two loads
+def test_a_load_does_not_stall_the_model_serving(tmp_path: Path, minilm_repository: Path) -> None:
+    """A client sends one-text requests one after another to the default model while a
+    copy of it loads: they go on being answered throughout the load. The loaded model's
+    calibration took the lanes back to back, so a request queued then waited for all
+    of it (12.9 s of a 13.5 s load)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(minilm_repository / "minilm-l6", repo / "minilm-l6")
+    renamed(minilm_repository / "minilm-l6", repo / "other", "other")
+    settings = {"model_control": "explicit", "default_model": "minilm-l6"}
+    with server_process(repo, intra_op_threads="0", **settings) as server:
+        answered: list[tuple[float, float]] = []  # (sent, seconds)
+        stop = threading.Event()
+
+        def client() -> None:
+            body = {"model": "minilm-l6", "input": "A short sentence to embed."}
+            with httpx.Client(timeout=60) as http:
+                while not stop.is_set():
+                    sent = time.monotonic()
+                    answer = http.post(f"{server.url}/v1/embeddings", json=body)
+                    assert answer.status_code == 200, answer.text
+                    answered.append((sent, time.monotonic() - sent))
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        try:
+            time.sleep(1.0)
+            loads = []
+            for _ in range(2):  # the first load, and a reload (a new version's swap)
+                began = time.monotonic()
+                loaded = httpx.post(f"{server.url}/v2/repository/models/other/load", timeout=120)
+                assert loaded.status_code == 200, loaded.text
+                loads.append((began, time.monotonic()))
+        finally:
+            stop.set()
+            thread.join()
+        for began, ended in loads:
+            during = [seconds for sent, seconds in answered if began <= sent < ended]
+            # Structural, not a timing bound: no request waited out most of the load.
+            assert len(during) >= 3 and max(during) < (ended - began) / 2, (
+                ended - began,
+                sorted(during)[-5:],
+                len(during),
+            )
+
+
 def test_repository_api_through_tritonclient(
     tmp_path: Path, exports: Path, admin: dict[str, str]
 ) -> None:
