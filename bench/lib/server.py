@@ -54,19 +54,9 @@ def running_server(model_dir: Path, /, **settings: str) -> Iterator[Served]:
     the response cache too: every request is computed (``bench.cache`` measures the
     cache by turning it on).
     """
-    with running_checkout(ROOT, model_dir, **settings) as served:
-        yield served
-
-
-@contextmanager
-def running_checkout(service_root: Path, model_dir: Path, /, **settings: str) -> Iterator[Served]:
-    """``running_server`` with the ``service`` of another checkout ``service_root``: an
-    older version measured beside this one (``bench.hardening``'s before/after figures)."""
-    models = {
-        "ATTNSERVE_MODEL_REPOSITORY": str(model_dir.parent),
-        "ATTNSERVE_DEFAULT_MODEL": model_dir.name,
-    }
-    with _serve(models, settings, service_root) as served:
+    with running_checkout(
+        ROOT, model_dir.parent, **{"DEFAULT_MODEL": model_dir.name, **settings}
+    ) as served:
         yield served
 
 
@@ -74,18 +64,18 @@ def running_checkout(service_root: Path, model_dir: Path, /, **settings: str) ->
 def running_repository(repository: Path, /, **settings: str) -> Iterator[Served]:
     """``running_server`` for a whole model ``repository``, its default model left to
     the service's settings."""
-    with _serve({"ATTNSERVE_MODEL_REPOSITORY": str(repository)}, settings, ROOT) as served:
+    with running_checkout(ROOT, repository, **settings) as served:
         yield served
 
 
 @contextmanager
-def _serve(
-    models: dict[str, str], settings: dict[str, str], service_root: Path
-) -> Iterator[Served]:
+def running_checkout(service_root: Path, repository: Path, /, **settings: str) -> Iterator[Served]:
+    """``running_repository`` with the ``service`` of the checkout ``service_root``: an
+    older version measured beside this one (``bench.hardening``'s before/after figures)."""
     port = free_port()
     env = {
         **os.environ,
-        **models,
+        "ATTNSERVE_MODEL_REPOSITORY": str(repository),
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_GRPC_PORT": "0",
         "ATTNSERVE_RESPONSE_CACHE_BYTES": "0",
