@@ -315,7 +315,7 @@ def test_a_prompt_that_fills_the_window_is_a_422_naming_it(url: str) -> None:
     body = {
         "model": "apart",
         "inputs": ["tulips bloom in spring", "the stock market fell"],
-        "prompt": "instruction " * 300,
+        "prompt": "word " * 300,  # 300 one-token words (prompts are at most 2,048 characters)
         "pooling": "mean",
         "truncate": True,
     }
