@@ -315,14 +315,15 @@ def test_a_prompt_that_fills_the_window_is_a_422_naming_it(url: str) -> None:
     body = {
         "model": "apart",
         "inputs": ["tulips bloom in spring", "the stock market fell"],
-        "prompt": "word " * 300,  # 300 one-token words (prompts are at most 2,048 characters)
+        # 600 one-token words, past the folder's 512 (prompts are at most 2,048 characters)
+        "prompt": "a " * 600,
         "pooling": "mean",
         "truncate": True,
     }
     refused = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
     assert refused.status_code == 422, refused.text
-    assert refused.json()["error"].startswith("prompt: the prompt's 255 tokens"), refused.text
+    assert refused.json()["error"].startswith("prompt: the prompt's 511 tokens"), refused.text
     # Without truncation it is refused before any text is tokenized, naming the prompt.
     whole = httpx.post(f"{url}/v1/encode", json={**body, "truncate": False}, timeout=60)
     assert whole.status_code == 413, whole.text
-    assert whole.json()["error"].startswith("prompt: the prompt is 302 tokens"), whole.text
+    assert whole.json()["error"].startswith("prompt: the prompt is 602 tokens"), whole.text
