@@ -12,12 +12,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from service.condense import BoundedText, condense
 from service.errors import InvalidInput, ModelLoadError
 from service.model_info import ModelInfo, cannot_load
 
@@ -45,6 +48,30 @@ def _span(sequence_ids: list[int | None], which: int) -> tuple[int, int]:
     return (at[0], at[-1] + 1) if at else (0, 0)
 
 
+def _run_length_kept(tokenizer: Tokenizer) -> int | None:
+    """How many characters of a long run of letters or whitespace keep a text's tokens
+    (``service.condense``): WordPiece's ``max_input_chars_per_word`` + 1, for a
+    WordPiece model behind BERT's pre-tokenizer (and normalizer, if any) whose added
+    tokens cannot sit inside such a run; None for any other tokenizer."""
+    config = json.loads(tokenizer.to_str())
+    model, normalizer = config.get("model") or {}, config.get("normalizer")
+    pre_tokenizer = config.get("pre_tokenizer") or {}
+    longest = model.get("max_input_chars_per_word")
+    if (
+        model.get("type") != "WordPiece"
+        or not isinstance(longest, int)
+        or pre_tokenizer.get("type") != "BertPreTokenizer"
+        or (normalizer is not None and normalizer.get("type") != "BertNormalizer")
+    ):
+        return None
+    edge = re.compile(r"[^\w\s]")
+    for token in config.get("added_tokens") or []:
+        content = str(token.get("content", ""))
+        if len(content) > longest or not (edge.match(content) and edge.match(content[-1])):
+            return None
+    return longest + 1
+
+
 class TextFrontEnd:
     """Tokenize, bound by prefix, map tokens to characters, decode."""
 
@@ -57,6 +84,7 @@ class TextFrontEnd:
             for token in self._tokenizer.get_added_tokens_decoder().values()
             if token.special
         )
+        self._keep_runs = _run_length_kept(self._tokenizer)
         self._truncating = self._load_tokenizer(info, path, info.max_seq_len)
         self._truncating_left = self._load_tokenizer(info, path, info.max_seq_len, left=True)
         # Query-document pairs (rerankers): the document is cut first, never the query.
@@ -164,6 +192,17 @@ class TextFrontEnd:
             )
             for e in encoded
         ]
+
+    def condense(self, text: str, budget: int, *, from_end: bool = False) -> BoundedText:
+        """At least ``budget`` characters of ``text`` from its start (``from_end``: its
+        end) with the same tokens, or the whole text if shorter: long runs of letters or
+        whitespace cut short where this tokenizer is BERT's (``condense``), else a slice."""
+        if self._keep_runs is not None:
+            return condense(text, self._keep_runs, budget, from_end=from_end)
+        if not from_end:
+            return BoundedText(text[:budget])
+        piece = text[-budget:]
+        return BoundedText(piece, (0,), (len(text) - len(piece),), True)
 
     def tokens_of_ids(self, ids: list[int]) -> list[str]:
         """The vocabulary's token for each id (SPLADE's dimensions)."""

@@ -8,15 +8,16 @@ texts embedded, and the answer's size before anything is computed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
 from model_export.manifest import EncoderConfig
+from service.condense import BoundedText
 from service.engine.types import AnswerShape, AttentionSpec, ServingLimits, WireCost
 from service.errors import FieldPath, InvalidInput, PayloadTooLarge, SequenceTooLong
 from service.model_info import ModelInfo
 from service.settings import Settings
+from service.tokenizer import TextFrontEnd
 
 MB = 1e6
 FLOAT32 = 4
@@ -26,6 +27,9 @@ FLOAT32 = 4
 FIRST_PREFIX_CHARS_PER_TOKEN = 64
 # How much longer each next prefix is, when the previous one held too few tokens.
 PREFIX_GROWTH = 4
+# The most characters of one text the tokenizer ever sees, per token of the model's
+# length (the search's third prefix): 262,144 for a 256-token model.
+MAX_CHARS_PER_TOKEN = FIRST_PREFIX_CHARS_PER_TOKEN * PREFIX_GROWTH**2
 
 
 def serving_limits(settings: Settings) -> ServingLimits:
@@ -97,35 +101,40 @@ def bound_text(
     model: ModelInfo,
     truncate: bool,
     field: FieldPath,
-    final_tokens: Callable[[str], int],
+    front_end: TextFrontEnd,
     *,
     left: bool = False,
-) -> str:
+) -> BoundedText:
     """The part of ``text`` its tokenizing needs: a prefix with the same truncated tokens
-    (``truncate``), a 413 once a prefix alone is too long, else the whole text.
+    (``truncate``), a 413 once a prefix alone is too long, else the whole text; in every
+    case at most ``max_seq_len * MAX_CHARS_PER_TOKEN`` characters reach the tokenizer.
 
-    ``final_tokens(prefix)``: the prefix's tokens (specials excluded) that the rest of
-    the text cannot change (those before its last, possibly cut, word). Prefixes of
-    ``max_seq_len * FIRST_PREFIX_CHARS_PER_TOKEN`` characters, then ``PREFIX_GROWTH``
-    times longer, are tried until one holds more than ``max_seq_len`` final tokens or the
-    whole text is reached. The tokenizer's own truncation of the returned prefix is then
-    exactly its truncation of the whole text, whatever the text's characters per token
-    (a prefix cut blindly by characters kept 83 tokens of whitespace-heavy text instead
-    of 256). Cost: the search tokenizes fewer than ``PREFIX_GROWTH / (PREFIX_GROWTH - 1)``
-    times the text's characters in all, the tokenizing after it at most the text once
-    more (the text itself bounded by ATTNSERVE_MAX_BODY_BYTES); ordinary text stops at
-    the first prefix. With ``left`` (truncation keeps the last tokens) the same holds
-    of suffixes, ``final_tokens`` then counting a suffix's tokens after its first
-    word. A model without a tokenizer gets its text back whole: tokenizing it is
-    refused next."""
+    A long text is first condensed (``TextFrontEnd.condense``: runs of letters or
+    whitespace that cannot change its tokens cut short, read only as far as the bound).
+    Then prefixes of ``max_seq_len * FIRST_PREFIX_CHARS_PER_TOKEN`` characters, and
+    ``PREFIX_GROWTH`` times longer up to the bound, are tried until one holds more than
+    ``max_seq_len`` tokens that the rest of the text cannot change
+    (``TextFrontEnd.final_tokens``: those before its last, possibly cut, word). The
+    tokenizer's own truncation of the returned prefix is then exactly its truncation
+    of the whole text, whatever the text's characters per token (a prefix cut blindly
+    by characters kept 83 tokens of whitespace-heavy text instead of 256). A text whose
+    condensed form is longer than the bound and holds fewer settled tokens within it
+    is refused (413) rather than tokenized whole: more than ``MAX_CHARS_PER_TOKEN``
+    characters a token is no text a model reads (an unbroken 30 MB word took 25 s and
+    1 GB to tokenize). With ``left`` (truncation keeps the last tokens) the same holds
+    of suffixes, ``final_tokens`` then counting a suffix's tokens after its first word.
+    The answer's offsets map back to ``text`` through ``BoundedText.origin``."""
     size = model.max_seq_len * FIRST_PREFIX_CHARS_PER_TOKEN
-    if len(text) <= size or not model.has_tokenizer:
-        return text
-    while size < len(text):
-        piece = text[-size:] if left else text[:size]
-        if final_tokens(piece) > model.max_seq_len:
+    if len(text) <= size:
+        return BoundedText(text)
+    most = model.max_seq_len * MAX_CHARS_PER_TOKEN
+    condensed = front_end.condense(text, most + 1, from_end=left)
+    held = condensed.text
+    while size < len(held) and size <= most:
+        begin, end = (len(held) - size, len(held)) if left else (0, size)
+        if front_end.final_tokens(held[begin:end], from_end=left) > model.max_seq_len:
             if truncate:
-                return piece
+                return condensed.sliced(begin, end)
             raise SequenceTooLong(
                 f"{len(text):,} characters whose {'last' if left else 'first'} {size:,} "
                 "already hold over "
@@ -134,7 +143,15 @@ def bound_text(
                 field=field,
             )
         size *= PREFIX_GROWTH
-    return text
+    if len(held) <= most:
+        return condensed
+    raise SequenceTooLong(
+        f"{len(text):,} characters whose {'last' if left else 'first'} {most:,} hold "
+        f"fewer than {model.max_seq_len} tokens the rest cannot change: over "
+        f"{MAX_CHARS_PER_TOKEN} characters a token of model {model.name!r}'s length, more "
+        "than any text is tokenized for; shorten it",
+        field=field,
+    )
 
 
 def check_array(array: np.ndarray, field: FieldPath, d_model: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from service.engine.types import (
     SpannedText,
     TokenIds,
 )
-from service.errors import InvalidInput, UnsupportedByModel
+from service.errors import InvalidInput, SequenceTooLong, UnsupportedByModel
 from service.model_info import ModelInfo
 from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions
 from service.settings import Settings
@@ -124,6 +124,8 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
     inputs = list(request.inputs)
     prompt = _prompt(info, request, inputs)
     left = request.truncation_direction == "left"
+    if prompt and not request.truncate:
+        _check_prompt_fits(runtime, request, prompt)
     tokenized, ids = _front_end(
         runtime, inputs, request.truncate, settings, pooled_only, prompt, left
     )
@@ -141,7 +143,7 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
     )
     sequences = _sequences(info, inputs, tokenized, ids, settings, pooled_only)
     tokens = [tokenized[i][0] if i in tokenized else None for i in range(len(inputs))]
-    pool_skip = _prompt_skip(runtime, tokens, prompt, options.pooling)
+    pool_skip = _prompt_skip(runtime, tokens, prompt, options.pooling, request.prompt is not None)
     spec = request.attention
     attention_answer.check_spec(spec, [len(s) for s in sequences], request.return_attention)
     kept = [attention_answer.kept_keys(spec, len(s)) for s in sequences]
@@ -264,8 +266,28 @@ def _prompt(info: ModelInfo, request: EncodeRequest, inputs: list[InputItem]) ->
     return text.prompt_of(info, request.prompt_name, request.prompt)
 
 
+def _check_prompt_fits(runtime: ModelRuntime, request: EncodeRequest, prompt: str) -> None:
+    """Without truncation, a prompt that alone fills the model's window makes every text
+    too long: one 413 naming the prompt, before any text is tokenized."""
+    info = runtime.info
+    field = ("prompt",) if request.prompt is not None else ("prompt_name",)
+    bounded = limits.bound_text(prompt, info, False, field, text.front_end(runtime))
+    ((tokens, _, _),) = text.front_end(runtime).tokenize([bounded.text], truncate=False)
+    if len(tokens) > info.max_seq_len:
+        raise SequenceTooLong(
+            f"the prompt is {len(tokens)} tokens with the special tokens: no text fits with "
+            f"it within model {info.name!r}'s {info.max_seq_len}; shorten the prompt or ask "
+            "for truncation",
+            field=field,
+        )
+
+
 def _prompt_skip(
-    runtime: ModelRuntime, tokens: list[list[str] | None], prompt: str, pooling: Pooling
+    runtime: ModelRuntime,
+    tokens: list[list[str] | None],
+    prompt: str,
+    pooling: Pooling,
+    request_prompt: bool = False,
 ) -> list[int]:
     """Per sequence, the tokens pooling leaves out: for a model whose ``include_prompt``
     is false (sentence-transformers' Pooling), the prompt's, [CLS] with them, at the
@@ -275,12 +297,15 @@ def _prompt_skip(
     if runtime.info.manifest.include_prompt or not prompt or pooling == "none":
         return []
     skip = text.prompt_length(runtime, prompt)
+    specials = text.front_end(runtime).special_tokens
     for i, seq in enumerate(tokens):
-        if seq is not None and len(seq) <= skip:
+        # The text's own tokens: those after the prompt's, before a closing [SEP] (a
+        # prompt that fills the window left only that [SEP] to pool, for every text).
+        if seq is not None and len(seq) - (1 if seq and seq[-1] in specials else 0) <= skip:
             raise InvalidInput(
                 f"the prompt's {skip} tokens leave none of this text's to pool (model "
                 f"{runtime.info.name!r} pools a text without its prompt): shorten the prompt",
-                field=("inputs", i),
+                field=("prompt",) if request_prompt else ("inputs", i),
             )
     return [0 if seq is None else skip for seq in tokens]
 

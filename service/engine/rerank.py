@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -135,14 +134,13 @@ def tokenize_pairs(
     info = runtime.info
     front_end = text.front_end(runtime)
     left = request.truncation_direction == "left"
-    tokens_of = partial(front_end.final_tokens, from_end=left)
     room = info.max_seq_len - front_end.pair_overhead()
     firsts: dict[str, str] = {}
     for i, (first, _) in enumerate(pairs):
         if first in firsts:
             continue
         where = fields(i)[0]
-        bounded = limits.bound_text(first, info, False, where, tokens_of)
+        bounded = limits.bound_text(first, info, False, where, front_end).text
         ((_, ids, _),) = front_end.tokenize([bounded], truncate=False, special_tokens=False)
         if len(ids) >= room:
             raise InvalidInput(
@@ -154,7 +152,7 @@ def tokenize_pairs(
         firsts[first] = bounded
     truncate = request.truncate
     seconds = [
-        limits.bound_text(second, info, truncate, fields(i)[1], tokens_of, left=left)
+        limits.bound_text(second, info, truncate, fields(i)[1], front_end, left=left).text
         for i, (_, second) in enumerate(pairs)
     ]
     encoded = front_end.tokenize_pairs(
@@ -214,6 +212,9 @@ async def rerank(
         if not 1 <= request.top_tokens <= MAX_TOP_TOKENS:
             raise InvalidInput(f"must be in 1..{MAX_TOP_TOKENS}", field=("top_tokens",))
         rank_explain.check_spec(request.attention)
+        if request.return_attention:  # the explained pairs run as one attention request
+            explained = min(request.top_n or len(request.documents), len(request.documents))
+            limits.check_sequence_count(explained, settings, pooled_only=False)
         pairs = [(request.query, d) for d in request.documents]
         encoded = tokenize_pairs(
             runtime, pairs, request, settings, lambda i: (("query",), (documents, i)), documents

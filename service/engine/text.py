@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from service.condense import BoundedText
 from service.engine import limits
 from service.engine.types import (
     DecodeRequest,
@@ -84,14 +84,14 @@ def prompt_length(runtime: ModelRuntime, prompt: str) -> int:
 
 def bound(
     runtime: ModelRuntime, texts: dict[int, str], truncate: bool, field: str, *, left: bool = False
-) -> dict[int, str]:
+) -> dict[int, BoundedText]:
     """Texts by their index in the request's ``field``, bounded before tokenizing (422
     for a model without a tokenizer)."""
     if not texts:
         return {}
-    tokens_of = partial(front_end(runtime).final_tokens, from_end=left)
+    tokenizer = front_end(runtime)
     return {
-        i: limits.bound_text(text, runtime.info, truncate, (field, i), tokens_of, left=left)
+        i: limits.bound_text(text, runtime.info, truncate, (field, i), tokenizer, left=left)
         for i, text in texts.items()
     }
 
@@ -108,7 +108,7 @@ def front_end(runtime: ModelRuntime) -> TextFrontEnd:
 
 def tokenize(
     runtime: ModelRuntime,
-    bounded: dict[int, str],
+    bounded: dict[int, BoundedText],
     truncate: bool,
     *,
     special_tokens: bool = True,
@@ -119,7 +119,10 @@ def tokenize(
     if not bounded:
         return {}
     found = front_end(runtime).tokenize(
-        list(bounded.values()), truncate=truncate, special_tokens=special_tokens, left=left
+        [b.text for b in bounded.values()],
+        truncate=truncate,
+        special_tokens=special_tokens,
+        left=left,
     )
     return dict(zip(bounded, found, strict=True))
 
@@ -134,7 +137,7 @@ def tokenize_all(
     pooled_only: bool,
     special_tokens: bool = True,
     left: bool = False,
-) -> tuple[list[str], list[Tokenized]]:
+) -> tuple[list[BoundedText], list[Tokenized]]:
     """A request made only of texts: counted, bounded, tokenized, every length checked.
     The bounded texts are handed back beside their tokens."""
     limits.check_sequence_count(len(texts), settings, pooled_only=pooled_only)
@@ -215,14 +218,14 @@ def span_tokens(
             "spans are pooled per chunk: set pooling to mean or max",
             field=("inputs", next(iter(spanned)), "spans"),
         )
-    tokens_of = partial(front_end(runtime).final_tokens, from_end=left)
+    tokenizer = front_end(runtime)
     texts = [
-        limits.bound_text(prompt + item.text, runtime.info, truncate, (), tokens_of, left=left)
+        limits.bound_text(prompt + item.text, runtime.info, truncate, (), tokenizer, left=left)
         for item in spanned.values()
     ]
-    token_spans = front_end(runtime).token_spans(texts, truncate=truncate, left=left)
-    for (i, item), spans in zip(spanned.items(), token_spans, strict=True):
-        starts = [None if span is None else span[0] - len(prompt) for span in spans]
+    token_spans = tokenizer.token_spans([b.text for b in texts], truncate=truncate, left=left)
+    for (i, item), spans, bounded in zip(spanned.items(), token_spans, texts, strict=True):
+        starts = [None if span is None else bounded.origin(span[0]) - len(prompt) for span in spans]
         per_span = []
         for k, (begin, end) in enumerate(item.spans):
             held = [t for t, c in enumerate(starts) if c is not None and begin <= c < end]
@@ -272,14 +275,16 @@ def tokenize_texts(
         to_embed = [id_pairs(ids, types) for _, ids, types in encoded]
     spans: list[list[tuple[int, int] | None] | None] = [None] * len(encoded)
     if request.spans:
-        spans = list(
-            front_end(runtime).token_spans(
-                bounded,
-                truncate=request.truncate,
-                special_tokens=request.special_tokens,
-                left=left,
-            )
+        found = front_end(runtime).token_spans(
+            [b.text for b in bounded],
+            truncate=request.truncate,
+            special_tokens=request.special_tokens,
+            left=left,
         )
+        spans = [
+            [None if s is None else (b.origin(s[0]), b.origin(s[1])) for s in each]
+            for b, each in zip(bounded, found, strict=True)
+        ]
     texts = [
         TokenizedText(tokens, ids, None, span)
         for (tokens, ids, _), span in zip(encoded, spans, strict=True)

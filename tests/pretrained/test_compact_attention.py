@@ -459,6 +459,9 @@ def test_open_inference_refuses_mismatched_attention_parameters(minilm_server_ur
         (["attentions"], {"attention_heads": True}, "attention_heads"),
         (["attentions"], {"attention_heads": "12"}, "heads"),
         (["attentions"], {"attention_layers": "1,1"}, "repeated"),
+        # Empty items are refused in every list alike (summaries took "entropy,,first").
+        (["attentions"], {"attention_layers": "0,,1"}, "attention_layers"),
+        (["attention_summaries"], {"attention_summaries": "entropy,,first"}, "empty items"),
     ]:
         body = {
             "inputs": [text],

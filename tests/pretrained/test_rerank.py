@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from tests.conftest import free_port, running_server
+from tests.support.metrics import metric
 
 SCORE_ATOL = 1e-5
 ATTENTION_ATOL = 1e-4
@@ -203,6 +204,8 @@ def test_why_it_ranked_takes_the_encode_selection(url: str) -> None:
         ({"top_n": 0}, 422, "top_n"),
         ({"top_n": -1}, 422, "top_n"),
         ({"top_tokens": 0}, 422, "top_tokens"),
+        ({"max_tokens_per_doc": -5}, 422, "max_tokens_per_doc"),
+        ({"max_tokens_per_doc": 0}, 422, "max_tokens_per_doc"),
         ({"model": "bert-splade"}, 422, "is a splade model: it cannot rerank"),
         ({"model": "bert-classifier"}, 422, "is a classify model: it cannot rerank"),
         ({"documents": "one text"}, 422, "documents"),
@@ -215,6 +218,23 @@ def test_bad_rerank_requests_are_refused_naming_the_field(
     answer = post(url, "/v1/rerank", body)
     assert answer.status_code == status, answer.text
     assert field in answer.json()["error"], answer.text
+
+
+def test_too_many_documents_to_explain_are_refused_before_any_run(url: str) -> None:
+    """Explaining runs the chosen pairs as one attention request (ATTNSERVE_MAX_SEQUENCES,
+    64): more is a 413 decided from the counts, before any document is tokenized or
+    scored (before, 2,048 documents were scored first and refused after 4.6 s)."""
+    runs = "attnserve_inference_seconds_count"
+    before = metric(url, runs)
+    body = {"query": QUERY, "documents": ["a short document"] * 100, "return_attention": True}
+    refused = post(url, "/v1/rerank", body)
+    assert refused.status_code == 413, refused.text
+    assert "100 sequences" in refused.json()["error"], refused.text
+    assert metric(url, runs) == before
+    # The control: asking to explain the top 2 of the same 100 runs (and is counted).
+    served = post(url, "/v1/rerank", {**body, "top_n": 2})
+    assert served.status_code == 200, served.text
+    assert metric(url, runs) > before
 
 
 def test_models_list_their_task(url: str) -> None:

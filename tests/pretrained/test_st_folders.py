@@ -307,3 +307,24 @@ def test_the_original_minilm_folder_keeps_its_recipe() -> None:
     """all-MiniLM-L6-v2 as published (older flags, mean, Normalize)."""
     recipe = sentence_recipe(minilm_l6_dir())
     assert (recipe.pooling, recipe.normalize, recipe.include_prompt) == ("mean", True, True)
+
+
+def test_a_prompt_that_fills_the_window_is_a_422_naming_it(url: str) -> None:
+    """``include_prompt: false`` with a prompt of the whole window (truncated texts keep
+    only the prompt and [SEP]): there is none of the text left to pool. Before, every
+    text got the same [SEP] vector with 200."""
+    body = {
+        "model": "apart",
+        "inputs": ["tulips bloom in spring", "the stock market fell"],
+        # 600 one-token words, past the folder's 512 (prompts are at most 2,048 characters)
+        "prompt": "a " * 600,
+        "pooling": "mean",
+        "truncate": True,
+    }
+    refused = httpx.post(f"{url}/v1/encode", json=body, timeout=60)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"].startswith("prompt: the prompt's 511 tokens"), refused.text
+    # Without truncation it is refused before any text is tokenized, naming the prompt.
+    whole = httpx.post(f"{url}/v1/encode", json={**body, "truncate": False}, timeout=60)
+    assert whole.status_code == 413, whole.text
+    assert whole.json()["error"].startswith("prompt: the prompt is 602 tokens"), whole.text

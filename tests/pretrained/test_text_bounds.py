@@ -27,6 +27,9 @@ MAX_SEQ_LEN = 256  # the model's (sentence-transformers' max_seq_length)
 SPARSE_TEXT = ("word" + " " * 200) * 300  # 300 words in 61,200 characters
 FITTING_TEXT = ("word" + " " * 200) * 100  # 102 tokens in 20,400 characters
 HUGE_CHARS = 32_000_000  # a body just under ATTNSERVE_MAX_BODY_BYTES (32 MiB)
+UNBROKEN_CHARS = 30_000_000  # one pre-token: a single [UNK], whatever its length
+# The most characters of one text the tokenizer sees (limits.MAX_CHARS_PER_TOKEN x 256).
+MOST_CHARS = 1024 * MAX_SEQ_LEN
 # The served vector against transformers eager on the same tokens (fp32; observed ~1e-7).
 VECTOR_ATOL = 1e-5
 MIN_COSINE = 0.9999
@@ -36,11 +39,16 @@ MAX_RSS_GROWTH = 500 * 1024 * 1024
 TIMEOUT = httpx.Timeout(120.0)
 
 
-def _rss_bytes(pid: int) -> int:
+def _rss_bytes(pid: int, field: str = "VmRSS") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {field}")
+
+
+def _peak_bytes(pid: int) -> int:
+    """The server's peak RSS so far (tokenizing 30 MB whole peaked ~1.9 GB above idle)."""
+    return _rss_bytes(pid, "VmHWM")
 
 
 def reference_vector(text: str, *, truncate: bool) -> np.ndarray:
@@ -188,3 +196,65 @@ def test_left_truncation_keeps_what_the_tokenizer_keeps(server: ServerProcess, t
         )
         assert encoded.status_code == 200, encoded.text
         assert encoded.json()["usage"]["tokens"] == len(want)
+
+
+def test_an_unbroken_30_mb_word_is_one_unk_read_from_a_bounded_prefix(
+    server: ServerProcess,
+) -> None:
+    """The issue's case: "x" * 30,000,000 is one pre-token, past WordPiece's 100
+    characters a word, so the tokenizer's answer is [CLS] [UNK] [SEP], truncated or not.
+    Tokenizing it whole took 25-35 s and ~1 GB each; now the run is cut to 101
+    characters first (``service.condense``), the same tokens, its span the whole text."""
+    text = "x" * UNBROKEN_CHARS
+    tokenizer = BertTokenizerFast.from_pretrained(minilm_l6_dir())
+    want = tokenizer([text[:MOST_CHARS]])["input_ids"][0]  # the same single [UNK]
+    assert want == [tokenizer.cls_token_id, tokenizer.unk_token_id, tokenizer.sep_token_id]
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        before = _peak_bytes(server.proc.pid)
+        for truncate in (True, False):
+            r = c.post("/v1/tokenize", json={"text": [text], "truncate": truncate})
+            assert r.status_code == 200, r.text
+            assert r.json()["data"][0]["ids"] == want
+            r = c.post(
+                "/v1/encode", json={"inputs": [text], "pooling": "mean", "truncate": truncate}
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["tokens"] == 3
+        for direction in ("Right", "Left"):  # TEI's /tokenize: where each token came from
+            r = c.post(
+                "/tokenize",
+                json={"inputs": text, "truncate": True, "truncation_direction": direction},
+            )
+            assert r.status_code == 200, r.text
+            unk = r.json()[0][1]
+            assert (unk["id"], unk["start"], unk["stop"]) == (want[1], 0, UNBROKEN_CHARS), unk
+        grown = _peak_bytes(server.proc.pid) - before
+    assert grown < MAX_RSS_GROWTH, f"peak RSS grew by {grown / 1e6:.0f} MB"
+
+
+def test_a_10_mb_word_is_explained(server: ServerProcess) -> None:
+    """/v1/explain/similarity bounds its texts as every text route does (18.6 s before)."""
+    body = {"query": "x" * 10_000_000, "documents": ["a short document"]}
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        before = _peak_bytes(server.proc.pid)
+        r = c.post("/v1/explain/similarity", json=body)
+        grown = _peak_bytes(server.proc.pid) - before
+    assert r.status_code == 200, r.text
+    assert r.json()["data"][0]["query_tokens"] == ["[CLS]", "[UNK]", "[SEP]"], r.json()
+    assert grown < MAX_RSS_GROWTH, f"peak RSS grew by {grown / 1e6:.0f} MB"
+
+
+def test_a_text_of_fewer_tokens_than_its_bound_holds_is_refused(server: ServerProcess) -> None:
+    """Characters no run condenses (control characters the normalizer drops) past the
+    bound, with fewer than 256 tokens in it: refused without tokenizing the rest, as a
+    text of over 1,024 characters a token; at the bound it is served."""
+    at_bound = "\x00" * (MOST_CHARS - 5) + " word"
+    beyond = "\x00" * (MOST_CHARS + 1) + " word"
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        served = c.post("/v1/tokenize", json={"text": [at_bound], "truncate": True})
+        assert served.status_code == 200, served.text
+        assert served.json()["data"][0]["tokens"] == ["[CLS]", "word", "[SEP]"]
+        for truncate in (True, False):
+            r = c.post("/v1/tokenize", json={"text": [beyond], "truncate": truncate})
+            assert r.status_code == 413, r.text
+            assert f"whose first {MOST_CHARS:,} hold fewer than 256 tokens" in r.json()["error"]

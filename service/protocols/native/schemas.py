@@ -241,7 +241,7 @@ class RerankRequest(BaseModel):
     )
     truncation_direction: Literal["right", "left"] = "right"
     max_tokens_per_doc: int | None = Field(
-        None, description="Cohere's option: accepted, the model's own limit applies."
+        None, ge=1, description="Cohere's option: accepted, the model's own limit applies."
     )
     return_attention: bool = Field(
         False,

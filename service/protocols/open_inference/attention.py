@@ -91,7 +91,12 @@ class AttentionParameters:
             raise InvalidInput("parameters.attention_summaries must be a comma-separated string")
         if not isinstance(self.summaries_per_token, bool):
             raise InvalidInput("parameters.attention_summaries_per_token must be a boolean")
-        summaries = tuple(s.strip() for s in self.summaries.split(",") if s.strip())
+        summaries = tuple(s.strip() for s in self.summaries.split(",")) if self.summaries else ()
+        if "" in summaries:  # as the index lists: "entropy,,first" is a mistake, not two names
+            raise InvalidInput(
+                "parameters.attention_summaries must be comma-separated names without empty "
+                f"items, got {quoted(self.summaries)}"
+            )
         if (OUTPUT_SUMMARIES in outputs) != bool(summaries):
             raise InvalidInput(
                 f"output {OUTPUT_SUMMARIES!r} and parameters.attention_summaries go together"
