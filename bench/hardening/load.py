@@ -37,9 +37,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.lib.models import DEFAULT_MODEL_DIR, OUT
+from bench.lib.models import DEFAULT_MODEL_DIR, OUT, ROOT
 from bench.lib.results import write_json
-from bench.lib.server import running_repository
+from bench.lib.server import running_checkout
 from model_export import graph_io
 
 TEXT = "A short sentence to embed."
@@ -108,13 +108,14 @@ def timed(call: Callable[[], httpx.Response]) -> tuple[float, float, int]:
     return start, time.monotonic(), status
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    model_dir: Path = args.model_dir
+def run(service_root: Path, model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``model_dir`` and its copies served by ``service_root``'s server; ``args``: seconds,
+    loads, storm."""
     with tempfile.TemporaryDirectory() as tmp:
         repo, copies = repository(model_dir, Path(tmp), max(args.storm, 1))
         settings = {"MODEL_CONTROL": "explicit", "DEFAULT_MODEL": model_dir.name}
         with (
-            running_repository(repo, **settings) as server,
+            running_checkout(service_root, repo, **settings) as server,
             httpx.Client(base_url=server.url, timeout=600) as admin,
         ):
             requests = Requests(server.url, model_dir.name)
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm", type=int, default=3, help="concurrent loaders")
     parser.add_argument("--out", type=Path, default=OUT / "hardening-load.json")
     args = parser.parse_args(argv)
-    results = run(args)
+    results = run(ROOT, args.model_dir, args)
     write_json(args.out, results)
     print(render(results))
     return 0

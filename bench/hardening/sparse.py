@@ -24,30 +24,30 @@ from typing import Any
 
 import httpx
 
-from bench.lib.models import OUT
+from bench.hardening import checkout
+from bench.lib.models import OUT, ROOT
 from bench.lib.procs import Sampler
 from bench.lib.results import write_json
-from bench.lib.server import running_server
+from bench.lib.server import running_checkout
 
 MB = 1e6
+TEXTS = [2048, 256, 56]  # the issue's two requests, and the most that fit the default limit
+TIMEOUT = 180.0
 
 
-def export_splade(root: Path) -> Path:
-    """The random-head SPLADE model, exported as the tests export it."""
-    from model_export.cli import main
-
+def export_splade(service_root: Path, work: Path) -> Path:
+    """The random-head SPLADE model, exported by ``service_root`` as the tests export it."""
     # The tests' model (run from the checkout); imported by name, so the type check of
     # bench does not take in the tests' untyped helpers.
     bert_splade = importlib.import_module("tests.support.heads").bert_splade
 
-    source = root / "checkpoints" / "bert-splade"
+    source = work / "checkpoints" / "bert-splade"
     source.parent.mkdir(parents=True, exist_ok=True)
     bert_splade(source)
-    out = root / "models" / "bert-splade"
-    args = ["--checkpoint", str(source), "--out", str(out), "--exporter", "torchscript"]
-    if main(args) != 0:
-        raise RuntimeError("the SPLADE export failed")
-    return out
+    out = work / "models" / "bert-splade"
+    return checkout.export(
+        service_root, out, "--checkpoint", str(source), "--exporter", "torchscript"
+    )
 
 
 def one_request(url: str, pid: int, texts: int, timeout: float) -> dict[str, Any]:
@@ -75,22 +75,22 @@ def one_request(url: str, pid: int, texts: int, timeout: float) -> dict[str, Any
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Serve the model and send each request; the figures and the limits they met."""
+def run(service_root: Path, texts: list[int], timeout: float = TIMEOUT) -> dict[str, Any]:
+    """Export and serve the model with ``service_root``'s code, send each request."""
     with tempfile.TemporaryDirectory() as tmp:
-        model = export_splade(Path(tmp))
-        with running_server(model) as served:
-            results = [one_request(served.url, served.pid, n, args.timeout) for n in args.texts]
+        model = export_splade(service_root, Path(tmp))
+        with running_checkout(service_root, model.parent, DEFAULT_MODEL=model.name) as served:
+            results = [one_request(served.url, served.pid, n, timeout) for n in texts]
     return {"requests": results}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--texts", type=int, nargs="+", default=[2048, 256, 56])
-    parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--texts", type=int, nargs="+", default=TEXTS)
+    parser.add_argument("--timeout", type=float, default=TIMEOUT)
     parser.add_argument("--out", type=Path, default=OUT / "hardening_sparse.json")
     args = parser.parse_args()
-    found = run(args)
+    found = run(ROOT, args.texts, args.timeout)
     write_json(args.out, found)
     print(json.dumps(found, indent=2))
 
