@@ -4,7 +4,7 @@ One server (``python -m service``, all-MiniLM-L6-v2) on 127.0.0.1. Measured:
 
 - three concurrent ``/v1/encode {"inputs": ["x" * 30_000_000], "truncate": true}``:
   each one's status and seconds, and the server's peak RSS meanwhile;
-- a 2,048-text ``/v1/encode`` sent 0.5 s behind them: its status and seconds (the
+- a 2,048-text pooled ``/v1/encode`` sent 0.5 s behind them: its status and seconds (the
   server's deadline is its default, 60 s);
 - a 10 MB unbroken text on ``/v1/explain/similarity``: status and seconds.
 
@@ -47,7 +47,8 @@ async def _timed(client: httpx.AsyncClient, path: str, body: bytes) -> dict[str,
 
 async def _probe(url: str, pid: int) -> dict[str, Any]:
     huge = json.dumps({"inputs": ["x" * HUGE_CHARS], "truncate": True}).encode()
-    behind = json.dumps({"inputs": [f"text number {i}" for i in range(BEHIND_TEXTS)]}).encode()
+    texts = [f"text number {i}" for i in range(BEHIND_TEXTS)]
+    behind = json.dumps({"inputs": texts, "pooling": "mean"}).encode()
     explain = json.dumps({"query": "x" * EXPLAIN_CHARS, "documents": ["a document"]}).encode()
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
         idle = cpu_and_rss(process_tree(pid))[1]
