@@ -38,24 +38,55 @@ directory.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import itertools
 import json
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from model_export import graph_io
-from model_export.config import ConfigError, EncoderConfig, check_size
-from model_export.model_files import FileChanged, open_checked
+from model_export.config import ConfigError, EncoderConfig
+from model_export.manifest_sections import (
+    DENSE_ACTIVATIONS,
+    MAX_DENSE_FEATURES,
+    MAX_DENSE_LAYERS,
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    TEXT_SIZE_BOUNDS,
+    Dense,
+    DenseLayer,
+    Head,
+    TextFrontEnd,
+)
+from model_export.model_files import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    MAX_NAME_BYTES,
+    Cancelled,
+    ManifestError,
+    check_file_name,
+    json_depth,
+    open_model_file,
+    resolve_file,
+    sha256_file,
+    sha256_stream,
+)
 
 __all__ = [
+    "DENSE_ACTIVATIONS",
     "FORMAT_VERSION",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_DEPTH",
+    "MAX_DENSE_FEATURES",
+    "MAX_DENSE_LAYERS",
+    "MAX_LABELS",
+    "MAX_LABEL_CHARS",
+    "MAX_NAME_BYTES",
     "POOLINGS",
+    "TEXT_SIZE_BOUNDS",
+    "Cancelled",
     "ConfigError",
     "Dense",
     "DenseLayer",
@@ -68,7 +99,9 @@ __all__ = [
     "TextFrontEnd",
     "check_file_name",
     "graph_io",
+    "json_depth",
     "open_model_file",
+    "resolve_file",
     "sha256_file",
 ]
 
@@ -89,221 +122,12 @@ MAX_PROMPT_NAME: Final = 64
 MAX_PROMPT_CHARS: Final = 2048
 
 
-# config.json's bounds, checked before it is parsed: ours are ~5 KiB and 5 levels deep.
-MAX_CONFIG_BYTES: Final = 1 << 20
-MAX_CONFIG_DEPTH: Final = 32
-# Longest file name a manifest may give (a file system's NAME_MAX).
-MAX_NAME_BYTES: Final = 255
-# Sane ranges of the text front end's sizes (XLM-R's vocabulary is 250,002).
-TEXT_SIZE_BOUNDS: Final[dict[str, int]] = {
-    "vocab_size": 1 << 24,
-    "type_vocab_size": 1 << 16,
-    "max_positions": 1 << 20,
-}
-# A string (its closing quote optional, so a match never backtracks: linear in the
-# text, where a required one made an unterminated `"\"\"...` quadratic) or a bracket.
-_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"?|[\[\]{}]')
-
-
-class ManifestError(ValueError):
-    """A model directory whose ``config.json`` or files do not keep the contract."""
-
-
-class Cancelled(ManifestError):
-    """A read given up on the way (the server is shutting down)."""
-
-
-def sha256_file(path: Path, cancelled: Callable[[], bool] | None = None) -> str:
-    with path.open("rb") as f:
-        return _sha256(f, path.name, cancelled)
-
-
-def _sha256(f: IO[bytes], name: str, cancelled: Callable[[], bool] | None = None) -> str:
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-        if cancelled is not None and cancelled():
-            raise Cancelled(f"{name}: hashing given up")
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def check_file_name(name: object, what: str) -> str:
-    """``name`` is a plain file name as the exporter writes them (``model.onnx``): no
-    directory part, not absolute, not hidden, not ``..``; else ManifestError."""
-    if (
-        not isinstance(name, str)
-        or not name
-        or name.startswith(".")
-        or any(c in name for c in "/\\\0")
-        or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
-    ):
-        shown = repr(name) if len(repr(name)) <= 64 else repr(name)[:60] + "...'"
-        raise ManifestError(
-            f"{what} must be a plain file name (no directory part, not hidden, at most "
-            f"{MAX_NAME_BYTES} bytes), got {shown}"
-        )
-    return name
-
-
-def resolve_file(model_dir: Path, name: str, within: Path | None = None) -> Path:
-    """The real path of ``model_dir / name``, refused if it is not a plain name or if,
-    symbolic links followed, it leaves ``within`` (default: ``model_dir`` itself).
-    The error names the file only, never where a link points."""
-    check_file_name(name, name)
-    real = (model_dir / name).resolve()
-    if not real.is_relative_to(_root(model_dir, within)):
-        where = "model directory" if within is None else "model repository"
-        raise ManifestError(f"{name} resolves outside the {where} (a symbolic link?)")
-    return real
-
-
-def _root(model_dir: Path, within: Path | None) -> Path:
-    return (model_dir if within is None else within).resolve()
-
-
-def open_model_file(model_dir: Path, name: str, within: Path | None = None) -> IO[bytes]:
-    """``model_dir / name`` opened for reading: its path checked by ``resolve_file``,
-    then what was opened checked to be that file (``model_files.open_checked``: a
-    symbolic link swapped in after the check is refused, never followed). The one way
-    a model directory's files are read here. ManifestError if refused; OSError as
-    opening raises it."""
-    real = resolve_file(model_dir, name, within)
-    try:
-        return open_checked(real, _root(model_dir, within))
-    except FileChanged as exc:
-        raise ManifestError(f"{name} is refused: {exc.args[0]}") from None
-
-
-def json_depth(data: bytes, limit: int = MAX_CONFIG_DEPTH) -> int:
-    """How deeply arrays and objects nest in a JSON text, found without parsing it (in
-    time linear in its length); the scan stops once past ``limit``."""
-    depth = deepest = 0
-    for token in _TOKEN.finditer(data):
-        first = data[token.start()]
-        if first == ord('"'):
-            continue
-        depth += 1 if first in b"[{" else -1
-        if depth > deepest:
-            deepest = depth
-            if deepest > limit:
-                break
-    return deepest
-
-
 @dataclass(frozen=True)
 class GraphFile:
     """One ONNX graph of the model directory: its digest and its outputs, in order."""
 
     sha256: str
     outputs: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class TextFrontEnd:
-    """Token ids -> the encoder's input embeddings (``embeddings.onnx``), a tokenizer,
-    and (format 3) ``graph``: ids -> ``last_hidden_state`` in one run."""
-
-    embeddings_graph: str
-    embeddings_sha256: str
-    vocab_size: int
-    type_vocab_size: int
-    max_positions: int
-    tokenizer: str | None = None
-    tokenizer_sha256: str | None = None
-    graph: str | None = None
-    graph_sha256: str | None = None
-    sparse_graph: str | None = None  # format 4: ids -> the last layer's [CLS] attention row
-    sparse_graph_sha256: str | None = None
-    stopwords: str | None = None  # format 4: words left out of BM42 vectors, one per line
-    stopwords_sha256: str | None = None
-
-    def __post_init__(self) -> None:
-        for name, bound in TEXT_SIZE_BOUNDS.items():
-            check_size(f"text.{name}", getattr(self, name), bound, ManifestError)
-        check_file_name(self.embeddings_graph, "text.embeddings_graph")
-        for name in ("tokenizer", "graph", "sparse_graph", "stopwords"):
-            if getattr(self, name) is not None:
-                check_file_name(getattr(self, name), f"text.{name}")
-        if (self.tokenizer is None) != (self.tokenizer_sha256 is None):
-            raise ManifestError("text.tokenizer and text.tokenizer_sha256 go together")
-        for name in ("graph", "sparse_graph", "stopwords"):
-            if (getattr(self, name) is None) != (getattr(self, f"{name}_sha256") is None):
-                raise ManifestError(f"text.{name} and text.{name}_sha256 go together")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TextFrontEnd:
-        try:
-            return cls(**data)
-        except TypeError as exc:  # unknown or missing keys
-            raise ManifestError(f"text: {exc}") from None
-
-
-DENSE_ACTIVATIONS: Final = ("identity", "tanh", "relu")
-# Dense widths a model may have (EmbeddingGemma's widest is 3,072), and layers in a row.
-MAX_DENSE_FEATURES: Final = 1 << 16
-MAX_DENSE_LAYERS: Final = 8
-
-
-@dataclass(frozen=True)
-class DenseLayer:
-    """sentence-transformers' ``Dense``: activation(W x + b), W [out_features, in_features]."""
-
-    in_features: int
-    out_features: int
-    bias: bool
-    activation: str  # one of DENSE_ACTIVATIONS
-
-    def __post_init__(self) -> None:
-        for name in ("in_features", "out_features"):
-            check_size(f"dense.{name}", getattr(self, name), MAX_DENSE_FEATURES, ManifestError)
-        if not isinstance(self.bias, bool) or self.activation not in DENSE_ACTIVATIONS:
-            raise ManifestError(
-                f"dense: bias must be a boolean, activation one of {DENSE_ACTIVATIONS}"
-            )
-
-    @property
-    def floats(self) -> int:
-        return self.out_features * (self.in_features + int(self.bias))
-
-
-@dataclass(frozen=True)
-class Dense:
-    """The Dense layers applied in order to a pooled vector; their weights are ``file``
-    (graph_io.DENSE_FILE's layout), ``floats`` float32 values in all."""
-
-    file: str
-    sha256: str
-    layers: tuple[DenseLayer, ...]
-
-    def __post_init__(self) -> None:
-        check_file_name(self.file, "dense.file")
-        if not 0 < len(self.layers) <= MAX_DENSE_LAYERS:
-            raise ManifestError(f"dense.layers must list 1..{MAX_DENSE_LAYERS} layers")
-        for before, after in itertools.pairwise(self.layers):
-            if after.in_features != before.out_features:
-                raise ManifestError("dense.layers: each layer's in_features is the last's out")
-
-    @property
-    def floats(self) -> int:
-        return sum(layer.floats for layer in self.layers)
-
-    @classmethod
-    def from_dict(cls, data: object) -> Dense:
-        if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
-            raise ManifestError("dense must be an object with a list of layers")
-        if not all(isinstance(layer, dict) for layer in data["layers"]):
-            raise ManifestError("dense.layers must be objects")
-        try:
-            layers = tuple(DenseLayer(**layer) for layer in data["layers"])
-            return cls(**{**data, "layers": layers})
-        except TypeError as exc:  # unknown or missing keys
-            raise ManifestError(f"dense: {exc}") from None
-
-
-HEAD_TASKS: Final = ("classify", "splade")
-ACTIVATIONS: Final = ("sigmoid", "softmax", "identity")
-MAX_LABELS: Final = 4096
-MAX_LABEL_CHARS: Final = 256
 
 
 def _ranges(raw: object) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -316,59 +140,6 @@ def _ranges(raw: object) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
         raise ManifestError("quantization_ranges must hold numbers only")
     mins, maxes = (tuple(float(v) for v in r) for r in raw)
     return mins, maxes
-
-
-@dataclass(frozen=True)
-class Head:
-    """The model's head, run as one graph from token ids (``graph_io.HEAD_GRAPHS``).
-
-    ``classify``: a sequence-classification head, one logit per label (``labels``,
-    the checkpoint's ``id2label`` in order); one label is a reranker (a cross-encoder
-    scoring query-document pairs). ``activation`` is the score function the checkpoint
-    defines (sentence-transformers' CrossEncoder: sigmoid for one label, else
-    identity; transformers' pipelines: softmax over several labels). ``splade``: a
-    masked-LM head giving a SPLADE vector over the vocabulary."""
-
-    task: str
-    graph: str
-    graph_sha256: str
-    labels: tuple[str, ...] = ()
-    activation: str = "identity"
-
-    def __post_init__(self) -> None:
-        if self.task not in HEAD_TASKS:
-            raise ManifestError(f"head.task must be one of {HEAD_TASKS}, got {self.task!r}")
-        check_file_name(self.graph, "head.graph")
-        if graph_io.HEAD_GRAPHS.get(self.graph) is None:
-            raise ManifestError(f"head.graph must be one of {sorted(graph_io.HEAD_GRAPHS)}")
-        want = graph_io.GRAPH_SCORES if self.task == "classify" else graph_io.GRAPH_SPLADE
-        if self.graph != want:
-            raise ManifestError(f"head.graph of a {self.task} head is {want}, got {self.graph}")
-        if self.activation not in ACTIVATIONS:
-            raise ManifestError(f"head.activation must be one of {ACTIVATIONS}")
-        labels = self.labels
-        if self.task == "classify" and not 0 < len(labels) <= MAX_LABELS:
-            raise ManifestError(f"head.labels must list 1..{MAX_LABELS} labels")
-        if self.task == "splade" and labels:
-            raise ManifestError("head.labels: a splade head has no labels")
-        for label in labels:
-            if not (isinstance(label, str) and 0 < len(label) <= MAX_LABEL_CHARS):
-                raise ManifestError(f"head.labels: each is text of 1..{MAX_LABEL_CHARS} chars")
-
-    @property
-    def reranks(self) -> bool:
-        """One logit: a score per query-document pair."""
-        return self.task == "classify" and len(self.labels) == 1
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Head:
-        labels = data.get("labels") or []
-        if not isinstance(data, dict) or not isinstance(labels, list):
-            raise ManifestError("head must be an object, its labels a list")
-        try:
-            return cls(**{**data, "labels": tuple(labels)})
-        except TypeError as exc:  # unknown or missing keys
-            raise ManifestError(f"head: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -702,7 +473,7 @@ class Manifest:
                 )
             for name, want in self.files().items():
                 # Only whether it matches: the digest of a file is not for an error message.
-                if _sha256(files[name], name, cancelled) != want:
+                if sha256_stream(files[name], name, cancelled) != want:
                     raise ManifestError(
                         f"{name} is corrupt: it does not match the SHA-256 recorded in "
                         f"{graph_io.CONFIG_FILE}"
