@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 from model_export import graph_io
 from model_export.hf_import import minilm_l6_dir
 from service.batcher import Batcher
+from service.condense import BoundedText
 from service.engine import (
     ArrayInput,
     AttentionSpec,
@@ -59,6 +60,7 @@ from service.protocols.native import codec
 from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.timing import RunTiming
+from service.tokenizer import TextFrontEnd
 from tests.service.layers.conftest import (
     layer_settings,
     tokenize_texts,
@@ -399,18 +401,24 @@ def test_reductions_through_the_engine_match_numpy(
 # -- bound_text ---------------------------------------------------------------------------
 
 
-def _minilm_final_tokens() -> Callable[[str], int]:
-    """``ModelRuntime.final_tokens`` on the tokenizer minilm-l6 serves."""
-    tokenizer = Tokenizer.from_file(str(minilm_l6_dir() / graph_io.TOKENIZER_FILE))
-    tokenizer.no_truncation()  # the file truncates at 128 itself; the runtime undoes it
+class _MiniLMPrefixes:
+    """What ``bound_text`` asks of a front end, on the tokenizer minilm-l6 serves: its
+    ``final_tokens``, and no condensing (a slice, as for a tokenizer not BERT's), so the
+    prefix search itself is what is tested."""
 
-    def final_tokens(prefix: str) -> int:
-        words = [
-            w for w in tokenizer.encode(prefix, add_special_tokens=False).word_ids if w is not None
-        ]
+    def __init__(self) -> None:
+        self.tokenizer = Tokenizer.from_file(str(minilm_l6_dir() / graph_io.TOKENIZER_FILE))
+        self.tokenizer.no_truncation()  # the file truncates at 128 itself; the runtime undoes it
+
+    def condense(self, text: str, budget: int, *, from_end: bool = False) -> BoundedText:
+        assert not from_end
+        return BoundedText(text[:budget])
+
+    def final_tokens(self, prefix: str, *, from_end: bool = False) -> int:
+        assert not from_end
+        encoded = self.tokenizer.encode(prefix, add_special_tokens=False)
+        words = [w for w in encoded.word_ids if w is not None]
         return sum(1 for w in words if w < max(words)) if words else 0
-
-    return final_tokens
 
 
 def test_bound_text_searches_prefixes_on_real_tokens() -> None:
@@ -418,17 +426,17 @@ def test_bound_text_searches_prefixes_on_real_tokens() -> None:
     fixed count of characters; a text that fits is kept whole; too long is 413."""
     # tiny has no tokenizer (its texts are refused whole): stand in for a model with one.
     info = cast(ModelInfo, SimpleNamespace(name="m", max_seq_len=128, has_tokenizer=True))
-    final_tokens = _minilm_final_tokens()
+    front_end = cast(TextFrontEnd, _MiniLMPrefixes())
     first = info.max_seq_len * limits.FIRST_PREFIX_CHARS_PER_TOKEN
     sparse = ("word" + " " * 200) * (4 * info.max_seq_len)
-    cut = limits.bound_text(sparse, info, True, ("inputs", 0), final_tokens)
+    cut = limits.bound_text(sparse, info, True, ("inputs", 0), front_end).text
     assert len(cut) == first * limits.PREFIX_GROWTH < len(sparse)
-    assert final_tokens(cut) > info.max_seq_len
+    assert front_end.final_tokens(cut) > info.max_seq_len
     fitting = ("word" + " " * 200) * (info.max_seq_len // 2)
     assert len(fitting) > first
-    assert limits.bound_text(fitting, info, False, ("inputs", 0), final_tokens) is fitting
+    assert limits.bound_text(fitting, info, False, ("inputs", 0), front_end).text is fitting
     with pytest.raises(SequenceTooLong) as raised:
-        limits.bound_text("word " * first, info, False, ("texts", 3), final_tokens)
+        limits.bound_text("word " * first, info, False, ("texts", 3), front_end)
     assert raised.value.field == ("texts", 3) and raised.value.status_code == 413
     assert f"whose first {first:,} already hold over {info.max_seq_len}" in raised.value.message
 
