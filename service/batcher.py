@@ -55,7 +55,7 @@ from service.run_planner import (
     plan_runs,
     selected_run_maps,
 )
-from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions
+from service.runtime import PLAIN_RUN, ModelRuntime, RunCut, RunCutShort, RunOptions
 from service.settings import Settings
 from service.timing import RunTiming
 
@@ -94,11 +94,14 @@ class Batcher:
         self._started_workers = False
         self._lanes = InferenceLanes(settings.inference_lanes)
         self._runs: set[asyncio.Task[None]] = set()  # runs in flight
+        self._cuts: set[RunCut] = set()  # what stops each of them
         self._queued = 0  # jobs waiting for their first run
         self._backlog_tokens = 0  # tokens of jobs not yet finished
         self._drain = DrainRate()
         self._costs: dict[tuple[str, str], RunCostModel] = {
-            (name, graph): RunCostModel() for name in runtimes for graph in GRAPH_LABELS
+            (name, graph): RunCostModel(settings.max_batch_tokens)
+            for name in runtimes
+            for graph in GRAPH_LABELS
         }
         self._sharing: dict[tuple[str, str], SharingModel] = {}
         self._last_work = 0.0  # time.monotonic() when a request's work last came or went
@@ -122,7 +125,7 @@ class Batcher:
         if self._started_workers and name not in self._queues:
             self._add_worker(name)
         for graph in GRAPH_LABELS:
-            self._costs.setdefault((name, graph), RunCostModel())
+            self._costs.setdefault((name, graph), RunCostModel(self._settings.max_batch_tokens))
 
     def retire(self, name: str) -> None:
         """No new work for ``name`` (unloaded); what is queued still runs."""
@@ -134,6 +137,8 @@ class Batcher:
         for task in self._workers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for cut in self._cuts:  # past the shutdown's grace window: no run holds the exit
+            cut.cut()
         await asyncio.gather(*self._runs, return_exceptions=True)
         self._lanes.shutdown()
 
@@ -155,8 +160,9 @@ class Batcher:
                     runtime,
                     graph,
                     self._fits(runtime, graph),
-                    self._costs.setdefault(key, RunCostModel()),
+                    self._costs.setdefault(key, RunCostModel(self._settings.max_batch_tokens)),
                     measure_sharing=measure_sharing,
+                    batch_tokens=self._settings.max_batch_tokens,
                     idle=idle,
                 )
 
@@ -233,7 +239,7 @@ class Batcher:
             return 0.0
         # Greedy runs: their modelled time bounds the planner's (which minimises it).
         runs = plan_runs(lengths, self._fits(runtime, graph))
-        return sum(cost(len(run), lengths[run[0]]) for run in runs)
+        return sum(cost.estimate(len(run), lengths[run[0]]) for run in runs)
 
     def _refuse_late(self, model: str, flow: Flow, deadline: float) -> None:
         running = [f.remaining_seconds() for f in self._flows.get(model, ())]
@@ -414,14 +420,25 @@ class Batcher:
         jobs = list({id(job): job for job, _ in pieces}.values())
         start = time.monotonic()
         self._started(jobs, start)
+        cut = RunCut()
+        self._cuts.add(cut)
+        for job in jobs:  # every request of the run gone (deadline, caller left): cut it
+            job.future.add_done_callback(partial(_cut_if_all_done, jobs, cut))
         try:
             try:
                 sequences = [job.sequences[i] for job, i in pieces]
                 options = run_options(jobs)
-                results = await self._lanes.run(lease.lane, runtime, sequences, graph, options)
+                results = await self._lanes.run(lease.lane, runtime, sequences, graph, options, cut)
             finally:
+                self._cuts.discard(cut)
                 alone = lease.ran_alone()
                 lease.release()
+        except RunCutShort as exc:  # no one waits for it, or the server stops
+            log.info("a run of model %s was cut: %s", runtime.info.name, exc)
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
         except Exception as exc:  # fail this run's requests only, not their neighbours'
             log.exception("inference failed for model %s", runtime.info.name)
             for job in jobs:
@@ -494,3 +511,10 @@ class Batcher:
         if graph == graph_io.GRAPH_TOKEN_EMBEDDINGS:
             return  # a lookup, not the encoder: its speed says nothing of the drain rate
         self._drain.finished(tokens, start, now)
+
+
+def _cut_if_all_done(jobs: list[Job], cut: RunCut, _: object) -> None:
+    """A job of a run was answered, failed or dropped: cut the run once all are (its
+    outputs would go to no one)."""
+    if all(job.future.done() for job in jobs):
+        cut.cut()

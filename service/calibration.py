@@ -28,6 +28,20 @@ log = logging.getLogger(__name__)
 CALIBRATION_SHAPES = ((1, 8), (1, 64), (8, 16), (4, 32), (2, 128), (4, 96))
 SMALL_CALIBRATION_SHAPES = ((1, 8), (1, 32), (4, 8), (2, 32), (1, 64), (4, 16))
 ATTENTION_CALIBRATION_SHAPES = (*SMALL_CALIBRATION_SHAPES, (1, 128), (2, 96))
+# The embeddings and text graphs also time one full batch (the batch budget in sequences
+# of this many tokens, or the model's longest if shorter), once and giving its arena
+# growth back: the full-batch rate that prices requests larger than one batch
+# (``RunCostModel.estimate``), which the small shapes put 20-35 % low. Mid-length: the
+# rate is per padded token, between short texts' (lower) and the longest's (higher).
+FULL_BATCH_LONGEST = 128
+
+
+def full_batch_shape(graph: str, batch_tokens: int, max_seq_len: int) -> tuple[int, int] | None:
+    """(sequences, tokens) of ``graph``'s full-batch timing, if it has one."""
+    if graph not in (graph_io.GRAPH_EMBEDDINGS, graph_io.GRAPH_TEXT):
+        return None
+    longest = min(FULL_BATCH_LONGEST, max_seq_len, batch_tokens)
+    return batch_tokens // longest, longest
 
 
 def calibration_shapes(graph: str) -> tuple[tuple[int, int], ...]:
@@ -47,11 +61,13 @@ async def calibrate_graph(
     cost: RunCostModel,
     *,
     measure_sharing: bool,
+    batch_tokens: int,
     idle: Idle | None = None,
 ) -> SharingModel:
-    """Time ``graph``'s calibration shapes that fit, into ``cost``; the sharing model
-    measured (empty unless ``measure_sharing``). ``idle``: awaited before each run (a
-    model loaded while serving runs its shapes between requests)."""
+    """Time ``graph``'s calibration shapes that fit, into ``cost``, then its full batch
+    of ``batch_tokens`` (if it has one); the sharing model measured (empty unless
+    ``measure_sharing``; a full batch never shares). ``idle``: awaited before each run
+    (a model loaded while serving runs its shapes between requests)."""
     sharing = SharingModel()
     for batch, longest in calibration_shapes(graph):
         longest = min(longest, runtime.info.max_seq_len)
@@ -62,6 +78,9 @@ async def calibrate_graph(
         if measure_sharing:
             shared = await lanes.time_shared(runtime, graph, batch, longest, idle=idle)
             sharing.observe(seconds, shared)
+    full = full_batch_shape(graph, batch_tokens, runtime.info.max_seq_len)
+    if full is not None and fits(*full):
+        cost.observe_rate(*full, await lanes.time_full(runtime, graph, *full, idle=idle))
     if measure_sharing:
         log.info(
             "model %s, graph %s: runs of up to %.1f ms alone share the lanes",

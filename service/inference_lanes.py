@@ -29,12 +29,13 @@ from functools import partial
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.runtime import PLAIN_RUN, ModelRuntime, RunOptions, pad
+from service.runtime import PLAIN_RUN, ModelRuntime, RunCut, RunOptions, pad
 
 # One sequence's outputs by name, trimmed to its n tokens: last_hidden_state [n, d],
 # attentions [L, H, n, n], hidden_states [L + 1, n, d], value_norms [L, H, n] (the last
 # three when its graph has them).
 SequenceResult = dict[str, np.ndarray]
+SHRINKING_RUN = RunOptions(shrink_arena=True)
 # Awaited before a calibration run takes the lanes: until no request waits for them.
 Idle = Callable[[], Awaitable[None]]
 
@@ -144,13 +145,20 @@ class InferenceLanes:
         sequences: list[np.ndarray],
         graph: str,
         options: RunOptions = PLAIN_RUN,
+        cut: RunCut | None = None,
     ) -> list[SequenceResult]:
         """``sequences`` through ``graph`` as one padded run on ``lane``'s thread, cut
-        back per sequence; the caller holds the lanes it needs (``gate.acquire``)."""
+        back per sequence; the caller holds the lanes it needs (``gate.acquire``).
+        ``cut`` stops the run from the loop (RunCutShort); so does cancelling the
+        caller, so no thread goes on with a run nobody awaits (at shutdown too)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._threads[lane], partial(run_and_split, runtime, sequences, graph, options)
-        )
+        cut = cut or RunCut()
+        work = partial(run_and_split, runtime, sequences, graph, options, cut)
+        try:
+            return await loop.run_in_executor(self._threads[lane], work)
+        except asyncio.CancelledError:
+            cut.cut()
+            raise
 
     async def time(
         self,
@@ -168,15 +176,29 @@ class InferenceLanes:
         await self._alone(runtime, graph, sequences, idle)
         return await self._alone(runtime, graph, sequences, idle)
 
+    async def time_full(
+        self, runtime: ModelRuntime, graph: str, batch: int, longest: int, *, idle: Idle | None
+    ) -> float:
+        """Seconds of one run of a full batch, alone, timed once (its allocations are a
+        small part of it) and its arena growth given back afterwards (no idle memory
+        kept for it)."""
+        sequences = [runtime.sample_sequence(graph, longest)] * batch
+        return await self._alone(runtime, graph, sequences, idle, SHRINKING_RUN)
+
     async def _alone(
-        self, runtime: ModelRuntime, graph: str, sequences: list[np.ndarray], idle: Idle | None
+        self,
+        runtime: ModelRuntime,
+        graph: str,
+        sequences: list[np.ndarray],
+        idle: Idle | None,
+        options: RunOptions = PLAIN_RUN,
     ) -> float:
         if idle is not None:
             await idle()
         lease = await self.gate.acquire(exclusive=True)
         try:
             start = time.monotonic()
-            await self.run(lease.lane, runtime, sequences, graph)
+            await self.run(lease.lane, runtime, sequences, graph, options)
             return time.monotonic() - start
         finally:
             lease.release()
@@ -234,6 +256,7 @@ def run_and_split(
     sequences: list[np.ndarray],
     graph: str,
     options: RunOptions = PLAIN_RUN,
+    cut: RunCut | None = None,
 ) -> list[SequenceResult]:
     """Pad, run and cut the outputs back per sequence, all on an inference lane.
 
@@ -244,7 +267,7 @@ def run_and_split(
     copying blocks the event loop.
     """
     embeds, mask = pad(sequences)
-    outputs = runtime.run(embeds, mask, graph, options)
+    outputs = runtime.run(embeds, mask, graph, options, cut)
     if all(len(seq) == embeds.shape[1] for seq in sequences):
         return [
             {name: value[row] for name, value in outputs.items()} for row in range(len(sequences))

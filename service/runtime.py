@@ -55,6 +55,9 @@ class RunOptions:
     layers: tuple[int, ...] | None = None  # None: every layer
     heads: tuple[int, ...] | None = None  # None: every head
     half: bool = False
+    # Give the run's arena growth back to the system afterwards (calibration's full batch:
+    # its timing must not leave idle memory reserved for good).
+    shrink_arena: bool = False
 
     @property
     def selection(self) -> tuple[object, ...]:
@@ -71,6 +74,41 @@ class RunOptions:
 
 # A run with nothing to feed beyond its sequences (every graph but the compact ones).
 PLAIN_RUN = RunOptions()
+# onnxruntime's run setting that frees what a run grew the session's CPU arena by.
+ARENA_SHRINKAGE = ("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+
+class RunCutShort(Exception):
+    """A run stopped by its :class:`RunCut` before it finished (no outputs)."""
+
+
+class RunCut:
+    """Stops one run from another thread: onnxruntime checks ``RunOptions.terminate``
+    between two operators, so a run of seconds ends within one operator's time, and
+    raises :class:`RunCutShort`. For a run whose requests have all gone, or at shutdown."""
+
+    def __init__(self) -> None:
+        self._plain = _quiet(ort.RunOptions())
+        self._shrinking: ort.RunOptions | None = None  # made on first use
+        self.done = False
+
+    def cut(self) -> None:
+        self.done = True
+        for options in (self._plain, self._shrinking):
+            if options is not None:
+                options.terminate = True
+
+    def run_options(self, shrink_arena: bool) -> ort.RunOptions:
+        """The onnxruntime options of one session run under this cut (the arena's
+        shrinkage only where the session has an arena: onnxruntime refuses it else)."""
+        if not shrink_arena:
+            return self._plain
+        if self._shrinking is None:
+            self._shrinking = _quiet(ort.RunOptions())
+            self._shrinking.add_run_config_entry(*ARENA_SHRINKAGE)
+            self._shrinking.terminate = self.done
+        return self._shrinking
+
 
 # Inputs and outputs whose last axis is the model's width d_model.
 WIDTH_LAST = frozenset({graph_io.INPUT_EMBEDS, graph_io.OUTPUT_HIDDEN})
@@ -102,6 +140,11 @@ def pad(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return batch, mask
 
 
+def _quiet(options: ort.RunOptions) -> ort.RunOptions:
+    options.log_severity_level = 3  # a cut run is no error of onnxruntime's to log
+    return options
+
+
 class ModelRuntime:
     """The onnxruntime sessions of one model; ``run`` is blocking (call it off the loop)."""
 
@@ -117,7 +160,11 @@ class ModelRuntime:
             # The attention graph's buffers grow with seq²: without the arena, a long
             # request's memory goes back to the system afterwards, not reserved for good.
             chosen.enable_cpu_mem_arena &= graph not in graph_io.MAP_GRAPHS
+            if chosen.enable_cpu_mem_arena:
+                self._arenas.add(graph)
             return chosen
+
+        self._arenas: set[str] = set()  # the graphs whose sessions have a CPU arena
 
         # Each graph the manifest lists, checked to have the outputs it records.
         self._sessions = {
@@ -210,7 +257,12 @@ class ModelRuntime:
         return np.linspace(-1.0, 1.0, n * d, dtype=np.float32).reshape(n, d)
 
     def run(
-        self, batch: np.ndarray, mask: np.ndarray, graph: str, options: RunOptions = PLAIN_RUN
+        self,
+        batch: np.ndarray,
+        mask: np.ndarray,
+        graph: str,
+        options: RunOptions = PLAIN_RUN,
+        cut: RunCut | None = None,
     ) -> dict[str, np.ndarray]:
         """batch (float32 [B, T, d] embeddings, or int64 [B, T, 2] token id and type for
         the text and sparse graphs), mask int64 [B, T] -> the graph's outputs by name.
@@ -218,13 +270,15 @@ class ModelRuntime:
         ``last_hidden_state`` [B, T, d]; ``attentions`` [B, L, H, T, T] and
         ``hidden_states`` [B, L + 1, T, d] where the graph has them; the compact
         attention graph's top-k rows (at most T); the selected-maps graph's maps of
-        ``options``' layers and heads, in float32 or float16.
+        ``options``' layers and heads, in float32 or float16. ``cut``: lets another
+        thread stop the run (RunCutShort).
         """
         if graph == graph_io.GRAPH_TEXT and self._composed_text:
             # Padding ids embed to something, which model.onnx masks out as the one-run
             # text graph did: the same answer, from weights held once.
-            embeds = self.run(batch, mask, graph_io.GRAPH_TOKEN_EMBEDDINGS)[graph_io.INPUT_EMBEDS]
-            return self.run(embeds, mask, graph_io.GRAPH_EMBEDDINGS)
+            ids = graph_io.GRAPH_TOKEN_EMBEDDINGS
+            embeds = self.run(batch, mask, ids, options, cut)[graph_io.INPUT_EMBEDS]
+            return self.run(embeds, mask, graph_io.GRAPH_EMBEDDINGS, options, cut)
         session = self._sessions[graph]
         if graph in graph_io.ID_GRAPHS:
             feeds = {
@@ -245,7 +299,15 @@ class ModelRuntime:
             if graph == graph_io.GRAPH_SELECTED_ATTENTION:
                 feeds.update(self._selection_feeds(options))
             names = self.info.manifest.graphs[graph].outputs
-        outputs = session.run(None, feeds)
+        cut = cut or RunCut()
+        try:
+            outputs = session.run(
+                None, feeds, cut.run_options(options.shrink_arena and graph in self._arenas)
+            )
+        except Exception as exc:  # onnxruntime's own untyped error
+            if cut.done:
+                raise RunCutShort(f"the run of {graph} was cut short") from exc
+            raise
         return dict(zip(names, outputs, strict=True))
 
     def _selection_feeds(self, options: RunOptions) -> dict[str, np.ndarray]:

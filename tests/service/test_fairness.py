@@ -13,7 +13,8 @@ answers, assembled from 10,000 slices, are checked against onnxruntime (toleranc
 The up-front refusal runs on real all-MiniLM-L6-v2: a pooled request of 2,048 texts
 of ~126 tokens given a deadline of a fifth of its estimated time (the time of one
 64-text part on the same server, times 32) is answered 413 at once, the estimate in
-the message, instead of running to a 504.
+the message, instead of running to a 504; so is one of 128 such texts given 60 % of
+the time the same request took whole, before any of it runs.
 """
 
 from __future__ import annotations
@@ -147,3 +148,31 @@ def test_work_that_cannot_meet_its_deadline_is_refused_up_front(minilm_server_ur
     assert re.search(r"estimated at \d+\.\d s of inference", message), message
     assert "cannot finish within its deadline" in message, message
     assert metric(url, "attnserve_refusals_total", reason="late") == before + 1
+
+
+def test_work_estimated_just_past_its_deadline_is_refused_without_running(
+    minilm_server_url: str,
+) -> None:
+    """The same kind of request, timed whole, then sent again with a deadline of 60 % of
+    that time: it cannot finish, and is refused before any of it runs. The old
+    estimate (the fit of small shapes, 20-35 % low on full batches) with its 1.5x
+    margin admitted it to run into a 504."""
+    url = minilm_server_url
+    body = {"model": "minilm-l6", "input": texts(128, 3)}  # 128 x 126 tokens: 4 batches
+    start = time.monotonic()
+    whole = httpx.post(f"{url}/v1/embeddings", json=body, timeout=TIMEOUT)
+    assert whole.status_code == 200, whole.text
+    deadline = 0.6 * (time.monotonic() - start)
+    started = metric(url, "attnserve_queue_seconds_count")  # jobs that began a run
+    start = time.monotonic()
+    r = httpx.post(
+        f"{url}/v1/embeddings",
+        json={"model": "minilm-l6", "input": texts(128, 4)},  # not the cached answer
+        headers={"X-Request-Timeout": f"{deadline:.3f}"},
+        timeout=TIMEOUT,
+    )
+    refused_after = time.monotonic() - start
+    assert r.status_code == 413, r.text
+    assert "cannot finish within its deadline" in r.json()["error"]["message"], r.text
+    assert refused_after < deadline  # refused, not run to the deadline's 504
+    assert metric(url, "attnserve_queue_seconds_count") == started  # none of it ran

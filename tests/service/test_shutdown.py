@@ -492,3 +492,72 @@ def test_draining_refuses_new_loads_at_once_and_answers_an_accepted_one(
         # The load accepted before the signal completes with its answer (it had begun).
         assert answers["slow"].status_code == 200, answers["slow"].text
         assert exit_status(server, 10 + EXIT_MARGIN) == 0, server.log()
+
+
+# -- a run in progress at the end of the grace window is cut, not waited for ----------------
+
+# The slow model's layers, deeper: one full batch (32 x 128 tokens) is one run of several
+# seconds here, longer than the whole shutdown timeout below.
+LONG_RUN_LAYERS = 16
+LONG_RUN_SEQUENCES = 4096 // MODEL_MAX_SEQ_LEN  # one batch of ATTNSERVE_MAX_BATCH_TOKENS
+
+
+@pytest.fixture(scope="module")
+def long_run_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = EncoderConfig(
+        d_model=D_MODEL,
+        n_heads=N_HEADS,
+        n_layers=LONG_RUN_LAYERS,
+        d_ff=SLOW_D_FF,
+        max_seq_len=MODEL_MAX_SEQ_LEN,
+    )
+    repo = tmp_path_factory.mktemp("long-run-models")
+    export_model(
+        Encoder(config, seed=7), repo / "deep", name="deep", exporter="torchscript", optimize=False
+    )
+    return repo
+
+
+def test_a_run_outlasting_the_grace_window_is_cut_and_the_server_exits_in_time(
+    long_run_repository: Path,
+) -> None:
+    """One onnxruntime run of several seconds is under way at SIGTERM: its request is
+    answered 503 at the end of the grace window, the run is stopped there (onnxruntime's
+    RunOptions.terminate), and the process exits gracefully within the shutdown timeout.
+    It used to wait for the run, until the watchdog's forced exit."""
+    lengths = (MODEL_MAX_SEQ_LEN,) * LONG_RUN_SEQUENCES
+    body = {"inputs": [b64_array(s) for s in sequences(lengths, seed=6)], "pooling": "mean"}
+    with server_process(
+        long_run_repository,
+        drain_seconds=str(CUT_DRAIN),
+        shutdown_timeout=str(CUT_SHUTDOWN),
+        warmup="false",  # no calibration: the first request's batch is the one long run
+        log_level="info",
+    ) as server:
+        url = server.url
+        answers: list[httpx.Response | httpx.TransportError] = []
+
+        def post() -> None:
+            try:
+                answers.append(httpx.post(f"{url}/v1/encode", json=body, timeout=30))
+            except httpx.TransportError as exc:
+                answers.append(exc)
+
+        call = threading.Thread(target=post)
+        call.start()
+        wait_until(  # its one run has begun
+            lambda: metric(url, "attnserve_queue_seconds_count") == 1, "no run began", 10.0
+        )
+        server.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        call.join(CUT_SHUTDOWN + EXIT_MARGIN)
+        assert exit_status(server, CUT_SHUTDOWN + EXIT_MARGIN) == 0, server.log()
+        exited = time.monotonic() - signalled
+        log = server.log()
+
+    (answer,) = answers
+    assert isinstance(answer, httpx.Response), answer
+    assert_shutting_down(answer)
+    assert "shutdown timeout reached" not in log, log  # no forced exit
+    assert "was cut" in log, log
+    assert exited < CUT_SHUTDOWN, exited
