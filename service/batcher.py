@@ -16,7 +16,7 @@ Fair by request, not by part: every part of one request is submitted with its
 batch each in turn (``fair_queue``), so a one-text request waits for at most
 the run in progress.
 A request whose estimated work (the run cost model) cannot meet its deadline
-by a clear factor is refused when its flow opens (413 if alone on an idle
+is refused when its flow opens (413 if alone on an idle
 server it would miss its deadline, 429 if the requests running make it late),
 not run to a 504.
 

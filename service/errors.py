@@ -151,7 +151,7 @@ class PayloadTooLarge(ServiceError):
         "shrink it: fewer `attention.layers`/`attention.heads`, a `reduce`, "
         "`encoding_format=base64`, fewer or shorter sequences); a request that alone needs "
         "more memory than `ATTNSERVE_MAX_INFLIGHT_BYTES`; a request whose estimated "
-        "inference time (the message gives it) exceeds its deadline by 1.5× even on an idle "
+        "inference time (the message gives it) exceeds its deadline even on an idle "
         "server"
     )
     raised_on = frozenset({"work"})
@@ -218,7 +218,7 @@ class Overloaded(ServiceError):
     when = (
         "`ATTNSERVE_MAX_QUEUED_REQUESTS` requests are already in progress, or the memory "
         "budget `ATTNSERVE_MAX_INFLIGHT_BYTES` is spent, or the large requests running would "
-        "make this one miss its deadline by 1.5× (the message gives the estimate); retry "
+        "make this one miss its deadline (the message gives the estimate); retry "
         "after `Retry-After` seconds (the measured time to drain the queued work)"
     )
     raised_on = frozenset({"work"})
