@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from service.engine import limits
+from service.tokenizer import PART_CHARS
 from tests.conftest import ServerProcess, server_process
 from tests.support.metrics import metric
 from tests.support.wait import wait_until
@@ -145,3 +146,17 @@ def test_tokenizing_beside_held_memory_is_429_with_retry_after(
     wait_until(lambda: _held(small_budget.url) < 1e6, "the trickled body let go")
     answered = httpx.post(f"{small_budget.url}/v1/encode", content=body, headers=JSON)
     assert answered.status_code == 200, answered.text
+
+
+def test_the_docs_state_the_tokenizing_parts_and_prices() -> None:
+    """The figures docs/api.md and docs/deployment.md give are the code's."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for name in ("api.md", "deployment.md"):
+        text = " ".join((docs / name).read_text().split())
+        assert f"at most {PART_CHARS:,} characters" in text, name
+        assert f"{limits.TOKENIZING_BYTES_PER_CHAR} bytes a character" in text, name
+        assert f"{limits.KEPT_BYTES_PER_TOKEN} bytes" in text, name
+    api = " ".join((docs / "api.md").read_text().split())
+    assert f"(at most `max_seq_len`, plus {limits.SPECIAL_TOKENS}, a text)" in api
+    megabytes = PART_CHARS * limits.TOKENIZING_BYTES_PER_CHAR / 1e6
+    assert f"~{megabytes:.0f} MB more" in " ".join((docs / "deployment.md").read_text().split())
