@@ -14,11 +14,12 @@ import functools
 import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from service.condense import BoundedText, condense
 from service.errors import InvalidInput, ModelLoadError
@@ -29,6 +30,38 @@ from service.model_info import ModelInfo, cannot_load
 PROBE_TEXT = (
     "Probe: qzxv-unknownword Xylophonist's naïve café, Größe, ﬁ, 東京 مرحبا 🙂\u200b\t\x00 end."
 )
+
+# The most characters one ``encode_batch`` call takes (a text longer takes a call of its
+# own; ``limits.bound_text`` bounds each): a request's texts are tokenized in parts of
+# this size, its ``between`` check run before each, so a request already answered (504,
+# caller gone) stops within a part (~0.1-0.3 s on one core) and frees its codec slot.
+# The memory priced for a request's tokenizing in flight is this many characters'
+# (``limits.tokenizing_bytes``).
+PART_CHARS = 1_000_000
+
+# Run before each part of a tokenizing: raises to stop it (the request is gone).
+Between = Callable[[], None] | None
+Item = TypeVar("Item", str, tuple[str, str])  # a text, or a query-document pair
+
+
+def in_parts(items: Sequence[Item], encode: Callable[[list[Item]], None], between: Between) -> None:
+    """``encode`` consecutive parts of ``items`` (texts or pairs of them) of at most
+    ``PART_CHARS`` characters (or one item), ``between()`` before each."""
+    part: list[Item] = []
+    chars = 0
+    for item in items:
+        size = len(item) if isinstance(item, str) else sum(map(len, item))
+        if part and chars + size > PART_CHARS:
+            if between is not None:
+                between()
+            encode(part)
+            part, chars = [], 0
+        part.append(item)
+        chars += size
+    if part:
+        if between is not None:
+            between()
+        encode(part)
 
 
 @dataclass(frozen=True)
@@ -165,33 +198,61 @@ class TextFrontEnd:
         return self._truncating_left if left else self._truncating
 
     def tokenize(
-        self, texts: list[str], *, truncate: bool, special_tokens: bool = True, left: bool = False
+        self,
+        texts: list[str],
+        *,
+        truncate: bool,
+        special_tokens: bool = True,
+        left: bool = False,
+        between: Between = None,
     ) -> list[tuple[list[str], list[int], list[int]]]:
         """Texts -> (tokens, ids, type ids) each, special tokens included unless
         ``special_tokens`` is false; ``truncate`` keeps the first tokens, or with ``left``
-        the last."""
+        the last. Tokenized in parts (``in_parts``), ``between()`` before each."""
+        found: list[tuple[list[str], list[int], list[int]]] = []
+
+        def encode(part: list[str]) -> None:  # its Encodings dropped once converted
+            encoded = self._encode_batch(truncate, left, part, special_tokens)
+            found.extend((e.tokens, e.ids, e.type_ids) for e in encoded)
+
+        in_parts(texts, encode, between)
+        return found
+
+    def _encode_batch(
+        self, truncate: bool, left: bool, texts: list[str], special_tokens: bool
+    ) -> list[Encoding]:
         tokenizer = self._tokenizer_for(truncate, left)
         with self._tokenizer_errors():
-            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
-        return [(e.tokens, e.ids, e.type_ids) for e in encoded]
+            return tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
 
     def tokenize_pairs(
-        self, pairs: list[tuple[str, str]], *, truncate: bool, left: bool = False
+        self,
+        pairs: list[tuple[str, str]],
+        *,
+        truncate: bool,
+        left: bool = False,
+        between: Between = None,
     ) -> list[PairEncoding]:
         """(query, document) pairs as the model's tokenizer pairs them (its post-processor's
         pair template: [CLS] q [SEP] d [SEP], token types 0 then 1 where the model has
         them); ``truncate`` cuts each document (from its end, or with ``left`` its start)
         so the pair fits max_seq_len, never the query. Callers check that the query
-        alone fits (``pair_overhead``)."""
+        alone fits (``pair_overhead``). In parts, ``between()`` before each."""
         tokenizer = self._pairs[left] if truncate else self._tokenizer
-        with self._tokenizer_errors():
-            encoded = tokenizer.encode_batch(pairs)
-        return [
-            PairEncoding(
-                e.tokens, e.ids, e.type_ids, _span(e.sequence_ids, 0), _span(e.sequence_ids, 1)
+        found: list[PairEncoding] = []
+
+        def encode(part: list[tuple[str, str]]) -> None:
+            with self._tokenizer_errors():
+                encoded = tokenizer.encode_batch(part)
+            found.extend(
+                PairEncoding(
+                    e.tokens, e.ids, e.type_ids, _span(e.sequence_ids, 0), _span(e.sequence_ids, 1)
+                )
+                for e in encoded
             )
-            for e in encoded
-        ]
+
+        in_parts(pairs, encode, between)
+        return found
 
     def condense(self, text: str, budget: int, *, from_end: bool = False) -> BoundedText:
         """At least ``budget`` characters of ``text`` from its start (``from_end``: its
@@ -238,21 +299,30 @@ class TextFrontEnd:
         return sum(1 for w in known if w < last)
 
     def token_spans(
-        self, texts: list[str], *, truncate: bool, special_tokens: bool = True, left: bool = False
+        self,
+        texts: list[str],
+        *,
+        truncate: bool,
+        special_tokens: bool = True,
+        left: bool = False,
+        between: Between = None,
     ) -> list[list[tuple[int, int] | None]]:
         """Each token's [start, stop) characters in its text; None for special tokens.
         The same tokenization as ``tokenize`` (late chunking: which tokens a span
-        holds; TEI's /tokenize: where each token came from)."""
-        tokenizer = self._tokenizer_for(truncate, left)
-        with self._tokenizer_errors():
-            encoded = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
-        return [
-            [
-                None if special else offsets
-                for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
-            ]
-            for e in encoded
-        ]
+        holds; TEI's /tokenize: where each token came from), in parts likewise."""
+        found: list[list[tuple[int, int] | None]] = []
+
+        def encode(part: list[str]) -> None:
+            found.extend(
+                [
+                    None if special else offsets
+                    for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
+                ]
+                for e in self._encode_batch(truncate, left, part, special_tokens)
+            )
+
+        in_parts(texts, encode, between)
+        return found
 
     def decode(self, ids: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
         """Token ids -> text, one string per sequence."""

@@ -9,14 +9,19 @@ and once prepared, its working memory (``limits.work_bytes``). Whatever the mix
 of clients, the bytes all requests in progress may hold stay under
 ``max_inflight_bytes``: beyond it new work gets 429 with a Retry-After; one
 request that alone needs more gets 413.
+
+A ticket may grow from a codec thread (tokenizing priced before it runs, see
+``codec_guard``), so the counts change under one lock; a ticket given back stays
+given back (a thread still holding for a request already answered gets a 499).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from types import TracebackType
 
-from service.errors import Overloaded, PayloadTooLarge
+from service.errors import ClientClosedRequest, Overloaded, PayloadTooLarge
 from service.metrics import Metrics
 
 MB = 1e6
@@ -37,6 +42,7 @@ class Admission:
         self.retry_after = retry_after
         self.requests = 0  # requests holding a slot
         self.bytes = 0  # bytes held by every ticket
+        self.lock = threading.Lock()  # tickets grow from codec threads too
 
     def ticket(self) -> Ticket:
         return Ticket(self)
@@ -67,6 +73,7 @@ class Ticket:
         self._admission = admission
         self.bytes = 0
         self.slot = False
+        self.released = False
 
     def take_slot(self) -> None:
         """Count the request as in progress (429 when every slot is taken)."""
@@ -80,12 +87,19 @@ class Ticket:
                 f"{adm.max_requests}); retry after the Retry-After delay",
             )
         self.slot = True
-        adm._update(1, 0)
+        with adm.lock:
+            adm._update(1, 0)
 
     def hold(self, nbytes: int, what: str) -> None:
         """Hold ``nbytes`` in all (a ticket only grows): 429 if the budget lacks them now,
         413 if they exceed all of it."""
+        with self._admission.lock:
+            self._hold(nbytes, what)
+
+    def _hold(self, nbytes: int, what: str) -> None:
         adm = self._admission
+        if self.released:
+            raise ClientClosedRequest("the request was answered before its work held memory")
         extra = nbytes - self.bytes
         if extra <= 0:
             return
@@ -106,8 +120,9 @@ class Ticket:
         adm._update(0, extra)
 
     def release(self) -> None:
-        self._admission._update(-int(self.slot), -self.bytes)
-        self.bytes, self.slot = 0, False
+        with self._admission.lock:
+            self._admission._update(-int(self.slot), -self.bytes)
+            self.bytes, self.slot, self.released = 0, False, True
 
     def __enter__(self) -> Ticket:
         return self

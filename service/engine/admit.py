@@ -10,11 +10,12 @@ protocol's ``parse`` runs with the engine's checks in one hop off the event loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from service.engine import limits
+from service.engine import codec_guard, limits
 from service.engine.admission import Ticket
 from service.engine.execute import Executor
 from service.engine.scope import RequestScope
@@ -71,16 +72,52 @@ class Admit:
         # tokenized after the megabyte bodies queued before it (see off_loop).
         self._small_codec_slot = asyncio.Semaphore(1)
 
-    async def off_loop(self, work: Callable[..., T], *args: Any, small: bool = False) -> T:
+    async def off_loop(
+        self,
+        work: Callable[..., T],
+        *args: Any,
+        small: bool = False,
+        scope: RequestScope | None = None,
+    ) -> T:
         """``work(*args)`` on a worker thread, at most ATTNSERVE_MAX_CONCURRENT_CODECS at once.
 
         Decoding, tokenizing and serialising hold the GIL or a core; left unbounded, a
         burst of them starves the inference lanes of the cores it runs on. ``small``
         work (a body parsed on the loop: tens of ms at most) takes a slot of its own,
         one at a time, so it never waits behind large bodies being parsed.
+
+        The slot is held until the thread ends, even once nobody awaits it (a thread
+        cannot be cancelled): else the work of a request already answered 504 or
+        gone runs on beside the next one's. For a request's ``scope`` the work sees a
+        ``codec_guard.CodecGuard`` (its deadline, its ticket, ``stopped`` once this
+        await is cancelled), so tokenizing stops between parts and frees the slot.
         """
-        async with self._small_codec_slot if small else self._codec_slots:
-            return await asyncio.to_thread(work, *args)
+        slots = self._small_codec_slot if small else self._codec_slots
+        guard = None if scope is None else self._guard(scope)
+
+        def run() -> T:
+            codec_guard.current.set(guard)  # in the thread's own copy of the context
+            return work(*args)
+
+        await slots.acquire()
+        try:
+            thread = asyncio.ensure_future(asyncio.to_thread(run))
+        except BaseException:
+            slots.release()
+            raise
+        thread.add_done_callback(lambda done: _released(done, slots))
+        try:
+            return await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            if guard is not None:
+                guard.stopped.set()
+            raise
+
+    def _guard(self, scope: RequestScope) -> codec_guard.CodecGuard:
+        def check_deadline() -> None:
+            self._executor.check_deadline(scope.deadline, "while its texts were tokenized")
+
+        return codec_guard.CodecGuard(scope.admitted(), check_deadline)
 
     def body(self, scope: RequestScope) -> BodyMeter:
         """The meter of a WORK request's body (its ticket taken when it entered)."""
@@ -112,12 +149,20 @@ class Admit:
                 request, wire = parse()
                 return prepare(request), wire
 
-            done, wire = await self.off_loop(both)
+            done, wire = await self.off_loop(both, scope=scope)
         else:
             request, wire = parse()
             if inline(request):
                 done = prepare(request)
             else:
-                done = await self.off_loop(prepare, request, small=True)
+                done = await self.off_loop(prepare, request, small=True, scope=scope)
         scope.timing.prepare_began, scope.timing.prepare_ended = began, time.monotonic()
         return done, wire
+
+
+def _released(thread: asyncio.Future[Any], slots: asyncio.Semaphore) -> None:
+    """A codec thread ended: its slot is free; an outcome nobody awaited is dropped."""
+    slots.release()
+    if not thread.cancelled():
+        with contextlib.suppress(BaseException):
+            thread.exception()  # retrieved, so asyncio logs no "never retrieved"

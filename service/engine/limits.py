@@ -17,7 +17,7 @@ from service.engine.types import AnswerShape, AttentionSpec, ServingLimits, Wire
 from service.errors import FieldPath, InvalidInput, PayloadTooLarge, SequenceTooLong
 from service.model_info import ModelInfo
 from service.settings import Settings
-from service.tokenizer import TextFrontEnd
+from service.tokenizer import PART_CHARS, TextFrontEnd
 
 MB = 1e6
 FLOAT32 = 4
@@ -30,6 +30,18 @@ PREFIX_GROWTH = 4
 # The most characters of one text the tokenizer ever sees, per token of the model's
 # length (the search's third prefix): 262,144 for a 256-token model.
 MAX_CHARS_PER_TOKEN = FIRST_PREFIX_CHARS_PER_TOKEN * PREFIX_GROWTH**2
+# Tokenizing's memory, measured with the tokenizers package (MiniLM's BERT WordPiece) as
+# the peak RSS around encode_batch of 20-200 texts of 1k-100k characters: in flight,
+# ~30 bytes per character of English words (5.7 characters a token), ~100 of "a a a",
+# ~220 of CJK or punctuation (a token per character: normalized strings, their per-byte
+# alignments, pre-token splits and each token's Encoding entries); kept, ~190 bytes per
+# token of Encoding (dropped after each part) and ~110 of the Python tokens, ids and
+# type ids made of it. Priced at the worst: the characters of one part in flight
+# (``tokenizer.PART_CHARS``) and every text's kept tokens.
+TOKENIZING_BYTES_PER_CHAR = 256
+KEPT_BYTES_PER_TOKEN = 128
+# Special tokens a text gains ([CLS] [SEP]; a pair's up to four).
+SPECIAL_TOKENS = 4
 
 
 def serving_limits(settings: Settings) -> ServingLimits:
@@ -303,3 +315,15 @@ def work_bytes(
     floats += shape.floats
     half_bytes = 2 * shape.half_floats  # float16 answer arrays hold 2 bytes, not 4
     return FLOAT32 * floats - half_bytes + int(response_bytes * copies)
+
+
+def tokenizing_bytes(chars: list[int], model: ModelInfo) -> int:
+    """The memory tokenizing texts of ``chars`` characters holds at most: one part's
+    characters in flight and each text's tokens kept (at most a token per character,
+    and ``max_seq_len`` of them: a longer text is cut, or refused once tokenized).
+    Each text counts at most the characters ``bound_text`` lets the tokenizer see.
+    Measured and explained at ``TOKENIZING_BYTES_PER_CHAR``."""
+    seen = min(sum(min(n, model.max_seq_len * MAX_CHARS_PER_TOKEN) for n in chars), PART_CHARS)
+    in_flight = seen * TOKENIZING_BYTES_PER_CHAR
+    kept = sum(min(n, model.max_seq_len) + SPECIAL_TOKENS for n in chars)
+    return in_flight + kept * KEPT_BYTES_PER_TOKEN

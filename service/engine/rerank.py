@@ -136,9 +136,12 @@ def tokenize_pairs(
     left = request.truncation_direction == "left"
     room = info.max_seq_len - front_end.pair_overhead()
     firsts: dict[str, str] = {}
+    between = text.priced(info, [len(first) + len(second) for first, second in pairs])
     for i, (first, _) in enumerate(pairs):
         if first in firsts:
             continue
+        if between is not None:
+            between()
         where = fields(i)[0]
         bounded = limits.bound_text(first, info, False, where, front_end).text
         ((_, ids, _),) = front_end.tokenize([bounded], truncate=False, special_tokens=False)
@@ -159,6 +162,7 @@ def tokenize_pairs(
         [(firsts[first], second) for (first, _), second in zip(pairs, seconds, strict=True)],
         truncate=truncate,
         left=left,
+        between=between,
     )
     lengths: list[int | None] = [len(e.ids) for e in encoded]
     limits.check_lengths(lengths, info, settings, field, pooled_only=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from service.condense import BoundedText
-from service.engine import limits
+from service.engine import codec_guard, limits
 from service.engine.types import (
     DecodeRequest,
     DecodeResult,
@@ -31,7 +31,7 @@ from service.errors import InvalidInput, UnsupportedByModel
 from service.model_info import ModelInfo
 from service.runtime import ModelRuntime
 from service.settings import Settings
-from service.tokenizer import TextFrontEnd
+from service.tokenizer import Between, TextFrontEnd
 
 if TYPE_CHECKING:  # (they import this module: it serves them too)
     from service.engine.admit import Admit
@@ -86,14 +86,37 @@ def bound(
     runtime: ModelRuntime, texts: dict[int, str], truncate: bool, field: str, *, left: bool = False
 ) -> dict[int, BoundedText]:
     """Texts by their index in the request's ``field``, bounded before tokenizing (422
-    for a model without a tokenizer)."""
+    for a model without a tokenizer), their tokenizing priced first (``priced``) and
+    the request's stop check run before each."""
     if not texts:
         return {}
     tokenizer = front_end(runtime)
-    return {
-        i: limits.bound_text(text, runtime.info, truncate, (field, i), tokenizer, left=left)
-        for i, text in texts.items()
-    }
+    between = priced(runtime.info, [len(text) for text in texts.values()])
+    found = {}
+    for i, text in texts.items():
+        if between is not None:
+            between()
+        found[i] = limits.bound_text(text, runtime.info, truncate, (field, i), tokenizer, left=left)
+    return found
+
+
+def priced(info: ModelInfo, chars: list[int]) -> Between:
+    """For a request's work on a codec thread (``codec_guard``): its ticket holds what
+    tokenizing texts of ``chars`` characters costs (``limits.tokenizing_bytes``: 429
+    when the memory budget lacks it now, 413 beyond all of it) before any is tokenized,
+    and the request's stop check comes back, to run between parts. None with no
+    request behind the work."""
+    guard = codec_guard.current.get()
+    if guard is None:
+        return None
+    guard.hold(limits.tokenizing_bytes(chars, info), "tokenizing this request's texts")
+    return guard.check
+
+
+def stop_check() -> Between:
+    """The request's stop check for tokenizing already priced (``priced``), if any."""
+    guard = codec_guard.current.get()
+    return None if guard is None else guard.check
 
 
 def front_end(runtime: ModelRuntime) -> TextFrontEnd:
@@ -123,6 +146,7 @@ def tokenize(
         truncate=truncate,
         special_tokens=special_tokens,
         left=left,
+        between=stop_check(),
     )
     return dict(zip(bounded, found, strict=True))
 
@@ -219,11 +243,17 @@ def span_tokens(
             field=("inputs", next(iter(spanned)), "spans"),
         )
     tokenizer = front_end(runtime)
-    texts = [
-        limits.bound_text(prompt + item.text, runtime.info, truncate, (), tokenizer, left=left)
-        for item in spanned.values()
-    ]
-    token_spans = tokenizer.token_spans([b.text for b in texts], truncate=truncate, left=left)
+    between = priced(runtime.info, [len(prompt) + len(item.text) for item in spanned.values()])
+    texts = []
+    for item in spanned.values():
+        if between is not None:
+            between()
+        texts.append(
+            limits.bound_text(prompt + item.text, runtime.info, truncate, (), tokenizer, left=left)
+        )
+    token_spans = tokenizer.token_spans(
+        [b.text for b in texts], truncate=truncate, left=left, between=between
+    )
     for (i, item), spans, bounded in zip(spanned.items(), token_spans, texts, strict=True):
         starts = [None if span is None else bounded.origin(span[0]) - len(prompt) for span in spans]
         per_span = []
@@ -280,6 +310,7 @@ def tokenize_texts(
             truncate=request.truncate,
             special_tokens=request.special_tokens,
             left=left,
+            between=stop_check(),
         )
         spans = [
             [None if s is None else (b.origin(s[0]), b.origin(s[1])) for s in each]
@@ -334,7 +365,7 @@ async def tokenize_request(
         result, pairs = tokenize_texts(runtime, request, execute.settings)
         return result, pairs, runtime, wire
 
-    work = admit.off_loop(tokenize)
+    work = admit.off_loop(tokenize, scope=scope)
     result, pairs, runtime, wire = await execute.unless_gone(work, scope.cancelled, scope.deadline)
     if pairs:
         result = with_embeddings(result, await execute.embed(runtime, pairs, scope))
