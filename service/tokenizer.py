@@ -44,9 +44,9 @@ Between = Callable[[], None] | None
 Item = TypeVar("Item", str, tuple[str, str])  # a text, or a query-document pair
 
 
-def in_parts(items: Sequence[Item], encode: Callable[[list[Item]], None], between: Between) -> None:
-    """``encode`` consecutive parts of ``items`` (texts or pairs of them) of at most
-    ``PART_CHARS`` characters (or one item), ``between()`` before each."""
+def in_parts(items: Sequence[Item], between: Between) -> Iterator[list[Item]]:
+    """Consecutive parts of ``items`` (texts or pairs of them) of at most ``PART_CHARS``
+    characters (or one item), ``between()`` run before each is handed out."""
     part: list[Item] = []
     chars = 0
     for item in items:
@@ -54,14 +54,14 @@ def in_parts(items: Sequence[Item], encode: Callable[[list[Item]], None], betwee
         if part and chars + size > PART_CHARS:
             if between is not None:
                 between()
-            encode(part)
+            yield part
             part, chars = [], 0
         part.append(item)
         chars += size
     if part:
         if between is not None:
             between()
-        encode(part)
+        yield part
 
 
 @dataclass(frozen=True)
@@ -209,21 +209,18 @@ class TextFrontEnd:
         """Texts -> (tokens, ids, type ids) each, special tokens included unless
         ``special_tokens`` is false; ``truncate`` keeps the first tokens, or with ``left``
         the last. Tokenized in parts (``in_parts``), ``between()`` before each."""
-        found: list[tuple[list[str], list[int], list[int]]] = []
+        encoded = self._encoded(texts, truncate, left, special_tokens, between)
+        return [(e.tokens, e.ids, e.type_ids) for e in encoded]
 
-        def encode(part: list[str]) -> None:  # its Encodings dropped once converted
-            encoded = self._encode_batch(truncate, left, part, special_tokens)
-            found.extend((e.tokens, e.ids, e.type_ids) for e in encoded)
-
-        in_parts(texts, encode, between)
-        return found
-
-    def _encode_batch(
-        self, truncate: bool, left: bool, texts: list[str], special_tokens: bool
-    ) -> list[Encoding]:
+    def _encoded(
+        self, texts: list[str], truncate: bool, left: bool, special_tokens: bool, between: Between
+    ) -> Iterator[Encoding]:
+        """Each text's Encoding, tokenized a part at a time (a part's dropped once read)."""
         tokenizer = self._tokenizer_for(truncate, left)
-        with self._tokenizer_errors():
-            return tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
+        for part in in_parts(texts, between):
+            with self._tokenizer_errors():
+                encoded = tokenizer.encode_batch(part, add_special_tokens=special_tokens)
+            yield from encoded
 
     def tokenize_pairs(
         self,
@@ -240,8 +237,7 @@ class TextFrontEnd:
         alone fits (``pair_overhead``). In parts, ``between()`` before each."""
         tokenizer = self._pairs[left] if truncate else self._tokenizer
         found: list[PairEncoding] = []
-
-        def encode(part: list[tuple[str, str]]) -> None:
+        for part in in_parts(pairs, between):
             with self._tokenizer_errors():
                 encoded = tokenizer.encode_batch(part)
             found.extend(
@@ -250,8 +246,6 @@ class TextFrontEnd:
                 )
                 for e in encoded
             )
-
-        in_parts(pairs, encode, between)
         return found
 
     def condense(self, text: str, budget: int, *, from_end: bool = False) -> BoundedText:
@@ -310,19 +304,13 @@ class TextFrontEnd:
         """Each token's [start, stop) characters in its text; None for special tokens.
         The same tokenization as ``tokenize`` (late chunking: which tokens a span
         holds; TEI's /tokenize: where each token came from), in parts likewise."""
-        found: list[list[tuple[int, int] | None]] = []
-
-        def encode(part: list[str]) -> None:
-            found.extend(
-                [
-                    None if special else offsets
-                    for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
-                ]
-                for e in self._encode_batch(truncate, left, part, special_tokens)
-            )
-
-        in_parts(texts, encode, between)
-        return found
+        return [
+            [
+                None if special else offsets
+                for offsets, special in zip(e.offsets, e.special_tokens_mask, strict=True)
+            ]
+            for e in self._encoded(texts, truncate, left, special_tokens, between)
+        ]
 
     def decode(self, ids: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
         """Token ids -> text, one string per sequence."""

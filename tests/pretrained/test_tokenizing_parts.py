@@ -92,6 +92,27 @@ def test_an_abandoned_requests_tokenizing_stops_between_parts(one_codec: ServerP
         assert spent < MAX_CPU_AFTER, f"{spent:.1f} CPU seconds after the 504"
 
 
+def test_texts_tokenized_in_parts_are_the_tokenizers_own(one_codec: ServerProcess) -> None:
+    """150 texts of ~15,000 characters: three parts, each text's ids those of the
+    tokenizer itself, in order."""
+    from tokenizers import Tokenizer
+
+    from model_export.hf_import import minilm_l6_dir
+
+    texts = HEAVY[:150]
+    assert sum(map(len, texts)) > 2 * PART_CHARS
+    answer = httpx.post(
+        f"{one_codec.url}/v1/tokenize",
+        json={"model": MODEL, "text": texts, "truncate": True},
+        timeout=TIMEOUT,
+    )
+    assert answer.status_code == 200, answer.text
+    tokenizer = Tokenizer.from_file(str(minilm_l6_dir() / "tokenizer.json"))
+    tokenizer.enable_truncation(256)
+    expected = [e.ids for e in tokenizer.encode_batch(texts)]
+    assert [item["ids"] for item in answer.json()["data"]] == expected
+
+
 # Two texts of 600,000 characters, a token each (punctuation: ~220 bytes a character
 # measured in flight): the tokenizer sees 262,144 of each (``bound_text``), priced at
 # ~134 MB against a 64 MiB budget; the body costs ~16 MB to parse.
