@@ -38,6 +38,7 @@ directory.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -445,6 +446,28 @@ class Manifest:
 
     def write(self, model_dir: Path) -> None:
         (model_dir / graph_io.CONFIG_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def read_file(
+        self, model_dir: Path, name: str, within: Path | None = None, *, max_bytes: int
+    ) -> bytes:
+        """The bytes of a small file the manifest names (a tokenizer, stopwords, Dense
+        weights), read once through ``open_model_file`` and checked against its SHA-256
+        here: what the caller uses is what was verified, whatever the path points at by
+        now (``verify`` hashed it earlier, by then maybe swapped). ManifestError beyond
+        ``max_bytes``, for a name it does not list, or for other bytes."""
+        want = self.files().get(name)
+        if want is None:
+            raise ManifestError(f"{name} is not a file of this model")
+        with open_model_file(model_dir, name, within) as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise ManifestError(f"{name} is larger than the {max_bytes:,} bytes it may take")
+        if hashlib.sha256(data).hexdigest() != want:
+            raise ManifestError(
+                f"{name} is corrupt: it does not match the SHA-256 recorded in "
+                f"{graph_io.CONFIG_FILE}"
+            )
+        return data
 
     def verify(
         self,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from model_export import config as export_config
 from model_export import manifest
-from service import errors, tracing
+from service import errors, tokenizer, tracing
 from service.engine import rank_explain, scope, similarity
 from service.protocols.open_inference import attention as oip_attention
 from service.protocols.open_inference import tensors as oip_tensors
@@ -171,6 +171,8 @@ MODEL_DIRECTORY: tuple[Bound, ...] = (
     Bound("prompts", constant=(manifest, "MAX_PROMPTS"), answer=REFUSED),
     Bound("prompt name length", constant=(manifest, "MAX_PROMPT_NAME"), answer=REFUSED),
     Bound("prompt length (characters)", constant=(manifest, "MAX_PROMPT_CHARS"), answer=REFUSED),
+    Bound("`tokenizer.json` size", constant=(tokenizer, "MAX_TOKENIZER_BYTES"), answer=REFUSED),
+    Bound("stopwords file size", constant=(tokenizer, "MAX_STOPWORDS_BYTES"), answer=REFUSED),
     Bound("labels", constant=(manifest, "MAX_LABELS"), answer=REFUSED),
     Bound("label length", constant=(manifest, "MAX_LABEL_CHARS"), answer=REFUSED),
 )

@@ -10,7 +10,6 @@ the file the manifest names and hashes (its size checked against the layers firs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -26,16 +25,16 @@ class DenseWeights:
     activation: str  # manifest.DENSE_ACTIVATIONS
 
 
-def load_dense(dense: Dense, path: Path) -> tuple[DenseWeights, ...]:
-    """The layers' weights from ``path`` (graph_io.DENSE_FILE's layout); ManifestError
-    when the file does not hold exactly the layers the manifest lists, or a non-finite
-    value."""
-    size = path.stat().st_size
+def load_dense(dense: Dense, data: bytes) -> tuple[DenseWeights, ...]:
+    """The layers' weights from the file's verified bytes ``data`` (graph_io.DENSE_FILE's
+    layout); ManifestError when they do not hold exactly the layers the manifest lists,
+    or a non-finite value."""
+    size = len(data)
     if size != dense.floats * FLOAT_BYTES:
         raise ManifestError(
             f"{dense.file} holds {size} bytes, its layers take {dense.floats * FLOAT_BYTES}"
         )
-    values = np.fromfile(path, dtype="<f4").astype(np.float32)
+    values = np.frombuffer(data, dtype="<f4").astype(np.float32)
     if not np.isfinite(values).all():
         raise ManifestError(f"{dense.file} holds non-finite weights")
     layers, start = [], 0

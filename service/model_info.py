@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_export.manifest import EncoderConfig, Manifest, ManifestError, Pooling, graph_io
-from service.dense import DenseWeights, load_dense
+from service.dense import FLOAT_BYTES, DenseWeights, load_dense
 from service.errors import ModelLoadError
 from service.settings import Settings
 
@@ -34,6 +34,8 @@ class ModelInfo:
     estimated_bytes: int = 0  # memory it takes loaded (the larger of files and weights)
     # sentence-transformers' Dense layers, applied to every pooled vector (service/dense.py)
     dense: tuple[DenseWeights, ...] = field(default=(), compare=False)
+    # What its files must stay inside (the repository; None: the model directory).
+    within: Path | None = None
 
     @property
     def name(self) -> str:
@@ -61,6 +63,19 @@ class ModelInfo:
     def file(self, name: str) -> Path:
         """The checked path of a file the manifest names."""
         return self.files[name]
+
+    def read(self, name: str, max_bytes: int) -> bytes:
+        """A small file the manifest names, its bytes checked against its SHA-256 as they
+        are read (``Manifest.read_file``: no swap after ``verify`` can change them);
+        ModelLoadError if it cannot be."""
+        try:
+            return self.manifest.read_file(self.path, name, self.within, max_bytes=max_bytes)
+        except ManifestError as exc:
+            raise ModelLoadError(f"model {self.name!r}: {exc}") from exc
+        except OSError as exc:
+            raise ModelLoadError(
+                f"model {self.name!r}: cannot read {name}: {exc.strerror}"
+            ) from exc
 
 
 # An absolute path in a library's message (onnxruntime names where external data resolved).
@@ -120,9 +135,11 @@ def read_model_info(
         created = int(config.stat().st_mtime)
         held = max(weights, sum(path.stat().st_size for path in files.values()))
         held += _prepacked_copies(manifest, files, settings)
-        dense = (
-            () if manifest.dense is None else load_dense(manifest.dense, files[manifest.dense.file])
-        )
+        dense: tuple[DenseWeights, ...] = ()
+        if manifest.dense is not None:
+            size = manifest.dense.floats * FLOAT_BYTES
+            data = manifest.read_file(model_dir, manifest.dense.file, within, max_bytes=size)
+            dense = load_dense(manifest.dense, data)
     except ManifestError as exc:
         raise ModelLoadError(f"{where}: {exc}") from exc
     except OSError as exc:  # the directory changed under us: say so without its path
@@ -136,4 +153,5 @@ def read_model_info(
         files=files,
         estimated_bytes=held,
         dense=dense,
+        within=within,
     )

@@ -16,7 +16,6 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 from tokenizers import Encoding, Tokenizer
@@ -64,6 +63,11 @@ def in_parts(items: Sequence[Item], between: Between) -> Iterator[list[Item]]:
         yield part
 
 
+# The largest tokenizer and stopword files read (XLM-R's tokenizer.json is 17 MB).
+MAX_TOKENIZER_BYTES = 64 << 20
+MAX_STOPWORDS_BYTES = 1 << 20
+
+
 @dataclass(frozen=True)
 class PairEncoding:
     """A query-document pair as one sequence, and where each text's tokens lie."""
@@ -108,21 +112,22 @@ def _run_length_kept(tokenizer: Tokenizer) -> int | None:
 class TextFrontEnd:
     """Tokenize, bound by prefix, map tokens to characters, decode."""
 
-    def __init__(self, info: ModelInfo, path: Path, stopwords: frozenset[str]) -> None:
+    def __init__(self, info: ModelInfo, source: str, stopwords: frozenset[str]) -> None:
+        """``source``: the tokenizer's JSON, as verified (``ModelInfo.read``)."""
         self.info = info
         self.stopwords = stopwords  # words left out of BM42 vectors
-        self._tokenizer = self._load_tokenizer(info, path, None)
+        self._tokenizer = self._load_tokenizer(info, source, None)
         self.special_tokens = frozenset(  # [CLS], [SEP], [PAD], ...
             token.content
             for token in self._tokenizer.get_added_tokens_decoder().values()
             if token.special
         )
         self._keep_runs = _run_length_kept(self._tokenizer)
-        self._truncating = self._load_tokenizer(info, path, info.max_seq_len)
-        self._truncating_left = self._load_tokenizer(info, path, info.max_seq_len, left=True)
+        self._truncating = self._load_tokenizer(info, source, info.max_seq_len)
+        self._truncating_left = self._load_tokenizer(info, source, info.max_seq_len, left=True)
         # Query-document pairs (rerankers): the document is cut first, never the query.
         self._pairs = {
-            left: self._load_tokenizer(info, path, info.max_seq_len, left=left, pairs=True)
+            left: self._load_tokenizer(info, source, info.max_seq_len, left=left, pairs=True)
             for left in (False, True)
         }
 
@@ -135,25 +140,27 @@ class TextFrontEnd:
             return None
         stopwords: frozenset[str] = frozenset()
         if text.stopwords is not None:
-            words = info.file(text.stopwords).read_text(encoding="utf-8").split()
-            stopwords = frozenset(words)
-        front_end = cls(info, info.file(text.tokenizer), stopwords)
+            words = info.read(text.stopwords, MAX_STOPWORDS_BYTES).decode("utf-8", "replace")
+            stopwords = frozenset(words.split())
+        source = info.read(text.tokenizer, MAX_TOKENIZER_BYTES).decode("utf-8", "replace")
+        front_end = cls(info, source, stopwords)
         front_end._probe(text.vocab_size)
         return front_end
 
     @staticmethod
     def _load_tokenizer(
         info: ModelInfo,
-        path: Path,
+        source: str,
         truncate_at: int | None,
         *,
         left: bool = False,
         pairs: bool = False,
     ) -> Tokenizer:
         try:
-            tokenizer = Tokenizer.from_file(str(path))
+            tokenizer = Tokenizer.from_str(source)
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
-            raise cannot_load(info, path, path.name, exc) from exc
+            assert info.manifest.text is not None and info.manifest.text.tokenizer is not None
+            raise cannot_load(info, info.path, info.manifest.text.tokenizer, exc) from exc
         tokenizer.no_padding()
         if truncate_at is None:
             tokenizer.no_truncation()

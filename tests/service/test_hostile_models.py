@@ -28,7 +28,10 @@ from model_export.config import EncoderConfig
 from model_export.export import export_model
 from model_export.manifest import MAX_CONFIG_BYTES, sha256_file
 from model_export.model import Encoder, TokenEmbeddings
-from service.tokenizer import PROBE_TEXT
+from service.errors import ModelLoadError
+from service.model_info import read_model_info
+from service.settings import Settings
+from service.tokenizer import PROBE_TEXT, TextFrontEnd
 from tests.conftest import ServerFailed, ServerProcess, free_port, server_process
 from tests.support.wait import wait_until
 
@@ -477,3 +480,19 @@ def test_files_beyond_the_memory_budget_are_refused_before_hashing(
         pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode != 0
     assert "more than the 8,192 MiB it may take" in failed.value.log, failed.value.log
+
+
+def test_a_tokenizer_swapped_after_its_digest_was_checked_is_refused(
+    text_models: Path, tmp_path: Path
+) -> None:
+    """The tokenizer is read once, its bytes checked against the manifest's SHA-256 as
+    they are read: one swapped in between the load's hashing and its reading (the
+    link-check race's twin) is refused, never served. Before, the tokenizer was opened
+    again by path after the hashing, so the swapped one loaded and served."""
+    model = tmp_path / "repo" / "text"
+    shutil.copytree(text_models / "text", model)
+    settings = Settings(model_repository=tmp_path / "repo")
+    info = read_model_info(model, settings)  # every file hashed and found as recorded
+    wordpiece(["the", "dog"], "[UNK]").save(str(model / graph_io.TOKENIZER_FILE))
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.json is corrupt"):
+        TextFrontEnd.load(info)
