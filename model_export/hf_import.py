@@ -234,8 +234,8 @@ class Checkpoint:
     dense: tuple[DenseWeights, ...] = ()  # sentence-transformers' Dense layers, after pooling
 
 
-def family_of(hf: dict[str, Any]) -> Family:
-    """The family of a Hugging Face ``config.json`` (``model_type``; BERT when absent)."""
+def supported_kind(hf: dict[str, Any]) -> str:
+    """``model_type`` (BERT when absent), refused by name unless a family imports it."""
     kind = str(hf.get("model_type", "bert"))
     if kind not in FAMILIES:
         named = ", ".join(map(str, hf.get("architectures") or [])) or "no architecture named"
@@ -243,6 +243,12 @@ def family_of(hf: dict[str, Any]) -> Family:
             f"model_type {kind!r} ({named}) is not supported: this exporter imports "
             f"{', '.join(sorted(FAMILIES))}"
         )
+    return kind
+
+
+def family_of(hf: dict[str, Any]) -> Family:
+    """The family of a Hugging Face ``config.json`` (its sizes checked already)."""
+    kind = supported_kind(hf)
     if (
         kind in ("electra", "roformer")
         and (hf.get("embedding_size") or hf["hidden_size"]) != (hf["hidden_size"])
@@ -532,6 +538,7 @@ def load_checkpoint(
     if not config_path.is_file():
         raise CheckpointError(f"{config_path} not found")
     hf = read_json(config_path)
+    supported_kind(hf)  # an unsupported architecture is named before its sizes are read
     if "vocab_size" not in hf:
         raise CheckpointError("config.json lacks 'vocab_size'")
     check_hf_sizes(hf)

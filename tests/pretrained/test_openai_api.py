@@ -283,15 +283,17 @@ def test_overload_raises_rate_limit_error_with_retry_after(matryoshka_url: str) 
 
 def test_the_openai_client_sends_1500_inputs_in_one_call(minilm_repository: Path) -> None:
     """OpenAI accepts 2,048 inputs and LangChain sends 1,000: 1,500 texts in one call come
-    back in order, under a memory budget (24 MiB) their hidden states would not fit in
-    at once (~1,500 × 12 tokens × 384 floats × 2 ≈ 55 MB): the request runs in parts of
-    64 and holds two at a time. Spot checks against single calls: cosine ≥ 1 - 1e-6."""
+    back in order, under a memory budget (64 MiB) that holds the request's tokenizing at
+    its worst case (a token per character: ~42 MB, held for the request's life, as a
+    ticket only grows) but not its hidden states at once beside it (~1,500 × 12 tokens
+    × 384 floats × 2 ≈ 55 MB): the request runs in parts of 64 and holds two at a time.
+    Spot checks against single calls: cosine ≥ 1 - 1e-6."""
     words = ("rivers", "engines", "attention", "gardens", "markets", "music", "trains")
     texts = [
         f"this is sentence number {i} of a long list, about {words[i % 7]} and {words[i % 5]}"
         for i in range(1500)
     ]
-    budget = str(24 * 2**20)
+    budget = str(64 * 2**20)
     with (
         running_server(minilm_repository, max_inflight_bytes=budget) as url,
         openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client,

@@ -197,7 +197,11 @@ def test_a_slow_reader_of_a_large_answer_is_cut_at_send_timeout(servers: Servers
         reader.send(stream, grpc_message(message))
         started = time.monotonic()
         while not reader.closed.wait(0.5) and time.monotonic() - started < 30:
-            reader.grant(stream, 8192)
+            try:
+                reader.grant(stream, 8192)
+            except OSError:  # cut between the wait and the grant: what is tested
+                reader.closed.wait(5)
+                break
         assert reader.closed.is_set(), "a slow reader was never cut"
         assert 0 < reader.data_bytes[stream] < answer  # it read, too slowly
     finally:
