@@ -196,6 +196,9 @@ class ModelCard:
     default: bool
     raw: dict[str, Any] = field(repr=False, compare=False)
     task: str = "embed"  # embed, rerank, classify or splade: what its head answers
+    # The width of its pooled vectors: d_model, or a sentence-transformers Dense layer's
+    # (None from a server older than the field).
+    dimensions: int | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> ModelCard:
@@ -209,6 +212,7 @@ class ModelCard:
             default=body.get("default", False),
             raw=body,
             task=body.get("task", "embed"),
+            dimensions=body.get("dimensions"),
         )
 
     @classmethod

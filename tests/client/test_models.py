@@ -25,6 +25,7 @@ def assert_tiny_card(card: ModelCard, tiny_model_dir: Path) -> None:
         N_LAYERS,
     )
     assert card.max_seq_len == MODEL_MAX_SEQ_LEN
+    assert card.dimensions == D_MODEL  # no Dense layer: the pooled width is d_model
     assert card.tokenizer is False and card.default is True
     config = json.loads((tiny_model_dir / graph_io.CONFIG_FILE).read_text())
     assert card.raw["d_ff"] == config["architecture"]["d_ff"]

@@ -25,6 +25,7 @@ from sentence_transformers.base.modules.transformer import Transformer
 from sentence_transformers.sentence_transformer.modules.pooling import Pooling
 from transformers import BertConfig, BertModel
 
+from attnserve_client import Client
 from model_export.manifest import Manifest, graph_io
 from tests.conftest import running_server
 from tests.support.heads import _bert_tokenizer
@@ -145,6 +146,8 @@ def test_token_vectors_keep_the_hidden_size_and_spans_pass_the_dense_layer(
 def test_widths_that_mean_the_pooled_vector_are_the_dense_layers(url: str) -> None:
     card = httpx.get(f"{url}/v1/models/labse").json()
     assert (card["d_model"], card["dimensions"]) == (HIDDEN, OUT)
+    with Client(url) as sdk:
+        assert sdk.model("labse").dimensions == OUT
     meta = httpx.get(f"{url}/v2/models/labse").json()
     shapes = {output["name"]: output["shape"] for output in meta["outputs"]}
     assert shapes["pooled"] == [-1, OUT] and shapes[graph_io.OUTPUT_HIDDEN] == [-1, -1, HIDDEN]
