@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from model_export import graph_io
-from model_export.config import ConfigError, EncoderConfig
+from model_export.config import SIZE_BOUNDS, ConfigError, EncoderConfig
 from model_export.manifest_sections import (
     DENSE_ACTIVATIONS,
     MAX_DENSE_FEATURES,
@@ -86,6 +86,7 @@ __all__ = [
     "MAX_LABEL_CHARS",
     "MAX_NAME_BYTES",
     "POOLINGS",
+    "SIZE_BOUNDS",
     "TEXT_SIZE_BOUNDS",
     "Cancelled",
     "ConfigError",

@@ -13,7 +13,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_export import config as export_config
 from model_export import manifest
 from service import errors, tokenizer, tracing
 from service.engine import rank_explain, scope, similarity
@@ -166,7 +165,7 @@ MODEL_DIRECTORY: tuple[Bound, ...] = (
     Bound("`config.json` size", constant=(manifest, "MAX_CONFIG_BYTES"), answer=REFUSED),
     Bound("`config.json` nesting", constant=(manifest, "MAX_CONFIG_DEPTH"), answer=REFUSED),
     Bound("file name length", constant=(manifest, "MAX_NAME_BYTES"), answer=REFUSED),
-    Bound("encoder sizes", constant=(export_config, "SIZE_BOUNDS"), answer=REFUSED),
+    Bound("encoder sizes", constant=(manifest, "SIZE_BOUNDS"), answer=REFUSED),
     Bound("text front end sizes", constant=(manifest, "TEXT_SIZE_BOUNDS"), answer=REFUSED),
     Bound("prompts", constant=(manifest, "MAX_PROMPTS"), answer=REFUSED),
     Bound("prompt name length", constant=(manifest, "MAX_PROMPT_NAME"), answer=REFUSED),
