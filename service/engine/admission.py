@@ -96,6 +96,12 @@ class Ticket:
         with self._admission.lock:
             self._hold(nbytes, what)
 
+    def add(self, nbytes: int, what: str) -> None:
+        """Hold ``nbytes`` more than now, read and grown under one lock (a codec thread
+        and the loop may both grow a ticket): as ``hold``."""
+        with self._admission.lock:
+            self._hold(self.bytes + nbytes, what)
+
     def _hold(self, nbytes: int, what: str) -> None:
         adm = self._admission
         if self.released:

@@ -41,7 +41,7 @@ class CodecGuard:
     def hold(self, nbytes: int, what: str) -> None:
         """``nbytes`` more on the request's ticket (429/413 as ``Ticket.hold``)."""
         self.check()
-        self.ticket.hold(self.ticket.bytes + nbytes, what)
+        self.ticket.add(nbytes, what)
 
 
 current: contextvars.ContextVar[CodecGuard | None] = contextvars.ContextVar(

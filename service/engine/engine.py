@@ -208,7 +208,7 @@ class Engine:
             return all(isinstance(item, ArrayInput) for item in request.inputs)
 
         prepared, wire = await self._admit.prepared(scope, parse, self.prepare, inline)
-        scope.admitted().hold(scope.admitted().bytes + prepared.work_bytes, "this request")
+        scope.admitted().add(prepared.work_bytes, "this request")
         scope.served(prepared.model.name, prepared.model.version)
 
         def run() -> Coroutine[Any, Any, EncodeResult]:

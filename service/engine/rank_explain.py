@@ -96,7 +96,7 @@ async def explain(
     )
     prepared = prepare.prepare(request, runtime, execute.settings)
     ticket = scope.admitted()
-    ticket.hold(ticket.bytes + prepared.work_bytes, "this request")
+    ticket.add(prepared.work_bytes, "this request")
     result = await execute.run(
         prepared, runtime, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
     )

@@ -230,7 +230,7 @@ async def rerank(
     scope.served(info.name, info.version)
     tokens = sum(len(e.ids) for e in encoded)
     ticket = scope.admitted()
-    ticket.hold(ticket.bytes + BYTES_PER_TOKEN * tokens, "this request")
+    ticket.add(BYTES_PER_TOKEN * tokens, "this request")
     head = info.manifest.head
     assert head is not None
     scores = scores_of(
@@ -314,7 +314,7 @@ async def classify(
     scope.served(info.name, info.version)
     tokens = sum(len(e.ids) if isinstance(e, PairEncoding) else len(e[1]) for e in encoded)
     ticket = scope.admitted()
-    ticket.hold(ticket.bytes + BYTES_PER_TOKEN * tokens, "this request")
+    ticket.add(BYTES_PER_TOKEN * tokens, "this request")
     head = info.manifest.head
     assert head is not None
     logits = await _logits(runtime, encoded, execute, scope)

@@ -284,7 +284,7 @@ async def explain(
     answer = FLOAT32 * matrices + int(size * request.wire_cost.copies)
     held = prepared.work_bytes + scratch + answer
     ticket = scope.admitted()
-    ticket.hold(ticket.bytes + held, "this request")
+    ticket.add(held, "this request")
     result = await execute.run(
         prepared, runtime, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
     )

@@ -161,7 +161,7 @@ async def embed(
     if request.kind == "splade":  # a [vocab] row per text until its vector is built
         assert info.manifest.text is not None
         held += splade.FLOAT_BYTES * info.manifest.text.vocab_size * len(encoded)
-    ticket.hold(ticket.bytes + held, "this request")
+    ticket.add(held, "this request")
     results = None
     if request.kind in ("document", "splade"):
         pairs = [text.id_pairs(ids, types) for _, ids, types in encoded]

@@ -395,6 +395,24 @@ def test_ctrl_c_stops_an_idle_server_at_once_while_sigterm_drains(model_reposito
         assert exit_status(orchestrated, 5.0) == 0, orchestrated.log()
 
 
+def encode_in_background(
+    url: str, body: dict[str, object]
+) -> tuple[threading.Thread, list[httpx.Response | httpx.TransportError]]:
+    """``POST /v1/encode`` on a started thread; its answer, or the transport error that
+    cut it (what these tests check does not happen), lands in the list."""
+    answers: list[httpx.Response | httpx.TransportError] = []
+
+    def post() -> None:
+        try:
+            answers.append(httpx.post(f"{url}/v1/encode", json=body, timeout=30))
+        except httpx.TransportError as exc:
+            answers.append(exc)
+
+    call = threading.Thread(target=post)
+    call.start()
+    return call, answers
+
+
 def test_ctrl_c_answers_the_work_in_progress_before_exiting(slow_repository: Path) -> None:
     lengths = (MODEL_MAX_SEQ_LEN,) * CTRL_C_SEQUENCES
     body = {
@@ -406,16 +424,7 @@ def test_ctrl_c_answers_the_work_in_progress_before_exiting(slow_repository: Pat
         slow_repository, drain_seconds=LONG_DRAIN, shutdown_timeout="40", log_level="info"
     ) as server:
         url = server.url
-        answers: list[httpx.Response | httpx.TransportError] = []
-
-        def post() -> None:
-            try:
-                answers.append(httpx.post(f"{url}/v1/encode", json=body, timeout=30))
-            except httpx.TransportError as exc:  # cut: what must not happen
-                answers.append(exc)
-
-        call = threading.Thread(target=post)
-        call.start()
+        call, answers = encode_in_background(url, body)
         wait_until(
             lambda: metric(url, "attnserve_in_flight_requests") == 1,
             "the request never started",
@@ -536,16 +545,7 @@ def test_a_run_outlasting_the_grace_window_is_cut_and_the_server_exits_in_time(
         log_level="info",
     ) as server:
         url = server.url
-        answers: list[httpx.Response | httpx.TransportError] = []
-
-        def post() -> None:
-            try:
-                answers.append(httpx.post(f"{url}/v1/encode", json=body, timeout=30))
-            except httpx.TransportError as exc:
-                answers.append(exc)
-
-        call = threading.Thread(target=post)
-        call.start()
+        call, answers = encode_in_background(url, body)
         wait_until(  # its one run has begun
             lambda: metric(url, "attnserve_queue_seconds_count") == 1, "no run began", 10.0
         )
