@@ -35,6 +35,7 @@ from attnserve_client._exceptions import (
 )
 from attnserve_client._types import (
     Classified,
+    ClassifyResult,
     EncodeResult,
     ModelCard,
     Ranked,
@@ -60,6 +61,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "Classified",
+    "ClassifyResult",
     "Client",
     "DeadlineExceededError",
     "EncodeResult",

@@ -33,7 +33,7 @@ from attnserve_client._exceptions import (
     status_error,
 )
 from attnserve_client._types import (
-    Classified,
+    ClassifyResult,
     EncodeResult,
     ModelCard,
     RerankResult,
@@ -105,6 +105,23 @@ class EncodeOptions:
     quantization_ranges: Any = None
     # More of /v1/encode's attention object: top_k, threshold, dtype, maps, summaries...
     attention_options: Mapping[str, Any] | None = None
+
+
+def merged_attention_options(
+    options: Mapping[str, Any] | None, **keywords: Any
+) -> Mapping[str, Any] | None:
+    """``attention_options`` with the keyword forms of its entries (``top_k=``,
+    ``dtype=``...) merged in; an entry given both ways is a ValueError."""
+    given = {k: v for k, v in keywords.items() if v is not None}
+    both = sorted(given.keys() & (options or {}).keys())
+    if both:
+        raise ValueError(
+            f"{', '.join(both)} given both as a keyword and in attention_options: give it once"
+        )
+    if not given:
+        return options
+    listed = {k: list(v) if k in ("summaries", "maps") else v for k, v in given.items()}
+    return {**(options or {}), **listed}
 
 
 def encode_body(inputs: Inputs, options: EncodeOptions) -> dict[str, Any]:
@@ -482,17 +499,16 @@ class BaseClient:
         return parse_body(SimilarityResult.from_json, answer)
 
     def _classify(
-        self, inputs: Sequence[str | tuple[str, str]], raw_scores: bool, timeout: float | None
-    ) -> Flow[list[Classified]]:
-        listed = [x if isinstance(x, str) else [x[0], x[1]] for x in inputs]
-        # TEI's /predict reads a list of two texts as one pair: those go one at a time.
-        batches = [[x] for x in listed] if len(listed) == 2 else [listed]
-        found: list[Classified] = []
-        for batch in batches:
-            body = {"inputs": batch, "raw_scores": raw_scores}
-            answer = yield from self._request("POST", "/predict", json=body, timeout=timeout)
-            found += parse_body(Classified.list_from_json, answer)
-        return found
+        self,
+        inputs: str | Sequence[str | tuple[str, str]],
+        options: dict[str, Any],
+        timeout: float | None,
+    ) -> Flow[ClassifyResult]:
+        listed = [inputs] if isinstance(inputs, str) else list(inputs)
+        body: dict[str, Any] = {"inputs": [x if isinstance(x, str) else list(x) for x in listed]}
+        body.update({k: v for k, v in options.items() if v is not None})
+        answer = yield from self._request("POST", "/v1/classify", json=body, timeout=timeout)
+        return parse_body(ClassifyResult.from_json, answer)
 
     def _models(self) -> Flow[list[ModelCard]]:
         return parse_body(ModelCard.list_from_json, (yield from self._request("GET", "/v1/models")))

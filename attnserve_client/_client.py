@@ -27,9 +27,10 @@ from attnserve_client._base import (
     SequenceInput,
     WireFormat,
     batches,
+    merged_attention_options,
 )
 from attnserve_client._types import (
-    Classified,
+    ClassifyResult,
     EncodeResult,
     ModelCard,
     RerankResult,
@@ -39,6 +40,7 @@ from attnserve_client._types import (
 )
 
 T = TypeVar("T")
+Summary = Literal["entropy", "first", "self", "previous", "next", "distance"]
 
 
 class Client(BaseClient):
@@ -113,6 +115,10 @@ class Client(BaseClient):
         embedding_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float",
         quantization_ranges: Any = None,
         attention_options: Mapping[str, Any] | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
+        dtype: Literal["float32", "float16"] | None = None,
+        summaries: Sequence[Summary] | None = None,
     ) -> EncodeResult:
         """Contextualized embeddings of ``inputs``: [batch, seq, d] array, or a list of
         [seq_i, d] arrays (ragged) or texts (models with a tokenizer).
@@ -132,7 +138,9 @@ class Client(BaseClient):
 
         ``attention_options``: more of the request's ``attention`` object (``top_k``,
         ``threshold``, ``dtype``, ``maps``, ``summaries``, ``summaries_per_token``): the
-        result's ``attention_indices`` and ``attention_summaries`` carry what they add."""
+        result's ``attention_indices`` and ``attention_summaries`` carry what they add.
+        ``top_k``, ``threshold``, ``dtype`` and ``summaries`` are its keyword forms (with
+        ``return_attention``); one given both ways is a ValueError."""
         options = EncodeOptions(
             model=model,
             return_attention=return_attention,
@@ -150,7 +158,13 @@ class Client(BaseClient):
             spans=spans,
             embedding_type=embedding_type,
             quantization_ranges=quantization_ranges,
-            attention_options=attention_options,
+            attention_options=merged_attention_options(
+                attention_options,
+                top_k=top_k,
+                threshold=threshold,
+                dtype=dtype,
+                summaries=summaries,
+            ),
         )
         return self._run(self._encode(inputs, options))
 
@@ -283,14 +297,19 @@ class Client(BaseClient):
 
     def classify(
         self,
-        inputs: Sequence[str | tuple[str, str]],
+        inputs: str | Sequence[str | tuple[str, str]],
         *,
+        model: str | None = None,
         raw_scores: bool = False,
+        top_k: int | None = None,
+        truncate: bool = False,
         timeout: float | None = None,
-    ) -> list[Classified]:
-        """A score per label of each text or (text, text) pair, best first, by the
-        server's default model, a classifier (TEI's ``POST /predict``)."""
-        return self._run(self._classify(inputs, raw_scores, timeout))
+    ) -> ClassifyResult:
+        """A score per label of each text or (text, text) pair, best first (at most
+        ``top_k`` labels), by a classifier (``POST /v1/classify``; ``model`` None: the
+        server's default)."""
+        options = {"model": model, "raw_scores": raw_scores, "top_k": top_k, "truncate": truncate}
+        return self._run(self._classify(inputs, options, timeout))
 
     def models(self) -> list[ModelCard]:
         return self._run(self._models())
@@ -375,6 +394,10 @@ class AsyncClient(BaseClient):
         embedding_type: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float",
         quantization_ranges: Any = None,
         attention_options: Mapping[str, Any] | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
+        dtype: Literal["float32", "float16"] | None = None,
+        summaries: Sequence[Summary] | None = None,
     ) -> EncodeResult:
         """See :meth:`Client.encode`."""
         options = EncodeOptions(
@@ -394,7 +417,13 @@ class AsyncClient(BaseClient):
             spans=spans,
             embedding_type=embedding_type,
             quantization_ranges=quantization_ranges,
-            attention_options=attention_options,
+            attention_options=merged_attention_options(
+                attention_options,
+                top_k=top_k,
+                threshold=threshold,
+                dtype=dtype,
+                summaries=summaries,
+            ),
         )
         return await self._run(self._encode(inputs, options))
 
@@ -527,14 +556,17 @@ class AsyncClient(BaseClient):
 
     async def classify(
         self,
-        inputs: Sequence[str | tuple[str, str]],
+        inputs: str | Sequence[str | tuple[str, str]],
         *,
+        model: str | None = None,
         raw_scores: bool = False,
+        top_k: int | None = None,
+        truncate: bool = False,
         timeout: float | None = None,
-    ) -> list[Classified]:
-        """A score per label of each text or (text, text) pair, best first, by the
-        server's default model, a classifier (TEI's ``POST /predict``)."""
-        return await self._run(self._classify(inputs, raw_scores, timeout))
+    ) -> ClassifyResult:
+        """See :meth:`Client.classify`."""
+        options = {"model": model, "raw_scores": raw_scores, "top_k": top_k, "truncate": truncate}
+        return await self._run(self._classify(inputs, options, timeout))
 
     async def models(self) -> list[ModelCard]:
         return await self._run(self._models())

@@ -3,12 +3,38 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import numpy as np
 
 ArrayField = Literal["embeddings", "attention", "hidden_states", "pooled"]
+Item = TypeVar("Item")
+
+
+class Listing(Generic[Item]):
+    """A result read as the list of its items (``_items`` names the field): iterate it,
+    take its ``len``, index or slice it."""
+
+    _items: str
+
+    def _listed(self) -> list[Item]:
+        items: list[Item] = getattr(self, self._items)
+        return items
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self._listed())
+
+    def __len__(self) -> int:
+        return len(self._listed())
+
+    @overload
+    def __getitem__(self, index: int) -> Item: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Item]: ...
+    def __getitem__(self, index: int | slice) -> Item | list[Item]:
+        return self._listed()[index]
 
 
 def decode_array(value: Any) -> np.ndarray:
@@ -232,8 +258,11 @@ class SparseVector:
 
 
 @dataclass(frozen=True)
-class SparseResult:
-    """The answer to ``embed_sparse``: one vector per text, in order."""
+class SparseResult(Listing[SparseVector]):
+    """The answer to ``embed_sparse``: one vector per text, in order (iterating the
+    result iterates ``vectors``)."""
+
+    _items = "vectors"
 
     model: str
     vectors: list[SparseVector]
@@ -279,8 +308,11 @@ class Ranked:
 
 
 @dataclass(frozen=True)
-class RerankResult:
-    """The answer to ``rerank``: documents best first (at most ``top_n``)."""
+class RerankResult(Listing[Ranked]):
+    """The answer to ``rerank``: documents best first (at most ``top_n``; iterating the
+    result iterates ``results``)."""
+
+    _items = "results"
 
     model: str
     results: list[Ranked]
@@ -312,17 +344,43 @@ class RerankResult:
 
 @dataclass(frozen=True)
 class Classified:
-    """One input's scores per label, best first."""
+    """One input's scores per label, best first (at most ``top_k``)."""
 
     labels: list[str]
     scores: list[float]
 
+    @property
+    def prediction(self) -> str:
+        """The best label."""
+        return self.labels[0]
+
+    @property
+    def score(self) -> float:
+        """The best label's score."""
+        return self.scores[0]
+
+
+@dataclass(frozen=True)
+class ClassifyResult(Listing[Classified]):
+    """The answer to ``classify``: one :class:`Classified` per input, in order
+    (iterating the result iterates ``data``)."""
+
+    _items = "data"
+    model: str
+    data: list[Classified]
+    usage: Usage
+
     @classmethod
-    def list_from_json(cls, body: list[list[dict[str, Any]]]) -> list[Classified]:
-        return [
-            cls([str(p["label"]) for p in answer], [float(p["score"]) for p in answer])
-            for answer in body
+    def from_json(cls, body: dict[str, Any]) -> ClassifyResult:
+        items = sorted(body["data"], key=lambda item: item["index"])
+        data = [
+            Classified(
+                [str(p["label"]) for p in x["predictions"]],
+                [float(p["score"]) for p in x["predictions"]],
+            )
+            for x in items
         ]
+        return cls(body["model"], data, Usage.from_json(body["usage"]))
 
 
 @dataclass(frozen=True)
@@ -355,8 +413,11 @@ class SimilarityExplanation:
 
 
 @dataclass(frozen=True)
-class SimilarityResult:
-    """The answer to ``explain_similarity``: one explanation per document, in order."""
+class SimilarityResult(Listing[SimilarityExplanation]):
+    """The answer to ``explain_similarity``: one explanation per document, in order
+    (iterating the result iterates ``data``)."""
+
+    _items = "data"
 
     model: str
     data: list[SimilarityExplanation]

@@ -16,9 +16,17 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from service.engine import EncodeRequest, EncodeResult, ModelInfo, RerankRequest, RerankResult
+from service.engine import (
+    ClassifyRequest,
+    ClassifyResult,
+    EncodeRequest,
+    EncodeResult,
+    ModelInfo,
+    RerankRequest,
+    RerankResult,
+)
 from service.errors import InvalidInput, quoted
-from service.protocols.open_inference import rerank, tensors
+from service.protocols.open_inference import classify, rerank, tensors
 from service.protocols.open_inference.attention import AttentionParameters
 from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
@@ -140,4 +148,29 @@ def rerank_response(
     array = rerank.scores(result)
     response.outputs.add(name=rerank.OUTPUT_SCORES, datatype="FP32", shape=[len(array)])
     response.raw_output_contents.append(array.tobytes())
+    return response
+
+
+def classify_request(
+    request: pb.ModelInferRequest, info: ModelInfo
+) -> tuple[ClassifyRequest, list[str]]:
+    """A ModelInferRequest for a classifier -> its request and the outputs asked
+    (``open_inference/classify.py``)."""
+    params = {key: parameter(value) for key, value in request.parameters.items()}
+    inputs = _inputs(request)
+    outputs = _requested_outputs([o.name for o in request.outputs], params, info)
+    return classify.classify_request(inputs, params, info), list(outputs)
+
+
+def classify_response(
+    result: ClassifyResult, outputs: list[str], request: pb.ModelInferRequest, version: str
+) -> pb.ModelInferResponse:
+    """The scores [n, labels] as raw little-endian FP32, the labels as raw BYTES."""
+    response = pb.ModelInferResponse(
+        model_name=result.model, model_version=version, id=request.id or ""
+    )
+    for name, datatype, array in classify.output_arrays(result, outputs):
+        response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        raw = classify.serialized(array) if datatype == "BYTES" else array.tobytes()
+        response.raw_output_contents.append(raw)
     return response

@@ -30,7 +30,7 @@ from service.engine.scope import Access
 from service.errors import NotReady
 from service.protocols.kserve_grpc import calls, codec
 from service.protocols.kserve_grpc.calls import Method
-from service.protocols.open_inference import rerank, tensors
+from service.protocols.open_inference import classify, rerank, tensors
 from service.protocols.open_inference.metadata import (
     EXTENSIONS,
     PLATFORM,
@@ -127,6 +127,11 @@ class InferenceService:
                 lambda: (codec.rerank_request(request, info), None), scope
             )
             return codec.rerank_response(ranked, request, info.version)
+        if classify.is_classifier(info):  # texts in, scores per label out
+            classified, outputs = await engine.classify(
+                lambda: codec.classify_request(request, info), scope
+            )
+            return codec.classify_response(classified, outputs, request, info.version)
         result, reply = await engine.encode(
             lambda: codec.infer_request(request, info, version), scope
         )

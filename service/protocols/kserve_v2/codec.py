@@ -16,11 +16,19 @@ from typing import Any
 
 import numpy as np
 
-from service.engine import EncodeRequest, EncodeResult, ModelInfo, RerankRequest, RerankResult
+from service.engine import (
+    ClassifyRequest,
+    ClassifyResult,
+    EncodeRequest,
+    EncodeResult,
+    ModelInfo,
+    RerankRequest,
+    RerankResult,
+)
 from service.errors import InvalidInput, quoted
 from service.protocols import wire
 from service.protocols.http import Answer
-from service.protocols.open_inference import rerank, tensors
+from service.protocols.open_inference import classify, rerank, tensors
 from service.protocols.open_inference.attention import AttentionParameters
 from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
@@ -177,7 +185,14 @@ def _answer(
     blobs: list[memoryview] = []
     for name, datatype, array, binary in outputs:
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if binary:
+        if datatype == "BYTES":  # a classifier's labels
+            raw = memoryview(classify.serialized(array))
+            if binary:
+                entry["parameters"] = {"binary_data_size": raw.nbytes}
+                blobs.append(raw)
+            else:
+                entry["data"] = classify.texts_of(array)
+        elif binary:
             raw = np.ascontiguousarray(array).data.cast("B")  # its own buffer: no copy
             entry["parameters"] = {"binary_data_size": raw.nbytes}
             blobs.append(raw)
@@ -217,3 +232,21 @@ def rerank_response(result: RerankResult, reply: RerankReply, version: str) -> A
     """The scores, in the documents' order, as JSON data or raw bytes."""
     scores = (rerank.OUTPUT_SCORES, "FP32", rerank.scores(result), reply.binary)
     return _answer(result.model, version, reply.request_id, [scores])
+
+
+def classify_request(
+    body: bytes, header_length: str | None, info: ModelInfo
+) -> tuple[ClassifyRequest, tuple[str | None, dict[str, bool]]]:
+    """An infer body for a classifier -> its request, and (id, the outputs asked)."""
+    params, inputs, outputs, request_id = _parsed(body, header_length, info)
+    return classify.classify_request(inputs, params, info), (request_id, outputs)
+
+
+def classify_response(
+    result: ClassifyResult, reply: tuple[str | None, dict[str, bool]], version: str
+) -> Answer:
+    """The scores [n, labels] and the labels' names, as JSON data or raw bytes."""
+    request_id, outputs = reply
+    arrays = classify.output_arrays(result, list(outputs))
+    framed = [(name, datatype, array, outputs[name]) for name, datatype, array in arrays]
+    return _answer(result.model, version, request_id, framed)

@@ -29,7 +29,7 @@ from service.protocols.kserve_v2.schemas import (
     ServerMetadata,
     TensorMetadata,
 )
-from service.protocols.open_inference import rerank, tensors
+from service.protocols.open_inference import classify, rerank, tensors
 from service.protocols.open_inference.metadata import (
     EXTENSIONS,
     PLATFORM,
@@ -140,7 +140,8 @@ async def infer(
     model: str, request: Request, engine: EngineDep, version: str | None = None
 ) -> Response:
     """Inference on JSON or binary tensors (the binary extension: see the codec); a
-    reranker's model takes a query and documents (``open_inference/rerank.py``)."""
+    reranker's model takes a query and documents (``open_inference/rerank.py``), a
+    classifier's texts (``open_inference/classify.py``)."""
     info = engine.model(model, version)
     header_length = request.headers.get(codec.HEADER_LENGTH)
     if rerank.is_reranker(info):
@@ -151,6 +152,15 @@ async def infer(
             lambda: codec.rerank_request(body, header_length, info), scope_of(request)
         )
         answer = codec.rerank_response(result, reply, info.version)
+        return ChunkedResponse(answer.parts, answer.media_type, answer.headers)
+    if classify.is_classifier(info):
+        body = await http.read_body(
+            request, engine, json_only=False, json_bytes=codec.json_prefix(header_length)
+        )
+        classified, asked = await engine.classify(
+            lambda: codec.classify_request(body, header_length, info), scope_of(request)
+        )
+        answer = codec.classify_response(classified, asked, info.version)
         return ChunkedResponse(answer.parts, answer.media_type, answer.headers)
     return await http.encode(
         request,

@@ -1,5 +1,5 @@
 """Native routes: ``/v1/encode``, ``/v1/tokenize``, ``/v1/embed_sparse``, ``/v1/rerank``,
-``/v1/explain/similarity``, ``/v1/models``, health and metrics.
+``/v1/classify``, ``/v1/explain/similarity``, ``/v1/models``, health and metrics.
 
 Routes move bytes: body -> codec -> engine -> codec -> bytes. No limit, no
 array math and no model logic lives here.
@@ -25,9 +25,11 @@ from service.protocols.http import (
     json_request_body,
     protocol_route,
 )
-from service.protocols.native import codec
+from service.protocols.native import classify, codec
 from service.protocols.native.errors import render
 from service.protocols.native.schemas import (
+    ClassifyRequest,
+    ClassifyResponse,
     EmbedSparseRequest,
     EmbedSparseResponse,
     EncodeRequest,
@@ -197,6 +199,23 @@ async def rerank(request: Request, engine: EngineDep) -> Response:
 
 
 @encode.post(
+    "/classify",
+    response_model=None,
+    responses={200: {"model": ClassifyResponse}},
+    openapi_extra=json_request_body("ClassifyRequest"),
+)
+async def classify_texts(request: Request, engine: EngineDep) -> Response:
+    """A score per label of each text or pair by a classifier, named by ``model`` (TEI's
+    ``/predict`` serves only the default model): each input's best label and its labels
+    best first."""
+    body = await http.read_body(request, engine)
+    result, top_k = await engine.classify(
+        lambda: classify.classify_request(body), scope_of(request)
+    )
+    return ChunkedResponse([classify.classify_response(result, top_k)])
+
+
+@encode.post(
     "/explain/similarity",
     response_model=None,
     responses={200: {"model": SimilarityResponse}},
@@ -226,6 +245,7 @@ def openapi_components() -> dict[str, Any]:
         TokenizeRequest,
         EmbedSparseRequest,
         RerankRequest,
+        ClassifyRequest,
         SimilarityRequest,
     ):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")

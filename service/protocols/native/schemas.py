@@ -8,7 +8,7 @@ for the OpenAPI schema.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -282,6 +282,49 @@ class RerankResponse(BaseModel):
     usage: dict[str, int]
 
 
+# A pair read together as one sequence (a text and its hypothesis, a query and a document).
+TextPair = Annotated[list[str], Field(min_length=2, max_length=2)]
+
+
+class ClassifyRequest(BaseModel):
+    """``POST /v1/classify``: a score per label of each text or pair, by a classifier
+    (a model exported with its sequence-classification head)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="Model name; the server's default if omitted.")
+    inputs: list[str | TextPair] = Field(
+        description="Texts, or pairs [a, b] read together (a list of two texts is two inputs)."
+    )
+    raw_scores: bool = Field(
+        False, description="Scores as the raw logits, not the model's score function."
+    )
+    top_k: int | None = Field(
+        None, ge=1, description="List only the top_k best labels per input; default all."
+    )
+    truncate: bool = Field(
+        False, description="Cut inputs to the model's max_seq_len instead of refusing them (413)."
+    )
+    truncation_direction: Literal["right", "left"] = "right"
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class ClassifyItem(BaseModel):
+    index: int = Field(description="The input's position in the request.")
+    prediction: str = Field(description="The best label.")
+    score: float = Field(description="The best label's score.")
+    predictions: list[LabelScore] = Field(description="Labels best first (at most top_k).")
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    data: list[ClassifyItem]
+    usage: Usage
+
+
 class SimilarityRequest(BaseModel):
     """``POST /v1/explain/similarity``: why a query and documents match, for mean-pooled
     models: each cosine split into token-pair terms."""
@@ -456,7 +499,7 @@ class ModelCard(BaseModel):
     )
     task: Literal["embed", "rerank", "classify", "splade"] = Field(
         description="What its head answers besides token vectors: embed (no head), rerank "
-        "(POST /v1/rerank, TEI's /rerank), classify (TEI's /predict) or splade."
+        "(POST /v1/rerank, TEI's /rerank), classify (POST /v1/classify, TEI's /predict) or splade."
     )
     labels: list[str] = Field(description="A classifier's labels, in id order (id2label).")
     default: bool

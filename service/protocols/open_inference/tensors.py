@@ -46,7 +46,11 @@ from service.protocols.open_inference.padding import lengths_of, repad
 INPUT_TEXT = "text"
 # A reranker's model (rerank.py): a query and its documents in, a score per document out.
 RERANK_INPUTS = [("query", "BYTES", [1]), ("documents", "BYTES", [-1])]
-RERANK_OUTPUTS = [("scores", "FP32", [-1])]
+OUTPUT_SCORES = "scores"
+RERANK_OUTPUTS = [(OUTPUT_SCORES, "FP32", [-1])]
+# A classifier's model (classify.py): texts in, a score per label and the labels out.
+CLASSIFY_INPUTS = [(INPUT_TEXT, "BYTES", [-1])]
+OUTPUT_LABELS = "labels"
 OUTPUT_POOLED = "pooled"
 OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text input)
 NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
@@ -146,6 +150,9 @@ def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
     """(name, datatype, shape) of every output this model can answer; -1: dynamic."""
     if info.manifest.task == "rerank":  # see rerank.py
         return RERANK_OUTPUTS
+    if info.manifest.task == "classify" and info.manifest.head is not None:  # classify.py
+        labels = len(info.manifest.head.labels)
+        return [(OUTPUT_SCORES, "FP32", [-1, labels]), (OUTPUT_LABELS, "BYTES", [labels])]
     cfg = info.config
     outputs = [
         (graph_io.OUTPUT_HIDDEN, "FP32", [-1, -1, cfg.d_model]),
@@ -179,6 +186,8 @@ def default_outputs(info: ModelInfo, params: dict[str, Any]) -> list[str]:
 def model_inputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
     if info.manifest.task == "rerank":  # see rerank.py
         return RERANK_INPUTS
+    if info.manifest.task == "classify":  # see classify.py
+        return CLASSIFY_INPUTS
     inputs = [
         (graph_io.INPUT_EMBEDS, "FP32", [-1, -1, info.config.d_model]),
         (graph_io.INPUT_MASK, "INT64", [-1, -1]),
