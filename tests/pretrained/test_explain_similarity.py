@@ -156,6 +156,8 @@ def test_top_pairs_and_totals_agree_with_the_matrix(url: str, top_pairs: int) ->
     with Client(url) as client:
         result = client.explain_similarity(QUERY, DOCUMENTS, top_pairs=top_pairs)
     assert result.model == MODEL and len(result.data) == len(DOCUMENTS)
+    assert list(result) == result.data and len(result) == len(DOCUMENTS)  # iterable
+    assert result[-1] is result.data[-1]
     assert result.usage.sequences == 1 + len(DOCUMENTS)
     lengths = [len(result.data[0].query_tokens)] + [len(x.document_tokens) for x in result.data]
     assert result.usage.tokens == sum(lengths)

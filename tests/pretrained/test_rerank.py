@@ -342,6 +342,7 @@ def test_the_sdk_reranks_and_explains(url: str) -> None:
     assert [(r.index, r.relevance_score) for r in got.results] == [
         (w["index"], w["relevance_score"]) for w in want
     ]
+    assert list(got) == got.results and len(got) == 3 and got[0] is got.results[0]
     first = got.results[0]
     assert first.document == DOCUMENTS[first.index]
     assert first.explanation is not None and first.explanation.attention.dtype == np.float32

@@ -60,7 +60,10 @@ BODIES["/decode"] = {"ids": [101, 102]}
 BODIES["/v1/rerank"] = BODIES["/v2/rerank"] = {"query": "a", "documents": ["b"]}
 BODIES["/rerank"] = {"query": "a", "texts": ["b"]}
 BODIES["/predict"] = {"inputs": "a"}
-REFUSED_BY_MODEL |= dict.fromkeys(("/v1/rerank", "/v2/rerank", "/rerank", "/predict"), 422)
+BODIES["/v1/classify"] = {"inputs": ["a"]}
+REFUSED_BY_MODEL |= dict.fromkeys(
+    ("/v1/rerank", "/v2/rerank", "/rerank", "/predict", "/v1/classify"), 422
+)
 # Why two texts match: the tiny model has no tokenizer (refused, after the scope's rules).
 BODIES["/v1/explain/similarity"] = {"query": "a", "documents": ["b"]}
 REFUSED_BY_MODEL["/v1/explain/similarity"] = 422
