@@ -83,13 +83,13 @@ class ResolvedCheckpoint:
 def read_files(root: Path) -> list[str]:
     """The files under ``root`` the export reads, relative: the root's (ROOT_FILES and
     its weights) and each sentence-transformers module folder's."""
-    names = [name for name in ROOT_FILES if (root / name).is_file()]
-    folders = {DEFAULT_POOLING} | {_relative(root, path) for _, path in modules(root)}
+    names = list(ROOT_FILES)
+    folders = {"", DEFAULT_POOLING} | {_relative(root, path) for _, path in modules(root)}
     for folder in sorted(folders):
         prefix = f"{folder}/" if folder else ""
         names += [f"{prefix}config.json"] if folder else []
         names.append(prefix + (SAFETENSORS if (root / prefix / SAFETENSORS).is_file() else PICKLED))
-    return [name for name in dict.fromkeys(names) if (root / name).is_file()]
+    return sorted(name for name in set(names) if (root / name).is_file())
 
 
 def file_hashes(root: Path) -> dict[str, str]:
@@ -164,7 +164,14 @@ def _fetch(spec: str, repo: str, revision: str | None, patterns: list[str]) -> P
             "pip install huggingface_hub"
         ) from None
     try:
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
+        # Offline, said outright: huggingface_hub 1.x would list a commit's files online
+        # (and fail) even with HF_HUB_OFFLINE set.
+        offline = constants.is_offline_mode()
+        return Path(
+            snapshot_download(
+                repo, revision=revision, allow_patterns=patterns, local_files_only=offline
+            )
+        )
     except GatedRepoError:  # before RepositoryNotFoundError, its base class
         raise CheckpointError(
             f"{repo} is a gated repository: accept its terms on https://huggingface.co/{repo} "
