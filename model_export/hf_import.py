@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,8 +239,6 @@ class Checkpoint:
     dense: tuple[DenseWeights, ...] = ()  # sentence-transformers' Dense layers, after pooling
     # Where it came from (hub.ResolvedCheckpoint.provenance): recorded in the manifest.
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # Holds a tokenizer.json converted from slow tokenizer files while the checkpoint lives.
-    scratch: tempfile.TemporaryDirectory[str] | None = dataclasses.field(default=None, repr=False)
 
 
 def supported_kind(hf: dict[str, Any]) -> str:
@@ -593,11 +593,11 @@ def load_checkpoint(
     kind = str(hf.get("model_type", "bert"))
     loaded_head = None if task is None else load_head(root, task, kind, hf, state, encoder)
     tokenizer: Path | None = root / "tokenizer.json"
-    scratch = None
-    if not (root / "tokenizer.json").is_file():
-        scratch = tempfile.TemporaryDirectory(prefix="attnserve-tokenizer-")
-        tokenizer = converted_tokenizer(root, Path(scratch.name))
-    return Checkpoint(
+    # A tokenizer.json converted from slow tokenizer files lives as long as the checkpoint.
+    scratch = None if (root / "tokenizer.json").is_file() else Path(tempfile.mkdtemp())
+    if scratch is not None:
+        tokenizer = converted_tokenizer(root, scratch)
+    checkpoint = Checkpoint(
         name=name or resolved.name,
         encoder=encoder,
         embeddings=embeddings,
@@ -611,8 +611,10 @@ def load_checkpoint(
         head=loaded_head,
         dense=tuple(dense_weights(module, _weights(module.path)) for module in recipe.dense),
         provenance=resolved.provenance(),
-        scratch=scratch,
     )
+    if scratch is not None:
+        weakref.finalize(checkpoint, shutil.rmtree, scratch, ignore_errors=True)
+    return checkpoint
 
 
 def minilm_l6_dir() -> Path:
