@@ -597,7 +597,7 @@ def load_checkpoint(
     scratch = None if (root / "tokenizer.json").is_file() else Path(tempfile.mkdtemp())
     if scratch is not None:
         tokenizer = converted_tokenizer(root, scratch)
-    checkpoint = Checkpoint(
+    loaded = Checkpoint(
         name=name or resolved.name,
         encoder=encoder,
         embeddings=embeddings,
@@ -613,8 +613,8 @@ def load_checkpoint(
         provenance=resolved.provenance(),
     )
     if scratch is not None:
-        weakref.finalize(checkpoint, shutil.rmtree, scratch, ignore_errors=True)
-    return checkpoint
+        weakref.finalize(loaded, shutil.rmtree, scratch, ignore_errors=True)
+    return loaded
 
 
 def minilm_l6_dir() -> Path:
