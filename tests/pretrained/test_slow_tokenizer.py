@@ -26,6 +26,7 @@ from model_export.cli import main
 from model_export.hf_import import load_checkpoint, minilm_l6_dir
 from model_export.manifest import Manifest
 from tests.conftest import running_server
+from tests.support.heads import _bert_config as bert_config
 
 SLOW_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 TEXTS = [
@@ -47,18 +48,11 @@ def _slow_bert(directory: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def old_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
 
     folder = tmp_path_factory.mktemp("old-bert")
     torch.manual_seed(0)
-    config = BertConfig(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(config).save_pretrained(folder)
+    BertModel(bert_config()).save_pretrained(folder)  # MiniLM's vocabulary size
     for name in SLOW_FILES:
         shutil.copyfile(minilm_l6_dir() / name, folder / name)
     assert not (folder / "tokenizer.json").exists()
