@@ -6,6 +6,12 @@ Examples::
     python -m model_export --preset minilm-l6 --out models/minilm-l6
     python -m model_export --preset mpnet-base --out models/mpnet-base
     python -m model_export --checkpoint path/to/checkpoint --out models/my-model
+    python -m model_export --checkpoint BAAI/bge-small-en-v1.5 --out models/bge-small
+    python -m model_export --checkpoint cross-encoder/ms-marco-MiniLM-L6-v2@main --out models/rr
+
+A Hub id is fetched through huggingface_hub (its cache, ``HF_TOKEN``,
+``HF_HUB_OFFLINE``), only the files the export reads; the commit it resolved to and
+each file's SHA-256 are recorded in the manifest (model_export.hub).
     python -m model_export --d-model 64 --n-heads 4 --n-layers 2 --d-ff 128 \\
         --causal --window 8 --out models/local64
 """
@@ -87,10 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--checkpoint",
-        type=Path,
-        help="a Hugging Face checkpoint directory to import (config.json, model.safetensors "
-        "or pytorch_model.bin, optional tokenizer.json); families: bert, electra, roberta, "
-        "xlm-roberta, camembert, distilbert, mpnet, roformer, modernbert (docs/models.md)",
+        metavar="DIR|ORG/NAME[@REV]",
+        help="a Hugging Face checkpoint to import: a directory (config.json, model.safetensors "
+        "or pytorch_model.bin, a tokenizer: tokenizer.json, or vocab.txt / a SentencePiece "
+        "model, converted), or a Hub id with an optional @revision (branch, tag or commit), "
+        "fetched through huggingface_hub's cache (HF_HOME, HF_HUB_CACHE, HF_TOKEN, "
+        "HF_HUB_OFFLINE); families: bert, electra, roberta, xlm-roberta, camembert, "
+        "distilbert, mpnet, roformer, modernbert (docs/models.md)",
     )
     p.add_argument(
         "--head",
@@ -247,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
             embeddings=ckpt.embeddings,
             tokenizer_file=ckpt.tokenizer_file,
             source=str(source),
+            checkpoint=ckpt.provenance,
             pooling=ckpt.pooling,
             normalize=ckpt.normalize,
             prompts=ckpt.prompts,

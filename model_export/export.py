@@ -33,7 +33,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import onnx
 import onnxruntime
@@ -338,6 +338,7 @@ def export_model(
     name: str | None = None,
     seed: int | None = None,
     source: str | None = None,
+    checkpoint: dict[str, Any] | None = None,
     pooling: Pooling | None = None,
     normalize: bool = False,
     matryoshka_dimensions: tuple[int, ...] = (),
@@ -358,7 +359,8 @@ def export_model(
     ``tokenizer.json``. Every graph reads its weights from one ``weights.bin``.
     ``pooling``/``normalize``/``matryoshka_dimensions`` (and sentence-transformers'
     ``prompts``/``default_prompt_name``/``include_prompt``) go into the manifest as the model's
-    sentence-embedding recipe. ``head`` (with ``embeddings``) adds its graph from
+    sentence-embedding recipe, ``checkpoint`` (model_export.hub's provenance) into its
+    record. ``head`` (with ``embeddings``) adds its graph from
     token ids (model_export.heads). ``dense`` (sentence-transformers' Dense layers,
     after ``pooling``) goes into ``dense.bin``, which the service applies to every
     pooled vector. ``optimize`` fuses each encoder graph
@@ -469,6 +471,8 @@ def export_model(
                 "quantization_calibration": ranges_record,
                 "seed": seed,
                 "weights_source": source,
+                # A checkpoint's origin: its Hub commit and each file's SHA-256 (hub.py).
+                **({"checkpoint": checkpoint} if checkpoint else {}),
                 "validation": {
                     "atol": atol,
                     "rtol": DEFAULT_RTOL,

