@@ -75,7 +75,8 @@ def parse(text: str) -> list[ExportEntry]:
         if not item:
             continue
         head, eq, tail = item.partition("=")
-        name, spec = (head.strip(), tail.strip()) if eq and "/" not in head else (None, item)
+        # Before the first "=": the name (a spec holding "=" is named: name=spec).
+        name, spec = (head.strip(), tail.strip()) if eq else (None, item)
         if not spec:
             raise ExportRefused(f"{SETTING}: {item!r} names no checkpoint")
         if spec.startswith(("/", ".")) and not Path(spec).is_dir():
@@ -136,10 +137,9 @@ def ensure_exported(entry: ExportEntry, repository: Path) -> None:
     out = repository / entry.name
     if out.is_symlink():
         raise ExportRefused(f"{out} is a symbolic link: {SETTING} writes only real directories")
-    if out.exists():
-        if _pinned_current(entry, out):
-            log.info("model %s: %s holds its pinned export: not exporting", entry.name, out)
-            return
+    if out.exists() and _pinned_current(entry, out):
+        log.info("model %s: %s holds its pinned export: not exporting", entry.name, out)
+        return
     missing = [m for m in EXPORT_MODULES if not _installed(m)]
     if missing:
         raise ExportRefused(
@@ -232,9 +232,12 @@ def _run_export(entry: ExportEntry, out: Path) -> None:
     ]
     log.info("model %s: exporting %r into %s (once)", entry.name, entry.spec, out)
     last = ""
-    with _sigterm_stops(), subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    ) as proc:
+    with (
+        _sigterm_stops(),
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        ) as proc,
+    ):
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
