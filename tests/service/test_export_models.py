@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,7 +34,7 @@ NAME = "tiny-bert"  # the checkpoint folder's name, so the model's
 class FirstStart:
     checkpoint: Path
     repository: Path
-    encoded: dict[str, object]
+    encoded: dict[str, Any]
     log: str
 
 
@@ -92,7 +93,7 @@ def first_start(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path) -> F
 def test_first_start_exports_and_serves_it_by_its_name(first_start: FirstStart) -> None:
     exported = first_start.repository / NAME
     assert first_start.encoded["model"] == NAME  # the default model: the one named
-    [item] = first_start.encoded["data"]  # type: ignore[misc]
+    [item] = first_start.encoded["data"]
     assert item["tokens"][0] == "[CLS]" and len(item["pooled"]) == 32
     assert (exported / "config.json").is_file() and (exported / "tokenizer.json").is_file()
     pin = json.loads((exported / PIN_FILE).read_text())
