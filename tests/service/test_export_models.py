@@ -11,7 +11,11 @@ minute on two loaded cores, once per module.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +26,9 @@ import pytest
 
 from service.__main__ import CANNOT_START
 from service.exports import PIN_FILE
-from tests.conftest import ServerFailed, running_server, server_process
+from tests.conftest import ServerFailed, free_port, running_server, server_process
 from tests.support.heads import bert_encoder
+from tests.support.wait import wait_until
 
 # The export is part of the start: a minute alone, more beside other tests.
 EXPORT_READY_TIMEOUT = 600.0
@@ -217,3 +222,48 @@ def test_a_refused_entry_is_one_line(
     line = _refused(tmp_path / "models", export_models=entries.format(**fill))
     assert says.format(**fill) in line, line
     assert not (tmp_path / "models").exists()
+
+
+def _exporters(out: Path) -> list[int]:
+    """Processes whose command line names ``out`` (the exporter writing it)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if f"--out\0{out}\0".encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow  # waits for the exporter to start writing (torch's import)
+def test_sigterm_during_the_export_stops_the_exporter(checkpoint: Path, tmp_path: Path) -> None:
+    """No exporter left running, no directory left behind (its staging removed)."""
+    repository = tmp_path / "models"
+    env = {
+        **os.environ,
+        "ATTNSERVE_MODEL_REPOSITORY": str(repository),
+        "ATTNSERVE_EXPORT_MODELS": str(checkpoint),
+        "ATTNSERVE_PORT": str(free_port()),
+        "ATTNSERVE_GRPC_PORT": "0",
+        "ATTNSERVE_LOG_LEVEL": "warning",  # the pipe is read at the end only
+    }
+    command = [sys.executable, "-m", "service"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(
+            lambda: any(repository.glob(f".{NAME}.*/*.onnx")) or proc.poll() is not None,
+            "the exporter writing into its staging directory",
+            timeout=EXPORT_READY_TIMEOUT,
+        )
+        assert proc.poll() is None and _exporters(repository / NAME)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == CANNOT_START
+    assert f"attnserve cannot start: model {NAME}: the export was stopped" in err.decode()
+    assert _exporters(repository / NAME) == []
+    assert list(repository.iterdir()) == []
