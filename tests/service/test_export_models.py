@@ -267,3 +267,22 @@ def test_sigterm_during_the_export_stops_the_exporter(checkpoint: Path, tmp_path
     assert f"attnserve cannot start: model {NAME}: the export was stopped" in err.decode()
     assert _exporters(repository / NAME) == []
     assert list(repository.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_explicit_mode_loads_the_named_model_beside_the_default(
+    exported_copy: Path, checkpoint: Path, tiny_model_dir: Path
+) -> None:
+    """``ATTNSERVE_DEFAULT_MODEL`` names another model: the exported one is loaded at
+    start too, as if listed in ``ATTNSERVE_LOAD_MODELS``."""
+    shutil.copytree(tiny_model_dir, exported_copy / "tiny")
+    with running_server(
+        exported_copy,
+        export_models=str(checkpoint),
+        model_control="explicit",
+        default_model="tiny",
+    ) as url:
+        index = httpx.post(f"{url}/v2/repository/index", json={}, timeout=10).json()
+        r = httpx.post(f"{url}/v1/encode", json={"inputs": ["a text"], "model": NAME}, timeout=30)
+        assert r.status_code == 200, r.text
+    assert {m["name"]: m["state"] for m in index} == {NAME: "READY", "tiny": "READY"}, index
