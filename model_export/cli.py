@@ -2,18 +2,22 @@
 
 Examples::
 
-    python -m model_export --preset small --out models/small
-    python -m model_export --preset minilm-l6 --out models/minilm-l6
-    python -m model_export --preset mpnet-base --out models/mpnet-base
-    python -m model_export --checkpoint path/to/checkpoint --out models/my-model
-    python -m model_export --checkpoint BAAI/bge-small-en-v1.5 --out models/bge-small
-    python -m model_export --checkpoint cross-encoder/ms-marco-MiniLM-L6-v2@main --out models/rr
+    python -m model_export --preset small --out exports/small
+    python -m model_export --preset minilm-l6 --out exports/minilm-l6
+    python -m model_export --preset mpnet-base --out exports/mpnet-base
+    python -m model_export --checkpoint path/to/checkpoint --out exports/my-model
+    python -m model_export --checkpoint BAAI/bge-small-en-v1.5 --out exports/bge-small
+    python -m model_export --checkpoint cross-encoder/ms-marco-MiniLM-L6-v2@main --out exports/rr
+    python -m model_export --d-model 64 --n-heads 4 --n-layers 2 --d-ff 128 \\
+        --causal --window 8 --out exports/local64
+
+Serve them with ``ATTNSERVE_MODEL_REPOSITORY=exports attnserve-serve``: ``models/``
+is what ``make serve`` serves, every directory in it. ``ATTNSERVE_EXPORT_MODELS``
+has the server run this command itself (docs/models.md).
 
 A Hub id is fetched through huggingface_hub (its cache, ``HF_TOKEN``,
 ``HF_HUB_OFFLINE``), only the files the export reads; the commit it resolved to and
 each file's SHA-256 are recorded in the manifest (model_export.hub).
-    python -m model_export --d-model 64 --n-heads 4 --n-layers 2 --d-ff 128 \\
-        --causal --window 8 --out models/local64
 """
 
 from __future__ import annotations

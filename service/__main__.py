@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from pydantic import ValidationError
 
-from service import logs
+from service import exports, logs
 from service.app import create_app
 from service.server import build_server, warn_if_exposed
 from service.settings import Settings
@@ -23,6 +24,12 @@ def main() -> int:
         return INVALID_SETTINGS
     logs.configure(settings.log_level, settings.log_format)
     warn_if_exposed(settings)
+    try:
+        # ATTNSERVE_EXPORT_MODELS: exported before anything listens, so never ready before.
+        settings = exports.prepare(settings)
+    except exports.ExportRefused as exc:
+        logging.getLogger("service").error("attnserve cannot start: %s", exc)
+        return CANNOT_START
     app = create_app(settings)
     server = build_server(settings, app, app.state.engine)
     try:

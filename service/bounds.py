@@ -37,6 +37,7 @@ NOT_BOUNDS = frozenset(
         "model_control",
         "version_policy",
         "load_models",
+        "export_models",
         "poll_seconds",
         "response_cache_shared",
         "otlp_endpoint",

@@ -58,6 +58,21 @@ class Settings(BaseSettings):
             "default model (`*`: all of them)."
         ),
     )
+    export_models: str = Field(
+        "",
+        description=(
+            "Checkpoints to serve by name, comma-separated, each `[name=]spec`: a checkpoint "
+            "directory, or a Hugging Face id with an optional `@revision`. Before the server "
+            "listens, each is exported into `ATTNSERVE_MODEL_REPOSITORY/<name>` (`name`, else "
+            "the spec's last part: `BAAI/bge-small-en-v1.5` serves as `bge-small-en-v1.5`) by "
+            "`python -m model_export` in a subprocess, which needs the `export` extra (torch); "
+            "the export is pinned to its spec (`attnserve-export.json`), so later starts serve "
+            "it without exporting, or torch. A directory pinned to another spec, or not "
+            "written so, is refused: the server does not start. The first is the default "
+            "model unless `ATTNSERVE_DEFAULT_MODEL` is set; `explicit` mode loads each at start "
+            "(see [Serving a model by its name](models.md#serving-a-model-by-its-name))."
+        ),
+    )
     poll_seconds: float = Field(
         15.0, gt=0, description="`poll` mode: seconds between two scans of the repository."
     )

@@ -97,6 +97,15 @@ def _bert_config(**extra: object) -> object:
     )
 
 
+def bert_encoder(directory: Path) -> None:
+    """A plain random BERT encoder with MiniLM's tokenizer, as ``save_pretrained`` writes it."""
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    _randomised(BertModel(_bert_config())).save_pretrained(directory)
+    _bert_tokenizer(directory)
+
+
 def bert_cross_encoder(directory: Path) -> None:
     """A one-logit BERT reranker saved by sentence-transformers' CrossEncoder (sigmoid)."""
     from sentence_transformers import CrossEncoder
