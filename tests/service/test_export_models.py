@@ -5,7 +5,10 @@ is one line and the documented exit status, before anything listens.
 
 The checkpoint is a small random BERT saved by ``save_pretrained`` with MiniLM's
 tokenizer (tests/support/heads.py); its export, run by the server, takes about a
-minute on two loaded cores, once per module.
+minute on two loaded cores, once per module. The first start names it by a Hub id,
+read from a Hugging Face cache written in huggingface_hub's layout with
+``HF_HUB_OFFLINE=1`` (tests/support/hub_cache.py): the one-command path, nothing
+fetched.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ from service.__main__ import CANNOT_START
 from service.exports import PIN_FILE
 from tests.conftest import ServerFailed, free_port, running_server, server_process
 from tests.support.heads import bert_encoder
+from tests.support.hub_cache import add_commit, offline_env
 from tests.support.wait import wait_until
 
 # The export is part of the start: a minute alone, more beside other tests.
 EXPORT_READY_TIMEOUT = 600.0
 NAME = "tiny-bert"  # the checkpoint folder's name, so the model's
+HUB_ID = f"attnserve-tests/{NAME}"  # the same checkpoint in an offline Hugging Face cache
+COMMIT = "c0ffee" * 6 + "c0ff"
 
 
 @dataclass(frozen=True)
@@ -76,13 +82,31 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def first_start(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path) -> FirstStart:
-    """A server started on a repository that does not exist yet, naming the checkpoint."""
+def offline_hub(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path) -> Iterator[str]:
+    """The checkpoint cached as ``HUB_ID`` at ``COMMIT``; the module's servers (and
+    their exporters) read that cache only."""
+    cache = tmp_path_factory.mktemp("hf") / "hub"
+    add_commit(cache, HUB_ID, COMMIT, checkpoint)
+    with pytest.MonkeyPatch.context() as patch:
+        for key in [k for k in os.environ if k.startswith("HF_")]:
+            patch.delenv(key)
+        for key, value in offline_env(cache).items():
+            if key.startswith("HF_"):
+                patch.setenv(key, value)
+        yield HUB_ID
+
+
+@pytest.fixture(scope="module")
+def first_start(
+    tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, offline_hub: str
+) -> FirstStart:
+    """A server started on a repository that does not exist yet, naming the checkpoint
+    by its Hub id."""
     repository = tmp_path_factory.mktemp("exported") / "models"
     with server_process(
         repository,
         ready_timeout=EXPORT_READY_TIMEOUT,
-        export_models=str(checkpoint),
+        export_models=offline_hub,
         log_level="info",
     ) as server:
         r = httpx.post(
@@ -102,7 +126,11 @@ def test_first_start_exports_and_serves_it_by_its_name(first_start: FirstStart) 
     assert item["tokens"][0] == "[CLS]" and len(item["pooled"]) == 32
     assert (exported / "config.json").is_file() and (exported / "tokenizer.json").is_file()
     pin = json.loads((exported / PIN_FILE).read_text())
-    assert pin["spec"] == str(first_start.checkpoint.resolve())
+    assert pin["spec"] == HUB_ID
+    # The exporter resolved the id in the cache: its commit and files are on record.
+    record = json.loads((exported / "config.json").read_text())["checkpoint"]
+    assert (record["hub"], record["commit"]) == (HUB_ID, COMMIT), record
+    assert "model.safetensors" in record["files"], record
     # The exporter's own output reached the server's log, before it listened.
     log = first_start.log
     assert f"export {NAME}: " in log and "wrote " in log, log
@@ -117,9 +145,7 @@ def test_a_second_start_serves_the_pinned_export_without_torch(
     with the same manifest; and no torch was needed to find that out."""
     exported = first_start.repository / NAME
     before = (exported.stat().st_ino, (exported / "config.json").stat().st_mtime_ns)
-    with server_process(
-        first_start.repository, export_models=str(first_start.checkpoint), log_level="info"
-    ) as server:
+    with server_process(first_start.repository, export_models=HUB_ID, log_level="info") as server:
         r = httpx.post(f"{server.url}/v1/encode", json={"inputs": ["a text"]}, timeout=30)
         assert r.status_code == 200 and r.json()["model"] == NAME, r.text
         log = server.log()
@@ -172,18 +198,18 @@ def exported_copy(first_start: FirstStart, tmp_path: Path) -> Iterator[Path]:
 def _pinned_elsewhere(repository: Path, checkpoint: Path, tmp: Path) -> tuple[str, str]:
     moved = tmp / "v2" / NAME  # the same name, another checkpoint
     shutil.copytree(checkpoint, moved)
-    return str(moved), f"is pinned to '{checkpoint.resolve()}', not '{moved}'"
+    return str(moved), f"is pinned to '{HUB_ID}', not '{moved}'"
 
 
 def _not_pinned(repository: Path, checkpoint: Path, tmp: Path) -> tuple[str, str]:
     (repository / NAME / PIN_FILE).unlink()  # an export run by hand
-    return str(checkpoint), "exists and was not written by ATTNSERVE_EXPORT_MODELS"
+    return HUB_ID, "exists and was not written by ATTNSERVE_EXPORT_MODELS"
 
 
 def _changed(repository: Path, checkpoint: Path, tmp: Path) -> tuple[str, str]:
     with (repository / NAME / "config.json").open("a") as f:
         f.write("\n")
-    return str(checkpoint), "changed since it was exported"
+    return HUB_ID, "changed since it was exported"
 
 
 @pytest.mark.slow
@@ -278,7 +304,7 @@ def test_explicit_mode_loads_the_named_model_beside_the_default(
     shutil.copytree(tiny_model_dir, exported_copy / "tiny")
     with running_server(
         exported_copy,
-        export_models=str(checkpoint),
+        export_models=HUB_ID,
         model_control="explicit",
         default_model="tiny",
     ) as url:
