@@ -176,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
         "format (what `make serve` runs: an older or broken directory is exported again)",
     )
     exp.add_argument(
+        "--timings",
+        action="store_true",
+        help="print the seconds each step took (each graph's export, optimisation and "
+        "validation): what docs/benchmarks.md's export costs are measured with",
+    )
+    exp.add_argument(
         "--atol",
         type=float,
         default=DEFAULT_ATOL,
@@ -216,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so `--help` and argument errors answer without loading torch.
     from model_export.export import export_model
     from model_export.model import Encoder
+    from model_export.progress import Progress, timings_table
     from model_export.validate import results_table
 
     overrides: dict[str, Any] = {
@@ -233,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
         atol=args.atol,
         name=args.name,
         matryoshka_dimensions=args.matryoshka_dimensions,
+        # Each step as it starts, on stderr: a bar on a terminal, else a line each.
+        progress=(
+            progress := Progress(f"attnserve-export: {args.name or args.out.name}", sys.stderr)
+        ),
     )
     if args.checkpoint is not None or args.preset in CHECKPOINT_PRESETS:
         from model_export.hf_import import CHECKPOINT_LOCATORS, load_checkpoint
@@ -276,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
             **common,
         )
     print(results_table(result.checks))
+    if args.timings:
+        print(f"\n{timings_table(progress.timings)}")
     if args.quantize == "int8":
         from model_export.quantize import quantize_model_dir
 

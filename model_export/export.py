@@ -44,6 +44,7 @@ from model_export import graph_io
 from model_export.compact_attention import CompactAttentionGraph, SelectedAttentionGraph
 from model_export.dense import DenseWeights, write_dense
 from model_export.embedding_ranges import embedding_ranges
+from model_export.export_plan import RANGES, SHARE_WEIGHTS, export_plan
 from model_export.heads import Head, HeadGraph
 from model_export.manifest import (
     GraphFile,
@@ -57,11 +58,13 @@ from model_export.manifest import (
 )
 from model_export.model import Encoder, EncoderBlock, TokenEmbeddings
 from model_export.optimize import optimize_graph
+from model_export.progress import Progress
 from model_export.staging import staged_model_dir
 from model_export.stopwords import ENGLISH
 from model_export.validate import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
+    TEXT_PATH,
     CheckResult,
     results_json,
     selection_feeds,
@@ -182,52 +185,64 @@ def _export_text_frontend(
     tokenizer_file: Path | None,
     staging: Path,
     settings: tuple[int, Exporter],
+    progress: Progress,
 ) -> list[str]:
     """Export the token-embedding graph and the BM42 graph (WordPiece tokenizers only);
     write the stopwords, copy the tokenizer. Returns the graphs written."""
     opset, exporter = settings
     ids = torch.ones(2, 8, dtype=torch.int64)
     types = torch.zeros_like(ids)
-    written = [graph_io.GRAPH_TOKEN_EMBEDDINGS]
-    _export_graph(
-        embeddings,
-        (ids, types),
-        staging / graph_io.GRAPH_TOKEN_EMBEDDINGS,
-        opset,
-        exporter,
-        list(graph_io.TEXT_INPUT_NAMES),
-        [graph_io.INPUT_EMBEDS],
-    )
-    if tokenizer_file is None or _splits_words_like_wordpiece(tokenizer_file):
+    written = _text_graphs(tokenizer_file)
+    with progress.step("export", graph_io.GRAPH_TOKEN_EMBEDDINGS):
         _export_graph(
-            _SparseGraph(embeddings, encoder),
-            (ids, types, torch.ones_like(ids)),
-            staging / graph_io.GRAPH_SPARSE,
+            embeddings,
+            (ids, types),
+            staging / graph_io.GRAPH_TOKEN_EMBEDDINGS,
             opset,
             exporter,
-            list(graph_io.TEXT_GRAPH_INPUTS),
-            list(graph_io.SPARSE_GRAPH_OUTPUTS),
+            list(graph_io.TEXT_INPUT_NAMES),
+            [graph_io.INPUT_EMBEDS],
         )
+    if graph_io.GRAPH_SPARSE in written:
+        with progress.step("export", graph_io.GRAPH_SPARSE):
+            _export_graph(
+                _SparseGraph(embeddings, encoder),
+                (ids, types, torch.ones_like(ids)),
+                staging / graph_io.GRAPH_SPARSE,
+                opset,
+                exporter,
+                list(graph_io.TEXT_GRAPH_INPUTS),
+                list(graph_io.SPARSE_GRAPH_OUTPUTS),
+            )
         (staging / graph_io.STOPWORDS_FILE).write_text("\n".join(ENGLISH) + "\n")
-        written.append(graph_io.GRAPH_SPARSE)
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, staging / graph_io.TOKENIZER_FILE)
     return written
 
 
+def _text_graphs(tokenizer_file: Path | None) -> list[str]:
+    """The graphs of the text front end: the token embeddings, and BM42's for a
+    WordPiece tokenizer (or none)."""
+    sparse = tokenizer_file is None or _splits_words_like_wordpiece(tokenizer_file)
+    return [graph_io.GRAPH_TOKEN_EMBEDDINGS, *([graph_io.GRAPH_SPARSE] if sparse else [])]
+
+
 def _validate_text_frontend(
-    embeddings: TokenEmbeddings, encoder: Encoder, staging: Path, atol: float
+    embeddings: TokenEmbeddings, encoder: Encoder, staging: Path, atol: float, progress: Progress
 ) -> list[CheckResult]:
     """The token-embedding graph, the text path (it then the embeddings-only graph) and
     the BM42 graph, each against PyTorch."""
-    checks = validate_token_embeddings(
-        embeddings, staging / graph_io.GRAPH_TOKEN_EMBEDDINGS, atol=atol
-    )
-    checks += validate_text_path(embeddings, encoder, staging, atol=atol)
-    if (staging / graph_io.GRAPH_SPARSE).is_file():
-        checks += validate_sparse_graph(
-            embeddings, encoder, staging / graph_io.GRAPH_SPARSE, atol=atol
+    with progress.step("validate", graph_io.GRAPH_TOKEN_EMBEDDINGS):
+        checks = validate_token_embeddings(
+            embeddings, staging / graph_io.GRAPH_TOKEN_EMBEDDINGS, atol=atol
         )
+    with progress.step("validate", TEXT_PATH):
+        checks += validate_text_path(embeddings, encoder, staging, atol=atol)
+    if (staging / graph_io.GRAPH_SPARSE).is_file():
+        with progress.step("validate", graph_io.GRAPH_SPARSE):
+            checks += validate_sparse_graph(
+                embeddings, encoder, staging / graph_io.GRAPH_SPARSE, atol=atol
+            )
     return checks
 
 
@@ -347,6 +362,7 @@ def export_model(
     head: Head | None = None,
     compact_attention: bool = True,
     dense: tuple[DenseWeights, ...] = (),
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -366,79 +382,98 @@ def export_model(
     the fusions applied are recorded in the manifest. Without ``compact_attention``
     the directory has neither ``model_attn_compact.onnx`` nor ``model_attn_select.onnx``
     (the service answers top-k rows, summaries, float16 maps and selected layers from
-    the full maps instead).
+    the full maps instead). ``progress`` shows each step as it starts and times it.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
     encoder.eval()
+    if head is not None and embeddings is None:
+        raise ValueError("a head reads token ids: export it with its embeddings")
+    progress = progress or Progress(out_dir.name)
+    modules = {
+        graph: module_class
+        for graph, module_class in GRAPH_MODULES.items()
+        if compact_attention or graph not in graph_io.COMPACT_GRAPHS
+    }
+    head_graph = None if head is None else HEAD_GRAPH[head.task]
+    with_ranges = embeddings is not None and tokenizer_file is not None and head is None
+    progress.plan(
+        export_plan(
+            list(modules),
+            [] if embeddings is None else _text_graphs(tokenizer_file),
+            head_graph,
+            optimize=optimize,
+            ranges=with_ranges,
+        )
+    )
     with staged_model_dir(out_dir) as staging:
         # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic.
         example = (torch.randn(2, 8, encoder.config.d_model), torch.ones(2, 8, dtype=torch.int64))
-        modules = {
-            graph: module_class
-            for graph, module_class in GRAPH_MODULES.items()
-            if compact_attention or graph not in graph_io.COMPACT_GRAPHS
-        }
         for graph, module_class in modules.items():
-            _export_graph(
-                module_class(encoder),
-                example + _extra_inputs(graph, encoder.config.n_layers, encoder.config.n_heads),
-                staging / graph,
-                opset,
-                exporter,
-                list(graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)),
-                list(graph_io.GRAPH_OUTPUTS[graph]),
-            )
-        fused = (
-            {
-                graph: optimize_graph(
+            with progress.step("export", graph):
+                _export_graph(
+                    module_class(encoder),
+                    example + _extra_inputs(graph, encoder.config.n_layers, encoder.config.n_heads),
+                    staging / graph,
+                    opset,
+                    exporter,
+                    list(graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)),
+                    list(graph_io.GRAPH_OUTPUTS[graph]),
+                )
+        fused = {}
+        for graph in modules if optimize else ():
+            with progress.step("optimize", graph):
+                fused[graph] = optimize_graph(
                     staging / graph,
                     encoder.config,
                     # A fused kernel keeps its attention weights to itself.
                     fuse_attention=graph not in graph_io.MAP_GRAPHS,
                 )
-                for graph in modules
-            }
-            if optimize
-            else {}
-        )
         graphs = list(modules)
         if embeddings is not None:
             graphs += _export_text_frontend(
-                embeddings, encoder, tokenizer_file, staging, (opset, exporter)
-            )
-        head_graph = None
-        if head is not None:
-            if embeddings is None:
-                raise ValueError("a head reads token ids: export it with its embeddings")
-            head_graph = HEAD_GRAPH[head.task]
-            _export_graph(
-                HeadGraph(embeddings, encoder, head.module),
-                # Three distinct tensors: the dynamo exporter would merge one passed thrice.
-                (ids := torch.ones(2, 8, dtype=torch.int64), torch.zeros_like(ids), ids.clone()),
-                staging / head_graph,
-                opset,
-                exporter,
-                list(graph_io.TEXT_GRAPH_INPUTS),
-                list(graph_io.HEAD_GRAPHS[head_graph]),
-            )
-            graphs.append(head_graph)
-        # Validated as written: reading their weights from the one shared file.
-        share_weights([staging / graph for graph in graphs], staging / graph_io.WEIGHTS_FILE)
-        checks = validate_model_dir(encoder, staging, atol=atol, embeddings=embeddings)
-        text = None
-        if embeddings is not None:
-            checks += _validate_text_frontend(embeddings, encoder, staging, atol)
-            text = _text_manifest(embeddings, staging)
-        ranges, ranges_record = None, None
-        if embeddings is not None and tokenizer_file is not None and head is None:
-            ranges, ranges_record = embedding_ranges(
-                encoder, embeddings, tokenizer_file, pooling or "mean", dense
+                embeddings, encoder, tokenizer_file, staging, (opset, exporter), progress
             )
         if head is not None and head_graph is not None:
             assert embeddings is not None
-            path = staging / head_graph
-            checks += validate_head_graph(embeddings, encoder, head.module, path, atol)
+            with progress.step("export", head_graph):
+                _export_graph(
+                    HeadGraph(embeddings, encoder, head.module),
+                    # Three distinct tensors: the dynamo exporter would merge one passed thrice.
+                    (
+                        ids := torch.ones(2, 8, dtype=torch.int64),
+                        torch.zeros_like(ids),
+                        ids.clone(),
+                    ),
+                    staging / head_graph,
+                    opset,
+                    exporter,
+                    list(graph_io.TEXT_GRAPH_INPUTS),
+                    list(graph_io.HEAD_GRAPHS[head_graph]),
+                )
+            graphs.append(head_graph)
+        # Validated as written: reading their weights from the one shared file.
+        with progress.step(*SHARE_WEIGHTS):
+            share_weights([staging / graph for graph in graphs], staging / graph_io.WEIGHTS_FILE)
+        checks = validate_model_dir(
+            encoder, staging, atol=atol, embeddings=embeddings, progress=progress
+        )
+        text = None
+        if embeddings is not None:
+            checks += _validate_text_frontend(embeddings, encoder, staging, atol, progress)
+            text = _text_manifest(embeddings, staging)
+        if head is not None and head_graph is not None:
+            assert embeddings is not None
+            with progress.step("validate", head_graph):
+                path = staging / head_graph
+                checks += validate_head_graph(embeddings, encoder, head.module, path, atol)
+        ranges, ranges_record = None, None
+        if with_ranges:
+            assert embeddings is not None and tokenizer_file is not None
+            with progress.step(*RANGES):
+                ranges, ranges_record = embedding_ranges(
+                    encoder, embeddings, tokenizer_file, pooling or "mean", dense
+                )
         graph_sha = {f: sha256_file(staging / f) for f in modules}
         manifest = Manifest(
             name=name or out_dir.name,
@@ -488,6 +523,7 @@ def export_model(
         )
         manifest.write(staging)
         files = {p.name: graph_sha.get(p.name) or sha256_file(p) for p in sorted(staging.iterdir())}
+    progress.close()
     seconds = time.perf_counter() - start
     log.info("exported %s in %.1fs", out_dir, seconds)
     return ExportResult(out_dir, files, checks, seconds)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from model_export import graph_io
 from model_export.compact_attention import row_summaries
 from model_export.model import Encoder, TokenEmbeddings
+from model_export.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,10 @@ DEFAULT_ATOL = graph_io.DEFAULT_ATOL
 DEFAULT_RTOL = graph_io.DEFAULT_RTOL
 # float16 rounds to nearest: |fp16(x) - x| <= 2^-11 |x| (half its 2^-10 ulp) for normal x.
 HALF_RTOL = 2.0**-11
+# The step that computes PyTorch's outputs, which every encoder graph is checked against.
+PYTORCH_OUTPUTS = "PyTorch's outputs"
+# What the service runs for text asking only for embeddings: two graphs, one after the other.
+TEXT_PATH = f"{graph_io.GRAPH_TOKEN_EMBEDDINGS} + {graph_io.GRAPH_EMBEDDINGS}"
 
 
 class ValidationError(AssertionError):
@@ -132,71 +137,112 @@ def validate_model_dir(
     atol: float = DEFAULT_ATOL,
     cases: list[Case] | None = None,
     embeddings: TokenEmbeddings | None = None,
+    progress: Progress | None = None,
 ) -> list[CheckResult]:
     """Compare every graph in ``model_dir`` with ``encoder``; raise on the first failure.
 
     With ``embeddings`` the graphs are fed what they will be served: token embeddings of
     random ids. Without, N(0, 1) vectors, which a deep, wide model (MPNet-base: 12
     layers, 768-d) turns into attention no text produces, where float32 kernels drift
-    apart by ~1e-3 through the layers while real inputs stay within ~1e-6.
+    apart by ~1e-3 through the layers while real inputs stay within ~1e-6. PyTorch's
+    outputs are computed once per case, then each graph is checked on every case
+    (a ``progress`` step each).
     """
+    progress = progress or Progress("")
     cases = cases if cases is not None else default_cases(encoder.config.max_seq_len)
     if embeddings is not None:  # no longer than its position table
         cases = [
             Case(c.name, tuple(min(n, embeddings.max_tokens) for n in c.lengths)) for c in cases
         ]
+    with progress.step("validate", PYTORCH_OUTPUTS):
+        inputs = [_case_inputs(encoder, embeddings, case, i) for i, case in enumerate(cases)]
+        expected = [_reference_outputs(encoder, embeds, mask) for embeds, mask in inputs]
     results: list[CheckResult] = []
-    sessions = {
-        name: new_session(model_dir / name)
-        for name in graph_io.GRAPH_OUTPUTS
-        if (model_dir / name).is_file()  # the compact graphs are optional (--no-compact-attention)
-    }
-    for i, case in enumerate(cases):
-        if embeddings is None:
-            embeds, mask = make_inputs(case.lengths, encoder.config.d_model, seed=i)
-        else:
-            ids, type_ids, mask = token_inputs(embeddings, case.lengths, seed=i)
-            with torch.no_grad():
-                tokens = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
-            embeds = (tokens.numpy() * mask[:, :, None]).astype(np.float32)
-        with torch.no_grad():
-            hidden, attn, states, norms = encoder.forward_with_norms(
-                torch.from_numpy(embeds),
-                torch.from_numpy(mask),
-                need_hidden_states=True,
-                need_value_norms=True,
-            )
-        assert attn is not None and states is not None and norms is not None
-        expected = {
-            graph_io.OUTPUT_HIDDEN: hidden.numpy(),
-            graph_io.OUTPUT_ATTENTIONS: attn.numpy(),
-            graph_io.OUTPUT_HIDDEN_STATES: states.numpy(),
-            graph_io.OUTPUT_VALUE_NORMS: norms.numpy(),
-        }
-        for graph, session in sessions.items():
-            names = list(graph_io.GRAPH_OUTPUTS[graph])
-            feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
-            if graph == graph_io.GRAPH_COMPACT_ATTENTION:
-                feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, mask.shape[1]), dtype=np.int64)
-            if graph == graph_io.GRAPH_SELECTED_ATTENTION:
-                feeds.update(selection_feeds(encoder.config.n_layers, encoder.config.n_heads, i))
-                expected.update(selected_as_checked(attn.numpy(), feeds))
-            got = session.run(names, feeds)
-            if graph == graph_io.GRAPH_COMPACT_ATTENTION:
-                got = compact_as_checked(got, attn.numpy(), expected)
-            for name, value in zip(names, got, strict=True):
-                # float16 maps: within float16's rounding (half an ulp, 2^-11 relative).
-                rtol = HALF_RTOL if value.dtype == np.float16 else DEFAULT_RTOL
-                diff, excess = differences(value.astype(np.float32), expected[name], rtol)
-                result = CheckResult(graph, case.name, name, list(value.shape), diff, atol, excess)
-                results.append(result)
-                if not result.passed:
-                    raise ValidationError(graph, name, tuple(value.shape), diff, atol)
+    for graph in validated_graphs(model_dir):
+        with progress.step("validate", graph):
+            session = new_session(model_dir / graph)
+            for i, (case, (embeds, mask)) in enumerate(zip(cases, inputs, strict=True)):
+                results += _check_graph(
+                    graph, session, case, embeds, mask, dict(expected[i]), encoder, i, atol
+                )
     log.info(
         "validated %d outputs, max abs diff %.3g",
         len(results),
         max(r.max_abs_diff for r in results),
     )
+    return results
+
+
+def validated_graphs(model_dir: Path) -> list[str]:
+    """The encoder graphs in ``model_dir``, as ``validate_model_dir`` checks them."""
+    # The compact graphs are optional (--no-compact-attention).
+    return [name for name in graph_io.GRAPH_OUTPUTS if (model_dir / name).is_file()]
+
+
+def _case_inputs(
+    encoder: Encoder, embeddings: TokenEmbeddings | None, case: Case, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A case's (embeds [B, T, d] float32, mask [B, T] int64)."""
+    if embeddings is None:
+        return make_inputs(case.lengths, encoder.config.d_model, seed=seed)
+    ids, type_ids, mask = token_inputs(embeddings, case.lengths, seed=seed)
+    with torch.no_grad():
+        tokens = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
+    return (tokens.numpy() * mask[:, :, None]).astype(np.float32), mask
+
+
+def _reference_outputs(
+    encoder: Encoder, embeds: np.ndarray, mask: np.ndarray
+) -> dict[str, np.ndarray]:
+    """PyTorch's hidden state, attention maps, hidden states and value norms."""
+    with torch.no_grad():
+        hidden, attn, states, norms = encoder.forward_with_norms(
+            torch.from_numpy(embeds),
+            torch.from_numpy(mask),
+            need_hidden_states=True,
+            need_value_norms=True,
+        )
+    assert attn is not None and states is not None and norms is not None
+    return {
+        graph_io.OUTPUT_HIDDEN: hidden.numpy(),
+        graph_io.OUTPUT_ATTENTIONS: attn.numpy(),
+        graph_io.OUTPUT_HIDDEN_STATES: states.numpy(),
+        graph_io.OUTPUT_VALUE_NORMS: norms.numpy(),
+    }
+
+
+def _check_graph(
+    graph: str,
+    session: ort.InferenceSession,
+    case: Case,
+    embeds: np.ndarray,
+    mask: np.ndarray,
+    expected: dict[str, np.ndarray],
+    encoder: Encoder,
+    seed: int,
+    atol: float,
+) -> list[CheckResult]:
+    """``graph`` on one case against PyTorch's ``expected``; raise on a mismatch."""
+    names = list(graph_io.GRAPH_OUTPUTS[graph])
+    attn = expected[graph_io.OUTPUT_ATTENTIONS]
+    feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+    if graph == graph_io.GRAPH_COMPACT_ATTENTION:
+        feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, mask.shape[1]), dtype=np.int64)
+    if graph == graph_io.GRAPH_SELECTED_ATTENTION:
+        feeds.update(selection_feeds(encoder.config.n_layers, encoder.config.n_heads, seed))
+        expected.update(selected_as_checked(attn, feeds))
+    got = session.run(names, feeds)
+    if graph == graph_io.GRAPH_COMPACT_ATTENTION:
+        got = compact_as_checked(got, attn, expected)
+    results = []
+    for name, value in zip(names, got, strict=True):
+        # float16 maps: within float16's rounding (half an ulp, 2^-11 relative).
+        rtol = HALF_RTOL if value.dtype == np.float16 else DEFAULT_RTOL
+        diff, excess = differences(value.astype(np.float32), expected[name], rtol)
+        result = CheckResult(graph, case.name, name, list(value.shape), diff, atol, excess)
+        results.append(result)
+        if not result.passed:
+            raise ValidationError(graph, name, tuple(value.shape), diff, atol)
     return results
 
 
@@ -328,8 +374,9 @@ def validate_text_path(
         out: np.ndarray = encoder(embeds, mask, need_weights=False)[0].numpy()
         return out
 
-    name = f"{graph_io.GRAPH_TOKEN_EMBEDDINGS} + {graph_io.GRAPH_EMBEDDINGS}"
-    return _validate_id_graph(embeddings, encoder, name, run, graph_io.OUTPUT_HIDDEN, hidden, atol)
+    return _validate_id_graph(
+        embeddings, encoder, TEXT_PATH, run, graph_io.OUTPUT_HIDDEN, hidden, atol
+    )
 
 
 def validate_sparse_graph(
