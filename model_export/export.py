@@ -64,8 +64,11 @@ from model_export.stopwords import ENGLISH
 from model_export.validate import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
+    PYTORCH_OUTPUTS,
     TEXT_PATH,
     CheckResult,
+    Reference,
+    pytorch_references,
     results_json,
     selection_feeds,
     validate_head_graph,
@@ -228,7 +231,11 @@ def _text_graphs(tokenizer_file: Path | None) -> list[str]:
 
 
 def _validate_text_frontend(
-    embeddings: TokenEmbeddings, encoder: Encoder, staging: Path, atol: float, progress: Progress
+    embeddings: TokenEmbeddings,
+    references: list[Reference],
+    staging: Path,
+    atol: float,
+    progress: Progress,
 ) -> list[CheckResult]:
     """The token-embedding graph, the text path (it then the embeddings-only graph) and
     the BM42 graph, each against PyTorch."""
@@ -237,12 +244,10 @@ def _validate_text_frontend(
             embeddings, staging / graph_io.GRAPH_TOKEN_EMBEDDINGS, atol=atol
         )
     with progress.step("validate", TEXT_PATH):
-        checks += validate_text_path(embeddings, encoder, staging, atol=atol)
+        checks += validate_text_path(references, staging, atol=atol)
     if (staging / graph_io.GRAPH_SPARSE).is_file():
         with progress.step("validate", graph_io.GRAPH_SPARSE):
-            checks += validate_sparse_graph(
-                embeddings, encoder, staging / graph_io.GRAPH_SPARSE, atol=atol
-            )
+            checks += validate_sparse_graph(references, staging / graph_io.GRAPH_SPARSE, atol=atol)
     return checks
 
 
@@ -455,18 +460,21 @@ def export_model(
         # Validated as written: reading their weights from the one shared file.
         with progress.step(*SHARE_WEIGHTS):
             share_weights([staging / graph for graph in graphs], staging / graph_io.WEIGHTS_FILE)
+        # PyTorch's outputs, computed once: every graph is checked against them.
+        with progress.step("validate", PYTORCH_OUTPUTS):
+            references = pytorch_references(encoder, embeddings)
         checks = validate_model_dir(
-            encoder, staging, atol=atol, embeddings=embeddings, progress=progress
+            encoder, staging, atol=atol, progress=progress, references=references
         )
         text = None
         if embeddings is not None:
-            checks += _validate_text_frontend(embeddings, encoder, staging, atol, progress)
+            checks += _validate_text_frontend(embeddings, references, staging, atol, progress)
             text = _text_manifest(embeddings, staging)
         if head is not None and head_graph is not None:
             assert embeddings is not None
             with progress.step("validate", head_graph):
                 path = staging / head_graph
-                checks += validate_head_graph(embeddings, encoder, head.module, path, atol)
+                checks += validate_head_graph(references, head.module, path, atol)
         ranges, ranges_record = None, None
         if with_ranges:
             assert embeddings is not None and tokenizer_file is not None
