@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timings",
         action="store_true",
         help="print the seconds each step took (each graph's export, optimisation and "
-        "validation): what docs/benchmarks.md's export costs are measured with",
+        "validation), wall-clock and CPU: what docs/benchmarks.md's export costs are "
+        "measured with",
     )
     exp.add_argument(
         "--atol",
@@ -289,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     print(results_table(result.checks))
     if args.timings:
         print(f"\n{timings_table(progress.timings)}")
+        print(f"\n{timings_table(progress.timings, cpu=True)}")
     if args.quantize == "int8":
         from model_export.quantize import quantize_model_dir
 

@@ -32,6 +32,16 @@ class Step:
     share: float = 1.0
 
 
+@dataclass(frozen=True)
+class Timing:
+    """A step run: its wall-clock seconds, and the CPU seconds of this process's threads
+    (less swayed by other processes on a shared machine)."""
+
+    step: Step
+    seconds: float
+    cpu_seconds: float
+
+
 def duration(seconds: float) -> str:
     """``seconds`` as a person reads it: "8 s", "2 min 05 s"."""
     whole = max(0, round(seconds))
@@ -56,7 +66,7 @@ class Progress:
         self._steps: list[Step] = []
         self._start = clock()
         self._done = 0.0  # the shares of the steps finished
-        self.timings: list[tuple[Step, float]] = []  # each step run, with its seconds
+        self.timings: list[Timing] = []  # each step run
 
     def plan(self, steps: Iterable[Step]) -> None:
         """The steps to come, in order; the clock of the estimate starts now."""
@@ -71,9 +81,9 @@ class Progress:
             step = Step(stage, name)
             self._steps.append(step)
         self._show(step)
-        begun = self._clock()
+        begun, cpu = self._clock(), time.process_time()
         yield
-        self.timings.append((step, self._clock() - begun))
+        self.timings.append(Timing(step, self._clock() - begun, time.process_time() - cpu))
         self._done += step.share
 
     def close(self) -> None:
@@ -105,16 +115,17 @@ class Progress:
         self._stream.flush()
 
 
-def timings_table(timings: list[tuple[Step, float]]) -> str:
-    """Seconds per step: a row per graph (or other thing worked on), a column per stage,
-    in the order they ran, with each row's and each column's total."""
-    stages = list(dict.fromkeys(step.stage for step, _ in timings))
+def timings_table(timings: list[Timing], *, cpu: bool = False) -> str:
+    """Seconds per step (wall clock, or ``cpu``): a row per graph (or other thing worked
+    on), a column per stage, in the order they ran, with each row's and column's total."""
+    stages = list(dict.fromkeys(t.step.stage for t in timings))
     rows: dict[str, dict[str, float]] = {}
-    for step, seconds in timings:
-        row = rows.setdefault(step.name, {})
-        row[step.stage] = row.get(step.stage, 0.0) + seconds
+    for t in timings:
+        row = rows.setdefault(t.step.name, {})
+        row[t.step.stage] = row.get(t.step.stage, 0.0) + (t.cpu_seconds if cpu else t.seconds)
     width = max([len("total"), *(len(name) for name in rows)])
-    header = f"{'seconds':<{width}} " + " ".join(f"{s:>9}" for s in [*stages, "total"])
+    title = "CPU seconds" if cpu else "seconds"
+    header = f"{title:<{width}} " + " ".join(f"{s:>9}" for s in [*stages, "total"])
     lines = [header, "-" * len(header)]
     for name, row in [*rows.items()]:
         cells = [f"{row[s]:9.2f}" if s in row else f"{'':>9}" for s in stages]

@@ -71,7 +71,7 @@ def test_a_terminal_gets_one_line_rewritten_and_ended() -> None:
     assert first.startswith("export [--------------------] export 1/2 a.onnx (0 s, ")
     # A quarter done in 10 s: three quarters are about 30 s.
     assert second.startswith("export [#####---------------] export 2/2 b.onnx (10 s, about 30 s")
-    assert [(step.name, seconds) for step, seconds in progress.timings] == [
+    assert [(t.step.name, t.seconds) for t in progress.timings] == [
         ("a.onnx", 10.0),
         ("b.onnx", 10.0),
     ]
@@ -83,4 +83,4 @@ def test_no_stream_shows_nothing_and_still_times() -> None:
     with progress.step("export", "a.onnx"):
         pass
     progress.close()
-    assert [step.name for step, _ in progress.timings] == ["a.onnx"]
+    assert [t.step.name for t in progress.timings] == ["a.onnx"]
