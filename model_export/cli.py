@@ -296,7 +296,10 @@ def run(args: argparse.Namespace) -> int:
 
         int8_dir = result.model_dir.with_name(result.model_dir.name + "-int8")
         agreement = quantize_model_dir(
-            result.model_dir, int8_dir, keep_cosine=args.int8_keep_cosine
+            result.model_dir,
+            int8_dir,
+            keep_cosine=args.int8_keep_cosine,
+            progress=Progress(f"attnserve-export: {int8_dir.name}", sys.stderr),
         )
         print(f"\nwrote {int8_dir} (int8); agreement with fp32: {agreement}")
     if args.triton_repo is not None:
