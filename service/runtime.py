@@ -169,7 +169,7 @@ class ModelRuntime:
 
         # (session key, graph label, file, inputs, outputs) of each graph to open.
         # Each graph the manifest lists, checked to have the outputs it records.
-        graphs = [
+        graphs: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
             (graph, graph, graph, graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), outs)
             for graph, outs in ((g, e.outputs) for g, e in info.manifest.graphs.items())
         ]
@@ -179,8 +179,10 @@ class ModelRuntime:
             graphs.append((text_graph, text_graph, text.graph, ids, graph_io.TEXT_GRAPH_OUTPUTS))
         # BM42 (format 4): the [CLS] attention row graph.
         if text is not None and text.sparse_graph is not None:
-            sparse, outputs = text.sparse_graph, graph_io.SPARSE_GRAPH_OUTPUTS
-            graphs.append((sparse, graph_io.GRAPH_SPARSE, sparse, ids, outputs))
+            sparse = text.sparse_graph
+            graphs.append(
+                (sparse, graph_io.GRAPH_SPARSE, sparse, ids, graph_io.SPARSE_GRAPH_OUTPUTS)
+            )
         # A head (cross-encoder, classifier, SPLADE): token ids -> its answer per sequence.
         head = info.manifest.head
         if head is not None:
@@ -189,9 +191,9 @@ class ModelRuntime:
             )
         if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
             lookup = graph_io.GRAPH_TOKEN_EMBEDDINGS
-            outputs = graph_io.ID_GRAPHS[lookup]
+            lookup_outputs = graph_io.ID_GRAPHS[lookup]
             graphs.append(
-                (lookup, lookup, text.embeddings_graph, graph_io.TEXT_INPUT_NAMES, outputs)
+                (lookup, lookup, text.embeddings_graph, graph_io.TEXT_INPUT_NAMES, lookup_outputs)
             )
         steps = GraphSteps(log, f"loading model {info.name}", [file for _, _, file, *_ in graphs])
         self._sessions: dict[str, ort.InferenceSession] = {}
