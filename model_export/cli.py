@@ -189,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
         "format (what `make serve` runs: an older or broken directory is exported again)",
     )
     exp.add_argument(
+        "--timings",
+        action="store_true",
+        help="print the seconds each step took (each graph's export, optimisation and "
+        "validation), wall-clock and CPU: what docs/benchmarks.md's export costs are "
+        "measured with",
+    )
+    exp.add_argument(
         "--atol",
         type=float,
         default=DEFAULT_ATOL,
@@ -229,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so `--help` and argument errors answer without loading torch.
     from model_export.export import export_model
     from model_export.model import Encoder
+    from model_export.progress import Progress, timings_table
     from model_export.validate import results_table
 
     overrides: dict[str, Any] = {
@@ -246,6 +254,10 @@ def run(args: argparse.Namespace) -> int:
         atol=args.atol,
         name=args.name,
         matryoshka_dimensions=args.matryoshka_dimensions,
+        # Each step as it starts, on stderr: a bar on a terminal, else a line each.
+        progress=(
+            progress := Progress(f"attnserve-export: {args.name or args.out.name}", sys.stderr)
+        ),
     )
     if args.checkpoint is not None or args.preset in CHECKPOINT_PRESETS:
         from model_export.hf_import import CHECKPOINT_LOCATORS, load_checkpoint
@@ -290,12 +302,18 @@ def run(args: argparse.Namespace) -> int:
             **common,
         )
     print(results_table(result.checks))
+    if args.timings:
+        print(f"\n{timings_table(progress.timings)}")
+        print(f"\n{timings_table(progress.timings, cpu=True)}")
     if args.quantize == "int8":
         from model_export.quantize import quantize_model_dir
 
         int8_dir = result.model_dir.with_name(result.model_dir.name + "-int8")
         agreement = quantize_model_dir(
-            result.model_dir, int8_dir, keep_cosine=args.int8_keep_cosine
+            result.model_dir,
+            int8_dir,
+            keep_cosine=args.int8_keep_cosine,
+            progress=Progress(f"attnserve-export: {int8_dir.name}", sys.stderr),
         )
         print(f"\nwrote {int8_dir} (int8); agreement with fp32: {agreement}")
     if args.triton_repo is not None:

@@ -51,10 +51,13 @@ def embedding_ranges(
     tokenizer.no_padding()
     most = min(encoder.config.max_seq_len, embeddings.max_tokens)
     tokenizer.enable_truncation(max_length=most)
-    texts = sentences(CALIBRATION_SENTENCES, CALIBRATION_SEED)
+    # Batched by length: a min and a max do not depend on the order, and a batch of
+    # like lengths pads little (minilm-l6: 15,800 tokens run instead of 25,408).
+    every_text = tokenizer.encode_batch(sentences(CALIBRATION_SENTENCES, CALIBRATION_SEED))
+    in_order = sorted(every_text, key=lambda e: len(e.ids))
     vectors = []
-    for start in range(0, len(texts), BATCH):
-        encoded = tokenizer.encode_batch(texts[start : start + BATCH])
+    for start in range(0, len(in_order), BATCH):
+        encoded = in_order[start : start + BATCH]
         longest = max(len(e.ids) for e in encoded)
         ids = torch.zeros(len(encoded), longest, dtype=torch.int64)
         types = torch.zeros_like(ids)

@@ -33,7 +33,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import onnx
 import onnxruntime
@@ -41,9 +41,10 @@ import torch
 from torch import Tensor, nn
 
 from model_export import graph_io
-from model_export.compact_attention import CompactAttentionGraph, SelectedAttentionGraph
 from model_export.dense import DenseWeights, write_dense
 from model_export.embedding_ranges import embedding_ranges
+from model_export.export_plan import RANGES, SHARE_WEIGHTS, export_plan
+from model_export.graph_modules import GRAPH_MODULES, HEAD_GRAPH, SparseGraph, extra_inputs
 from model_export.heads import Head, HeadGraph
 from model_export.manifest import (
     GraphFile,
@@ -55,16 +56,20 @@ from model_export.manifest import (
 from model_export.manifest import (
     Head as ManifestHead,
 )
-from model_export.model import Encoder, EncoderBlock, TokenEmbeddings
+from model_export.model import Encoder, TokenEmbeddings
 from model_export.optimize import optimize_graph
+from model_export.progress import Progress
 from model_export.staging import staged_model_dir
 from model_export.stopwords import ENGLISH
 from model_export.validate import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
+    PYTORCH_OUTPUTS,
+    TEXT_PATH,
     CheckResult,
+    Reference,
+    pytorch_references,
     results_json,
-    selection_feeds,
     validate_head_graph,
     validate_model_dir,
     validate_sparse_graph,
@@ -78,156 +83,72 @@ log = logging.getLogger(__name__)
 Exporter = Literal["dynamo", "torchscript"]
 
 
-class _EmbeddingsGraph(nn.Module):
-    """The fast path: only last_hidden_state is an output, so no weights are stacked."""
-
-    def __init__(self, encoder: Encoder) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden: Tensor = self.encoder(inputs_embeds, attention_mask, need_weights=False)[0]
-        return hidden
-
-
-class _HiddenStatesGraph(nn.Module):
-    """Every layer's output besides the last: no attention weights are stacked."""
-
-    def __init__(self, encoder: Encoder) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        hidden, _, states = self.encoder.forward_all(
-            inputs_embeds, attention_mask, need_weights=False, need_hidden_states=True
-        )
-        assert states is not None
-        return hidden, states
-
-
-class _AttentionGraph(nn.Module):
-    """Everything: attention weights, hidden states and the value norms that turn weights
-    into norms (a request for any of them runs once)."""
-
-    def __init__(self, encoder: Encoder) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(
-        self, inputs_embeds: Tensor, attention_mask: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        hidden, attn, states, norms = self.encoder.forward_with_norms(
-            inputs_embeds,
-            attention_mask,
-            need_weights=True,
-            need_hidden_states=True,
-            need_value_norms=True,
-        )
-        assert attn is not None and states is not None and norms is not None
-        return hidden, attn, states, norms
-
-
-class _SparseGraph(nn.Module):
-    """Token ids to the last layer's [CLS] attention row, averaged over heads and zero at
-    padding [B, T]: what BM42 weighs words by. Only that row of the last layer is
-    computed (its [CLS] query against every key), nothing after it."""
-
-    def __init__(self, embeddings: TokenEmbeddings, encoder: Encoder) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-        self.encoder = encoder
-
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        biases = self.encoder.layer_biases(attention_mask)  # each (B, 1 or h, 1 or T, T)
-        rotations = self.encoder.layer_rotations(input_ids.shape[1])
-        x = self.embeddings(input_ids, token_type_ids)
-        for layer, bias, rotation in zip(self.encoder.layers[:-1], biases, rotations, strict=False):
-            x, _, _ = layer(x, bias, rotation)
-        last = cast(EncoderBlock, self.encoder.layers[-1])
-        if last.pre_norm:
-            x = last.attn_norm(x)
-        attention, bias, rotation = last.attn, biases[-1], rotations[-1]
-        first = None if rotation is None else (rotation[0][:1], rotation[1][:1])
-        query = attention.heads(attention.q_proj, x[:, :1], first)  # (B, h, 1, d_k)
-        keys = attention.heads(attention.k_proj, x, rotation)  # (B, h, T, d_k)
-        weights = torch.softmax(attention.scores(query, keys) + bias[:, :, :1], dim=-1)
-        cls: Tensor = weights[:, :, 0].mean(dim=1) * attention_mask  # (B, T)
-        return cls
-
-
-HEAD_GRAPH = {"classify": graph_io.GRAPH_SCORES, "splade": graph_io.GRAPH_SPLADE}
-
-GRAPH_MODULES = {
-    graph_io.GRAPH_EMBEDDINGS: _EmbeddingsGraph,
-    graph_io.GRAPH_HIDDEN_STATES: _HiddenStatesGraph,
-    graph_io.GRAPH_ATTENTION: _AttentionGraph,
-    graph_io.GRAPH_COMPACT_ATTENTION: CompactAttentionGraph,
-    graph_io.GRAPH_SELECTED_ATTENTION: SelectedAttentionGraph,
-}
-
-
-def _extra_inputs(graph: str, n_layers: int, n_heads: int) -> tuple[Tensor, ...]:
-    """Example values of ``graph``'s inputs beyond the embeddings and mask."""
-    if graph == graph_io.GRAPH_COMPACT_ATTENTION:
-        return (torch.zeros(3, dtype=torch.int64),)  # k = 3 of 8 keys: a dynamic axis
-    if graph == graph_io.GRAPH_SELECTED_ATTENTION:  # every head: > 1, a dynamic axis
-        feeds = selection_feeds(n_layers, n_heads, case=0)
-        return tuple(torch.from_numpy(feeds[name]) for name in graph_io.GRAPH_INPUTS[graph][2:])
-    return ()
-
-
 def _export_text_frontend(
     embeddings: TokenEmbeddings,
     encoder: Encoder,
     tokenizer_file: Path | None,
     staging: Path,
     settings: tuple[int, Exporter],
+    progress: Progress,
 ) -> list[str]:
     """Export the token-embedding graph and the BM42 graph (WordPiece tokenizers only);
     write the stopwords, copy the tokenizer. Returns the graphs written."""
     opset, exporter = settings
     ids = torch.ones(2, 8, dtype=torch.int64)
     types = torch.zeros_like(ids)
-    written = [graph_io.GRAPH_TOKEN_EMBEDDINGS]
-    _export_graph(
-        embeddings,
-        (ids, types),
-        staging / graph_io.GRAPH_TOKEN_EMBEDDINGS,
-        opset,
-        exporter,
-        list(graph_io.TEXT_INPUT_NAMES),
-        [graph_io.INPUT_EMBEDS],
-    )
-    if tokenizer_file is None or _splits_words_like_wordpiece(tokenizer_file):
+    written = _text_graphs(tokenizer_file)
+    with progress.step("export", graph_io.GRAPH_TOKEN_EMBEDDINGS):
         _export_graph(
-            _SparseGraph(embeddings, encoder),
-            (ids, types, torch.ones_like(ids)),
-            staging / graph_io.GRAPH_SPARSE,
+            embeddings,
+            (ids, types),
+            staging / graph_io.GRAPH_TOKEN_EMBEDDINGS,
             opset,
             exporter,
-            list(graph_io.TEXT_GRAPH_INPUTS),
-            list(graph_io.SPARSE_GRAPH_OUTPUTS),
+            list(graph_io.TEXT_INPUT_NAMES),
+            [graph_io.INPUT_EMBEDS],
         )
+    if graph_io.GRAPH_SPARSE in written:
+        with progress.step("export", graph_io.GRAPH_SPARSE):
+            _export_graph(
+                SparseGraph(embeddings, encoder),
+                (ids, types, torch.ones_like(ids)),
+                staging / graph_io.GRAPH_SPARSE,
+                opset,
+                exporter,
+                list(graph_io.TEXT_GRAPH_INPUTS),
+                list(graph_io.SPARSE_GRAPH_OUTPUTS),
+            )
         (staging / graph_io.STOPWORDS_FILE).write_text("\n".join(ENGLISH) + "\n")
-        written.append(graph_io.GRAPH_SPARSE)
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, staging / graph_io.TOKENIZER_FILE)
     return written
 
 
+def _text_graphs(tokenizer_file: Path | None) -> list[str]:
+    """The graphs of the text front end: the token embeddings, and BM42's for a
+    WordPiece tokenizer (or none)."""
+    sparse = tokenizer_file is None or _splits_words_like_wordpiece(tokenizer_file)
+    return [graph_io.GRAPH_TOKEN_EMBEDDINGS, *([graph_io.GRAPH_SPARSE] if sparse else [])]
+
+
 def _validate_text_frontend(
-    embeddings: TokenEmbeddings, encoder: Encoder, staging: Path, atol: float
+    embeddings: TokenEmbeddings,
+    references: list[Reference],
+    staging: Path,
+    atol: float,
+    progress: Progress,
 ) -> list[CheckResult]:
     """The token-embedding graph, the text path (it then the embeddings-only graph) and
     the BM42 graph, each against PyTorch."""
-    checks = validate_token_embeddings(
-        embeddings, staging / graph_io.GRAPH_TOKEN_EMBEDDINGS, atol=atol
-    )
-    checks += validate_text_path(embeddings, encoder, staging, atol=atol)
-    if (staging / graph_io.GRAPH_SPARSE).is_file():
-        checks += validate_sparse_graph(
-            embeddings, encoder, staging / graph_io.GRAPH_SPARSE, atol=atol
+    with progress.step("validate", graph_io.GRAPH_TOKEN_EMBEDDINGS):
+        checks = validate_token_embeddings(
+            embeddings, staging / graph_io.GRAPH_TOKEN_EMBEDDINGS, atol=atol
         )
+    with progress.step("validate", TEXT_PATH):
+        checks += validate_text_path(references, staging, atol=atol)
+    if (staging / graph_io.GRAPH_SPARSE).is_file():
+        with progress.step("validate", graph_io.GRAPH_SPARSE):
+            checks += validate_sparse_graph(references, staging / graph_io.GRAPH_SPARSE, atol=atol)
     return checks
 
 
@@ -348,6 +269,7 @@ def export_model(
     head: Head | None = None,
     compact_attention: bool = True,
     dense: tuple[DenseWeights, ...] = (),
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -368,79 +290,101 @@ def export_model(
     the fusions applied are recorded in the manifest. Without ``compact_attention``
     the directory has neither ``model_attn_compact.onnx`` nor ``model_attn_select.onnx``
     (the service answers top-k rows, summaries, float16 maps and selected layers from
-    the full maps instead).
+    the full maps instead). ``progress`` shows each step as it starts and times it.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
     encoder.eval()
+    if head is not None and embeddings is None:
+        raise ValueError("a head reads token ids: export it with its embeddings")
+    progress = progress or Progress(out_dir.name)
+    modules = {
+        graph: module_class
+        for graph, module_class in GRAPH_MODULES.items()
+        if compact_attention or graph not in graph_io.COMPACT_GRAPHS
+    }
+    head_graph = None if head is None else HEAD_GRAPH[head.task]
+    with_ranges = embeddings is not None and tokenizer_file is not None and head is None
+    progress.plan(
+        export_plan(
+            list(modules),
+            [] if embeddings is None else _text_graphs(tokenizer_file),
+            head_graph,
+            optimize=optimize,
+            ranges=with_ranges,
+        )
+    )
     with staged_model_dir(out_dir) as staging:
         # Example batch: the size 2 x 8 is arbitrary; both axes are declared dynamic.
         example = (torch.randn(2, 8, encoder.config.d_model), torch.ones(2, 8, dtype=torch.int64))
-        modules = {
-            graph: module_class
-            for graph, module_class in GRAPH_MODULES.items()
-            if compact_attention or graph not in graph_io.COMPACT_GRAPHS
-        }
         for graph, module_class in modules.items():
-            _export_graph(
-                module_class(encoder),
-                example + _extra_inputs(graph, encoder.config.n_layers, encoder.config.n_heads),
-                staging / graph,
-                opset,
-                exporter,
-                list(graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)),
-                list(graph_io.GRAPH_OUTPUTS[graph]),
-            )
-        fused = (
-            {
-                graph: optimize_graph(
+            with progress.step("export", graph):
+                _export_graph(
+                    module_class(encoder),
+                    example + extra_inputs(graph, encoder.config.n_layers, encoder.config.n_heads),
+                    staging / graph,
+                    opset,
+                    exporter,
+                    list(graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)),
+                    list(graph_io.GRAPH_OUTPUTS[graph]),
+                )
+        fused = {}
+        for graph in modules if optimize else ():
+            with progress.step("optimize", graph):
+                fused[graph] = optimize_graph(
                     staging / graph,
                     encoder.config,
                     # A fused kernel keeps its attention weights to itself.
                     fuse_attention=graph not in graph_io.MAP_GRAPHS,
                 )
-                for graph in modules
-            }
-            if optimize
-            else {}
-        )
         graphs = list(modules)
         if embeddings is not None:
             graphs += _export_text_frontend(
-                embeddings, encoder, tokenizer_file, staging, (opset, exporter)
-            )
-        head_graph = None
-        if head is not None:
-            if embeddings is None:
-                raise ValueError("a head reads token ids: export it with its embeddings")
-            head_graph = HEAD_GRAPH[head.task]
-            _export_graph(
-                HeadGraph(embeddings, encoder, head.module),
-                # Three distinct tensors: the dynamo exporter would merge one passed thrice.
-                (ids := torch.ones(2, 8, dtype=torch.int64), torch.zeros_like(ids), ids.clone()),
-                staging / head_graph,
-                opset,
-                exporter,
-                list(graph_io.TEXT_GRAPH_INPUTS),
-                list(graph_io.HEAD_GRAPHS[head_graph]),
-            )
-            graphs.append(head_graph)
-        # Validated as written: reading their weights from the one shared file.
-        share_weights([staging / graph for graph in graphs], staging / graph_io.WEIGHTS_FILE)
-        checks = validate_model_dir(encoder, staging, atol=atol, embeddings=embeddings)
-        text = None
-        if embeddings is not None:
-            checks += _validate_text_frontend(embeddings, encoder, staging, atol)
-            text = _text_manifest(embeddings, staging)
-        ranges, ranges_record = None, None
-        if embeddings is not None and tokenizer_file is not None and head is None:
-            ranges, ranges_record = embedding_ranges(
-                encoder, embeddings, tokenizer_file, pooling or "mean", dense
+                embeddings, encoder, tokenizer_file, staging, (opset, exporter), progress
             )
         if head is not None and head_graph is not None:
             assert embeddings is not None
-            path = staging / head_graph
-            checks += validate_head_graph(embeddings, encoder, head.module, path, atol)
+            with progress.step("export", head_graph):
+                _export_graph(
+                    HeadGraph(embeddings, encoder, head.module),
+                    # Three distinct tensors: the dynamo exporter would merge one passed thrice.
+                    (
+                        ids := torch.ones(2, 8, dtype=torch.int64),
+                        torch.zeros_like(ids),
+                        ids.clone(),
+                    ),
+                    staging / head_graph,
+                    opset,
+                    exporter,
+                    list(graph_io.TEXT_GRAPH_INPUTS),
+                    list(graph_io.HEAD_GRAPHS[head_graph]),
+                )
+            graphs.append(head_graph)
+        # Validated as written: reading their weights from the one shared file.
+        with progress.step(*SHARE_WEIGHTS):
+            share_weights([staging / graph for graph in graphs], staging / graph_io.WEIGHTS_FILE)
+        # PyTorch's outputs, computed once: every graph is checked against them.
+        with progress.step("validate", PYTORCH_OUTPUTS):
+            references = pytorch_references(encoder, embeddings)
+        checks = validate_model_dir(
+            encoder, staging, atol=atol, progress=progress, references=references
+        )
+        text = None
+        if embeddings is not None:
+            checks += _validate_text_frontend(embeddings, references, staging, atol, progress)
+            text = _text_manifest(embeddings, staging)
+        if head is not None and head_graph is not None:
+            assert embeddings is not None
+            with progress.step("validate", head_graph):
+                path = staging / head_graph
+                checks += validate_head_graph(references, head.module, path, atol)
+        ranges, ranges_record = None, None
+        if with_ranges:
+            assert embeddings is not None and tokenizer_file is not None
+            with progress.step(*RANGES):
+                ranges, ranges_record = embedding_ranges(
+                    encoder, embeddings, tokenizer_file, pooling or "mean", dense
+                )
         graph_sha = {f: sha256_file(staging / f) for f in modules}
         manifest = Manifest(
             name=name or out_dir.name,
@@ -492,6 +436,7 @@ def export_model(
         )
         manifest.write(staging)
         files = {p.name: graph_sha.get(p.name) or sha256_file(p) for p in sorted(staging.iterdir())}
+    progress.close()
     seconds = time.perf_counter() - start
     log.info("exported %s in %.1fs", out_dir, seconds)
     return ExportResult(out_dir, files, checks, seconds)

@@ -27,6 +27,7 @@ import onnxruntime as ort
 
 from model_export import graph_io
 from model_export.manifest import GraphFile, Manifest, sha256_file
+from model_export.progress import Progress, Step
 from model_export.staging import staged_model_dir
 from model_export.validate import make_inputs
 from model_export.weights_file import share_weights
@@ -54,26 +55,46 @@ class QuantizationError(ValueError):
     """The int8 copy disagrees with its fp32 source beyond ``MIN_COSINE``."""
 
 
+# The steps besides each graph's quantisation (model_export.progress).
+CHOOSE_FP32 = ("choose", "fp32 layers")
+AGREEMENT = ("check", "agreement with fp32")
+
+
 def quantize_model_dir(
-    src: Path, dst: Path, name: str | None = None, keep_cosine: float | None = None
+    src: Path,
+    dst: Path,
+    name: str | None = None,
+    keep_cosine: float | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Write ``dst``: ``src`` with int8 encoder graphs; return the recorded agreement.
 
     With ``keep_cosine``, the fewest feed-forward output MatMuls (the same layers in
     every graph) stay fp32 for the sentence embeddings to reach that cosine with fp32
-    on a selection set apart from the agreement sets (``sensitive_matmuls``)."""
+    on a selection set apart from the agreement sets (``sensitive_matmuls``). ``progress``
+    shows each step as it starts."""
     manifest = Manifest.read(src)
     manifest.verify(src)
     text_graph = manifest.text_graph
     quantized_graphs = [*manifest.graphs, *([text_graph] if text_graph else [])]
+    progress = progress or Progress(dst.name)
+    progress.plan(
+        [
+            *([Step(*CHOOSE_FP32)] if keep_cosine is not None else []),
+            *(Step("quantize", graph) for graph in quantized_graphs),
+            Step(*AGREEMENT),
+        ]
+    )
     with staged_model_dir(dst) as staging:
         keep: dict[str, Any] = {}
         if keep_cosine is not None:
-            keep = _choose_fp32_layers(src, manifest, keep_cosine)
+            with progress.step(*CHOOSE_FP32):
+                keep = _choose_fp32_layers(src, manifest, keep_cosine)
         for graph in quantized_graphs:
-            layers = feed_forward_outputs(src / graph)
-            kept = [layers[i] for i in keep.get("fp32_layers", [])]
-            quantize_graph_dynamic(src / graph, staging / graph, kept)
+            with progress.step("quantize", graph):
+                layers = feed_forward_outputs(src / graph)
+                kept = [layers[i] for i in keep.get("fp32_layers", [])]
+                quantize_graph_dynamic(src / graph, staging / graph, kept)
         graphs = [*quantized_graphs]
         for extra in set(manifest.files()) - set(quantized_graphs) - {manifest.weights}:
             if extra.endswith(".onnx"):  # its weights, wherever they are, into the graph
@@ -83,7 +104,8 @@ def quantize_model_dir(
                 shutil.copy2(src / extra, staging / extra)
         if manifest.weights is not None:  # the int8 weights and the rest, each once
             share_weights([staging / graph for graph in graphs], staging / manifest.weights)
-        agreement = measure_agreement(src, staging, manifest)
+        with progress.step(*AGREEMENT):
+            agreement = measure_agreement(src, staging, manifest)
         # What the model is served on: its sentences, through each graph text can take.
         judged = [agreement[k] for k in ("text", "text_graph") if k in agreement]
         worst = min(a["cosine_min"] for a in judged or [agreement["random"]])
@@ -124,6 +146,7 @@ def quantize_model_dir(
             },
         )
         quantized.write(staging)
+    progress.close()
     return agreement
 
 

@@ -15,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from model_export import graph_io
 from model_export.compact_attention import row_summaries
+from model_export.config import EncoderConfig
 from model_export.model import Encoder, TokenEmbeddings
+from model_export.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,10 @@ DEFAULT_ATOL = graph_io.DEFAULT_ATOL
 DEFAULT_RTOL = graph_io.DEFAULT_RTOL
 # float16 rounds to nearest: |fp16(x) - x| <= 2^-11 |x| (half its 2^-10 ulp) for normal x.
 HALF_RTOL = 2.0**-11
+# The step that computes PyTorch's outputs, which every encoder graph is checked against.
+PYTORCH_OUTPUTS = "PyTorch's outputs"
+# What the service runs for text asking only for embeddings: two graphs, one after the other.
+TEXT_PATH = f"{graph_io.GRAPH_TOKEN_EMBEDDINGS} + {graph_io.GRAPH_EMBEDDINGS}"
 
 
 class ValidationError(AssertionError):
@@ -125,40 +131,41 @@ def token_inputs(
     return ids, type_ids, mask
 
 
-def validate_model_dir(
-    encoder: Encoder,
-    model_dir: Path,
-    *,
-    atol: float = DEFAULT_ATOL,
-    cases: list[Case] | None = None,
-    embeddings: TokenEmbeddings | None = None,
-) -> list[CheckResult]:
-    """Compare every graph in ``model_dir`` with ``encoder``; raise on the first failure.
+@dataclass(frozen=True)
+class Reference:
+    """One case's inputs and PyTorch's outputs on them, which every graph is checked
+    against: computed once per export (``pytorch_references``)."""
 
-    With ``embeddings`` the graphs are fed what they will be served: token embeddings of
-    random ids. Without, N(0, 1) vectors, which a deep, wide model (MPNet-base: 12
-    layers, 768-d) turns into attention no text produces, where float32 kernels drift
-    apart by ~1e-3 through the layers while real inputs stay within ~1e-6.
-    """
+    case: Case
+    embeds: np.ndarray  # float32 [B, T, d]: what the encoder graphs are fed
+    mask: np.ndarray  # int64 [B, T]
+    tokens: tuple[np.ndarray, np.ndarray] | None  # the ids and types embedded, if any
+    outputs: dict[str, np.ndarray]  # hidden state, maps, hidden states, value norms
+
+
+def pytorch_references(
+    encoder: Encoder, embeddings: TokenEmbeddings | None = None, cases: list[Case] | None = None
+) -> list[Reference]:
+    """Each case's inputs and PyTorch's outputs (``validate_model_dir`` says which).
+
+    With ``embeddings`` the inputs are what the service feeds: the token embeddings of
+    random ids, padding (id 0) included, which the mask leaves out. So the graphs that
+    take ids (the text path, BM42's, a head's) are checked against the same outputs."""
     cases = cases if cases is not None else default_cases(encoder.config.max_seq_len)
     if embeddings is not None:  # no longer than its position table
         cases = [
             Case(c.name, tuple(min(n, embeddings.max_tokens) for n in c.lengths)) for c in cases
         ]
-    results: list[CheckResult] = []
-    sessions = {
-        name: new_session(model_dir / name)
-        for name in graph_io.GRAPH_OUTPUTS
-        if (model_dir / name).is_file()  # the compact graphs are optional (--no-compact-attention)
-    }
+    references = []
     for i, case in enumerate(cases):
+        tokens = None
         if embeddings is None:
             embeds, mask = make_inputs(case.lengths, encoder.config.d_model, seed=i)
         else:
             ids, type_ids, mask = token_inputs(embeddings, case.lengths, seed=i)
             with torch.no_grad():
-                tokens = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
-            embeds = (tokens.numpy() * mask[:, :, None]).astype(np.float32)
+                looked_up = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
+            embeds, tokens = looked_up.numpy(), (ids, type_ids)
         with torch.no_grad():
             hidden, attn, states, norms = encoder.forward_with_norms(
                 torch.from_numpy(embeds),
@@ -167,36 +174,88 @@ def validate_model_dir(
                 need_value_norms=True,
             )
         assert attn is not None and states is not None and norms is not None
-        expected = {
+        outputs = {
             graph_io.OUTPUT_HIDDEN: hidden.numpy(),
             graph_io.OUTPUT_ATTENTIONS: attn.numpy(),
             graph_io.OUTPUT_HIDDEN_STATES: states.numpy(),
             graph_io.OUTPUT_VALUE_NORMS: norms.numpy(),
         }
-        for graph, session in sessions.items():
-            names = list(graph_io.GRAPH_OUTPUTS[graph])
-            feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
-            if graph == graph_io.GRAPH_COMPACT_ATTENTION:
-                feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, mask.shape[1]), dtype=np.int64)
-            if graph == graph_io.GRAPH_SELECTED_ATTENTION:
-                feeds.update(selection_feeds(encoder.config.n_layers, encoder.config.n_heads, i))
-                expected.update(selected_as_checked(attn.numpy(), feeds))
-            got = session.run(names, feeds)
-            if graph == graph_io.GRAPH_COMPACT_ATTENTION:
-                got = compact_as_checked(got, attn.numpy(), expected)
-            for name, value in zip(names, got, strict=True):
-                # float16 maps: within float16's rounding (half an ulp, 2^-11 relative).
-                rtol = HALF_RTOL if value.dtype == np.float16 else DEFAULT_RTOL
-                diff, excess = differences(value.astype(np.float32), expected[name], rtol)
-                result = CheckResult(graph, case.name, name, list(value.shape), diff, atol, excess)
-                results.append(result)
-                if not result.passed:
-                    raise ValidationError(graph, name, tuple(value.shape), diff, atol)
+        references.append(Reference(case, embeds, mask, tokens, outputs))
+    return references
+
+
+def validate_model_dir(
+    encoder: Encoder,
+    model_dir: Path,
+    *,
+    atol: float = DEFAULT_ATOL,
+    cases: list[Case] | None = None,
+    embeddings: TokenEmbeddings | None = None,
+    progress: Progress | None = None,
+    references: list[Reference] | None = None,
+) -> list[CheckResult]:
+    """Compare every graph in ``model_dir`` with ``encoder``; raise on the first failure.
+
+    With ``embeddings`` the graphs are fed what they will be served: token embeddings of
+    random ids. Without, N(0, 1) vectors, which a deep, wide model (MPNet-base: 12
+    layers, 768-d) turns into attention no text produces, where float32 kernels drift
+    apart by ~1e-3 through the layers while real inputs stay within ~1e-6. PyTorch's
+    outputs (``references``, else computed here) are computed once per case, then each
+    graph is checked on every case (a ``progress`` step each).
+    """
+    progress = progress or Progress("")
+    if references is None:
+        with progress.step("validate", PYTORCH_OUTPUTS):
+            references = pytorch_references(encoder, embeddings, cases)
+    results: list[CheckResult] = []
+    for graph in validated_graphs(model_dir):
+        with progress.step("validate", graph):
+            session = new_session(model_dir / graph)
+            for i, ref in enumerate(references):
+                results += _check_graph(graph, session, ref, encoder.config, i, atol)
     log.info(
         "validated %d outputs, max abs diff %.3g",
         len(results),
         max(r.max_abs_diff for r in results),
     )
+    return results
+
+
+def validated_graphs(model_dir: Path) -> list[str]:
+    """The encoder graphs in ``model_dir``, as ``validate_model_dir`` checks them."""
+    # The compact graphs are optional (--no-compact-attention).
+    return [name for name in graph_io.GRAPH_OUTPUTS if (model_dir / name).is_file()]
+
+
+def _check_graph(
+    graph: str,
+    session: ort.InferenceSession,
+    ref: Reference,
+    config: EncoderConfig,
+    seed: int,
+    atol: float,
+) -> list[CheckResult]:
+    """``graph`` on one case against PyTorch's outputs; raise on a mismatch."""
+    names = list(graph_io.GRAPH_OUTPUTS[graph])
+    attn, expected = ref.outputs[graph_io.OUTPUT_ATTENTIONS], dict(ref.outputs)
+    feeds = {graph_io.INPUT_EMBEDS: ref.embeds, graph_io.INPUT_MASK: ref.mask}
+    if graph == graph_io.GRAPH_COMPACT_ATTENTION:
+        feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, ref.mask.shape[1]), dtype=np.int64)
+    if graph == graph_io.GRAPH_SELECTED_ATTENTION:
+        feeds.update(selection_feeds(config.n_layers, config.n_heads, seed))
+        expected.update(selected_as_checked(attn, feeds))
+    got = session.run(names, feeds)
+    if graph == graph_io.GRAPH_COMPACT_ATTENTION:
+        got = compact_as_checked(got, attn, expected)
+    results = []
+    for name, value in zip(names, got, strict=True):
+        # float16 maps: within float16's rounding (half an ulp, 2^-11 relative).
+        rtol = HALF_RTOL if value.dtype == np.float16 else DEFAULT_RTOL
+        diff, excess = differences(value.astype(np.float32), expected[name], rtol)
+        result = CheckResult(graph, ref.case.name, name, list(value.shape), diff, atol, excess)
+        results.append(result)
+        if not result.passed:
+            raise ValidationError(graph, name, tuple(value.shape), diff, atol)
     return results
 
 
@@ -282,34 +341,42 @@ IdRun = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 def _validate_id_graph(
-    embeddings: TokenEmbeddings,
-    encoder: Encoder,
+    references: list[Reference],
     name: str,
     run: IdRun,
     output: str,
-    expected: Callable[[Tensor, Tensor], np.ndarray],
+    expected: Callable[[Reference], np.ndarray],
     atol: float,
 ) -> list[CheckResult]:
-    """Compare a run on token ids (ids, types, mask) with ``expected(embeds, mask)``
-    computed by PyTorch, on the encoder graphs' cases (random ids, ragged, zero-padded)."""
-    most = min(encoder.config.max_seq_len, embeddings.max_tokens)
+    """Compare a run on token ids (ids, types, mask) with ``expected(reference)`` from
+    PyTorch's outputs, on the encoder graphs' cases (random ids, ragged, padded)."""
     results = []
-    for i, case in enumerate(default_cases(most)):
-        ids, type_ids, mask = token_inputs(embeddings, case.lengths, seed=i)
-        with torch.no_grad():
-            embeds = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
-            want = expected(embeds, torch.from_numpy(mask))
-        got = run(ids, type_ids, mask)
-        diff, excess = differences(got, want)
-        result = CheckResult(name, case.name, output, list(got.shape), diff, atol, excess)
+    for ref in references:
+        assert ref.tokens is not None, "graphs taking ids are checked on token embeddings"
+        got = run(*ref.tokens, ref.mask)
+        diff, excess = differences(got, expected(ref))
+        result = CheckResult(name, ref.case.name, output, list(got.shape), diff, atol, excess)
         results.append(result)
         if not result.passed:
             raise ValidationError(name, output, got.shape, diff, atol)
     return results
 
 
+def _id_graph_run(path: Path) -> IdRun:
+    """A graph taking ids, types and mask, with one output."""
+    session = new_session(path)
+
+    def run(ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids}
+        (out,) = session.run(None, feeds | {graph_io.INPUT_MASK: mask})
+        got: np.ndarray = out
+        return got
+
+    return run
+
+
 def validate_text_path(
-    embeddings: TokenEmbeddings, encoder: Encoder, model_dir: Path, *, atol: float = DEFAULT_ATOL
+    references: list[Reference], model_dir: Path, *, atol: float = DEFAULT_ATOL
 ) -> list[CheckResult]:
     """Compare what the service runs for text asking only for embeddings (the token
     embedding graph, then the embeddings-only graph) with PyTorch's embeddings then
@@ -324,57 +391,41 @@ def validate_text_path(
         out: np.ndarray = hidden
         return out
 
-    def hidden(embeds: Tensor, mask: Tensor) -> np.ndarray:
-        out: np.ndarray = encoder(embeds, mask, need_weights=False)[0].numpy()
-        return out
+    def hidden(ref: Reference) -> np.ndarray:
+        return ref.outputs[graph_io.OUTPUT_HIDDEN]
 
-    name = f"{graph_io.GRAPH_TOKEN_EMBEDDINGS} + {graph_io.GRAPH_EMBEDDINGS}"
-    return _validate_id_graph(embeddings, encoder, name, run, graph_io.OUTPUT_HIDDEN, hidden, atol)
+    return _validate_id_graph(references, TEXT_PATH, run, graph_io.OUTPUT_HIDDEN, hidden, atol)
 
 
 def validate_sparse_graph(
-    embeddings: TokenEmbeddings, encoder: Encoder, path: Path, *, atol: float = DEFAULT_ATOL
+    references: list[Reference], path: Path, *, atol: float = DEFAULT_ATOL
 ) -> list[CheckResult]:
     """Compare the BM42 graph with the last layer's [CLS] attention row of the PyTorch
     encoder (all weights computed), averaged over heads, zero at padding."""
 
-    def cls_row(embeds: Tensor, mask: Tensor) -> np.ndarray:
-        _, attn = encoder(embeds, mask)
-        assert attn is not None
-        row: np.ndarray = (attn[:, -1, :, 0, :].mean(dim=1) * mask).numpy()
+    def cls_row(ref: Reference) -> np.ndarray:
+        attn = ref.outputs[graph_io.OUTPUT_ATTENTIONS]
+        row: np.ndarray = attn[:, -1, :, 0, :].mean(axis=1) * ref.mask
         return row
 
-    session = new_session(path)
-
-    def run(ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids}
-        (row,) = session.run(None, feeds | {graph_io.INPUT_MASK: mask})
-        out: np.ndarray = row
-        return out
-
     output = graph_io.OUTPUT_CLS_ATTENTION
-    return _validate_id_graph(embeddings, encoder, path.name, run, output, cls_row, atol)
+    return _validate_id_graph(references, path.name, _id_graph_run(path), output, cls_row, atol)
 
 
 def validate_head_graph(
-    embeddings: TokenEmbeddings, encoder: Encoder, head: nn.Module, path: Path, atol: float
+    references: list[Reference], head: nn.Module, path: Path, atol: float
 ) -> list[CheckResult]:
     """Compare a head's graph (model_export.heads) with the PyTorch encoder and head."""
-    session = new_session(path)
 
-    def run(ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids}
-        (out,) = session.run(None, feeds | {graph_io.INPUT_MASK: mask})
-        got: np.ndarray = out
-        return got
-
-    def expected(embeds: Tensor, mask: Tensor) -> np.ndarray:
-        hidden = encoder(embeds, mask, need_weights=False)[0]
-        want: np.ndarray = head(hidden, mask).numpy()
+    def expected(ref: Reference) -> np.ndarray:
+        hidden = torch.from_numpy(ref.outputs[graph_io.OUTPUT_HIDDEN])
+        with torch.no_grad():
+            want: np.ndarray = head(hidden, torch.from_numpy(ref.mask)).numpy()
         return want
 
     (output,) = graph_io.HEAD_GRAPHS[path.name]
-    return _validate_id_graph(embeddings, encoder, path.name, run, output, expected, atol)
+    run = _id_graph_run(path)
+    return _validate_id_graph(references, path.name, run, output, expected, atol)
 
 
 def results_table(results: list[CheckResult]) -> str:

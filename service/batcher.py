@@ -46,6 +46,7 @@ from service.fair_queue import FairQueue, Flow, late_refusal
 from service.inference_lanes import InferenceLanes, Lease, SequenceResult
 from service.jobs import Job, Slice, forget, run_options
 from service.metrics import GRAPH_LABELS, Metrics
+from service.progress import GraphSteps
 from service.run_planner import (
     Fits,
     RunCostModel,
@@ -153,7 +154,9 @@ class Batcher:
         measure_sharing = self._lanes.gate.lanes > 1 and self._settings.shared_run_ms is None
         idle = self.until_idle if between_requests else None
         for runtime in list(self._runtimes.values()) if runtimes is None else runtimes:
+            steps = GraphSteps(log, f"calibrating model {runtime.info.name}", runtime.graphs)
             for graph in runtime.graphs:
+                steps.start(graph)
                 key = (runtime.info.name, graph)
                 self._sharing[key] = await calibrate_graph(
                     self._lanes,

@@ -37,6 +37,7 @@ import onnxruntime as ort
 from model_export.manifest import graph_io
 from service.errors import ModelLoadError
 from service.model_info import ModelInfo, cannot_load, read_model_info
+from service.progress import GraphSteps
 from service.repository import ModelVersion, latest, model_directories
 from service.settings import Settings
 from service.tokenizer import TextFrontEnd
@@ -166,48 +167,39 @@ class ModelRuntime:
 
         self._arenas: set[str] = set()  # the graphs whose sessions have a CPU arena
 
+        # (session key, graph label, file, inputs, outputs) of each graph to open.
         # Each graph the manifest lists, checked to have the outputs it records.
-        self._sessions = {
-            graph: self._open(
-                options(graph),
-                graph,
-                graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES),
-                entry.outputs,
-            )
-            for graph, entry in info.manifest.graphs.items()
-        }
-        text = info.manifest.text
+        graphs: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
+            (graph, graph, graph, graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), outs)
+            for graph, outs in ((g, e.outputs) for g, e in info.manifest.graphs.items())
+        ]
+        text, ids = info.manifest.text, graph_io.TEXT_GRAPH_INPUTS
         if text is not None and text.graph is not None:
-            self._sessions[graph_io.GRAPH_TEXT] = self._open(
-                options(graph_io.GRAPH_TEXT),
-                text.graph,
-                graph_io.TEXT_GRAPH_INPUTS,
-                graph_io.TEXT_GRAPH_OUTPUTS,
-            )
+            text_graph = graph_io.GRAPH_TEXT
+            graphs.append((text_graph, text_graph, text.graph, ids, graph_io.TEXT_GRAPH_OUTPUTS))
         # BM42 (format 4): the [CLS] attention row graph.
         if text is not None and text.sparse_graph is not None:
-            self._sessions[text.sparse_graph] = self._open(
-                options(graph_io.GRAPH_SPARSE),
-                text.sparse_graph,
-                graph_io.TEXT_GRAPH_INPUTS,
-                graph_io.SPARSE_GRAPH_OUTPUTS,
+            sparse = text.sparse_graph
+            graphs.append(
+                (sparse, graph_io.GRAPH_SPARSE, sparse, ids, graph_io.SPARSE_GRAPH_OUTPUTS)
             )
         # A head (cross-encoder, classifier, SPLADE): token ids -> its answer per sequence.
         head = info.manifest.head
         if head is not None:
-            self._sessions[head.graph] = self._open(
-                options(head.graph),
-                head.graph,
-                graph_io.TEXT_GRAPH_INPUTS,
-                graph_io.HEAD_GRAPHS[head.graph],
+            graphs.append(
+                (head.graph, head.graph, head.graph, ids, graph_io.HEAD_GRAPHS[head.graph])
             )
         if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
-            self._sessions[graph_io.GRAPH_TOKEN_EMBEDDINGS] = self._open(
-                options(graph_io.GRAPH_TOKEN_EMBEDDINGS),
-                text.embeddings_graph,
-                graph_io.TEXT_INPUT_NAMES,
-                graph_io.ID_GRAPHS[graph_io.GRAPH_TOKEN_EMBEDDINGS],
+            lookup = graph_io.GRAPH_TOKEN_EMBEDDINGS
+            lookup_outputs = graph_io.ID_GRAPHS[lookup]
+            graphs.append(
+                (lookup, lookup, text.embeddings_graph, graph_io.TEXT_INPUT_NAMES, lookup_outputs)
             )
+        steps = GraphSteps(log, f"loading model {info.name}", [file for _, _, file, *_ in graphs])
+        self._sessions: dict[str, ort.InferenceSession] = {}
+        for key, label, file, inputs, outputs in graphs:
+            steps.start(file)
+            self._sessions[key] = self._open(options(label), file, inputs, outputs)
         # Format 5 has no text graph: that run is the token embeddings, then model.onnx.
         self._composed_text = text is not None and text.graph is None
         # The tokenizer and BM42's stopwords: the model's text front end, no onnxruntime.
@@ -325,7 +317,9 @@ class ModelRuntime:
 
     def warmup(self) -> None:
         """One small ragged batch per graph: proves the sessions run before we say ready."""
+        steps = GraphSteps(log, f"warming up model {self.info.name}", self.graphs)
         for graph in self.graphs:
+            steps.start(graph)
             batch, mask = pad(
                 [self.sample_sequence(graph, n) for n in (min(8, self.info.max_seq_len), 1)]
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -244,7 +245,7 @@ def test_importing_the_cli_does_not_import_torch(runs: CliRuns) -> None:
     assert runs.result("import-cli").returncode == 0
 
 
-def test_an_export_prints_nothing_on_stderr(runs: CliRuns) -> None:
+def test_an_export_prints_nothing_on_stderr_but_its_progress(runs: CliRuns) -> None:
     """No third-party notice a user cannot act on (torch's about torchvision: ~20 lines)."""
     run = runs.result("dynamo")
     assert run.returncode == 0, run.stderr
@@ -254,8 +255,34 @@ def test_an_export_prints_nothing_on_stderr(runs: CliRuns) -> None:
         ]
         == "dynamo"
     )
-    assert run.stderr == ""
+    lines = run.stderr.splitlines()
+    assert lines and all(line.startswith("attnserve-export: dynamo: ") for line in lines), lines
     assert f"wrote {runs.root / 'dynamo'} in " in run.stdout
+
+
+def test_an_export_shows_each_step_as_it_starts(runs: CliRuns) -> None:
+    """Not on a terminal (a file here, as in CI or `make serve` piped): one line per step,
+    in order, each saying its stage's k/n, its graph and the time so far and left."""
+    run = runs.result("export")
+    assert run.returncode == 0, run.stderr
+    graphs = list(graph_io.GRAPH_OUTPUTS)  # five: no tokenizer, so no text graphs
+    want = [
+        *(f"export {k}/5 {graph}" for k, graph in enumerate(graphs, 1)),
+        *(f"optimize {k}/5 {graph}" for k, graph in enumerate(graphs, 1)),
+        f"write 1/1 {graph_io.WEIGHTS_FILE}",
+        "validate 1/6 PyTorch's outputs",
+        *(f"validate {k}/6 {graph}" for k, graph in enumerate(graphs, 2)),
+    ]
+    lines = run.stderr.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [
+        f"attnserve-export: tiny-cli: {step}" for step in want
+    ], run.stderr
+    assert lines[0].endswith("(0 s, time left: after the first step)")
+    assert all(
+        re.search(r" \(\d+( min \d\d)? s, about \d+( min \d\d)? s left\)$", line)
+        for line in lines[1:]
+    )
+    assert "\r" not in run.stderr  # no bar: that is for a terminal
 
 
 def test_only_the_torchvision_notice_is_dropped() -> None:

@@ -64,7 +64,9 @@ def test_the_server_serves_both_and_they_agree(int8_repository: Path) -> None:
     assert cosines.min() >= MIN_COSINE, cosines
 
 
-def test_cli_writes_the_int8_copy_beside(tmp_path: Path) -> None:
+def test_cli_writes_the_int8_copy_beside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "m"
     code = main(
         ["--preset", "tiny", "--out", str(out), "--exporter", "torchscript", "--quantize", "int8"]
@@ -72,6 +74,20 @@ def test_cli_writes_the_int8_copy_beside(tmp_path: Path) -> None:
     assert code == 0
     config = json.loads((tmp_path / "m-int8" / "config.json").read_text())
     assert config["name"] == "m-int8" and config["quantization"]["source"] == "m"
+    # Its progress follows the export's: each graph quantised, then the agreement.
+    steps = [
+        line.split(" (")[0]
+        for line in capsys.readouterr().err.splitlines()
+        if line.startswith("attnserve-export: m-int8: ")
+    ]
+    graphs = list(config["graphs"])
+    assert steps == [
+        *(
+            f"attnserve-export: m-int8: quantize {k}/{len(graphs)} {g}"
+            for k, g in enumerate(graphs, 1)
+        ),
+        "attnserve-export: m-int8: check 1/1 agreement with fp32",
+    ]
 
 
 def test_keep_cosine_is_recorded_and_keeps_nothing_already_within(

@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from model_export import graph_io
 from service.__main__ import CANNOT_START
-from tests.conftest import ServerFailed, running_server
+from tests.conftest import ServerFailed, running_server, server_process
 
 
 def _corrupt_graph(name: str) -> Callable[[Path, Path], Path]:
@@ -136,3 +137,19 @@ def test_refuses_a_missing_execution_provider(
 def test_serves_with_the_cpu_provider_named(model_repository: Path) -> None:
     with running_server(model_repository, providers="CPUExecutionProvider") as url:
         assert httpx.get(f"{url}/health/ready", timeout=10).status_code == 200
+
+
+def test_loading_warming_up_and_calibrating_log_each_graph(model_repository: Path) -> None:
+    """The start's long steps are no silence: a log line as each graph's session opens,
+    as it warms up and as it is timed, each saying k/n (JSON logs: the message)."""
+    with server_process(model_repository, log_level="info", log_format="json") as server:
+        messages = [json.loads(line)["message"] for line in server.log().splitlines()]
+    graphs = list(graph_io.GRAPH_OUTPUTS)  # tiny: the five encoder graphs
+    for what in ("loading model tiny", "warming up model tiny", "calibrating model tiny"):
+        shown = [m.split(" (")[0] for m in messages if m.startswith(f"{what}: ")]
+        assert shown == [f"{what}: graph {k}/5 {graph}" for k, graph in enumerate(graphs, 1)], (
+            messages
+        )
+        first, *rest = (m for m in messages if m.startswith(f"{what}: "))
+        assert first.endswith("so far, time left: after the first)")
+        assert all(m.endswith(" s left)") for m in rest)
