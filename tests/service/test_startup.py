@@ -136,3 +136,26 @@ def test_refuses_a_missing_execution_provider(
 def test_serves_with_the_cpu_provider_named(model_repository: Path) -> None:
     with running_server(model_repository, providers="CPUExecutionProvider") as url:
         assert httpx.get(f"{url}/health/ready", timeout=10).status_code == 200
+
+
+def test_a_taken_grpc_port_stops_the_start(model_repository: Path) -> None:
+    """Two servers cannot share the gRPC port. grpc set SO_REUSEPORT on its socket by
+    default, so a second server bound the port another process held with SO_REUSEPORT (a
+    first grpc server does), logged "gRPC … on 127.0.0.1:<port>" and took turns answering
+    its calls. Now the start fails as a taken HTTP port does: one line, exit status 3."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a grpc server's
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        grpc_port = taken.getsockname()[1]
+        with (
+            pytest.raises(ServerFailed) as failed,
+            running_server(model_repository, grpc_port=str(grpc_port), log_level="info"),
+        ):
+            pytest.fail("the server became ready")  # pragma: no cover
+    log = failed.value.log
+    assert failed.value.returncode == CANNOT_START, log
+    line = f"cannot listen for gRPC on 127.0.0.1:{grpc_port}: the port is taken"
+    assert line in log, log
+    assert "gRPC (Open Inference Protocol) on" not in log, log
+    assert "Traceback" not in log, log
