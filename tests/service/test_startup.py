@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.lib.server import READY_TIMEOUT_ENV
 from service.__main__ import CANNOT_START
+from tests.client.helpers import poison_model
 from tests.conftest import ServerFailed, running_server
 
 
@@ -85,7 +87,7 @@ def test_refuses_to_start(
     repo = make_repo(tiny_model_dir, tmp_path)
     with (
         pytest.raises(ServerFailed) as failed,
-        running_server(repo, ready_timeout=30.0),
+        running_server(repo),
     ):
         pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode == CANNOT_START
@@ -102,7 +104,7 @@ def test_a_taken_port_is_the_same_exit_status(model_repository: Path) -> None:
         port = str(taken.getsockname()[1])
         with (
             pytest.raises(ServerFailed) as failed,
-            running_server(model_repository, ready_timeout=30.0, port=port),
+            running_server(model_repository, port=port),
         ):
             pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode == CANNOT_START, failed.value.log
@@ -126,7 +128,7 @@ def test_refuses_a_missing_execution_provider(
     """This CPU build of onnxruntime has no GPU providers: a clear refusal, not a fallback."""
     with (
         pytest.raises(ServerFailed) as failed,
-        running_server(model_repository, ready_timeout=30.0, providers=providers),
+        running_server(model_repository, providers=providers),
     ):
         pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode != 0
@@ -159,3 +161,18 @@ def test_a_taken_grpc_port_stops_the_start(model_repository: Path) -> None:
     assert line in log, log
     assert "gRPC (Open Inference Protocol) on" not in log, log
     assert "Traceback" not in log, log
+
+
+def test_a_server_never_ready_ends_the_wait_with_its_log(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tests' one readiness wait (bench.lib.server.wait_ready) is bounded by
+    ATTNSERVE_TEST_READY_TIMEOUT and shows the end of the server's log when it gives up:
+    before, each fixture had its own fixed 60 s and said only "not ready"."""
+    poison_model(tiny_model_dir, tmp_path / "repo" / "tiny")  # its warm-up fails: never ready
+    monkeypatch.setenv(READY_TIMEOUT_ENV, "30")
+    with pytest.raises(TimeoutError) as waited, running_server(tmp_path / "repo"):
+        pytest.fail("the server became ready")  # pragma: no cover
+    said = str(waited.value)
+    assert "not ready after 30 s (ATTNSERVE_TEST_READY_TIMEOUT)" in said, said
+    assert "warm-up failed: the server will never be ready" in said, said  # from its log
