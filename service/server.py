@@ -178,7 +178,12 @@ def quiet_refusals(app: Any) -> Any:
 def build_server(settings: Settings, app: Any, engine: Engine) -> DrainingServer:
     fd_limit = raise_fd_limit()
     cap = connection_cap(settings, fd_limit)
-    log.info("file-descriptor limit %d: at most %d open connections", fd_limit, cap)
+    log.info(
+        "accepts up to %d open connections at once (ATTNSERVE_MAX_CONNECTIONS; "
+        "file-descriptor limit %d)",
+        cap,
+        fd_limit,
+    )
     config = uvicorn.Config(
         quiet_refusals(app),
         host=settings.host,

@@ -14,7 +14,7 @@ import pytest
 from bench.lib.server import READY_TIMEOUT_ENV
 from service.__main__ import CANNOT_START
 from tests.client.helpers import poison_model
-from tests.conftest import ServerFailed, running_server
+from tests.conftest import ServerFailed, running_server, server_process
 
 
 def _corrupt_graph(name: str) -> Callable[[Path, Path], Path]:
@@ -176,3 +176,15 @@ def test_a_server_never_ready_ends_the_wait_with_its_log(
     said = str(waited.value)
     assert "not ready after 30 s (ATTNSERVE_TEST_READY_TIMEOUT)" in said, said
     assert "warm-up failed: the server will never be ready" in said, said  # from its log
+
+
+def test_the_start_up_log_speaks_to_its_reader(model_repository: Path) -> None:
+    """What `make serve` prints at its default level, in words a user can act on: which
+    connections it takes, which models it serves. The run planner's per-graph timings
+    ("runs of up to 486.3 ms alone share the lanes") are for whoever tunes it: debug."""
+    with server_process(model_repository, log_level="info") as server:
+        log = server.log()
+    assert "alone share the lanes" not in log, log
+    assert "service.calibration" not in log, log
+    assert "accepts up to 4096 open connections at once" in log, log
+    assert "ready: serving tiny (requests that name no model go to tiny)" in log, log
