@@ -28,6 +28,23 @@ from tests.support.onnx_runs import new_session
 TINY_SEED = 1234
 
 
+# Fixtures that export a real pretrained checkpoint (MiniLM, the head models): a minute or
+# more each on 2 cores, before their servers start. Tests that use one, directly or through
+# another fixture, and every test under these folders are marked ``checkpoints``;
+# `make test-quick` leaves them out (pyproject.toml's markers).
+CHECKPOINT_FIXTURES = frozenset({"minilm_repository", "head_models"})
+CHECKPOINT_FOLDERS = ("pretrained", "browser")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(tests).parts[0]
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if folder in CHECKPOINT_FOLDERS or fixtures & CHECKPOINT_FIXTURES:
+            item.add_marker(pytest.mark.checkpoints)
+
+
 @pytest.fixture(scope="session")
 def tiny_config() -> EncoderConfig:
     return preset("tiny")
