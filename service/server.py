@@ -160,7 +160,8 @@ def quiet_refusals(app: Any) -> Any:
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "lifespan":
-            return await app(scope, receive, send)
+            await app(scope, receive, send)
+            return
 
         async def quiet_send(message: dict[str, Any]) -> None:
             # Starlette sends it from its ``except`` block: the exception is the current one.
@@ -170,7 +171,7 @@ def quiet_refusals(app: Any) -> Any:
                 message = {**message, "message": ""}
             await send(message)
 
-        return await app(scope, receive, quiet_send)
+        await app(scope, receive, quiet_send)
 
     return wrapped
 
