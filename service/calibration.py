@@ -81,9 +81,10 @@ async def calibrate_graph(
     full = full_batch_shape(graph, batch_tokens, runtime.info.max_seq_len)
     if full is not None and fits(*full):
         cost.observe_rate(*full, await lanes.time_full(runtime, graph, *full, idle=idle))
-    if measure_sharing:
-        log.info(
-            "model %s, graph %s: runs of up to %.1f ms alone share the lanes",
+    if measure_sharing:  # for whoever tunes the run planner, not for a user: debug
+        log.debug(
+            "model %s, graph %s: runs of up to %.1f ms (timed alone) run two at once "
+            "on the inference lanes; longer ones run alone",
             runtime.info.name,
             GRAPH_LABELS[graph],
             1000 * sharing.limit_seconds,

@@ -273,7 +273,12 @@ class DeadlineExceeded(ServiceError):
     error_type = "deadline_exceeded"
 
 
-class ModelLoadError(RuntimeError):
+class CannotStart(RuntimeError):
+    """The server refuses to start; whoever raises it has logged why in one line
+    ("attnserve cannot start: …"), so the start-up failure shows no traceback."""
+
+
+class ModelLoadError(CannotStart):
     """A model directory that cannot be served; the server refuses to start."""
 
 

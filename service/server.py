@@ -28,6 +28,7 @@ import os
 import resource
 import signal
 import socket
+import sys
 import threading
 import time
 from types import FrameType
@@ -37,6 +38,7 @@ import uvicorn
 
 from service.connection_guard import guarded_protocol
 from service.engine import Engine
+from service.errors import CannotStart
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -152,12 +154,39 @@ def warn_if_exposed(settings: Settings) -> None:
         )
 
 
+def quiet_refusals(app: Any) -> Any:
+    """``app`` whose failed start-up on :class:`CannotStart` (already logged in one line)
+    is reported to uvicorn without the traceback Starlette attaches to it."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+
+        async def quiet_send(message: dict[str, Any]) -> None:
+            # Starlette sends it from its ``except`` block: the exception is the current one.
+            if message["type"] == "lifespan.startup.failed" and isinstance(
+                sys.exc_info()[1], CannotStart
+            ):
+                message = {**message, "message": ""}
+            await send(message)
+
+        await app(scope, receive, quiet_send)
+
+    return wrapped
+
+
 def build_server(settings: Settings, app: Any, engine: Engine) -> DrainingServer:
     fd_limit = raise_fd_limit()
     cap = connection_cap(settings, fd_limit)
-    log.info("file-descriptor limit %d: at most %d open connections", fd_limit, cap)
+    log.info(
+        "accepts up to %d open connections at once (ATTNSERVE_MAX_CONNECTIONS; "
+        "file-descriptor limit %d)",
+        cap,
+        fd_limit,
+    )
     config = uvicorn.Config(
-        app,
+        quiet_refusals(app),
         host=settings.host,
         port=settings.port,
         http=guarded_protocol(settings, engine.metrics, cap),

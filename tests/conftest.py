@@ -8,17 +8,17 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import httpx
 import onnxruntime as ort
 import pytest
 
+from bench.lib.server import ServerFailed as ServerFailed  # the tests import it from here
+from bench.lib.server import wait_ready
 from model_export import graph_io
 from model_export.config import EncoderConfig, preset
 from model_export.export import export_model
@@ -26,6 +26,23 @@ from model_export.model import Encoder
 from tests.support.onnx_runs import new_session
 
 TINY_SEED = 1234
+
+
+# Fixtures that export a real pretrained checkpoint (MiniLM, the head models): a minute or
+# more each on 2 cores, before their servers start. Tests that use one, directly or through
+# another fixture, and every test under these folders are marked ``checkpoints``;
+# `make test-quick` leaves them out (pyproject.toml's markers).
+CHECKPOINT_FIXTURES = frozenset({"minilm_repository", "head_models"})
+CHECKPOINT_FOLDERS = ("pretrained", "browser")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(tests).parts[0]
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if folder in CHECKPOINT_FOLDERS or fixtures & CHECKPOINT_FIXTURES:
+            item.add_marker(pytest.mark.checkpoints)
 
 
 @pytest.fixture(scope="session")
@@ -75,15 +92,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class ServerFailed(RuntimeError):
-    """The server process exited before it became ready."""
-
-    def __init__(self, returncode: int, log: str) -> None:
-        super().__init__(f"server exited with {returncode}:\n{log}")
-        self.returncode = returncode
-        self.log = log
-
-
 @dataclass
 class ServerProcess:
     """A running ``python -m service``: its URL, process and combined stdout/stderr log."""
@@ -99,9 +107,11 @@ class ServerProcess:
 
 @contextmanager
 def server_process(
-    repository: Path, *, ready_timeout: float = 60.0, wait_for: str = "ready", **settings: str
+    repository: Path, *, wait_for: str = "ready", **settings: str
 ) -> Iterator[ServerProcess]:
     """Run ``python -m service`` on 127.0.0.1:<free port> until ready; stop it after.
+    The wait is ``bench.lib.server.wait_ready``'s: to ATTNSERVE_TEST_READY_TIMEOUT
+    (600 s), ServerFailed with its log as soon as the process exits.
 
     ``settings`` are ATTNSERVE_* values without the prefix, e.g. ``max_sequences="2"``.
     ``wait_for`` is "ready" (``/health/ready`` answers 200) or "up" (the server
@@ -128,22 +138,10 @@ def server_process(
         proc = subprocess.Popen(
             [sys.executable, "-m", "service"], env=env, stdout=log, stderr=subprocess.STDOUT
         )
+        server = ServerProcess(url, proc, log)
         try:
-            deadline = time.monotonic() + ready_timeout
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise ServerFailed(proc.returncode, log.read())
-                try:
-                    status = httpx.get(f"{url}/health/ready", timeout=1.0).status_code
-                    if status == 200 or wait_for == "up":
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"server at {url} not {wait_for} after {ready_timeout}s")
-                time.sleep(0.05)
-            yield ServerProcess(url, proc, log)
+            wait_ready(url, proc, server.log, wait_for=wait_for)
+            yield server
         finally:
             if proc.poll() is None:
                 proc.terminate()
@@ -155,13 +153,9 @@ def server_process(
 
 
 @contextmanager
-def running_server(
-    repository: Path, *, ready_timeout: float = 60.0, wait_for: str = "ready", **settings: str
-) -> Iterator[str]:
+def running_server(repository: Path, *, wait_for: str = "ready", **settings: str) -> Iterator[str]:
     """``server_process``, yielding only its base URL."""
-    with server_process(
-        repository, ready_timeout=ready_timeout, wait_for=wait_for, **settings
-    ) as server:
+    with server_process(repository, wait_for=wait_for, **settings) as server:
         yield server.url
 
 

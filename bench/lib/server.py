@@ -14,12 +14,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from bench.lib.models import ROOT
 from bench.lib.procs import process_tree
@@ -90,31 +90,77 @@ def running_checkout(service_root: Path, repository: Path, /, **settings: str) -
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+        def log_text() -> str:
+            log.seek(0)
+            return log.read().decode(errors="replace")
+
         try:
-            wait_ready(port, server, log)
+            wait_ready(f"http://127.0.0.1:{port}", server, log_text)
             yield Served(port, server.pid)
         finally:
             server.terminate()
             server.wait(timeout=60)
 
 
+# How long a server may take to become ready before a test or a benchmark gives up. A
+# bound for a server that hangs, not a measure: a multi-model server on a loaded 2-core
+# machine took over 60 s to load, warm up and calibrate. A server that exits stops the wait
+# at once, so a failed start costs no more time for being generous.
+READY_TIMEOUT_ENV = "ATTNSERVE_TEST_READY_TIMEOUT"
+READY_TIMEOUT_SECONDS = 600.0
+LOG_TAIL_CHARS = 4000  # the end of the server's log shown in a failure
+
+
+def ready_timeout() -> float:
+    """The readiness bound: ATTNSERVE_TEST_READY_TIMEOUT seconds, else 600."""
+    return float(os.environ.get(READY_TIMEOUT_ENV) or READY_TIMEOUT_SECONDS)
+
+
+class ServerFailed(RuntimeError):
+    """The server process exited before it became ready."""
+
+    def __init__(self, returncode: int, log: str) -> None:
+        super().__init__(f"server exited with {returncode}:\n{log}")
+        self.returncode = returncode
+        self.log = log
+
+
+def ready_status(url: str) -> int | None:
+    """``/health/ready``'s status, None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{url}/health/ready", timeout=2) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
+    except OSError:  # refused, reset or timed out: not listening yet
+        return None
+
+
 def wait_ready(
-    port: int, server: subprocess.Popen[bytes], log: IO[bytes], timeout: float = 120
+    url: str, server: subprocess.Popen[bytes], log: Callable[[], str], *, wait_for: str = "ready"
 ) -> None:
-    """Polls ``/health/ready`` until 200; the log's tail in the error if the server exits."""
+    """The one wait for a started ``python -m service``: polls ``url``'s ``/health/ready``
+    while ``server`` lives, until it answers 200 (``wait_for="up"``: anything at all, for a
+    server meant never to become ready) or ``ready_timeout()`` passes.
+
+    ServerFailed (with the whole ``log()``) if the process exits first; TimeoutError with
+    the log's tail if the bound passes."""
+    timeout = ready_timeout()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         if server.poll() is not None:
-            log.seek(0)
-            tail = log.read().decode(errors="replace").strip().splitlines()[-5:]
-            raise RuntimeError(f"server exited with {server.returncode}: {' / '.join(tail)}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError("server not ready")
+            raise ServerFailed(server.returncode, log())
+        status = ready_status(url)
+        if status == 200 or (status is not None and wait_for == "up"):
+            return
+        if time.monotonic() > deadline:
+            tail = log()[-LOG_TAIL_CHARS:]
+            raise TimeoutError(
+                f"server at {url} not {wait_for} after {timeout:.0f} s "
+                f"({READY_TIMEOUT_ENV}); its log ends:\n{tail}"
+            )
+        time.sleep(0.05)
 
 
 @contextmanager

@@ -100,7 +100,11 @@ class ModelControl:
             for runtime in loaded.values():
                 await batcher.warm_up(runtime)
         await batcher.calibrate()
-        log.info("ready: %s (default %s)", ", ".join(registry.runtimes), registry.default_model)
+        log.info(
+            "ready: serving %s (requests that name no model go to %s)",
+            ", ".join(registry.runtimes),
+            registry.default_model,
+        )
 
     async def stop(self) -> None:
         self._lifecycle.ready = False

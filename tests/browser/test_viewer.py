@@ -666,3 +666,22 @@ def test_why_they_match_draws_the_top_token_pairs_and_the_score(
     assert abs(sum(result["query_totals"]) - score) <= 1e-5
     screenshot(browser, "viewer-why-they-match")
     assert_only_local_requests(browser, minilm)
+
+
+def test_the_match_view_checks_no_attention_view_and_each_leads_back(
+    browser: webdriver.Chrome, minilm: str
+) -> None:
+    """ "Why they match" is none of the View radios' maps: before, "head summaries" stayed
+    checked beside the match drawing, and a click on it did nothing (no change event)."""
+    open_view(browser, minilm, text="A man is playing a guitar.", model="minilm-l6")
+    checked = "[...document.querySelectorAll('input[name=view]')].filter(r => r.checked)"
+    assert browser.execute_script(f"return {checked}.map(r => r.value)") == ["summaries"]
+    browser.find_element(By.ID, "show-match").click()
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'match'")
+    wait_for_script(browser, RENDERED)
+    assert browser.execute_script(f"return {checked}.length") == 0
+    browser.find_element(By.CSS_SELECTOR, "input[name=view][value=summaries]").click()
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'summaries'")
+    wait_for_script(browser, RENDERED)
+    assert browser.execute_script(f"return {checked}.map(r => r.value)") == ["summaries"]
+    assert url_params(browser)["view"] == "summaries"

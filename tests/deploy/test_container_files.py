@@ -22,6 +22,7 @@ from pathlib import Path
 import compose
 import httpx
 
+from bench.lib.server import ready_timeout
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +128,7 @@ def test_image_commands_serve_and_pass_the_healthcheck(minilm_repository: Path) 
 
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ready_timeout()
         while probe(*health) != 0:
             assert server.poll() is None, f"CMD {cmd} exited with {server.returncode}"
             assert time.monotonic() < deadline, "HEALTHCHECK never passed"

@@ -77,7 +77,7 @@ def running_nginx(tmp: Path, upstreams: list[str], **grpc: Any) -> Iterator[str]
             stderr=err,
         )
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a hung nginx, not a measure
         while True:
             try:
                 httpx.get(f"http://127.0.0.1:{port}/health/live", timeout=1)

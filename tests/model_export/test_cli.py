@@ -32,6 +32,9 @@ from tests.support.onnx_runs import new_session
 PARITY_ATOL = 1e-4  # ONNX Runtime vs PyTorch, fp32 (observed ~1e-6)
 CASES = ("single token", "one sequence", "equal batch", "ragged batch with padding", "long ragged")
 EXPORT = [sys.executable, "-m", "model_export"]
+# A bound for a hung export, not a measure: the exports run side by side, on a 2-core
+# machine that may be loaded.
+EXPORT_SECONDS = 900
 
 # Bad arguments: (args, the message the single stderr line must contain).
 BAD_ARGUMENTS: dict[str, tuple[list[str], str]] = {
@@ -69,7 +72,7 @@ class CliRuns:
 
     def result(self, name: str) -> Finished:
         proc, out, err = self._procs[name]
-        returncode = proc.wait(timeout=300)
+        returncode = proc.wait(timeout=EXPORT_SECONDS)
         out.seek(0)
         err.seek(0)
         return Finished(returncode, out.read().decode(), err.read().decode())

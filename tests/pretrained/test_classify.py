@@ -47,7 +47,7 @@ def url(
     shutil.copytree(head_models[0] / CLASSIFIER, repository / CLASSIFIER)
     port = free_port()
     with running_server(
-        repository, default_model=EMBEDDER, grpc_port=str(port), ready_timeout=180
+        repository, default_model=EMBEDDER, grpc_port=str(port)
     ) as base:
         GRPC["address"] = f"127.0.0.1:{port}"
         yield base

@@ -58,7 +58,7 @@ def mpnet_url(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Iterato
     # on MiniLM and the tiny variants (the full maps answer it here, as for older exports).
     assert main(["--preset", MODEL, "--out", str(repo / MODEL), "--no-compact-attention"]) == 0
     assert not any((repo / MODEL / graph).exists() for graph in graph_io.COMPACT_GRAPHS)
-    with running_server(repo, intra_op_threads="2", ready_timeout=180) as url:
+    with running_server(repo, intra_op_threads="2") as url:
         yield url
 
 

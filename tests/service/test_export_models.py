@@ -105,7 +105,6 @@ def first_start(
     repository = tmp_path_factory.mktemp("exported") / "models"
     with server_process(
         repository,
-        ready_timeout=EXPORT_READY_TIMEOUT,
         export_models=offline_hub,
         log_level="info",
     ) as server:
@@ -158,7 +157,7 @@ def _refused(repository: Path, **settings: str) -> str:
     """The start fails with CANNOT_START: its one ERROR line (no traceback)."""
     with (
         pytest.raises(ServerFailed) as failed,
-        running_server(repository, ready_timeout=EXPORT_READY_TIMEOUT, **settings),
+        running_server(repository, **settings),
     ):
         pytest.fail("the server became ready")  # pragma: no cover
     log = failed.value.log

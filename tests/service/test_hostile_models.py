@@ -475,7 +475,7 @@ def test_files_beyond_the_memory_budget_are_refused_before_hashing(
         f.truncate(HUGE)
     with (
         pytest.raises(ServerFailed) as failed,
-        server_process(repo, ready_timeout=30.0),
+        server_process(repo),
     ):
         pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode != 0

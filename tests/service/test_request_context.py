@@ -129,7 +129,7 @@ def test_a_non_ascii_api_key_refuses_to_start(model_repository: Path) -> None:
     """Such a key could never match a header, so every request would be a 401."""
     with (
         pytest.raises(ServerFailed) as failed,
-        running_server(model_repository, ready_timeout=30.0, api_key="clé-secrète"),
+        running_server(model_repository, api_key="clé-secrète"),
     ):
         pytest.fail("the server started")  # pragma: no cover
     assert failed.value.returncode != 0

@@ -11,8 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.lib.server import READY_TIMEOUT_ENV
 from model_export import graph_io
 from service.__main__ import CANNOT_START
+from tests.client.helpers import poison_model
 from tests.conftest import ServerFailed, running_server, server_process
 
 
@@ -86,7 +88,7 @@ def test_refuses_to_start(
     repo = make_repo(tiny_model_dir, tmp_path)
     with (
         pytest.raises(ServerFailed) as failed,
-        running_server(repo, ready_timeout=30.0),
+        running_server(repo),
     ):
         pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode == CANNOT_START
@@ -103,7 +105,7 @@ def test_a_taken_port_is_the_same_exit_status(model_repository: Path) -> None:
         port = str(taken.getsockname()[1])
         with (
             pytest.raises(ServerFailed) as failed,
-            running_server(model_repository, ready_timeout=30.0, port=port),
+            running_server(model_repository, port=port),
         ):
             pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode == CANNOT_START, failed.value.log
@@ -127,7 +129,7 @@ def test_refuses_a_missing_execution_provider(
     """This CPU build of onnxruntime has no GPU providers: a clear refusal, not a fallback."""
     with (
         pytest.raises(ServerFailed) as failed,
-        running_server(model_repository, ready_timeout=30.0, providers=providers),
+        running_server(model_repository, providers=providers),
     ):
         pytest.fail("the server became ready")  # pragma: no cover
     assert failed.value.returncode != 0
@@ -153,3 +155,53 @@ def test_loading_warming_up_and_calibrating_log_each_graph(model_repository: Pat
         first, *rest = (m for m in messages if m.startswith(f"{what}: "))
         assert first.endswith("so far, time left: after the first)")
         assert all(m.endswith(" s left)") for m in rest)
+
+
+def test_a_taken_grpc_port_stops_the_start(model_repository: Path) -> None:
+    """Two servers cannot share the gRPC port. grpc set SO_REUSEPORT on its socket by
+    default, so a second server bound the port another process held with SO_REUSEPORT (a
+    first grpc server does), logged "gRPC … on 127.0.0.1:<port>" and took turns answering
+    its calls. Now the start fails as a taken HTTP port does: one line, exit status 3."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a grpc server's
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        grpc_port = taken.getsockname()[1]
+        with (
+            pytest.raises(ServerFailed) as failed,
+            running_server(model_repository, grpc_port=str(grpc_port), log_level="info"),
+        ):
+            pytest.fail("the server became ready")  # pragma: no cover
+    log = failed.value.log
+    assert failed.value.returncode == CANNOT_START, log
+    line = f"cannot listen for gRPC on 127.0.0.1:{grpc_port}: the port is taken"
+    assert line in log, log
+    assert "gRPC (Open Inference Protocol) on" not in log, log
+    assert "Traceback" not in log, log
+
+
+def test_a_server_never_ready_ends_the_wait_with_its_log(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tests' one readiness wait (bench.lib.server.wait_ready) is bounded by
+    ATTNSERVE_TEST_READY_TIMEOUT and shows the end of the server's log when it gives up:
+    before, each fixture had its own fixed 60 s and said only "not ready"."""
+    poison_model(tiny_model_dir, tmp_path / "repo" / "tiny")  # its warm-up fails: never ready
+    monkeypatch.setenv(READY_TIMEOUT_ENV, "30")
+    with pytest.raises(TimeoutError) as waited, running_server(tmp_path / "repo"):
+        pytest.fail("the server became ready")  # pragma: no cover
+    said = str(waited.value)
+    assert "not ready after 30 s (ATTNSERVE_TEST_READY_TIMEOUT)" in said, said
+    assert "warm-up failed: the server will never be ready" in said, said  # from its log
+
+
+def test_the_start_up_log_speaks_to_its_reader(model_repository: Path) -> None:
+    """What `make serve` prints at its default level, in words a user can act on: which
+    connections it takes, which models it serves. The run planner's per-graph timings
+    ("runs of up to 486.3 ms alone share the lanes") are for whoever tunes it: debug."""
+    with server_process(model_repository, log_level="info") as server:
+        log = server.log()
+    assert "alone share the lanes" not in log, log
+    assert "service.calibration" not in log, log
+    assert "accepts up to 4096 open connections at once" in log, log
+    assert "ready: serving tiny (requests that name no model go to tiny)" in log, log

@@ -26,6 +26,7 @@ from typing import BinaryIO
 import httpx
 import pytest
 
+from bench.lib.server import ready_timeout
 from service.app import create_app
 from service.engine.scope import request_id_var
 from service.server import DrainingServer, build_server
@@ -67,7 +68,7 @@ def server(model_repository: Path) -> Iterator[InProcessServer]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: ready(url), "the server is ready", timeout=60.0)
+    wait_until(lambda: ready(url), "the server is ready", timeout=ready_timeout())
     try:
         yield InProcessServer(url, server)
     finally:

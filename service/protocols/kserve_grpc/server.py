@@ -27,7 +27,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from service.engine import Engine, RequestScope
 from service.engine.scope import Access
-from service.errors import NotReady
+from service.errors import CannotStart, NotReady
 from service.protocols.kserve_grpc import calls, codec
 from service.protocols.kserve_grpc.calls import Method
 from service.protocols.open_inference import classify, rerank, tensors
@@ -53,6 +53,16 @@ KEEPALIVE = (
     ("grpc.max_connection_idle_ms", 300_000),
     ("grpc.max_concurrent_streams", 100),
 )
+
+
+class GrpcPortTaken(CannotStart):
+    """ATTNSERVE_GRPC_PORT cannot be listened on: the server refuses to start."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(
+            f"cannot listen for gRPC on {address}: the port is taken "
+            "(another server holds it?); set ATTNSERVE_GRPC_PORT to a free one, 0 for none"
+        )
 
 
 class InferenceService:
@@ -219,15 +229,23 @@ async def serve(engine: Engine) -> AsyncIterator[None]:
             # grpc core closes a connection accepted beyond it (the HTTP side's cap is
             # connection_guard's): no call of its starts, nothing of it is held.
             ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
+            # grpc sets SO_REUSEPORT by default: a second server would bind a port another
+            # one holds and take turns answering its calls. One server per port, as HTTP.
+            ("grpc.so_reuseport", 0),
             *KEEPALIVE,
         ],
     )
     # No maximum_concurrent_rpcs: grpc would count a call from its headers on, in one
     # pool with health checks. Calls are admitted by the engine once their message is in.
     address = f"{settings.host}:{settings.grpc_port}"
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind to address …"
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen for gRPC on {address}")
+        taken = GrpcPortTaken(address)
+        log.error("attnserve cannot start: %s", taken)
+        raise taken
     methods = InferenceService(engine).methods()
     server.add_generic_rpc_handlers((calls.generic_handler(engine, SERVICE, methods, port),))
     health_service = ReadinessHealth(engine)

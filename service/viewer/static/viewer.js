@@ -223,6 +223,9 @@ async function showMatch() {
     if (mine !== asked) return;
     drawMatch($("stage"), result);
     $("stage").dataset.view = "match";
+    // None of the attention views is on show: no radio stays checked, and a click on any
+    // of them (the one last checked too) goes back to that view.
+    for (const radio of document.querySelectorAll("input[name=view]")) radio.checked = false;
     $("zoom").hidden = true;
     $("readout").textContent = "hover a line or a token to read its share of the score";
     status(`${state.model.id} · text → second text: the cosine split into token pairs (mean pooling)`, "ready");
