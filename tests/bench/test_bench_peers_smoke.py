@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTENDERS = ("ours JSON floats", "ours base64", "ours /v2 binary")
 
 
+@pytest.mark.slow  # about 16 s on 2 cores: every contender of bench.peers once
 def test_smoke_run_reports_every_row(tiny_model_dir: Path, tmp_path: Path) -> None:
     doc, png, raw = tmp_path / "benchmarks.md", tmp_path / "peers.png", tmp_path / "peers.json"
     doc.write_text("# Benchmarks\n\nkept as it is\n")

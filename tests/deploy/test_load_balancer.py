@@ -102,6 +102,7 @@ def encodes_answered(url: str) -> float:
 BODY = {"inputs": [np.ones((5, 32), dtype=np.float32).tolist()]}
 
 
+@pytest.mark.slow  # about 11 s on 2 cores, more under load: two replicas under load
 def test_two_replicas_share_the_load_and_a_sigterm_mid_load_loses_nothing(
     tmp_path: Path, model_repository: Path
 ) -> None:

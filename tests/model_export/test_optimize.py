@@ -71,6 +71,7 @@ def test_no_optimize_keeps_the_plain_graphs_and_the_same_answers(
             np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
 
 
+@pytest.mark.slow  # about 20 s on 2 cores: its own export and validation
 def test_a_causal_window_mask_keeps_attention_unfused_and_validated(
     tmp_path: Path, tiny_config: EncoderConfig
 ) -> None:

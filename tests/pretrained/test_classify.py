@@ -46,9 +46,7 @@ def url(
     shutil.copytree(model_repository / EMBEDDER, repository / EMBEDDER)
     shutil.copytree(head_models[0] / CLASSIFIER, repository / CLASSIFIER)
     port = free_port()
-    with running_server(
-        repository, default_model=EMBEDDER, grpc_port=str(port)
-    ) as base:
+    with running_server(repository, default_model=EMBEDDER, grpc_port=str(port)) as base:
         GRPC["address"] = f"127.0.0.1:{port}"
         yield base
 

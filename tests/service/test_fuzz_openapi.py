@@ -47,6 +47,7 @@ NOT_AN_ERROR_BODY: list[Any] = [
 ]
 
 
+@pytest.mark.slow  # about 13 s on 2 cores, more under load: every route fuzzed
 def test_no_route_breaks_its_contract_under_fuzzing(server_url: str, tmp_path: Path) -> None:
     schemathesis = Path(sys.executable).parent / "schemathesis"
     record = tmp_path / "v2-errors.txt"

@@ -21,11 +21,9 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from model_export.config import EncoderConfig
-from model_export.export import export_model
 from model_export.manifest import Manifest, graph_io
-from model_export.model import Encoder
 from tests.conftest import free_port, server_process
+from tests.service.conftest import VERSION_SEEDS
 from tests.support.metrics import metric
 from tests.support.onnx_runs import new_session, ort_encode
 from tests.support.tiny import D_MODEL
@@ -33,18 +31,7 @@ from tests.support.wait import wait_until
 
 ATOL = 1e-5
 ADMIN = "admin-key"
-SEEDS = {"1": 1234, "2": 98765}
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory, tiny_config: EncoderConfig) -> Path:
-    """The tiny model's two versions, exported once: ``<dir>/<version>/`` (without the
-    compact attention graphs: versions are told apart by their embeddings)."""
-    root = tmp_path_factory.mktemp("versions")
-    for version, seed in SEEDS.items():
-        encoder = Encoder(tiny_config, seed=seed)
-        export_model(encoder, root / version, name="tiny", seed=seed, compact_attention=False)
-    return root
+SEEDS = VERSION_SEEDS
 
 
 def repository(tmp_path: Path, exports: Path, versions: tuple[str, ...]) -> Path:

@@ -19,7 +19,7 @@ from service.engine.response_cache import compact, result_bytes
 from service.engine.types import EncodeResult, SequenceOutput
 from tests.conftest import running_server, server_process
 from tests.service.helpers import b64_array
-from tests.service.test_model_control import exports, hidden_of, infer, repository  # noqa: F401
+from tests.service.test_model_control import hidden_of, infer, repository
 from tests.support.metrics import metric
 from tests.support.tiny import D_MODEL
 from tests.support.wait import wait_until
@@ -143,7 +143,7 @@ def test_callers_the_server_cannot_tell_apart_share_no_cache(model_repository: P
         assert [a.headers["x-cache"] for a in answers] == ["miss", "hit", "miss", "hit"]
 
 
-def test_a_model_swap_drops_the_old_versions_answers(tmp_path: Path, exports: Path) -> None:  # noqa: F811
+def test_a_model_swap_drops_the_old_versions_answers(tmp_path: Path, exports: Path) -> None:
     repo = repository(tmp_path, exports, ("1",))
     with server_process(
         repo,

@@ -187,11 +187,11 @@ def test_a_server_never_ready_ends_the_wait_with_its_log(
     ATTNSERVE_TEST_READY_TIMEOUT and shows the end of the server's log when it gives up:
     before, each fixture had its own fixed 60 s and said only "not ready"."""
     poison_model(tiny_model_dir, tmp_path / "repo" / "tiny")  # its warm-up fails: never ready
-    monkeypatch.setenv(READY_TIMEOUT_ENV, "30")
+    monkeypatch.setenv(READY_TIMEOUT_ENV, "15")  # the warm-up fails within ~2 s
     with pytest.raises(TimeoutError) as waited, running_server(tmp_path / "repo"):
         pytest.fail("the server became ready")  # pragma: no cover
     said = str(waited.value)
-    assert "not ready after 30 s (ATTNSERVE_TEST_READY_TIMEOUT)" in said, said
+    assert "not ready after 15 s (ATTNSERVE_TEST_READY_TIMEOUT)" in said, said
     assert "warm-up failed: the server will never be ready" in said, said  # from its log
 
 
