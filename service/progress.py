@@ -1,9 +1,12 @@
 """Progress of a model's load, warm-up and calibration, as log lines.
 
 A server's output is its log (text or JSON lines, ``service.logs``), so each step
-is one INFO line as it starts: ``loading model minilm-l6: graph 3/7
+is one line as it starts: ``loading model minilm-l6: graph 3/7
 model_attn.onnx (2.1 s so far, about 3.4 s left)``, the time left estimated from
-the graphs done so far.
+the graphs done so far. The lines are INFO once the work has run ``QUIET_FOR``
+seconds and DEBUG before: a load that takes half a second (MiniLM's) fills no
+one's start-up log with lines nobody has time to read; a slow one shows how far
+it has come.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+
+QUIET_FOR = 1.0  # seconds of a load, warm-up or calibration logged at DEBUG only
 
 
 class GraphSteps:
@@ -36,7 +41,8 @@ class GraphSteps:
             if self._done
             else "time left: after the first"
         )
-        self._log.info(
+        self._log.log(
+            logging.INFO if elapsed >= QUIET_FOR else logging.DEBUG,
             "%s: graph %d/%d %s (%.1f s so far, %s)",
             self._what,
             self._done + 1,
