@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import logging
 import pickle
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from model_export.config import (
@@ -328,7 +330,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # SIGTERM (a server stopping the export it runs, `kill`, a container stopping) ends an
+    # export as Ctrl-C does: the staging directory is removed on the way out. SIGINT alone
+    # would not do: a process started in the background by a shell ignores it.
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.int8_keep_cosine is not None and args.quantize != "int8":
@@ -345,6 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AssertionError as exc:  # validate.ValidationError: ONNX differs from PyTorch
         print(f"attnserve-export: validation failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("attnserve-export: stopped: nothing written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

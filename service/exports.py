@@ -42,7 +42,7 @@ EXPORT_EXTRA = "pip install 'attnserve[export]' (torch's CPU build: see the Make
 # A derived name keeps these characters of the spec's last part; others become "-".
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_DERIVED_NAME = 100
-STOP_WAIT_SECONDS = 10.0  # a stopped export's exporter: from SIGINT to SIGKILL
+STOP_WAIT_SECONDS = 10.0  # a stopped export's exporter: from SIGTERM to SIGKILL
 
 
 class ExportRefused(Exception):
@@ -255,8 +255,9 @@ def _run_export(entry: ExportEntry, out: Path) -> None:
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
-    """SIGINT first: the exporter's KeyboardInterrupt removes its staging directory."""
-    proc.send_signal(signal.SIGINT)
+    """SIGTERM first: the exporter stops as on Ctrl-C, removing its staging directory
+    (SIGINT would be ignored by an exporter of a server started in the background)."""
+    proc.terminate()
     try:
         proc.wait(timeout=STOP_WAIT_SECONDS)
     except subprocess.TimeoutExpired:

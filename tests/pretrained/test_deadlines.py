@@ -186,6 +186,9 @@ PROTOCOLS = {
         lambda body: body["error_type"],
         heads=True,
     ),
+    "native-classify": Protocol(
+        "/v1/classify", {"inputs": [SHORT]}, lambda body: body["error_type"], heads=True
+    ),
     "openai": Protocol(
         "/v1/embeddings", {"model": MODEL, "input": [SHORT]}, lambda body: body["error"]["code"]
     ),

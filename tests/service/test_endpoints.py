@@ -78,7 +78,8 @@ def test_real_server_is_live_and_ready(http_client: httpx.Client) -> None:
 
 def test_not_ready_before_lifespan_then_ready_after(model_repository: Path) -> None:
     """ASGITransport does not run the lifespan: the app must say 503 until it has run."""
-    app = create_app(Settings(model_repository=model_repository))
+    # No gRPC: the in-process app would take the default port 8001, which need not be free.
+    app = create_app(Settings(model_repository=model_repository, grpc_port=0))
     body = {"inputs": [sequences((3,), seed=31)[0].tolist()]}
 
     async def scenario() -> None:
