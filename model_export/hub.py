@@ -114,6 +114,9 @@ def resolve_checkpoint(spec: str | Path) -> ResolvedCheckpoint:
     if isinstance(spec, Path) or match is None or text.startswith((".", "~")):
         raise CheckpointError(f"checkpoint directory {text} not found")
     repo, revision = match["repo"], match["revision"]
+    if revision is not None and {"", ".", ".."} & set(revision.split("/")):
+        # huggingface_hub reads refs/<revision> in its cache: a revision stays a name there
+        raise CheckpointError(f"{text}: {revision!r} is not a revision (a branch, tag or commit)")
     folder = _fetch(
         text, repo, revision, [*ROOT_FILES, SAFETENSORS, f"{DEFAULT_POOLING}/config.json"]
     )

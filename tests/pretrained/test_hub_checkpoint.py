@@ -174,6 +174,8 @@ FAILURES = {
     f"{TINY}@v9": "HF_HUB_OFFLINE is set",
     "org/no-weights": "has neither model.safetensors nor pytorch_model.bin: no weights",
     "./no/such/dir": "checkpoint directory ./no/such/dir not found",
+    # a revision is a name in the cache's refs/, never a path out of it
+    f"{TINY}@../../../etc": "'../../../etc' is not a revision (a branch, tag or commit)",
 }
 
 
