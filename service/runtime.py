@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -206,7 +207,7 @@ class ModelRuntime:
             steps.start(file)
             made = None
             if cache is not None and prepacks(label):
-                made = self._cached(cache, file, lambda label=label: options(label))
+                made = self._cached(cache, file, partial(options, label))
             self._sessions[key] = self._open(options(label), file, inputs, outputs, made)
         # Format 5 has no text graph: that run is the token embeddings, then model.onnx.
         self._composed_text = text is not None and text.graph is None
