@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,8 @@ DATA_FILE = "model.onnx.data"
 ENTRY_FILE = "entry.json"
 ENTRY_FORMAT = 1
 _CPUINFO = Path("/proc/cpuinfo")
+# A staging folder older than this was left by a writer that died (a write takes seconds).
+STAGING_SECONDS = 3600
 
 # Writes the optimised graph to the path given (its data file beside it, DATA_FILE).
 Writer = Callable[[Path], None]
@@ -156,11 +159,18 @@ class SessionCache:
         return entry / GRAPH_FILE
 
     def _evict(self, keep: Path) -> None:
-        """Remove the least recently used entries (and stale staging folders of this
-        process's making) until the cache fits ``max_bytes``; ``keep`` stays."""
+        """Remove the least recently used entries until the cache fits ``max_bytes``
+        (``keep`` stays), and staging folders a killed writer left behind."""
         entries: list[tuple[float, int, Path]] = []
         for entry in self.root.iterdir():
-            if not entry.is_dir() or entry.name.startswith("."):
+            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                try:
+                    if time.time() - entry.stat().st_mtime > STAGING_SECONDS:
+                        shutil.rmtree(entry, ignore_errors=True)
+                except OSError:
+                    pass  # another server's, just removed
+                continue
+            if not entry.is_dir():
                 continue
             try:
                 used = (entry / ENTRY_FILE).stat().st_mtime

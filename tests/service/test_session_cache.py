@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,13 @@ import numpy as np
 import pytest
 
 from model_export import graph_io
-from service.prepacked_cache import DATA_FILE, ENTRY_FILE, GRAPH_FILE, SessionCache
+from service.prepacked_cache import (
+    DATA_FILE,
+    ENTRY_FILE,
+    GRAPH_FILE,
+    STAGING_SECONDS,
+    SessionCache,
+)
 from service.runtime import ModelRuntime, load_repository, pad
 from service.settings import Settings
 from tests.conftest import server_process
@@ -132,6 +140,11 @@ def _writer(size: int) -> Any:
 def test_disk_use_is_bounded_least_recently_used_first(tmp_path: Path) -> None:
     cache = SessionCache(tmp_path / "sessions", max_bytes=3000)
     first = cache.graph("a" * 64, "first", _writer(1000))
+    # What a writer killed mid-write leaves: removed once older than any write takes.
+    left = cache.root / ".aaaaaaaaaaaa-1-deadbeef.tmp"
+    (left / "sub").mkdir(parents=True)
+    (left / DATA_FILE).write_bytes(bytes(5000))
+    os.utime(left, (time.time() - STAGING_SECONDS - 1,) * 2)
     second = cache.graph("b" * 64, "second", _writer(1000))
     assert first is not None and second is not None
     assert cache.graph("a" * 64, "first", _writer(1000)) == first  # reused: now the newest
