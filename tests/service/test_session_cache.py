@@ -156,3 +156,12 @@ def test_disk_use_is_bounded_least_recently_used_first(tmp_path: Path) -> None:
     assert cache.graph("d" * 64, "huge", _writer(4000)) is None
     assert [p.name[0] for p in _entries(cache.root)] == ["a", "c"]
     assert not [p for p in cache.root.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_the_directory_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert Settings(session_cache_dir="auto").session_cache_path == (
+        tmp_path / "attnserve" / "sessions"
+    )
+    assert Settings(session_cache_dir=" ").session_cache_path is None  # off
+    assert Settings(session_cache_dir=str(tmp_path / "c")).session_cache_path == tmp_path / "c"
