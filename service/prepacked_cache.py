@@ -14,8 +14,9 @@ the file (:func:`entry_key`). It holds ``model.onnx``, its data file and
 name and renamed into place, so a reader sees a whole entry or none; on reuse every
 file is checked against ``entry.json`` and an entry that fails is made again. After
 an entry is made, the least recently used others are removed until the cache fits
-``ATTNSERVE_SESSION_CACHE_BYTES``. A directory that cannot be written falls back to
-packing in memory (today's behaviour), with one log line per server.
+``ATTNSERVE_SESSION_CACHE_BYTES``. A directory that cannot be written, or that is
+not this server's user's alone, falls back to packing in memory (today's behaviour),
+with one log line per server.
 
 This module knows no onnxruntime: the runtime hands it the function that writes an
 entry's graph (:data:`Writer`).
@@ -23,6 +24,8 @@ entry's graph (:data:`Writer`).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -79,7 +82,8 @@ class SessionCache:
         self.max_bytes = max_bytes
         self.made = 0
         self.reused = 0
-        self._off = False  # set when the directory cannot be written: said once
+        self._off = False  # set when the directory cannot be used: said once
+        self._private = False  # checked to be this server's alone
 
     def graph(self, key: str, name: str, write: Writer) -> Path | None:
         """The optimised graph of ``key`` (``name`` for log lines), reused or made by
@@ -87,17 +91,19 @@ class SessionCache:
         if self._off:
             return None
         entry = self.root / key
-        if self._verified(entry, key):
-            self.reused += 1
-            os.utime(entry / ENTRY_FILE)  # its last use, for eviction
-            log.info("session cache: reused the optimised %s (%s)", name, key[:12])
-            return entry / GRAPH_FILE
         try:
+            self._check_private()
+            if self._verified(entry, key):
+                self.reused += 1
+                with contextlib.suppress(OSError):  # its last use, for eviction
+                    os.utime(entry / ENTRY_FILE)
+                log.info("session cache: reused the optimised %s (%s)", name, key[:12])
+                return entry / GRAPH_FILE
             made = self._make(entry, key, write)
         except OSError as exc:
             self._off = True
             log.warning(
-                "session cache: cannot write %s (%s); each session packs its own weights",
+                "session cache: cannot use %s (%s); each session packs its own weights",
                 self.root,
                 exc.strerror or exc,
             )
@@ -106,6 +112,22 @@ class SessionCache:
             self.made += 1
             log.info("session cache: made the optimised %s (%s)", name, key[:12])
         return made
+
+    def _check_private(self) -> None:
+        """The directory is made ours alone (0700) and checked to be: a graph another
+        user could write would be run by this server (``entry.json`` proves a file
+        whole, not who wrote it). OSError if it is not."""
+        if self._private:
+            return
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        found = self.root.stat()
+        if found.st_uid != os.getuid() or found.st_mode & 0o022:
+            raise OSError(
+                errno.EPERM,
+                f"owned by uid {found.st_uid} with mode {found.st_mode & 0o777:o}: it must be "
+                f"this server's (uid {os.getuid()}) and writable by no one else",
+            )
+        self._private = True
 
     def _verified(self, entry: Path, key: str) -> bool:
         """Whether ``entry`` is whole: its record names ``key`` and every file's SHA-256."""
@@ -125,7 +147,6 @@ class SessionCache:
         return whole
 
     def _make(self, entry: Path, key: str, write: Writer) -> Path | None:
-        self.root.mkdir(parents=True, exist_ok=True)
         staging = self.root / f".{key[:12]}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
         staging.mkdir()
         try:

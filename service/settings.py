@@ -335,8 +335,9 @@ class Settings(BaseSettings):
             "every session then shares one copy instead of packing its own. `auto`: "
             "`$XDG_CACHE_HOME/attnserve/sessions` (else `~/.cache/attnserve/sessions`); empty: "
             "off (each session packs its own copy). The files are specific to this machine's "
-            "CPU and onnxruntime, so they never go in a model directory; an unwritable directory "
-            "falls back to packing, with one log line (see "
+            "CPU and onnxruntime, so they never go in a model directory. The server makes the "
+            "directory (mode 0700) and uses it only if no other user can write it; otherwise, or "
+            "where it cannot be written, it packs in memory, with one log line (see "
             "[the session cache](#the-session-cache))."
         ),
     )

@@ -165,3 +165,36 @@ def test_the_directory_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     )
     assert Settings(session_cache_dir=" ").session_cache_path is None  # off
     assert Settings(session_cache_dir=str(tmp_path / "c")).session_cache_path == tmp_path / "c"
+
+
+def test_a_directory_others_can_write_is_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # /tmp-like: another user could plant a graph with its entry.json
+    cache = SessionCache(shared, max_bytes=10_000)
+    with caplog.at_level(logging.INFO, logger="service.prepacked_cache"):
+        assert cache.graph("a" * 64, "first", _writer(10)) is None
+        assert cache.graph("b" * 64, "second", _writer(10)) is None
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "service.prepacked_cache"]
+    assert "writable by no one else" in line and "packs its own weights" in line
+    assert list(shared.iterdir()) == []
+    fresh = SessionCache(tmp_path / "made" / "sessions", max_bytes=10_000)
+    assert fresh.graph("a" * 64, "first", _writer(10)) is not None
+    assert fresh.root.stat().st_mode & 0o777 == 0o700  # made ours alone
+
+
+def test_an_entry_another_server_made_meanwhile_is_used(tmp_path: Path) -> None:
+    theirs = SessionCache(tmp_path / "sessions", max_bytes=10_000)
+    ours = SessionCache(tmp_path / "sessions", max_bytes=10_000)
+    key = "a" * 64
+
+    def write_while_they_finish(target: Path) -> None:
+        assert theirs.graph(key, "theirs", _writer(100)) is not None  # renamed in first
+        _writer(100)(target)
+
+    made = ours.graph(key, "ours", write_while_they_finish)
+    assert made == tmp_path / "sessions" / key / GRAPH_FILE
+    assert (theirs.made, ours.made) == (1, 1)
+    assert [p.name for p in (tmp_path / "sessions").iterdir()] == [key]  # no staging left
