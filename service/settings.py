@@ -333,8 +333,9 @@ class Settings(BaseSettings):
             "Where each pre-packed graph's optimised form (its weights in the layout the matrix "
             "kernels want, in a file sessions map) is made at load and reused by later starts: "
             "every session then shares one copy instead of packing its own. `auto`: "
-            "`$XDG_CACHE_HOME/attnserve/sessions` (else `~/.cache/attnserve/sessions`); empty: "
-            "off (each session packs its own copy). The files are specific to this machine's "
+            "`$XDG_CACHE_HOME/attnserve/sessions` (else `~/.cache/attnserve/sessions`; off "
+            "with neither a home directory nor `XDG_CACHE_HOME`); empty: off (each session packs "
+            "its own copy). The files are specific to this machine's "
             "CPU and onnxruntime, so they never go in a model directory. The server makes the "
             "directory (mode 0700) and uses it only if no other user can write it; otherwise, or "
             "where it cannot be written, it packs in memory, with one log line (see "
@@ -360,7 +361,10 @@ class Settings(BaseSettings):
         if chosen != "auto":
             return Path(chosen).expanduser()
         xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-        base = Path(xdg) if xdg else Path.home() / ".cache"
+        try:
+            base = Path(xdg) if xdg else Path.home() / ".cache"
+        except (RuntimeError, KeyError):  # no $HOME and a uid with no passwd entry
+            return None
         return base / "attnserve" / "sessions"
 
     max_concurrent_codecs: int = Field(
