@@ -55,6 +55,8 @@ NOT_BOUNDS = frozenset(
         "shared_run_ms",
         "providers",
         "prepacked_graphs",
+        "session_cache_dir",
+        "session_cache_bytes",  # the server's own disk, not what a caller can make it take
         "allow_spinning",
         "cpu_mem_arena",
         "warmup",

@@ -14,7 +14,10 @@ unpacked shares its pages. A pre-packed session holds a private copy of its
 encoder weights in the layout its matrix kernels want, which is faster on small
 runs, so only the graphs named by ``ATTNSERVE_PREPACKED_GRAPHS`` pre-pack
 (measured in docs/benchmarks.md). A graph with weights of its own (older
-exports) always pre-packs: it shares nothing either way.
+exports) always pre-packs: it shares nothing either way. With the session cache
+on (``ATTNSERVE_SESSION_CACHE_DIR``, service/prepacked_cache.py) a pre-packing
+graph opens its optimised form instead, whose pre-packed weights are in a data
+file every session maps: held once, whatever the number of sessions.
 
 A run's sequences are float32 [n, d] input embeddings, or for the graphs of
 ``graph_io.ID_GRAPHS`` int64 [n, 2] (token id, token type) pairs. Only the
@@ -30,6 +33,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -37,6 +42,7 @@ import onnxruntime as ort
 from model_export.manifest import graph_io
 from service.errors import ModelLoadError
 from service.model_info import ModelInfo, cannot_load, read_model_info
+from service.prepacked_cache import DATA_FILE, SessionCache, entry_key, session_cache
 from service.progress import GraphSteps
 from service.repository import ModelVersion, latest, model_directories
 from service.settings import Settings
@@ -155,9 +161,11 @@ class ModelRuntime:
         shared = info.manifest.weights is not None
         prepacked = settings.prepacked_graph_labels
 
+        def prepacks(graph: str) -> bool:
+            return not shared or graph_io.GRAPH_LABELS[graph] in prepacked
+
         def options(graph: str) -> ort.SessionOptions:
-            prepack = not shared or graph_io.GRAPH_LABELS[graph] in prepacked
-            chosen = _session_options(settings, prepack=prepack)
+            chosen = _session_options(settings, prepack=prepacks(graph))
             # The attention graph's buffers grow with seq²: without the arena, a long
             # request's memory goes back to the system afterwards, not reserved for good.
             chosen.enable_cpu_mem_arena &= graph not in graph_io.MAP_GRAPHS
@@ -197,9 +205,13 @@ class ModelRuntime:
             )
         steps = GraphSteps(log, f"loading model {info.name}", [file for _, _, file, *_ in graphs])
         self._sessions: dict[str, ort.InferenceSession] = {}
+        cache = session_cache(settings.session_cache_path, settings.session_cache_bytes)
         for key, label, file, inputs, outputs in graphs:
             steps.start(file)
-            self._sessions[key] = self._open(options(label), file, inputs, outputs)
+            made = None
+            if cache is not None and prepacks(label):
+                made = self._cached(cache, file, partial(options, label))
+            self._sessions[key] = self._open(options(label), file, inputs, outputs, made)
         # Format 5 has no text graph: that run is the token embeddings, then model.onnx.
         self._composed_text = text is not None and text.graph is None
         # The tokenizer and BM42's stopwords: the model's text front end, no onnxruntime.
@@ -211,11 +223,13 @@ class ModelRuntime:
         graph: str,
         inputs: tuple[str, ...],
         outputs: tuple[str, ...],
+        optimised: Path | None = None,
     ) -> ort.InferenceSession:
         path = self.info.file(graph)
         name = self.info.name
         try:
-            session = ort.InferenceSession(str(path), options, providers=self._providers)
+            opened = path if optimised is None else optimised
+            session = ort.InferenceSession(str(opened), options, providers=self._providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors, naming the path
             raise cannot_load(self.info, path, graph, exc) from exc
         got_inputs = tuple(i.name for i in session.get_inputs())
@@ -234,6 +248,35 @@ class ModelRuntime:
                     f"{graph_io.CONFIG_FILE} says d_model {self.info.config.d_model}"
                 )
         return session
+
+    def _cached(
+        self, cache: SessionCache, graph: str, options: Callable[[], ort.SessionOptions]
+    ) -> Path | None:
+        """``graph``'s optimised form with its pre-packed weights in its data file, from
+        ``cache`` or made into it (service/prepacked_cache.py); None: open the original."""
+        files = self.info.manifest.files()
+        sources = [files[graph], files.get(self.info.manifest.weights or "", "")]
+        level = options().graph_optimization_level
+        key = entry_key(
+            sources=sources,
+            runtime=f"onnxruntime {ort.__version__} {','.join(self._providers)}",
+            options=f"level={level} prepacked",
+        )
+
+        def write(target: Path) -> None:
+            chosen = options()
+            chosen.optimized_model_filepath = str(target)
+            for entry, value in (
+                ("session.optimized_model_external_initializers_file_name", DATA_FILE),
+                # Small constants (shapes, axes) stay in the graph, where shape inference
+                # reads them; every weight matrix is larger.
+                ("session.optimized_model_external_initializers_min_size_in_bytes", "1024"),
+                ("session.save_external_prepacked_constant_initializers", "1"),
+            ):
+                chosen.add_session_config_entry(entry, value)
+            ort.InferenceSession(str(self.info.file(graph)), chosen, providers=self._providers)
+
+        return cache.graph(key, f"{self.info.name}/{graph}", write)
 
     @property
     def graphs(self) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ the table and a test checks that the page holds it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -325,6 +326,46 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"unknown graphs {unknown}: choose from {', '.join(known)}")
         return value
+
+    session_cache_dir: str = Field(
+        "auto",
+        description=(
+            "Where each pre-packed graph's optimised form (its weights in the layout the matrix "
+            "kernels want, in a file sessions map) is made at load and reused by later starts: "
+            "every session then shares one copy instead of packing its own. `auto`: "
+            "`$XDG_CACHE_HOME/attnserve/sessions` (else `~/.cache/attnserve/sessions`; off "
+            "with neither a home directory nor `XDG_CACHE_HOME`); empty: off (each session packs "
+            "its own copy). The files are specific to this machine's "
+            "CPU and onnxruntime, so they never go in a model directory. The server makes the "
+            "directory (mode 0700) and uses it only if no other user can write it; otherwise, or "
+            "where it cannot be written, it packs in memory, with one log line (see "
+            "[the session cache](#the-session-cache))."
+        ),
+    )
+    session_cache_bytes: int = Field(
+        4096 * MiB,
+        ge=0,
+        description=(
+            "Disk the session cache may take: after an entry is made, the least recently used "
+            "others are removed until the total fits; an entry larger than this alone is not "
+            "kept (its graph packs in memory as without a cache)."
+        ),
+    )
+
+    @property
+    def session_cache_path(self) -> Path | None:
+        """The session cache's directory (``session_cache_dir`` resolved); None: off."""
+        chosen = self.session_cache_dir.strip()
+        if not chosen:
+            return None
+        if chosen != "auto":
+            return Path(chosen).expanduser()
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        try:
+            base = Path(xdg) if xdg else Path.home() / ".cache"
+        except (RuntimeError, KeyError):  # no $HOME and a uid with no passwd entry
+            return None
+        return base / "attnserve" / "sessions"
 
     max_concurrent_codecs: int = Field(
         1,

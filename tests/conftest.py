@@ -27,6 +27,10 @@ from tests.support.onnx_runs import new_session
 
 TINY_SEED = 1234
 
+# The session cache (service/prepacked_cache.py) writes under ~/.cache by default: the
+# tests' servers and runtimes leave it off, and its own tests give it a directory.
+os.environ.setdefault("ATTNSERVE_SESSION_CACHE_DIR", "")
+
 
 # Fixtures that export a real pretrained checkpoint (MiniLM, the head models): a minute or
 # more each on 2 cores, before their servers start. Tests that use one, directly or through
