@@ -39,9 +39,11 @@ async def keep_alive(
     deadline: float,
     latencies: list[float],
     sample: Sample | None = None,
+    first: int = 0,
 ) -> int:
-    """Sends ``requests`` in turn on one keep-alive connection until ``count`` or
-    ``deadline``; each answer must be a 200. Returns the body bytes received.
+    """Sends ``requests`` in turn, from index ``first`` on, on one keep-alive connection
+    until ``count`` or ``deadline``; each answer must be a 200. Returns the body bytes
+    received.
 
     With ``sample``, keeps the first and the last answer it got (a reference each, no
     copy) for a check after the run: answers made under load, batched with others'."""
@@ -49,7 +51,7 @@ async def keep_alive(
     received = 0
     last: tuple[int, Answer] | None = None
     try:
-        for i in range(count):
+        for i in range(first, first + count):
             if time.perf_counter() > deadline:
                 break
             start = time.perf_counter()
@@ -60,7 +62,7 @@ async def keep_alive(
             received += answer.size
             if sample is None:
                 continue
-            if i == 0:
+            if i == first:
                 sample.answers.append((i % len(requests), answer))
             else:
                 last = (i % len(requests), answer)
@@ -112,17 +114,23 @@ RunOnce = Callable[[int, float], Coroutine[Any, Any, tuple[float, list[float], i
 def load_run(
     port: int, requests: list[Request], concurrency: int, count: int, seconds: float
 ) -> tuple[dict[str, float], list[Kept]]:
-    """A short warm-up, then one run bounded by ``count`` requests and ``seconds``."""
+    """A short warm-up, then one run bounded by ``count`` requests and ``seconds``. Each
+    connection starts at its own place in ``requests``, and the timed run after the
+    warm-up's: with as many distinct requests as are sent, none is sent twice."""
+    used = [0]  # requests handed out so far, over both runs
 
     async def main(count: int, limit: float) -> tuple[float, list[float], int, Sample]:
         latencies: list[float] = []
         sample = Sample()
         per_conn = max(1, count // concurrency)
+        base, used[0] = used[0], used[0] + per_conn * concurrency
         start = time.perf_counter()
         sizes = await asyncio.gather(
             *(
-                keep_alive(port, requests, per_conn, start + limit, latencies, sample)
-                for _ in range(concurrency)
+                keep_alive(
+                    port, requests, per_conn, start + limit, latencies, sample, base + k * per_conn
+                )
+                for k in range(concurrency)
             )
         )
         return time.perf_counter() - start, latencies, sum(sizes), sample

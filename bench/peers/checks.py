@@ -85,17 +85,38 @@ def check_summary(row: Row) -> str:
     return text
 
 
+CHECKED_QUERIES = 64  # T2: the query texts whose answers are checked before timing
+
+
+def checked_calls(w: Workload, calls: int) -> list[int]:
+    """The calls whose answers are checked before a run is timed: every one, but of T2's
+    held set (one text per call) a spread of ``CHECKED_QUERIES``; the answers sampled
+    under load are checked too, whichever they are."""
+    if w.key == "T1" or not w.text:
+        return list(range(calls))
+    return list(range(0, calls, max(1, calls // CHECKED_QUERIES)))[:CHECKED_QUERIES]
+
+
 def compute_reference(bench: Bench) -> None:
     """Our graphs in this process (not timed): what every contender's answer must match,
-    per call a workload sends (one for arrays; one per text batch for T1)."""
+    per call a workload sends (one for arrays; one per text batch for T1; one per query
+    text for T2, encoded in length-sorted batches)."""
     graphs = SequenceReference(bench.model_dir, THREADS)
+    queries: list[dict[str, list[np.ndarray]]] = []
     for w in WORKLOADS:
         if w.text:
-            if bench.text:
-                text = Text(str(bench.model_dir), False, THREADS)
+            if not bench.text:
+                continue
+            text = Text(str(bench.model_dir), False, THREADS)
+            if w.key == "T1":
                 bench.reference[w.key] = [
                     {"pooled": list(text.texts(batch))} for batch in bench.inputs.texts
                 ]
+                continue
+            if not queries:  # T2 and T2L share the held set
+                pooled = text.sorted_texts(bench.inputs.queries, 64)
+                queries = [{"pooled": [vector]} for vector in pooled]
+            bench.reference[w.key] = queries
             continue
         ref: dict[str, list[np.ndarray]] = {"hidden": [], "attention": []}
         for s in bench.inputs.seqs[w.key]:  # one by one: what each sequence alone gives

@@ -46,15 +46,30 @@ class Setting:
 BASELINE = Setting(1, 2)  # the server's own: one run at a time, 2 intra-op threads
 SEQUENTIAL = (BASELINE, Setting(1, 1))  # one run at a time
 CONCURRENT = (Setting(2, 1), Setting(2, 2), Setting(2, 1, sessions=2))  # two runs at once
-TEXT = (BASELINE, Setting(2, 1))  # T1: our two graphs behind the tokenizer
+# Text: our two graphs behind the tokenizer; two runs on one 1-thread session or on two.
+TEXT = (BASELINE, Setting(2, 1), Setting(2, 1, sessions=2))
+TEXT_BATCHES = {"T1": (16, 32, 64), "T2": (4, 8, 16, 32)}  # texts per run of the graphs
 
 
 def settings(w: Workload) -> tuple[Setting, ...]:
     """The settings swept on ``w``: two runs at once only where two requests can be in
     flight (c ≥ 2); at c=1 one run at a time, with 2 threads or 1."""
-    if w.text:
-        return TEXT
-    return SEQUENTIAL if w.concurrency < 2 else (BASELINE, *CONCURRENT)
+    if w.concurrency < 2:
+        return SEQUENTIAL
+    return TEXT if w.text else (BASELINE, *CONCURRENT)
+
+
+def text_window(w: Workload, s: Setting) -> int:
+    """Texts one in-process run of ``w`` takes at setting ``s``: every text of the ``c``
+    requests in flight, shared among the setting's runs (T1: 128 sentences one at a time,
+    64 each with two; T2: 32 query texts or 16; T2L: one)."""
+    return w.batch * max(1, w.concurrency // s.runs)
+
+
+def text_batch_sizes(w: Workload, s: Setting) -> list[int]:
+    """Batch sizes of a text run's length-sorted texts, up to its window (T2L: one text)."""
+    window = text_window(w, s)
+    return [k for k in TEXT_BATCHES.get(w.key, (1,)) if k <= window] or [window]
 
 
 def batch_sizes(w: Workload, s: Setting) -> list[int]:
@@ -76,7 +91,8 @@ def limit_name(k: int, s: Setting) -> str:
 def _limit_rows(results: Results, w: Workload) -> dict[str, Row]:
     """The workload's in-process rows by name. Runs saved before the sweep named only
     the batch size (``batch ×1``) and held one setting: one run × 2 threads; T1's one
-    row was ``onnxruntime, our graphs``."""
+    row was ``onnxruntime, our graphs`` (text rows are named ``onnxruntime, our graphs,
+    batch ×k, SETTING``)."""
     if w.text:
         return {
             c.removeprefix(f"{OUR_GRAPHS}, ") if c != OUR_GRAPHS else BASELINE.label: r

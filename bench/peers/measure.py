@@ -17,6 +17,7 @@ from bench.lib.procs import Sampler, cpu_and_rss, process_tree
 from bench.peers.checks import (
     WrongAnswer,
     check_answers,
+    checked_calls,
     compute_reference,
     fail_round,
     record_round,
@@ -75,7 +76,8 @@ def measure_contender(
     fails any of it (or cannot be run) is reported loudly and left out of the ratios."""
     try:
         answers = []
-        for index, call in enumerate(calls):
+        for index in checked_calls(w, len(calls)):
+            call = calls[index]
             body, headers = send_once(server.port_of(call), call)
             answers.append((index, decode_answer(body, headers, call, w, bench.inputs)))
         before = check_answers(bench, w, answers)

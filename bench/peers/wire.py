@@ -133,6 +133,12 @@ def v2_text_call(model: str, texts: list[str]) -> Call:
     )
 
 
+def native_text_call(texts: list[str], encoding: str) -> Call:
+    """Our /v1/encode on texts, answering each text's mean-pooled, normalised vector."""
+    body = {"inputs": texts, "pooling": "mean", "normalize": True, "encoding_format": encoding}
+    return Call("/v1/encode", json.dumps(body).encode())
+
+
 def openai_call(path: str, model: str, texts: list[str], encoding: str) -> Call:
     body = {"model": model, "input": texts, "encoding_format": encoding}
     return Call(path, json.dumps(body).encode())
@@ -206,5 +212,7 @@ def decode_answer(
             got["attention"] = [out["attentions"][i, :, :, :n, :n] for i, n in enumerate(lengths)]
         return got
     if w.text:
+        if call.path == "/v1/encode":
+            return {"pooled": [decode_array(item["pooled"]) for item in json.loads(body)["data"]]}
         return {"pooled": list(decode_openai(body))}
     return decode_native(body)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,7 +18,8 @@ WORDS = tuple(_WORDS.split())
 
 @dataclass(frozen=True)
 class Workload:
-    """One request shape at one concurrency; ``seq`` 0 with ``ragged``: 8..max tokens."""
+    """One request shape at one concurrency; ``seq`` 0 with ``ragged``: 8..max tokens;
+    ``text``: ``batch`` sentences per request (T1), or one query text (T2, T2L)."""
 
     key: str
     title: str
@@ -37,7 +38,26 @@ WORKLOADS = (
     Workload("W4", "[1,128] + attention (reduce none) c=8", 1, 128, 8, attention=True),
     Workload("R", "[8, ragged 8–{max}] c=4", 8, 0, 4, ragged=True),
     Workload("T1", "text, 32 sentences c=4", 32, 0, 4, text=True),
+    Workload("T2", "query: one text per request c=32", 1, 0, 32, text=True),
+    Workload("T2L", "query: one text per request c=1 (latency)", 1, 0, 1, text=True),
 )
+QUERIES = 3000  # T2's held set: this many different texts, each sent as one request
+QUERY_WORDS = (6, 30)  # words per query text, both ends included
+
+
+def query_texts(n: int = QUERIES, seed: int = 46) -> list[str]:
+    """T2's held set: ``n`` different texts of 6–30 words drawn from ``WORDS`` by a seeded
+    generator (the same texts every run, nothing downloaded), in a fixed order."""
+    rng = np.random.default_rng(seed)
+    texts: list[str] = []
+    seen: set[str] = set()
+    while len(texts) < n:  # bounded: a repeat among 75^6+ word strings is all but impossible
+        size = int(rng.integers(QUERY_WORDS[0], QUERY_WORDS[1] + 1))
+        text = " ".join(rng.choice(WORDS, size=size)).capitalize() + "?"
+        if text not in seen:
+            seen.add(text)
+            texts.append(text)
+    return texts
 
 
 @dataclass
@@ -47,6 +67,7 @@ class Inputs:
     seqs: dict[str, list[np.ndarray]]  # workload key -> sequences [n_i, d_model]
     texts: list[list[str]]  # T1: a few batches, sent in turn (no peer can cache one answer)
     ids: dict[str, np.ndarray]  # in-process graph comparison: token ids [B, T]
+    queries: list[str] = field(default_factory=list)  # T2: one text per request, all different
 
 
 def make_inputs(d_model: int, max_seq: int, vocab: int) -> Inputs:
@@ -73,7 +94,7 @@ def make_inputs(d_model: int, max_seq: int, vocab: int) -> Inputs:
         for b, t in ((1, 16), (16, 16), (8, 128))
         if t <= max_seq and vocab > 1000
     }
-    return Inputs(seqs, texts, ids)
+    return Inputs(seqs, texts, ids, query_texts())
 
 
 def padded(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -85,3 +106,9 @@ def padded(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         embeds[i, : len(s)] = s
         mask[i, : len(s)] = 1
     return embeds, mask
+
+
+def text_batches(inputs: Inputs, w: Workload) -> list[list[str]]:
+    """A text workload's requests, each a list of texts: T1's batches, or T2's one query
+    text per request."""
+    return inputs.texts if w.key == "T1" else [[t] for t in inputs.queries]

@@ -13,7 +13,7 @@ from pathlib import Path
 from bench.lib.server import free_port, peer_process
 from bench.peers.common import INFINITY_OFF, VENVS, Bench, Server
 from bench.peers.wire import Call, openai_call
-from bench.peers.workloads import Workload
+from bench.peers.workloads import Workload, text_batches
 
 
 @contextmanager
@@ -42,14 +42,17 @@ def infinity(bench: Bench, scratch: Path, hf_dir: Path, optimise: bool = True) -
     def calls(w: Workload) -> dict[str, list[Call]]:
         if not w.text:
             return {}
+        texts = text_batches(bench.inputs, w)
         if not optimise:  # one encoding is enough to show what the optimisation buys
-            texts = bench.inputs.texts
+            if w.key != "T1":  # T2: the optimised server alone
+                return {}
             return {INFINITY_OFF: [openai_call("/embeddings", ".", t, "base64") for t in texts]}
+        encodings = ("float", "base64") if w.key == "T1" else ("float",)  # T2: JSON floats
         return {
             f"infinity-emb OpenAI {'JSON floats' if enc == 'float' else enc}": [
-                openai_call("/embeddings", ".", t, enc) for t in bench.inputs.texts
+                openai_call("/embeddings", ".", t, enc) for t in texts
             ]
-            for enc in ("float", "base64")
+            for enc in encodings
         }
 
     folder = infinity_folder(bench, hf_dir, scratch / f"infinity-model{tag}")

@@ -20,10 +20,23 @@ from typing import Any
 
 import numpy as np
 
-from bench.peers.checks import WrongAnswer, check_answers, fail_round, record_round
+from bench.peers.checks import (
+    WrongAnswer,
+    check_answers,
+    checked_calls,
+    fail_round,
+    record_round,
+)
 from bench.peers.common import OUT_PEERS, THREADS, VENVS, WORKERS, Bench
-from bench.peers.limit import OUR_GRAPHS, batch_sizes, limit_name, settings
-from bench.peers.workloads import WORKLOADS, Workload, padded
+from bench.peers.limit import (
+    OUR_GRAPHS,
+    batch_sizes,
+    limit_name,
+    settings,
+    text_batch_sizes,
+    text_window,
+)
+from bench.peers.workloads import WORKLOADS, Workload, padded, text_batches
 
 
 def run_inprocess(bench: Bench, w: Workload, optimum_dir: Path | None, st: bool) -> None:
@@ -52,41 +65,17 @@ def run_inprocess(bench: Bench, w: Workload, optimum_dir: Path | None, st: bool)
                         | {"graph": graph, "embeds": f"{w.key}x{k}_e", "mask": f"{w.key}x{k}_m"}
                     )
         else:
-            for s in settings(w):  # the text limit: our graphs, swept like the arrays'
-                tasks.append(
-                    base
-                    | s.task
-                    | {"name": f"T1 {OUR_GRAPHS}, {s.label}", "kind": "text"}
-                    | {"texts": bench.inputs.texts, "model_dir": str(bench.model_dir)}
-                    | {"optimum": False}
-                )
-            if optimum_dir is not None:  # the optimum export, as our server runs a graph
-                tasks.append(
-                    base
-                    | {"name": "T1 onnxruntime, optimum export", "kind": "text"}
-                    | {"texts": bench.inputs.texts, "model_dir": str(optimum_dir)}
-                    | {"optimum": True}
-                )
-            for shape, ids in bench.inputs.ids.items():
-                arrays[f"ids{shape}"] = ids
-                for label, model_dir, optimum in (
-                    ("ours", bench.model_dir, False),
-                    ("optimum", optimum_dir, True),
-                ):
-                    if model_dir is not None:
-                        tasks.append(
-                            base
-                            | {"name": f"graph {shape} {label}", "kind": "ids"}
-                            | {"ids": f"ids{shape}", "model_dir": str(model_dir)}
-                            | {"optimum": optimum}
-                        )
+            tasks += text_tasks(bench, w, base, optimum_dir)
+            if w.key == "T1":
+                tasks += graph_tasks(bench, base, arrays, optimum_dir)
         results = _worker(Path(sys.executable), work, "ours", tasks, arrays)
         if st and w.text and bench.hf_dir is not None:  # on torch and its ONNX backend
-            st_base = base | {"texts": bench.inputs.texts, "model_dir": str(bench.hf_dir)}
+            requests, check = request_texts(bench, w)
+            st_base = base | {"texts": requests, "check": check, "model_dir": str(bench.hf_dir)}
             st_tasks: list[dict[str, Any]] = [
-                st_base | {"name": "T1 sentence-transformers", "kind": "st"},
+                st_base | {"name": f"{w.key} sentence-transformers", "kind": "st"},
                 st_base
-                | {"name": "T1 sentence-transformers ONNX", "kind": "st-onnx"}
+                | {"name": f"{w.key} sentence-transformers ONNX", "kind": "st-onnx"}
                 | {"cache_dir": str(OUT_PEERS / f"{bench.results.name}-st-onnx")},
             ]
             try:
@@ -97,6 +86,67 @@ def run_inprocess(bench: Bench, w: Workload, optimum_dir: Path | None, st: bool)
         _record_inprocess(bench, results, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def request_texts(bench: Bench, w: Workload) -> tuple[list[list[str]], list[str]]:
+    """What an in-process text contender (not the limit) encodes in turn: T1's request
+    batches, or T2's query texts ``c`` at a time (the requests in flight, as one batch;
+    T2L: one); and the texts whose answers are checked (every checked call's, in order)."""
+    calls = text_batches(bench.inputs, w)
+    check = [t for i in checked_calls(w, len(calls)) for t in calls[i]]
+    if w.key == "T1":
+        return calls, check
+    queries, window = bench.inputs.queries, w.concurrency
+    requests = [queries[i : i + window] for i in range(0, min(len(queries), 64 * window), window)]
+    return requests, check
+
+
+def text_tasks(
+    bench: Bench, w: Workload, base: dict[str, Any], optimum_dir: Path | None
+) -> list[dict[str, Any]]:
+    """A text workload's in-process tasks: the limit (our graphs behind the tokenizer,
+    length-sorted batches, at every setting and batch size), and the optimum export run
+    as our server runs a graph."""
+    requests, check = request_texts(bench, w)
+    stream = [t for batch in text_batches(bench.inputs, w) for t in batch]
+    tasks = [
+        base
+        | s.task
+        | {"name": f"{w.key} {OUR_GRAPHS}, {limit_name(k, s)}", "kind": "text-limit"}
+        | {"texts": stream, "window": text_window(w, s), "batch": k, "check": check}
+        | {"model_dir": str(bench.model_dir)}
+        for s in settings(w)
+        for k in text_batch_sizes(w, s)
+    ]
+    if optimum_dir is not None:  # the optimum export, as our server runs a graph
+        tasks.append(
+            base
+            | {"name": f"{w.key} onnxruntime, optimum export", "kind": "text"}
+            | {"texts": requests, "check": check, "model_dir": str(optimum_dir)}
+            | {"optimum": True}
+        )
+    return tasks
+
+
+def graph_tasks(
+    bench: Bench, base: dict[str, Any], arrays: dict[str, Any], optimum_dir: Path | None
+) -> list[dict[str, Any]]:
+    """Our graphs against the optimum export on the same token ids (tokenizer excluded)."""
+    tasks = []
+    for shape, ids in bench.inputs.ids.items():
+        arrays[f"ids{shape}"] = ids
+        for label, model_dir, optimum in (
+            ("ours", bench.model_dir, False),
+            ("optimum", optimum_dir, True),
+        ):
+            if model_dir is not None:
+                tasks.append(
+                    base
+                    | {"name": f"graph {shape} {label}", "kind": "ids"}
+                    | {"ids": f"ids{shape}", "model_dir": str(model_dir)}
+                    | {"optimum": optimum}
+                )
+    return tasks
 
 
 def _worker(
@@ -134,36 +184,46 @@ def _record_inprocess(bench: Bench, results: dict[str, Any], work: Path) -> None
         if path.exists():
             with np.load(path) as npz:
                 outputs |= {k: npz[k] for k in npz.files}
-    t1 = next(w for w in WORKLOADS if w.key == "T1")
+    texts = {w.key: w for w in WORKLOADS if w.text}
     for name, stats in results.items():
         stats["round"] = bench.round
+        key, _, contender = name.partition(" ")
         if "error" in stats:
-            if name.startswith("T1 "):
-                fail_round(bench, t1, name.removeprefix("T1 "), stats["error"])
+            if key in texts:
+                fail_round(bench, texts[key], contender, stats["error"])
             else:  # a limit's run: the round has no limit, every ratio of it is dropped
                 what = name.replace("|", " ")
                 bench.note(f"✗ in-process {what}: round {bench.round} failed: {stats['error']}")
             continue
         stats["items_per_s"] = stats["items"] * stats["runs"] / stats["wall_s"]
-        if name.startswith("graph "):
-            bench.row("graph", name.removeprefix("graph ")).rounds.append(stats)
-        elif name.startswith("T1 "):
-            contender = name.removeprefix("T1 ")
-            answers = [
-                (j, {"pooled": list(outputs[f"{name}#{j}"])})
-                for j in range(len(bench.inputs.texts))
-                if f"{name}#{j}" in outputs
-            ]
+        if key == "graph":
+            bench.row("graph", contender).rounds.append(stats)
+        elif key in texts:
+            w = texts[key]
             try:
-                stats |= check_answers(bench, t1, answers)
+                stats |= check_answers(bench, w, checked_answers(bench, w, outputs, name))
             except WrongAnswer as exc:
-                fail_round(bench, t1, contender, f"wrong answer: {exc}")
+                fail_round(bench, w, contender, f"wrong answer: {exc}")
                 continue
-            record_round(bench, t1, contender, stats)
+            record_round(bench, w, contender, stats)
         else:
             workload, contender = name.split("|")
             bench.row(workload, contender).rounds.append(stats)
     print("  in-process done", flush=True)
+
+
+def checked_answers(
+    bench: Bench, w: Workload, outputs: dict[str, np.ndarray], name: str
+) -> list[tuple[int, dict[str, list[np.ndarray]]]]:
+    """A text contender's answer to the checked calls' texts, split back into calls."""
+    if f"{name}#check" not in outputs:
+        return []
+    vectors, calls = list(outputs[f"{name}#check"]), text_batches(bench.inputs, w)
+    answers = []
+    for i in checked_calls(w, len(calls)):
+        answers.append((i, {"pooled": vectors[: len(calls[i])]}))
+        vectors = vectors[len(calls[i]) :]
+    return answers
 
 
 def optimum_export(bench: Bench) -> Path | None:

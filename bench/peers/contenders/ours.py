@@ -13,11 +13,12 @@ from bench.peers.wire import (
     Call,
     grpc_call,
     native_call,
+    native_text_call,
     openai_call,
     v2_call,
     v2_text_call,
 )
-from bench.peers.workloads import Workload
+from bench.peers.workloads import Workload, text_batches
 
 
 @contextmanager
@@ -40,7 +41,14 @@ def ours(bench: Bench, scratch: Path) -> Iterator[Server]:
         if w.text:
             if not bench.text:
                 return {}
-            texts = bench.inputs.texts
+            texts = text_batches(bench.inputs, w)
+            if w.key != "T1":  # one query text per request: the OpenAI route and ours
+                return {
+                    "ours OpenAI JSON floats": [
+                        openai_call("/v1/embeddings", bench.results.name, t, "float") for t in texts
+                    ],
+                    "ours JSON floats": [native_text_call(t, "float") for t in texts],
+                }
             return {
                 "ours OpenAI JSON floats": [
                     openai_call("/v1/embeddings", bench.results.name, t, "float") for t in texts
