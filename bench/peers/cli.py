@@ -24,6 +24,7 @@ from bench.peers.plot import plot
 from bench.peers.ratios import ratios
 from bench.peers.report import report, write_doc
 from bench.peers.workloads import WORKLOADS, make_inputs
+from bench.peers.wrk import WRK_WORKLOADS, wrk_binary
 
 CONTENDERS = ("inproc", "ours", "pytriton", "infinity")
 
@@ -43,6 +44,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="0,500,2000,0x2",
         help="PyTriton's sweep: batching windows in µs, 'xN' for N model instances",
     )
+    parser.add_argument(
+        "--wrk-workloads",
+        default=WRK_WORKLOADS,
+        help="where wrk drives the servers too (rows ', wrk'); '' for none",
+    )
     parser.add_argument("--doc", type=Path, default=None, help="default docs/benchmarks.md")
     parser.add_argument("--plot", type=Path, default=None, help="default docs/img/peers.png")
     parser.add_argument("--json", type=Path, default=None, help="default bench/out/peers.json")
@@ -56,6 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.smoke:
         args.rounds, args.requests, args.seconds = 1, 40, 0.3
         args.only = args.only or "inproc,ours"
+        if args.wrk_workloads == WRK_WORKLOADS:  # one workload shows the wrk rows work
+            args.wrk_workloads = "W2"
     return args
 
 
@@ -128,6 +136,16 @@ def server_starters(
     return starters
 
 
+def use_wrk(bench: Bench, workloads: str, chosen: set[str]) -> None:
+    """wrk drives the servers on ``workloads`` too, if it is installed (else noted)."""
+    bench.wrk_workloads = set(filter(None, workloads.split(","))) & chosen
+    if not bench.wrk_workloads:
+        return
+    bench.wrk = wrk_binary()
+    if bench.wrk is None:
+        bench.note("wrk: skipped (not installed: run bench/peers/setup_wrk.sh)")
+
+
 def run(args: argparse.Namespace, config: dict[str, Any], scratch: Path, raw: Path) -> None:
     """Every contender asked for, every round; the results written to ``raw``."""
     only = set(filter(None, args.only.split(","))) or set(CONTENDERS)
@@ -138,6 +156,7 @@ def run(args: argparse.Namespace, config: dict[str, Any], scratch: Path, raw: Pa
     starters = server_starters(bench, only, scratch, optimum_dir, triton_settings)
     chosen = set(filter(None, args.workloads.split(","))) or {w.key for w in WORKLOADS}
     workloads = [w for w in WORKLOADS if (bench.text or not w.text) and w.key in chosen]
+    use_wrk(bench, args.wrk_workloads, chosen)
     settle = 0.2 if args.smoke else 2.0
     measure(bench, starters, workloads, settle, optimum_dir, st, "inproc" in only)
     results = bench.results

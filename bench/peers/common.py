@@ -163,6 +163,8 @@ class Bench:
     reference: dict[str, list[dict[str, list[np.ndarray]]]] = field(default_factory=dict)
     load: Any = None  # the load process's pool
     round: int = 1  # the round being measured (1-based); every record carries it
+    wrk: str | None = None  # the wrk binary, where it drives servers too (bench.peers.wrk)
+    wrk_workloads: set[str] = field(default_factory=set)  # the workloads it drives
 
     @property
     def requests(self) -> int:

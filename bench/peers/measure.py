@@ -26,6 +26,7 @@ from bench.peers.common import Bench, Server
 from bench.peers.contenders.inprocess import run_inprocess
 from bench.peers.wire import Call, decode_answer, send_once
 from bench.peers.workloads import Workload
+from bench.peers.wrk import WRK, wrk_ready, wrk_run
 
 # How to start a server contender: (its name, a context manager yielding it running).
 Starter = tuple[str, Callable[[], AbstractContextManager[Server]]]
@@ -75,12 +76,7 @@ def measure_contender(
     timed run, then a sample of the answers it got under load checked too. A round that
     fails any of it (or cannot be run) is reported loudly and left out of the ratios."""
     try:
-        answers = []
-        for index in checked_calls(w, len(calls)):
-            call = calls[index]
-            body, headers = send_once(server.port_of(call), call)
-            answers.append((index, decode_answer(body, headers, call, w, bench.inputs)))
-        before = check_answers(bench, w, answers)
+        before = check_before(bench, server, w, calls)
         stats, sample = measure_server(
             bench, server.pid, server.port_of(calls[0]), w, contender, calls
         )
@@ -101,6 +97,43 @@ def measure_contender(
     stats["check_max_abs"] = max(before["check_max_abs"], after["check_max_abs"])
     stats["checked"] = before["checked"] + after["checked"]
     record_round(bench, w, contender, stats)
+
+
+def check_before(bench: Bench, server: Server, w: Workload, calls: list[Call]) -> dict[str, float]:
+    """The Python client's check before a timed run: the checked calls' answers, one by
+    one (WrongAnswer if any is off)."""
+    answers = []
+    for index in checked_calls(w, len(calls)):
+        call = calls[index]
+        body, headers = send_once(server.port_of(call), call)
+        answers.append((index, decode_answer(body, headers, call, w, bench.inputs)))
+    return check_answers(bench, w, answers)
+
+
+def measure_wrk(
+    bench: Bench, server: Server, w: Workload, contender: str, calls: list[Call]
+) -> None:
+    """One round of a server contender driven by wrk (row ``contender + WRK``): the
+    Python client's check first (wrk checks nothing), then wrk's timed run."""
+    assert bench.wrk is not None
+    name = contender + WRK
+    try:
+        before = check_before(bench, server, w, calls)
+        with Sampler(server.pid) as sampler:
+            stats = wrk_run(bench.wrk, server.port, calls, w.concurrency, bench.seconds)
+    except WrongAnswer as exc:
+        fail_round(bench, w, name, f"wrong answer: {exc}")
+        return
+    except Exception as exc:  # a failed request, a dead server: the round is lost, not the run
+        fail_round(bench, w, name, f"{type(exc).__name__}: {exc}")
+        return
+    stats |= {
+        "items_per_s": stats["requests"] * workload_items(bench, w) / stats["wall_s"],
+        "server_peak_rss_mb": sampler.peak / 2**20,
+        "server_cores": sampler.cores,
+    }
+    print(f"  {w.key} {name}: {stats['items_per_s']:,.0f} /s, p50 {stats['p50_ms']:.1f} ms")
+    record_round(bench, w, name, stats | before)
 
 
 def idle_cores(server: Server, seconds: float = 2.0) -> float:
@@ -151,6 +184,9 @@ def interleaved(
             steps.append(
                 (contender, partial(measure_contender, bench, server, w, contender, calls))
             )
+            if bench.wrk and w.key in bench.wrk_workloads and wrk_ready(calls):
+                wrk = partial(measure_wrk, bench, server, w, contender, calls)
+                steps.append((contender + WRK, wrk))
     return steps
 
 
