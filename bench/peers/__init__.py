@@ -12,7 +12,10 @@ per-token embeddings and attention, or of sentence embeddings for text).
 
 The load generator is one process with the load client of ``bench.lib``
 (keep-alive HTTP/1.1 framed by h11; an httpx client would eat the cores it
-measures); every loop is bounded by count and time. Peers live in venvs made by
+measures); every loop is bounded by count and time. Where ``wrk`` is installed
+(``setup_wrk.sh``) it drives the servers too on W2, W4 and T2 (rows ``…, wrk``):
+a compiled client, which leaves the server the cores the Python one takes; it
+reads no answer, so its rounds count after the Python client's check. Peers live in venvs made by
 ``bench/peers/setup_*.sh``; a contender whose venv is missing is skipped with a
 line saying so. Measuring writes ``bench/out/peers.json``; the report in
 docs/benchmarks.md and the plot are rendered from that file (``--from-json``
@@ -23,7 +26,8 @@ renders an earlier run's again).
 
 The package: ``workloads`` (inputs), ``wire`` (requests and answers of each
 protocol), ``checks`` (answers against the reference), ``contenders/`` (one
-module each: ours, in-process, PyTriton, infinity-emb), ``measure`` (rounds),
+module each: ours, in-process, PyTriton, infinity-emb), ``wrk`` (the compiled
+load client), ``measure`` (rounds),
 ``ratios``, ``report`` and ``plot`` (rendering), ``cli``; ``workers/`` holds
 what runs inside the peers' own venvs.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -59,6 +60,14 @@ def test_smoke_run_reports_every_row(tiny_model_dir: Path, tmp_path: Path) -> No
         row = rows[(workload, "ours gRPC")]
         assert row["check"].startswith("✓") and row["ratios"][0] > 0, row
     assert ("W3", "ours gRPC") not in rows
+    if shutil.which("wrk"):  # the compiled client on W2 (the smoke run's), checked first
+        for contender in CONTENDERS:
+            row = rows[("W2", f"{contender}, wrk")]
+            assert row["check"].startswith("✓") and row["ratios"][0] > 0, row
+            assert row["rounds"][0]["loadgen_cores"] >= 0
+        assert ("W1", "ours base64, wrk") not in rows
+    else:
+        assert any(n.startswith("wrk: skipped") for n in result["notes"])
 
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nkept as it is\n")
