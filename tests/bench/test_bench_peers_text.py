@@ -76,3 +76,19 @@ def test_length_sorted_batches_answer_as_one_text_at_a_time(minilm_repository: P
     stats = run_task(task, {}, outputs)
     assert stats["runs"] == 6 and stats["items"] == 16
     assert float(np.abs(outputs["T2 x#check"] - alone[:5]).max()) <= ATOL
+
+
+def test_the_docs_say_what_the_code_decides() -> None:
+    """docs/benchmarks.md's T2 prose: the held set's size, its word counts, the checked
+    texts, the latency target and where wrk runs, as the code has them."""
+    from bench.peers.report import OVERHEAD_TARGET_MS
+    from bench.peers.workloads import QUERY_WORDS
+    from bench.peers.wrk import WRK_WORKLOADS
+
+    text = " ".join((Path(__file__).parents[2] / "docs" / "benchmarks.md").read_text().split())
+    low, high = QUERY_WORDS
+    assert f"a held set of {QUERIES:,} different texts of {low}–{high} words" in text
+    assert f"check before timing covers {CHECKED_QUERIES} of the held texts" in text
+    assert f"(target ≤ +{OVERHEAD_TARGET_MS:.1f} ms)" in text
+    workloads = WRK_WORKLOADS.split(",")
+    assert f"On {', '.join(workloads[:-1])} and {workloads[-1]} (`--wrk-workloads`)" in text
