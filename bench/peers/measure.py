@@ -72,31 +72,36 @@ def measure_server(
 def measure_contender(
     bench: Bench, server: Server, w: Workload, contender: str, calls: list[Call]
 ) -> None:
-    """One round of a server contender: every call's answer checked before timing, the
-    timed run, then a sample of the answers it got under load checked too. A round that
-    fails any of it (or cannot be run) is reported loudly and left out of the ratios."""
-    try:
+    """One round of a server contender: the checked calls' answers checked before timing,
+    the timed run, then a sample of the answers it got under load checked too. A round
+    that fails any of it (or cannot be run) is reported loudly and left out of the ratios."""
+
+    def run() -> dict[str, float]:
         before = check_before(bench, server, w, calls)
         stats, sample = measure_server(
             bench, server.pid, server.port_of(calls[0]), w, contender, calls
         )
-        after = check_answers(
-            bench,
-            w,
-            [
-                (i, decode_answer(body, headers, calls[i], w, bench.inputs))
-                for i, body, headers in sample
-            ],
-        )
+        got = [(i, decode_answer(b, h, calls[i], w, bench.inputs)) for i, b, h in sample]
+        after = check_answers(bench, w, got)
+        stats["check_max_abs"] = max(before["check_max_abs"], after["check_max_abs"])
+        stats["checked"] = before["checked"] + after["checked"]
+        return stats
+
+    if (stats := counted(bench, w, contender, run)) is not None:
+        record_round(bench, w, contender, stats)
+
+
+def counted(
+    bench: Bench, w: Workload, contender: str, run: Callable[[], dict[str, float]]
+) -> dict[str, float] | None:
+    """A contender's round, or None when it failed (said loudly, kept in its row)."""
+    try:
+        return run()
     except WrongAnswer as exc:
         fail_round(bench, w, contender, f"wrong answer: {exc}")
-        return
     except Exception as exc:  # a refused request, a dead server: the round is lost, not the run
         fail_round(bench, w, contender, f"{type(exc).__name__}: {exc}")
-        return
-    stats["check_max_abs"] = max(before["check_max_abs"], after["check_max_abs"])
-    stats["checked"] = before["checked"] + after["checked"]
-    record_round(bench, w, contender, stats)
+    return None
 
 
 def check_before(bench: Bench, server: Server, w: Workload, calls: list[Call]) -> dict[str, float]:
@@ -114,26 +119,27 @@ def measure_wrk(
     bench: Bench, server: Server, w: Workload, contender: str, calls: list[Call]
 ) -> None:
     """One round of a server contender driven by wrk (row ``contender + WRK``): the
-    Python client's check first (wrk checks nothing), then wrk's timed run."""
-    assert bench.wrk is not None
-    name = contender + WRK
-    try:
+    Python client's check first (wrk reads no answer), then wrk's timed run."""
+    wrk, name = bench.wrk, contender + WRK
+    assert wrk is not None
+
+    def run() -> dict[str, float]:
         before = check_before(bench, server, w, calls)
         with Sampler(server.pid) as sampler:
-            stats = wrk_run(bench.wrk, server.port, calls, w.concurrency, bench.seconds)
-    except WrongAnswer as exc:
-        fail_round(bench, w, name, f"wrong answer: {exc}")
-        return
-    except Exception as exc:  # a failed request, a dead server: the round is lost, not the run
-        fail_round(bench, w, name, f"{type(exc).__name__}: {exc}")
-        return
-    stats |= {
-        "items_per_s": stats["requests"] * workload_items(bench, w) / stats["wall_s"],
-        "server_peak_rss_mb": sampler.peak / 2**20,
-        "server_cores": sampler.cores,
-    }
-    print(f"  {w.key} {name}: {stats['items_per_s']:,.0f} /s, p50 {stats['p50_ms']:.1f} ms")
-    record_round(bench, w, name, stats | before)
+            stats = wrk_run(wrk, server.port, calls, w.concurrency, bench.seconds)
+        return (
+            stats
+            | before
+            | {
+                "items_per_s": stats["requests"] * workload_items(bench, w) / stats["wall_s"],
+                "server_peak_rss_mb": sampler.peak / 2**20,
+                "server_cores": sampler.cores,
+            }
+        )
+
+    if (stats := counted(bench, w, name, run)) is not None:
+        print(f"  {w.key} {name}: {stats['items_per_s']:,.0f} /s, p50 {stats['p50_ms']:.1f} ms")
+        record_round(bench, w, name, stats)
 
 
 def idle_cores(server: Server, seconds: float = 2.0) -> float:
