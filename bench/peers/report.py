@@ -187,12 +187,12 @@ def detail_table(results: Results, max_seq: int, rounds: int) -> list[str]:
         best, single = limit_of(results, w)
         if not best:
             continue
-        p50 = statistics.median(single.values()) if single else float("nan")
+        p50 = f"{statistics.median(single.values()):.1f}" if single else "—"
         setting, p50_setting = limit_names(results, w)
         lines.append(
-            f"| {workload_title(w, max_seq)} | in-process limit: {setting}; "
-            f"p50 one request: {p50_setting} "
-            f"| {statistics.median(best.values()):,.0f} | {p50:.1f} | | 1 "
+            f"| {workload_title(w, max_seq)} | in-process limit: {setting}"
+            + (f"; p50 one request: {p50_setting} " if single else " ")
+            + f"| {statistics.median(best.values()):,.0f} | {p50} | | 1 "
             f"| {len(best)}/{rounds} | | | | reference |"
         )
         for c in ordered({c for (k, c) in results.rows if k == w.key}):
