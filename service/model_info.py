@@ -17,6 +17,7 @@ from pathlib import Path
 from model_export.manifest import EncoderConfig, Manifest, ManifestError, Pooling, graph_io
 from service.dense import FLOAT_BYTES, DenseWeights, load_dense
 from service.errors import ModelLoadError
+from service.lane_sessions import lane_session_copies
 from service.settings import Settings
 
 
@@ -92,7 +93,9 @@ def cannot_load(info: ModelInfo, path: Path, shown: str, exc: Exception) -> Mode
 
 def _prepacked_copies(manifest: Manifest, files: dict[str, Path], settings: Settings) -> int:
     """Bytes the pre-packed sessions add to a shared weight file: each holds its own copy
-    of the encoder's share of it (the token embeddings are looked up, never packed)."""
+    of the encoder's share of it (the token embeddings are looked up, never packed), and
+    so does each lane session of its graph not opened from the session cache
+    (``lane_sessions.lane_session_copies``)."""
     if manifest.weights is None:
         return 0
     encoder = manifest.architecture.parameters()
@@ -102,7 +105,7 @@ def _prepacked_copies(manifest: Manifest, files: dict[str, Path], settings: Sett
         labels.add(graph_io.GRAPH_LABELS[graph_io.GRAPH_SPARSE])
     if manifest.head is not None:
         labels.add(graph_io.GRAPH_LABELS[manifest.head.graph])
-    copies = len(labels & settings.prepacked_graph_labels)
+    copies = len(labels & settings.prepacked_graph_labels) * (1 + lane_session_copies(settings))
     return int(copies * share * files[manifest.weights].stat().st_size)
 
 
