@@ -263,6 +263,11 @@ class SharingModel:
         crossing = float(np.exp((MIN_SHARING_GAIN - intercept) / slope))
         self.limit_seconds = min(crossing, largest * SHARING_EXTRAPOLATION)
 
+    @property
+    def observed(self) -> int:
+        """Shapes measured."""
+        return len(self._points)
+
     def shares(self, seconds_alone: float) -> bool:
         return seconds_alone <= self.limit_seconds
 

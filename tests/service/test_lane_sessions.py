@@ -5,6 +5,7 @@ lane's. Real exports, real onnxruntime, real servers."""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,9 @@ import httpx
 import numpy as np
 
 from model_export import graph_io
+from service.calibration import calibrate_graph, calibration_shapes
+from service.inference_lanes import InferenceLanes
+from service.run_planner import LaneModel, RunCostModel, memory_bounds
 from service.runtime import RunOptions, load_repository, pad
 from service.settings import Settings
 from tests.conftest import server_process
@@ -82,6 +86,34 @@ def test_each_lane_session_answers_bitwise_as_the_graphs_own(
                 np.testing.assert_array_equal(got[name].view("<u4"), value.view("<u4"))
 
 
+def test_calibration_times_pairs_on_the_graphs_and_the_lanes_own_sessions(
+    model_repository: Path, tmp_path: Path
+) -> None:
+    settings = _settings(model_repository, str(tmp_path / "sessions"))
+    runtime = load_repository(settings)[MODEL]
+
+    async def calibrate(graph: str) -> LaneModel:
+        lanes = InferenceLanes(settings.inference_lanes)
+        try:
+            return await calibrate_graph(
+                lanes,
+                runtime,
+                graph,
+                memory_bounds(settings.max_batch_tokens, 0, settings.max_batch_attention_floats),
+                RunCostModel(settings.max_batch_tokens),
+                measure_sharing=True,
+                batch_tokens=settings.max_batch_tokens,
+            )
+        finally:
+            lanes.shutdown()
+
+    shapes = len(calibration_shapes(graph_io.GRAPH_EMBEDDINGS))
+    with_lanes = asyncio.run(calibrate(graph_io.GRAPH_EMBEDDINGS))
+    assert with_lanes.shared.observed == with_lanes.own.observed == shapes
+    without = asyncio.run(calibrate(graph_io.GRAPH_HIDDEN_STATES))  # not pre-packed: no lanes
+    assert without.shared.observed > 0 and without.own.observed == 0
+
+
 def _body(k: int) -> dict[str, Any]:
     rng = np.random.default_rng(300 + k)
     return {
@@ -117,6 +149,10 @@ def test_overlapping_runs_on_lane_sessions_answer_as_one_lane(
         assert scrape(one.url).value("attnserve_lane_session_runs_total") == 0
     lanes = {"inference_lanes": "2", "intra_op_threads": "2", "shared_run_ms": "1e9"}
     with server_process(model_repository, **lanes, **common) as two:
+        with httpx.Client(base_url=two.url, timeout=60) as client:
+            for k in range(3):  # one at a time: each alone, on the graph's own session
+                assert client.post("/v1/encode", json=_body(k)).status_code == 200
+        assert scrape(two.url).value("attnserve_lane_session_runs_total") == 0
         got = _answers(two.url)
         seen = scrape(two.url)
     assert seen.value("attnserve_overlapped_runs_total") > 0
