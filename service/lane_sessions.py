@@ -46,11 +46,13 @@ def opens_lane_sessions(settings: Settings, *, cached: bool) -> bool:
 
 def lane_session_copies(settings: Settings) -> int:
     """Private pre-packed copies of the encoder's weights each pre-packed graph's lane
-    sessions add, for the memory ledger: none when they map the session cache's file
-    (shared pages, counted once with the graph's own session), one per lane when
-    ``on`` asks for them without a cache. What a session holds beside its weights (its
-    state, a few MiB, and its arena) is not counted: the runs' working memory is bounded
-    by the batch budgets, one run per lane at a time, as with one session."""
+    sessions may add, for the memory ledger: with ``auto`` none (they exist only mapping
+    the session cache's file: shared pages, counted once with the graph's own session);
+    with ``on`` one per lane, cache or not (a cache found unwritable at load falls back
+    to packing in memory, so the copies are real then). What a session holds beside its
+    weights (its state, a few MiB, and its arena) is not counted: the runs' working
+    memory is bounded by the batch budgets, one run per lane at a time, as with one
+    session."""
     if not lane_threads(settings) or settings.lane_sessions != "on":
         return 0
-    return 0 if settings.session_cache_path is not None else settings.inference_lanes
+    return settings.inference_lanes

@@ -22,7 +22,9 @@ file every session maps: held once, whatever the number of sessions.
 A run's sequences are float32 [n, d] input embeddings, or for the graphs of
 ``graph_io.ID_GRAPHS`` int64 [n, 2] (token id, token type) pairs. Only the
 batcher's inference lanes call :meth:`ModelRuntime.run`, up to one run per
-lane at once on the same sessions (onnxruntime allows it).
+lane at once on the same sessions (onnxruntime allows it), or on the lane's own
+session of the graph where it has them (service/lane_sessions.py:
+``RunOptions.lane_session``).
 :func:`load_repository` loads every model of a model repository through its
 manifest, checking each file's SHA-256 first, and raises
 :class:`ModelLoadError` with a clear message on anything wrong.
