@@ -158,3 +158,35 @@ def read_model_info(
         dense=dense,
         within=within,
     )
+
+
+# (session key, graph label, file, inputs, outputs) of one graph a runtime opens.
+SessionGraph = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
+
+
+def session_graphs(info: ModelInfo) -> list[SessionGraph]:
+    """Each graph of ``info``'s export a runtime opens a session of: each the manifest
+    lists (checked at open to have the outputs it records), the text graphs, a head."""
+    graphs: list[SessionGraph] = [
+        (graph, graph, graph, graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), outs)
+        for graph, outs in ((g, e.outputs) for g, e in info.manifest.graphs.items())
+    ]
+    text, ids = info.manifest.text, graph_io.TEXT_GRAPH_INPUTS
+    if text is not None and text.graph is not None:
+        text_graph = graph_io.GRAPH_TEXT
+        graphs.append((text_graph, text_graph, text.graph, ids, graph_io.TEXT_GRAPH_OUTPUTS))
+    # BM42 (format 4): the [CLS] attention row graph.
+    if text is not None and text.sparse_graph is not None:
+        sparse = text.sparse_graph
+        graphs.append((sparse, graph_io.GRAPH_SPARSE, sparse, ids, graph_io.SPARSE_GRAPH_OUTPUTS))
+    # A head (cross-encoder, classifier, SPLADE): token ids -> its answer per sequence.
+    head = info.manifest.head
+    if head is not None:
+        graphs.append((head.graph, head.graph, head.graph, ids, graph_io.HEAD_GRAPHS[head.graph]))
+    if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
+        lookup = graph_io.GRAPH_TOKEN_EMBEDDINGS
+        lookup_outputs = graph_io.ID_GRAPHS[lookup]
+        graphs.append(
+            (lookup, lookup, text.embeddings_graph, graph_io.TEXT_INPUT_NAMES, lookup_outputs)
+        )
+    return graphs

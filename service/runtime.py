@@ -43,7 +43,7 @@ import onnxruntime as ort
 from model_export.manifest import graph_io
 from service.errors import ModelLoadError
 from service.lane_sessions import lane_threads, opens_lane_sessions
-from service.model_info import ModelInfo, cannot_load, read_model_info
+from service.model_info import ModelInfo, cannot_load, read_model_info, session_graphs
 from service.prepacked_cache import DATA_FILE, SessionCache, entry_key, session_cache
 from service.progress import GraphSteps
 from service.repository import ModelVersion, latest, model_directories
@@ -139,34 +139,7 @@ class ModelRuntime:
 
         self._arenas: set[str] = set()  # the graphs whose sessions have a CPU arena
 
-        # (session key, graph label, file, inputs, outputs) of each graph to open.
-        # Each graph the manifest lists, checked to have the outputs it records.
-        graphs: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
-            (graph, graph, graph, graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), outs)
-            for graph, outs in ((g, e.outputs) for g, e in info.manifest.graphs.items())
-        ]
-        text, ids = info.manifest.text, graph_io.TEXT_GRAPH_INPUTS
-        if text is not None and text.graph is not None:
-            text_graph = graph_io.GRAPH_TEXT
-            graphs.append((text_graph, text_graph, text.graph, ids, graph_io.TEXT_GRAPH_OUTPUTS))
-        # BM42 (format 4): the [CLS] attention row graph.
-        if text is not None and text.sparse_graph is not None:
-            sparse = text.sparse_graph
-            graphs.append(
-                (sparse, graph_io.GRAPH_SPARSE, sparse, ids, graph_io.SPARSE_GRAPH_OUTPUTS)
-            )
-        # A head (cross-encoder, classifier, SPLADE): token ids -> its answer per sequence.
-        head = info.manifest.head
-        if head is not None:
-            graphs.append(
-                (head.graph, head.graph, head.graph, ids, graph_io.HEAD_GRAPHS[head.graph])
-            )
-        if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
-            lookup = graph_io.GRAPH_TOKEN_EMBEDDINGS
-            lookup_outputs = graph_io.ID_GRAPHS[lookup]
-            graphs.append(
-                (lookup, lookup, text.embeddings_graph, graph_io.TEXT_INPUT_NAMES, lookup_outputs)
-            )
+        graphs = session_graphs(info)
         steps = GraphSteps(log, f"loading model {info.name}", [file for _, _, file, *_ in graphs])
         self._sessions: dict[str, ort.InferenceSession] = {}
         # Each pre-packed graph's sessions of the inference lanes, one per lane.
@@ -186,6 +159,7 @@ class ModelRuntime:
                     for _ in range(settings.inference_lanes)
                 ]
         # Format 5 has no text graph: that run is the token embeddings, then model.onnx.
+        text = info.manifest.text
         self._composed_text = text is not None and text.graph is None
         # The tokenizer and BM42's stopwords: the model's text front end, no onnxruntime.
         self.text = TextFrontEnd.load(info)
