@@ -5,7 +5,10 @@ as one more set of lane sessions would), runs each once on the embeddings graph 
 reads its PSS from /proc/self/smaps_rollup. Without the cache each pre-packed graph
 packs a private copy per session; with it every session maps the one pre-packed
 file. Not a timed test: one line per setting, and the process's wall time
-with a cold cache (the entries made), a warm one and none.
+with a cold cache (the entries made), a warm one and none. Last, what the
+lanes' own sessions add (service/lane_sessions.py): one runtime with two intra-op
+threads and two lanes, warmed up (every session run once), with
+``ATTNSERVE_LANE_SESSIONS`` off and on the cache.
 
     .venv/bin/python -m bench.session_cache_memory --model-dir models/minilm-l6
 """
@@ -23,10 +26,12 @@ from bench.lib.models import DEFAULT_MODEL_DIR
 from bench.memory import MiB, smaps
 
 COUNTS = (1, 2, 3)
+LANES = 2
 
 
-def child(model_dir: Path, cache: str, count: int) -> None:
-    """In this process: ``count`` runtimes of ``model_dir``, one run each; print PSS."""
+def child(model_dir: Path, cache: str, count: int, lane_sessions: str = "") -> None:
+    """In this process: ``count`` runtimes of ``model_dir``, one run each; print PSS.
+    With ``lane_sessions``: one runtime, two threads and two lanes, warmed up."""
     import os
 
     from model_export import graph_io
@@ -37,12 +42,16 @@ def child(model_dir: Path, cache: str, count: int) -> None:
     settings = Settings(
         model_repository=model_dir.parent,
         session_cache_dir=cache,
-        intra_op_threads=1,
+        intra_op_threads=2 if lane_sessions else 1,
+        inference_lanes=LANES,
+        lane_sessions=lane_sessions or "off",
     )
     found = latest(model_dir)
     assert found is not None, model_dir
     info = read_version(found, settings)
     runtimes = [open_version(info, settings) for _ in range(count)]
+    if lane_sessions:
+        runtimes[0].warmup()  # every graph on each of its sessions
     graph = graph_io.GRAPH_EMBEDDINGS
     for runtime in runtimes:
         batch, mask = pad([runtime.sample_sequence(graph, 16)])
@@ -50,9 +59,9 @@ def child(model_dir: Path, cache: str, count: int) -> None:
     print(smaps(os.getpid())["pss"])
 
 
-def measure(model_dir: Path, cache: str, count: int) -> int:
+def measure(model_dir: Path, cache: str, count: int, lane_sessions: str = "") -> int:
     args = [sys.executable, "-m", "bench.session_cache_memory", "--model-dir", str(model_dir)]
-    args += ["--child", str(count), "--cache", cache]
+    args += ["--child", str(count), "--cache", cache, "--lane-sessions", lane_sessions]
     done = subprocess.run(args, check=True, capture_output=True, text=True)
     return int(done.stdout.strip().splitlines()[-1])
 
@@ -62,9 +71,10 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--cache", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--lane-sessions", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.model_dir, args.cache, args.child)
+        child(args.model_dir, args.cache, args.child, args.lane_sessions)
         return
     with tempfile.TemporaryDirectory(prefix="attnserve-sessions-") as cache:
         starts = {}
@@ -79,6 +89,12 @@ def main() -> None:
             extra = (pss[-1] - pss[0]) / (len(COUNTS) - 1)
             cells = ", ".join(f"{n}: {p:,.0f} MiB" for n, p in zip(COUNTS, pss, strict=True))
             print(f"PSS {label} (sessions {cells}): +{extra:,.0f} MiB per extra session")
+        off, on = (measure(args.model_dir, cache, 1, chosen) / MiB for chosen in ("off", "on"))
+        print(
+            f"PSS of one runtime, {LANES} lanes over 2 threads, warmed up, with the cache: "
+            f"lane sessions off {off:,.0f} MiB, on {on:,.0f} MiB "
+            f"(+{(on - off) / LANES:,.0f} MiB per lane's set of sessions)"
+        )
 
 
 if __name__ == "__main__":

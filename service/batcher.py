@@ -7,9 +7,10 @@ length and cuts them into the runs of least modelled time (``run_planner``:
 each run within ``max_batch_tokens`` padded tokens and the attention budget,
 its cost fitted per graph from timed shapes at warm-up and every live run),
 so short and long sequences are not padded to each other. A run small enough
-that two at once beat one at a time (``SharingModel``) takes one inference
-lane, and the worker takes its next batch when a lane is free; a larger run
-waits for every lane and runs alone. Admission happens above, in the engine.
+that two at once beat one at a time (``LaneModel``) takes one inference
+lane, on the lane's own session where the graph has them and another run is
+in flight, and the worker takes its next batch when a lane is free; a larger
+run waits for every lane and runs alone. Admission happens above, in the engine.
 
 Fair by request, not by part: every part of one request is submitted with its
 ``Flow``, and batches are filled small requests first, then the large ones a
@@ -34,6 +35,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -49,8 +51,9 @@ from service.metrics import GRAPH_LABELS, Metrics
 from service.progress import GraphSteps
 from service.run_planner import (
     Fits,
+    LaneModel,
+    Placement,
     RunCostModel,
-    SharingModel,
     compact_run_floats,
     memory_bounds,
     plan_runs,
@@ -104,7 +107,7 @@ class Batcher:
             for name in runtimes
             for graph in GRAPH_LABELS
         }
-        self._sharing: dict[tuple[str, str], SharingModel] = {}
+        self._sharing: dict[tuple[str, str], LaneModel] = {}
         self._last_work = 0.0  # time.monotonic() when a request's work last came or went
 
     async def start(self) -> None:
@@ -183,16 +186,21 @@ class Batcher:
     def cost_model(self, model: str, graph: str) -> RunCostModel:
         return self._costs[model, graph]
 
-    def shares(self, model: str, graph: str, batch: int, longest: int) -> bool:
-        """Does a run of this shape take one lane (else it runs alone)?"""
+    def placement(self, runtime: ModelRuntime, graph: str, batch: int, longest: int) -> Placement:
+        """Does a run of this shape take one lane, on which session (else it runs alone)?"""
+        model = runtime.info.name
         cost = self._costs.get((model, graph))
         if self._lanes.gate.lanes == 1 or cost is None:
-            return False
+            return Placement.ALONE
         chosen = self._settings.shared_run_ms
         if chosen is not None:  # the operator's limit; runs with no estimate yet are small
-            return chosen > 0 and (not cost.fitted or 1000 * cost(batch, longest) <= chosen)
+            small = chosen > 0 and (not cost.fitted or 1000 * cost(batch, longest) <= chosen)
+            own = Placement.OWN if graph in runtime.lane_graphs else Placement.SHARED
+            return own if small else Placement.ALONE
         sharing = self._sharing.get((model, graph))
-        return sharing is not None and cost.fitted and sharing.shares(cost(batch, longest))
+        if sharing is None or not cost.fitted:
+            return Placement.ALONE
+        return sharing.place(cost(batch, longest))
 
     def busy(self) -> bool:
         """Is anything queued or running, so new work would wait for it?"""
@@ -396,8 +404,8 @@ class Batcher:
         for run in sorted(runs, key=min):
             if all(slots[k][0].future.done() for k in run):
                 continue  # every client of this run went away
-            shared = self.shares(name, graph, len(run), max(lengths[k] for k in run))
-            lease = await self._lanes.gate.acquire(exclusive=not shared)
+            placed = self.placement(runtime, graph, len(run), max(lengths[k] for k in run))
+            lease = await self._lanes.gate.acquire(exclusive=placed is Placement.ALONE)
             now = time.monotonic()  # the lanes may have taken a while: drop who left since
             live = [k for k in run if not self._gone(slots[k][0], now)]
             if not live:
@@ -405,7 +413,7 @@ class Batcher:
                 continue
             pieces = [slots[k] for k in live]
             task = asyncio.create_task(
-                self._execute(lease, runtime, graph, pieces, [lengths[k] for k in live])
+                self._execute(lease, runtime, graph, pieces, [lengths[k] for k in live], placed)
             )
             self._runs.add(task)
             task.add_done_callback(self._runs.discard)
@@ -417,9 +425,12 @@ class Batcher:
         graph: str,
         pieces: list[tuple[Job, int]],
         lengths: list[int],
+        placed: Placement = Placement.ALONE,
     ) -> None:
         """One run on the lanes ``lease`` holds; its sequences' results go to their jobs,
-        and a job is answered when its last sequence is back."""
+        and a job is answered when its last sequence is back. Placed on its lane's own
+        session, it runs there only if another run is in flight: a lone run is faster
+        with the graph's session and all its threads."""
         jobs = list({id(job): job for job, _ in pieces}.values())
         start = time.monotonic()
         self._started(jobs, start)
@@ -431,6 +442,9 @@ class Batcher:
             try:
                 sequences = [job.sequences[i] for job, i in pieces]
                 options = run_options(jobs)
+                if placed is Placement.OWN and not lease.alone:
+                    options = replace(options, lane_session=lease.lane)
+                    self._metrics.lane_session_runs.inc()
                 results = await self._lanes.run(lease.lane, runtime, sequences, graph, options, cut)
             finally:
                 self._cuts.discard(cut)

@@ -53,6 +53,7 @@ NOT_BOUNDS = frozenset(
         "inter_op_threads",
         "inference_lanes",
         "shared_run_ms",
+        "lane_sessions",
         "providers",
         "prepacked_graphs",
         "session_cache_dir",

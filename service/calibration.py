@@ -3,7 +3,8 @@
 Each shape runs alone (twice: the first pays the allocations), the run
 planner's first cost model, which every live run alone refines; with more
 than one lane and no ``ATTNSERVE_SHARED_RUN_MS`` chosen, also two at once on
-two lanes, the graph's sharing model (which runs share the lanes).
+two lanes, the graph's lane model (which runs share the lanes, and on which
+sessions: the graph's own, or each lane's own where it has them).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 from model_export.manifest import graph_io
 from service.inference_lanes import Idle, InferenceLanes
 from service.metrics import GRAPH_LABELS
-from service.run_planner import Fits, RunCostModel, SharingModel
+from service.run_planner import Fits, LaneModel, RunCostModel
 from service.runtime import ModelRuntime
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,15 @@ async def calibrate_graph(
     measure_sharing: bool,
     batch_tokens: int,
     idle: Idle | None = None,
-) -> SharingModel:
+) -> LaneModel:
     """Time ``graph``'s calibration shapes that fit, into ``cost``, then its full batch
-    of ``batch_tokens`` (if it has one); the sharing model measured (empty unless
-    ``measure_sharing``; a full batch never shares). ``idle``: awaited before each run
-    (a model loaded while serving runs its shapes between requests)."""
-    sharing = SharingModel()
+    of ``batch_tokens`` (if it has one); the lane model measured (empty unless
+    ``measure_sharing``; a full batch never shares): each shape two at once on the
+    graph's own session, and on the lanes' own sessions where it has them. ``idle``:
+    awaited before each run (a model loaded while serving runs its shapes between
+    requests)."""
+    sharing = LaneModel()
+    own = graph in runtime.lane_graphs
     for batch, longest in calibration_shapes(graph):
         longest = min(longest, runtime.info.max_seq_len)
         if not fits(batch, longest):
@@ -77,16 +81,21 @@ async def calibrate_graph(
         cost.observe(batch, longest, seconds)
         if measure_sharing:
             shared = await lanes.time_shared(runtime, graph, batch, longest, idle=idle)
-            sharing.observe(seconds, shared)
+            sharing.shared.observe(seconds, shared)
+            if own:
+                pair = await lanes.time_shared(runtime, graph, batch, longest, idle=idle, own=True)
+                sharing.own.observe(seconds, pair)
     full = full_batch_shape(graph, batch_tokens, runtime.info.max_seq_len)
     if full is not None and fits(*full):
         cost.observe_rate(*full, await lanes.time_full(runtime, graph, *full, idle=idle))
     if measure_sharing:  # for whoever tunes the run planner, not for a user: debug
+        shared, own_limit = sharing.limits()
         log.debug(
-            "model %s, graph %s: runs of up to %.1f ms (timed alone) run two at once "
-            "on the inference lanes; longer ones run alone",
+            "model %s, graph %s: runs of up to %.1f ms (timed alone) gain two at once "
+            "on its session, up to %.1f ms on the lanes' own sessions; longer ones run alone",
             runtime.info.name,
             GRAPH_LABELS[graph],
-            1000 * sharing.limit_seconds,
+            1000 * shared,
+            1000 * own_limit,
         )
     return sharing

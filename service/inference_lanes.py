@@ -4,13 +4,15 @@ Requests' runs, the token embeddings of text asking for attention or hidden
 states, the warm-up of the models served from the start and the timing of
 calibration shapes all run here, on ``ATTNSERVE_INFERENCE_LANES`` worker threads over the
 same sessions (one ``InferenceSession`` may be run from several threads at
-once). A small run leaves its intra-op threads waiting at every operator's
-join, so two of them at once keep both cores busy; two large runs only fight
-over the cores (measured in-process, MiniLM, 2 cores, 2 intra-op threads: two
-[1,16] runs at once 1.45× one at a time, [1,128] with attention 1.24×, [8,128]
-0.87×). So each run is *shared* (takes any free lane) or *exclusive* (waits for
-every lane and holds them all, as one run at a time did); which is the
-batcher's call, measured per graph (``run_planner.SharingModel``). Warm-up and
+once), or, for a graph with lane sessions, each on its lane's own session with
+fewer threads (service/lane_sessions.py). A small run leaves its intra-op
+threads waiting at every operator's join, so two of them at once keep both
+cores busy; two large runs only fight over the cores (measured in-process,
+MiniLM, 2 cores, 2 intra-op threads: two [1,16] runs at once 1.45× one at a
+time, [1,128] with attention 1.24×, [8,128] 0.87×). So each run is *shared*
+(takes any free lane) or *exclusive* (waits for every lane and holds them all,
+as one run at a time did); which, and on which session, is the batcher's call,
+measured per graph and shape (``run_planner.LaneModel``). Warm-up and
 calibration's single runs are exclusive; a model loaded while serving calibrates
 between requests (each run waits until none is queued), its warm-up on the loader
 thread (``engine.control``), off the lanes. Outputs are cut back per sequence
@@ -211,10 +213,16 @@ class InferenceLanes:
         longest: int,
         *,
         idle: Idle | None = None,
+        own: bool = False,
     ) -> float:
         """Seconds until two such runs started at once on two lanes have both finished
-        (the better of two tries: a pair's timing is the noisier)."""
+        (the better of two tries: a pair's timing is the noisier); ``own``: each on its
+        lane's own session (service/lane_sessions.py), else both on the graph's."""
         sequences = [runtime.sample_sequence(graph, longest)] * batch
+
+        def options(lane: int) -> RunOptions:
+            return RunOptions(lane_session=lane) if own else PLAIN_RUN
+
         tries = []
         for _ in range(2):
             if idle is not None:
@@ -223,7 +231,10 @@ class InferenceLanes:
             try:
                 start = time.monotonic()
                 await asyncio.gather(
-                    *(self.run(lane, runtime, sequences, graph) for lane in lease.held[:2])
+                    *(
+                        self.run(lane, runtime, sequences, graph, options(lane))
+                        for lane in lease.held[:2]
+                    )
                 )
                 tries.append(time.monotonic() - start)
             finally:

@@ -121,6 +121,12 @@ class Metrics:
             "onnxruntime runs that shared the inference lanes with another run for some of "
             "their time (small runs share; see ATTNSERVE_INFERENCE_LANES).",
         )
+        self.lane_session_runs = self._counter(
+            "attnserve_lane_session_runs",
+            "onnxruntime runs on their inference lane's own session, with the lane's share of "
+            "the intra-op threads, while another run was in flight (see "
+            "ATTNSERVE_LANE_SESSIONS).",
+        )
         self.inference = self._histogram(
             "attnserve_inference_seconds",
             "Wall time of one onnxruntime run, by model and graph: embeddings (model.onnx), "

@@ -17,6 +17,7 @@ from pathlib import Path
 from model_export.manifest import EncoderConfig, Manifest, ManifestError, Pooling, graph_io
 from service.dense import FLOAT_BYTES, DenseWeights, load_dense
 from service.errors import ModelLoadError
+from service.lane_sessions import lane_session_copies
 from service.settings import Settings
 
 
@@ -92,7 +93,9 @@ def cannot_load(info: ModelInfo, path: Path, shown: str, exc: Exception) -> Mode
 
 def _prepacked_copies(manifest: Manifest, files: dict[str, Path], settings: Settings) -> int:
     """Bytes the pre-packed sessions add to a shared weight file: each holds its own copy
-    of the encoder's share of it (the token embeddings are looked up, never packed)."""
+    of the encoder's share of it (the token embeddings are looked up, never packed), and
+    so does each lane session of its graph not opened from the session cache
+    (``lane_sessions.lane_session_copies``)."""
     if manifest.weights is None:
         return 0
     encoder = manifest.architecture.parameters()
@@ -102,7 +105,7 @@ def _prepacked_copies(manifest: Manifest, files: dict[str, Path], settings: Sett
         labels.add(graph_io.GRAPH_LABELS[graph_io.GRAPH_SPARSE])
     if manifest.head is not None:
         labels.add(graph_io.GRAPH_LABELS[manifest.head.graph])
-    copies = len(labels & settings.prepacked_graph_labels)
+    copies = len(labels & settings.prepacked_graph_labels) * (1 + lane_session_copies(settings))
     return int(copies * share * files[manifest.weights].stat().st_size)
 
 
@@ -155,3 +158,35 @@ def read_model_info(
         dense=dense,
         within=within,
     )
+
+
+# (session key, graph label, file, inputs, outputs) of one graph a runtime opens.
+SessionGraph = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
+
+
+def session_graphs(info: ModelInfo) -> list[SessionGraph]:
+    """Each graph of ``info``'s export a runtime opens a session of: each the manifest
+    lists (checked at open to have the outputs it records), the text graphs, a head."""
+    graphs: list[SessionGraph] = [
+        (graph, graph, graph, graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), outs)
+        for graph, outs in ((g, e.outputs) for g, e in info.manifest.graphs.items())
+    ]
+    text, ids = info.manifest.text, graph_io.TEXT_GRAPH_INPUTS
+    if text is not None and text.graph is not None:
+        text_graph = graph_io.GRAPH_TEXT
+        graphs.append((text_graph, text_graph, text.graph, ids, graph_io.TEXT_GRAPH_OUTPUTS))
+    # BM42 (format 4): the [CLS] attention row graph.
+    if text is not None and text.sparse_graph is not None:
+        sparse = text.sparse_graph
+        graphs.append((sparse, graph_io.GRAPH_SPARSE, sparse, ids, graph_io.SPARSE_GRAPH_OUTPUTS))
+    # A head (cross-encoder, classifier, SPLADE): token ids -> its answer per sequence.
+    head = info.manifest.head
+    if head is not None:
+        graphs.append((head.graph, head.graph, head.graph, ids, graph_io.HEAD_GRAPHS[head.graph]))
+    if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
+        lookup = graph_io.GRAPH_TOKEN_EMBEDDINGS
+        lookup_outputs = graph_io.ID_GRAPHS[lookup]
+        graphs.append(
+            (lookup, lookup, text.embeddings_graph, graph_io.TEXT_INPUT_NAMES, lookup_outputs)
+        )
+    return graphs

@@ -15,6 +15,7 @@ sequences one run may hold).
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Callable
 from itertools import combinations
@@ -225,7 +226,8 @@ SHARING_EXTRAPOLATION = 4.0
 
 
 class SharingModel:
-    """Which runs of one graph go faster two at a time than one at a time.
+    """Which runs of one graph go faster two at a time than one at a time, on one kind
+    of session (the graph's own, or each lane's own).
 
     Calibration times each of its shapes alone (``t``) and two at once on two lanes
     (``t2``); the gain ``2·t / t2`` falls as runs grow (a large run already keeps the
@@ -237,6 +239,7 @@ class SharingModel:
     def __init__(self) -> None:
         self._points: list[tuple[float, float]] = []  # (seconds alone, gain)
         self.limit_seconds = 0.0
+        self._line = (0.0, 0.0)  # (slope, intercept) of the gain in log t
 
     def observe(self, alone: float, shared_pair: float) -> None:
         if alone > 0 and shared_pair > 0:
@@ -248,9 +251,11 @@ class SharingModel:
         gains = np.array([g for _, g in self._points])
         largest = float(np.exp(seconds.max()))
         if len(self._points) < 2 or np.ptp(seconds) < 1e-9:
+            self._line = (0.0, float(gains.mean()))
             self.limit_seconds = largest if gains.min() >= MIN_SHARING_GAIN else 0.0
             return
         slope, intercept = np.polyfit(seconds, gains, 1)
+        self._line = (float(slope), float(intercept))
         if slope >= 0:  # no fall within the range measured
             shares = intercept + slope * seconds.max() >= MIN_SHARING_GAIN
             self.limit_seconds = largest * SHARING_EXTRAPOLATION if shares else 0.0
@@ -258,5 +263,48 @@ class SharingModel:
         crossing = float(np.exp((MIN_SHARING_GAIN - intercept) / slope))
         self.limit_seconds = min(crossing, largest * SHARING_EXTRAPOLATION)
 
+    @property
+    def observed(self) -> int:
+        """Shapes measured."""
+        return len(self._points)
+
     def shares(self, seconds_alone: float) -> bool:
         return seconds_alone <= self.limit_seconds
+
+    def gain(self, seconds_alone: float) -> float:
+        """The fitted gain of two such runs at once (0 where they do not share)."""
+        if not self.shares(seconds_alone):
+            return 0.0
+        slope, intercept = self._line
+        return intercept + slope * float(np.log(seconds_alone))
+
+
+class Placement(enum.Enum):
+    """Where one run goes: alone on every lane, on one lane with the graph's own session,
+    or on one lane with that lane's own session."""
+
+    ALONE = "alone"
+    SHARED = "shared"
+    OWN = "own"
+
+
+class LaneModel:
+    """How one graph's runs use the lanes, by their modelled time alone: ``k`` sessions
+    × ``t`` threads. Two at once on the graph's own session (``shared``), two at once
+    on the lanes' own sessions (``own``, when the graph has them), or one at a time
+    with every thread (``ALONE``): the placement of the larger measured gain, where
+    it reaches ``MIN_SHARING_GAIN``."""
+
+    def __init__(self) -> None:
+        self.shared = SharingModel()
+        self.own = SharingModel()  # never observed: the graph has no lane sessions
+
+    def place(self, seconds_alone: float) -> Placement:
+        shared, own = self.shared.gain(seconds_alone), self.own.gain(seconds_alone)
+        if not shared and not own:
+            return Placement.ALONE
+        return Placement.OWN if own >= shared else Placement.SHARED
+
+    def limits(self) -> tuple[float, float]:
+        """(shared, own): the longest run alone, in seconds, each sharing placement takes."""
+        return self.shared.limit_seconds, self.own.limit_seconds

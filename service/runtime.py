@@ -22,7 +22,9 @@ file every session maps: held once, whatever the number of sessions.
 A run's sequences are float32 [n, d] input embeddings, or for the graphs of
 ``graph_io.ID_GRAPHS`` int64 [n, 2] (token id, token type) pairs. Only the
 batcher's inference lanes call :meth:`ModelRuntime.run`, up to one run per
-lane at once on the same sessions (onnxruntime allows it).
+lane at once on the same sessions (onnxruntime allows it), or on the lane's own
+session of the graph where it has them (service/lane_sessions.py:
+``RunOptions.lane_session``).
 :func:`load_repository` loads every model of a model repository through its
 manifest, checking each file's SHA-256 first, and raises
 :class:`ModelLoadError` with a clear message on anything wrong.
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -41,46 +42,20 @@ import onnxruntime as ort
 
 from model_export.manifest import graph_io
 from service.errors import ModelLoadError
-from service.model_info import ModelInfo, cannot_load, read_model_info
+from service.lane_sessions import lane_threads, opens_lane_sessions
+from service.model_info import ModelInfo, cannot_load, read_model_info, session_graphs
 from service.prepacked_cache import DATA_FILE, SessionCache, entry_key, session_cache
 from service.progress import GraphSteps
 from service.repository import ModelVersion, latest, model_directories
+from service.run_options import PLAIN_RUN as PLAIN_RUN
+from service.run_options import RunOptions as RunOptions
+from service.run_options import pad as pad
 from service.settings import Settings
 from service.tokenizer import TextFrontEnd
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """What a run feeds its graph beyond the sequences: the compact graph's ``top_k``,
-    and the selected-maps graph's layers (ascending), heads (in answer order) and
-    dtype (``half``: float16). Runs share a graph only with jobs of the same
-    selection (``selection``); their k is the largest of theirs."""
-
-    top_k: int = 1
-    layers: tuple[int, ...] | None = None  # None: every layer
-    heads: tuple[int, ...] | None = None  # None: every head
-    half: bool = False
-    # Give the run's arena growth back to the system afterwards (calibration's full batch:
-    # its timing must not leave idle memory reserved for good).
-    shrink_arena: bool = False
-
-    @property
-    def selection(self) -> tuple[object, ...]:
-        return (self.layers, self.heads, self.half)
-
-    def kept_maps(self, n_layers: int, n_heads: int) -> int:
-        """(layer, head) maps the selected-maps graph returns."""
-        layers = n_layers if self.layers is None else len(self.layers)
-        return layers * (n_heads if self.heads is None else len(self.heads))
-
-    def with_top_k(self, top_k: int) -> RunOptions:
-        return replace(self, top_k=top_k)
-
-
-# A run with nothing to feed beyond its sequences (every graph but the compact ones).
-PLAIN_RUN = RunOptions()
 # onnxruntime's run setting that frees what a run grew the session's CPU arena by.
 ARENA_SHRINKAGE = ("memory.enable_memory_arena_shrinkage", "cpu:0")
 
@@ -135,18 +110,6 @@ def _session_options(settings: Settings, *, prepack: bool = True) -> ort.Session
     return options
 
 
-def pad(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Zero-pad [n_i, ...] arrays into one [B, T, ...] batch, with an int64 1/0 mask [B, T]."""
-    longest = max(len(s) for s in sequences)
-    first = sequences[0]
-    batch = np.zeros((len(sequences), longest, *first.shape[1:]), dtype=first.dtype)
-    mask = np.zeros((len(sequences), longest), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        batch[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return batch, mask
-
-
 def _quiet(options: ort.RunOptions) -> ort.RunOptions:
     options.log_severity_level = 3  # a cut run is no error of onnxruntime's to log
     return options
@@ -164,8 +127,9 @@ class ModelRuntime:
         def prepacks(graph: str) -> bool:
             return not shared or graph_io.GRAPH_LABELS[graph] in prepacked
 
-        def options(graph: str) -> ort.SessionOptions:
+        def options(graph: str, threads: int = 0) -> ort.SessionOptions:
             chosen = _session_options(settings, prepack=prepacks(graph))
+            chosen.intra_op_num_threads = threads or chosen.intra_op_num_threads
             # The attention graph's buffers grow with seq²: without the arena, a long
             # request's memory goes back to the system afterwards, not reserved for good.
             chosen.enable_cpu_mem_arena &= graph not in graph_io.MAP_GRAPHS
@@ -175,44 +139,27 @@ class ModelRuntime:
 
         self._arenas: set[str] = set()  # the graphs whose sessions have a CPU arena
 
-        # (session key, graph label, file, inputs, outputs) of each graph to open.
-        # Each graph the manifest lists, checked to have the outputs it records.
-        graphs: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
-            (graph, graph, graph, graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), outs)
-            for graph, outs in ((g, e.outputs) for g, e in info.manifest.graphs.items())
-        ]
-        text, ids = info.manifest.text, graph_io.TEXT_GRAPH_INPUTS
-        if text is not None and text.graph is not None:
-            text_graph = graph_io.GRAPH_TEXT
-            graphs.append((text_graph, text_graph, text.graph, ids, graph_io.TEXT_GRAPH_OUTPUTS))
-        # BM42 (format 4): the [CLS] attention row graph.
-        if text is not None and text.sparse_graph is not None:
-            sparse = text.sparse_graph
-            graphs.append(
-                (sparse, graph_io.GRAPH_SPARSE, sparse, ids, graph_io.SPARSE_GRAPH_OUTPUTS)
-            )
-        # A head (cross-encoder, classifier, SPLADE): token ids -> its answer per sequence.
-        head = info.manifest.head
-        if head is not None:
-            graphs.append(
-                (head.graph, head.graph, head.graph, ids, graph_io.HEAD_GRAPHS[head.graph])
-            )
-        if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
-            lookup = graph_io.GRAPH_TOKEN_EMBEDDINGS
-            lookup_outputs = graph_io.ID_GRAPHS[lookup]
-            graphs.append(
-                (lookup, lookup, text.embeddings_graph, graph_io.TEXT_INPUT_NAMES, lookup_outputs)
-            )
+        graphs = session_graphs(info)
         steps = GraphSteps(log, f"loading model {info.name}", [file for _, _, file, *_ in graphs])
         self._sessions: dict[str, ort.InferenceSession] = {}
+        # Each pre-packed graph's sessions of the inference lanes, one per lane.
+        self._lane_sessions: dict[str, list[ort.InferenceSession]] = {}
         cache = session_cache(settings.session_cache_path, settings.session_cache_bytes)
+        threads_each = lane_threads(settings)
         for key, label, file, inputs, outputs in graphs:
             steps.start(file)
             made = None
             if cache is not None and prepacks(label):
                 made = self._cached(cache, file, partial(options, label))
             self._sessions[key] = self._open(options(label), file, inputs, outputs, made)
+            if prepacks(label) and opens_lane_sessions(settings, cached=made is not None):
+                lane_options = partial(options, label, threads_each)
+                self._lane_sessions[key] = [
+                    self._open(lane_options(), file, inputs, outputs, made)
+                    for _ in range(settings.inference_lanes)
+                ]
         # Format 5 has no text graph: that run is the token embeddings, then model.onnx.
+        text = info.manifest.text
         self._composed_text = text is not None and text.graph is None
         # The tokenizer and BM42's stopwords: the model's text front end, no onnxruntime.
         self.text = TextFrontEnd.load(info)
@@ -279,6 +226,15 @@ class ModelRuntime:
         return cache.graph(key, f"{self.info.name}/{graph}", write)
 
     @property
+    def lane_graphs(self) -> frozenset[str]:
+        """The graphs with a session of their own per inference lane (for text: when the
+        encoder graph it runs has them)."""
+        own = set(self._lane_sessions)
+        if self._composed_text and graph_io.GRAPH_EMBEDDINGS in own:
+            own.add(graph_io.GRAPH_TEXT)
+        return frozenset(own)
+
+    @property
     def graphs(self) -> tuple[str, ...]:
         """Every graph a run can use: the manifest's, and for text the text run."""
         composed = (graph_io.GRAPH_TEXT,) if self._composed_text else ()
@@ -314,7 +270,8 @@ class ModelRuntime:
             ids = graph_io.GRAPH_TOKEN_EMBEDDINGS
             embeds = self.run(batch, mask, ids, options, cut)[graph_io.INPUT_EMBEDS]
             return self.run(embeds, mask, graph_io.GRAPH_EMBEDDINGS, options, cut)
-        session = self._sessions[graph]
+        lane, own = options.lane_session, self._lane_sessions.get(graph)
+        session = self._sessions[graph] if lane is None or own is None else own[lane]
         if graph in graph_io.ID_GRAPHS:
             feeds = {
                 graph_io.INPUT_IDS: np.ascontiguousarray(batch[..., 0]),
@@ -366,11 +323,13 @@ class ModelRuntime:
             batch, mask = pad(
                 [self.sample_sequence(graph, n) for n in (min(8, self.info.max_seq_len), 1)]
             )
-            outputs = self.run(batch, mask, graph)
-            if not all(np.isfinite(value).all() for value in outputs.values()):
-                raise ModelLoadError(
-                    f"model {self.info.name!r}: warm-up of {graph} produced non-finite output"
-                )
+            lanes = range(len(self._lane_sessions.get(graph, ())))
+            for lane in (None, *lanes):  # the graph's own session, then each lane's
+                outputs = self.run(batch, mask, graph, RunOptions(lane_session=lane))
+                if not all(np.isfinite(value).all() for value in outputs.values()):
+                    raise ModelLoadError(
+                        f"model {self.info.name!r}: warm-up of {graph} produced non-finite output"
+                    )
         self._probe_tables()
 
     def _probe_tables(self) -> None:

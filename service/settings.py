@@ -276,6 +276,19 @@ class Settings(BaseSettings):
             "`0`: every run alone."
         ),
     )
+    lane_sessions: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "One session per inference lane for each pre-packed graph, with the intra-op "
+            "threads split between the lanes (2 cores, 2 lanes: one thread each), beside the "
+            "graph's own session: a small run that overlaps another then runs on its lane's "
+            "session, a large one on the graph's, as measured per graph and shape at start-up "
+            "(see [Inference lanes](architecture.md#inference-lanes)). `auto`: only for the "
+            "graphs opened from the session cache, whose pre-packed weights every session "
+            "shares; `on`: also without it, each such session then holding its own pre-packed "
+            "copy of the encoder's weights; `off`: none."
+        ),
+    )
     providers: str = Field(
         "CPUExecutionProvider",
         description=(

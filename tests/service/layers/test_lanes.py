@@ -18,7 +18,13 @@ from service.drain_rate import DrainRate, retry_after
 from service.errors import DeadlineExceeded
 from service.inference_lanes import LaneGate
 from service.metrics import Metrics
-from service.run_planner import MIN_SHARING_GAIN, SHARING_EXTRAPOLATION, SharingModel
+from service.run_planner import (
+    MIN_SHARING_GAIN,
+    SHARING_EXTRAPOLATION,
+    LaneModel,
+    Placement,
+    SharingModel,
+)
 from service.runtime import ModelRuntime
 from service.settings import Settings
 from tests.service.layers.conftest import layer_settings
@@ -125,6 +131,27 @@ def test_no_gain_no_sharing_and_no_fall_trusts_only_a_little_beyond() -> None:
     for alone in (0.001, 0.01):
         always.observe(alone, alone * 2 / 1.6)
     assert always.limit_seconds == pytest.approx(0.01 * SHARING_EXTRAPOLATION)
+
+
+def test_each_run_takes_the_placement_of_the_larger_measured_gain() -> None:
+    model = LaneModel()
+    assert model.place(0.001) is Placement.ALONE  # no calibration: alone
+    # On the graph's own session: 1.45 at 1 ms, 1.0 at 100 ms; on the lanes' own
+    # sessions: 1.8 at 1 ms, 1.0 at 100 ms (the one-thread lanes' measured shape).
+    for alone, shared, own in ((0.001, 1.45, 1.8), (0.01, 1.2, 1.4), (0.1, 1.0, 1.0)):
+        model.shared.observe(alone, 2 * alone / shared)
+        model.own.observe(alone, 2 * alone / own)
+    assert model.place(0.002) is Placement.OWN
+    assert model.place(0.5) is Placement.ALONE
+    only_shared = LaneModel()  # a graph without lane sessions: its own never observed
+    for alone, gain in ((0.001, 1.5), (0.01, 1.3)):
+        only_shared.shared.observe(alone, 2 * alone / gain)
+    assert only_shared.place(0.002) is Placement.SHARED
+    better_shared = LaneModel()
+    for alone in (0.001, 0.01):
+        better_shared.shared.observe(alone, 2 * alone / 1.5)
+        better_shared.own.observe(alone, 2 * alone / 1.2)
+    assert better_shared.place(0.005) is Placement.SHARED
 
 
 # -- a real batcher on tiny ---------------------------------------------------------------
