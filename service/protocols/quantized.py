@@ -55,6 +55,6 @@ def pooled_array(array: np.ndarray, encoding_format: str) -> Any:
         return {
             "shape": list(array.shape),
             "dtype": str(array.dtype),
-            "data": wire.base64_json(np.ascontiguousarray(array).tobytes()),
+            "data": wire.base64_value(np.ascontiguousarray(array).tobytes()),
         }
     return array  # orjson writes integers

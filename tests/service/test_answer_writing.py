@@ -1,5 +1,5 @@
-"""How answers are written and JSON arrays read, over a real server: the base64 strings
-go into the answer's JSON as bytes (``wire.base64_json``), and nested JSON floats become
+"""How answers are written and JSON arrays read, over a real server: large base64 strings
+are joined into the answer's JSON as bytes (``wire.dumps``), and nested JSON floats become
 float32 in one conversion (``wire.float32_numbers``). Both must change nothing a client
 sees: the answer's bytes are those of writing each base64 string as a ``str`` (what
 ``orjson.dumps`` of the parsed answer gives back), and floats read in one step are the
@@ -15,7 +15,7 @@ import orjson
 
 from tests.service.helpers import TIMEOUT, as_array, b64_array
 from tests.support.inputs import sequences
-from tests.support.tiny import D_MODEL
+from tests.support.tiny import D_MODEL, MODEL_MAX_SEQ_LEN
 
 
 def _post(url: str, body: dict[str, Any], path: str = "/v1/encode") -> bytes:
@@ -31,7 +31,9 @@ def _same_as_str_writer(written: bytes) -> None:
 
 
 def test_base64_answers_are_the_bytes_of_the_str_writer(server_url: str) -> None:
-    seqs = sequences((5, 3), seed=46)
+    # The full-length sequence's maps (and float32 embeddings at 128 tokens) are joined
+    # as bytes (64 KiB and more), the short one's written as str: both in one answer.
+    seqs = sequences((MODEL_MAX_SEQ_LEN, 3), seed=46)
     inputs = [b64_array(s) for s in seqs]
     plain = _post(server_url, {"inputs": inputs, "encoding_format": "base64"})
     _same_as_str_writer(plain)
@@ -42,13 +44,22 @@ def test_base64_answers_are_the_bytes_of_the_str_writer(server_url: str) -> None
                 "inputs": inputs,
                 "encoding_format": "base64",
                 "return_attention": True,
-                "attention": {"dtype": dtype, "top_k": 2},  # values and int32 key indices
+                "attention": {"dtype": dtype},
             },
         )
         _same_as_str_writer(maps)
-        item = orjson.loads(maps)["data"][1]
-        assert item["attention"]["dtype"] == dtype
-        assert item["attention_indices"]["dtype"] == "int32"
+        assert orjson.loads(maps)["data"][0]["attention"]["dtype"] == dtype
+        top_k = _post(
+            server_url,
+            {
+                "inputs": inputs,
+                "encoding_format": "base64",
+                "return_attention": True,
+                "attention": {"dtype": dtype, "top_k": 2},  # values and int32 key indices
+            },
+        )
+        _same_as_str_writer(top_k)
+        assert orjson.loads(top_k)["data"][1]["attention_indices"]["dtype"] == "int32"
     for kind in ("float", "binary", "ubinary"):  # float32 vectors, packed bits as base64
         pooled = _post(
             server_url,

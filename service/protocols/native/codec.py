@@ -254,7 +254,7 @@ def encode_array(array: np.ndarray, encoding_format: str) -> Any:
     if array.dtype in (np.float16, np.int32):  # attention asked as float16, its key indices
         array = wire.little_endian(array)
         if encoding_format == "base64":
-            data = wire.base64_json(array.tobytes())
+            data = wire.base64_value(array.tobytes())
             return {"shape": list(array.shape), "dtype": array.dtype.name, "data": data}
         return array if array.dtype == np.int32 else array.astype(np.float32)
     array = wire.float32_le(array)

@@ -376,3 +376,27 @@ def test_float32_numbers_take_and_refuse_what_numbers_does(data: Any) -> None:
     if got is not None and want is not None:
         assert got.dtype == np.float32 and got.shape == want.shape
         np.testing.assert_array_equal(bits(got), bits(want))
+
+
+# -- wire.dumps: base64 joined into the answer ---------------------------------------------
+
+
+def test_dumps_joins_base64_as_the_str_writer_would() -> None:
+    """Large arrays (64 KiB and more) are joined as bytes, small ones written as str;
+    strings that look like the marker (a control character, then hex) stay strings."""
+    big = np.arange(wire.SPLICED_BYTES // 4 + 3, dtype=np.float32)
+    small = np.arange(5, dtype=np.float32)
+    answer = {
+        "\x1f00": "\x1f0123456789abcdef",
+        "a": [wire.base64_float32(big), wire.base64_float32(small), "\x1f"],
+        "b": {"c": wire.base64_float32(big[::-1]), "d": np.ones(2, np.float32)},
+    }
+    as_str = {
+        "\x1f00": "\x1f0123456789abcdef",
+        "a": [_b64(big.tobytes()), _b64(small.tobytes()), "\x1f"],
+        "b": {"c": _b64(big[::-1].tobytes()), "d": np.ones(2, np.float32)},
+    }
+    assert isinstance(answer["a"][0], wire.Base64) and isinstance(answer["a"][1], str)
+    assert wire.dumps(answer) == orjson.dumps(as_str, option=orjson.OPT_SERIALIZE_NUMPY)
+    with pytest.raises(TypeError):
+        wire.dumps({"x": object()})
