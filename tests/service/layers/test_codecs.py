@@ -386,7 +386,7 @@ def test_dumps_joins_base64_as_the_str_writer_would() -> None:
     strings that look like the marker (a control character, then hex) stay strings."""
     big = np.arange(wire.SPLICED_BYTES // 4 + 3, dtype=np.float32)
     small = np.arange(5, dtype=np.float32)
-    answer = {
+    answer: dict[str, Any] = {
         "\x1f00": "\x1f0123456789abcdef",
         "a": [wire.base64_float32(big), wire.base64_float32(small), "\x1f"],
         "b": {"c": wire.base64_float32(big[::-1]), "d": np.ones(2, np.float32)},
