@@ -8,13 +8,13 @@ integers, or base64 of the raw bytes with their dtype.
 
 from __future__ import annotations
 
-import base64
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from service.errors import InvalidInput
+from service.protocols import wire
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 
@@ -55,6 +55,6 @@ def pooled_array(array: np.ndarray, encoding_format: str) -> Any:
         return {
             "shape": list(array.shape),
             "dtype": str(array.dtype),
-            "data": base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii"),
+            "data": wire.base64_value(np.ascontiguousarray(array).tobytes()),
         }
     return array  # orjson writes integers

@@ -233,6 +233,12 @@ BAD: list[tuple[str, tuple[bytes, dict[str, str]], int, str]] = [
     ("left-padded-mask", _case({"inputs": [embeds_input(X), {
         "name": "attention_mask", "shape": [1, 2], "datatype": "INT64", "data": [0, 1]}]}, XB),
      422, "ones then zeros"),
+    ("mask-of-twos", _case({"inputs": [embeds_input(X), {
+        "name": "attention_mask", "shape": [1, 2], "datatype": "INT64", "data": [2, 0]}]}, XB),
+     422, "only 0 and 1"),
+    ("all-zero-mask", _case({"inputs": [embeds_input(X), {
+        "name": "attention_mask", "shape": [1, 2], "datatype": "INT64", "data": [0, 0]}]}, XB),
+     422, "all zeros"),
     ("mask-shape", _case({"inputs": [embeds_input(X), {
         "name": "attention_mask", "shape": [1, 3], "datatype": "INT64", "data": [1, 1, 1]}]},
         XB), 422, "attention_mask"),

@@ -194,13 +194,12 @@ def _decode_array(item: Any, index: int) -> np.ndarray:
     if isinstance(item, dict):
         return _decode_base64_array(item, where)
     if isinstance(item, list):
-        parsed = wire.numbers(item)
+        parsed = wire.float32_numbers(item)  # beyond float32 is inf, refused as such
         if parsed is None:
             raise InvalidInput(
                 "must be a rectangular [seq_len, d_model] array of numbers", field=where
             )
-        with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused as such
-            return parsed.astype(np.float32)
+        return parsed
     raise InvalidInput(
         "must be a [seq_len, d_model] array, a {shape, data} base64 object or a text",
         field=where,
@@ -255,7 +254,7 @@ def encode_array(array: np.ndarray, encoding_format: str) -> Any:
     if array.dtype in (np.float16, np.int32):  # attention asked as float16, its key indices
         array = wire.little_endian(array)
         if encoding_format == "base64":
-            data = base64.b64encode(array.tobytes()).decode("ascii")
+            data = wire.base64_value(array.tobytes())
             return {"shape": list(array.shape), "dtype": array.dtype.name, "data": data}
         return array if array.dtype == np.int32 else array.astype(np.float32)
     array = wire.float32_le(array)

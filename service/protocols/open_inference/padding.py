@@ -22,18 +22,21 @@ def lengths_of(mask: np.ndarray) -> list[int]:
     if mask.ndim != 2:
         raise InvalidInput(f"must be [batch, seq], got shape {list(mask.shape)}", field=("mask",))
     values = mask.astype(np.int64, copy=False)
-    if not np.isin(values, (0, 1)).all():
-        raise InvalidInput("must hold only 0 and 1", field=("mask",))
     lengths = values.sum(axis=1)
-    positions = np.arange(mask.shape[1])[None, :]
-    right_padded = (values == (positions < lengths[:, None])).all(axis=1)
+    right_padded = (values == (np.arange(mask.shape[1])[None, :] < lengths[:, None])).all(axis=1)
+    if right_padded.all() and lengths.all():
+        # Each row equal to ones then zeros of its own sum: only 0 and 1 in it. One pass
+        # (~15 us at [1, 16] where np.isin first took ~70) for a mask that is right.
+        return [int(n) for n in lengths]
+    if not ((values == 0) | (values == 1)).all():
+        raise InvalidInput("must hold only 0 and 1", field=("mask",))
     for row in np.flatnonzero(~right_padded | (lengths == 0)):
         problem = "is all zeros" if lengths[row] == 0 else "is not ones then zeros"
         raise InvalidInput(
             f"{problem}: each row must mark its tokens first (right padding)",
             field=("mask", int(row)),
         )
-    return [int(n) for n in lengths]
+    raise AssertionError("unreachable: a mask of 0 and 1 with every row right-padded")
 
 
 def repad(arrays: list[np.ndarray], length: int, token_axes: tuple[int, ...]) -> np.ndarray:

@@ -69,7 +69,7 @@ def decode_one(wire_item: Any) -> np.ndarray:
 @given(array=st.one_of(ANY_BITS, FINITE))
 @example(array=EDGES)
 def test_base64_array_round_trip_is_bit_exact(array: np.ndarray) -> None:
-    wire_item = codec.encode_array(array, "base64")
+    wire_item = written(codec.encode_array(array, "base64"))
     assert wire_item["shape"] == list(array.shape) and wire_item["dtype"] == "float32"
     item = native_items([wire_item]).inputs[0]
     assert isinstance(item, ArrayInput)
@@ -81,7 +81,7 @@ def test_base64_array_round_trip_is_bit_exact(array: np.ndarray) -> None:
 
 def test_base64_input_without_dtype_is_float32() -> None:
     array = EDGES
-    wire_item = {"shape": list(array.shape), "data": wire.base64_float32(array)}
+    wire_item = {"shape": list(array.shape), "data": written(wire.base64_float32(array))}
     np.testing.assert_array_equal(bits(decode_one(wire_item)), bits(array))
 
 
@@ -121,7 +121,12 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-GOOD = codec.encode_array(np.ones((2, D_MODEL), dtype=np.float32), "base64")
+def written(value: Any) -> Any:
+    """``value`` as an answer writes it and a client reads it back (JSON bytes, parsed)."""
+    return orjson.loads(wire.dumps(value))
+
+
+GOOD = written(codec.encode_array(np.ones((2, D_MODEL), dtype=np.float32), "base64"))
 BAD_ITEMS = {
     "not-base64": {"shape": [1, 1], "data": "!!!!"},
     "bad-padding": {"shape": [1, 1], "data": "AAAAAA"},
@@ -208,7 +213,7 @@ ANY_SHAPE = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
 )
 def test_base64_float32_is_little_endian_row_major(array: np.ndarray) -> None:
     with np.errstate(over="ignore"):  # float64 beyond float32 range: inf, on both sides
-        raw = base64.b64decode(wire.base64_float32(array), validate=True)
+        raw = base64.b64decode(written(wire.base64_float32(array)), validate=True)
         expected = np.asarray(array, dtype=np.float32).ravel(order="C")
     decoded = np.frombuffer(raw, dtype="<f4")
     np.testing.assert_array_equal(bits(decoded), bits(expected))
@@ -325,3 +330,73 @@ def test_openai_names_the_bad_id_list(ids: list[list[int]], data: Any) -> None:
     with pytest.raises(InvalidInput) as info:
         list(openai(value).inputs)
     assert info.value.field == ("inputs", row)
+
+
+# -- wire.float32_numbers ------------------------------------------------------------------
+
+
+def _through_float64(data: Any) -> np.ndarray | None:
+    """The reading ``float32_numbers`` replaces: a float64 array, then float32."""
+    parsed = wire.numbers(data)
+    if parsed is None:
+        return None
+    with np.errstate(over="ignore"):
+        return parsed.astype(np.float32)
+
+
+@PROPERTY
+@given(array=hnp.arrays(np.float64, hnp.array_shapes(min_dims=2, max_dims=2, max_side=6)))
+def test_float32_numbers_are_the_bits_read_through_float64(array: np.ndarray) -> None:
+    """Any float64 (inf and nan too, which JSON cannot carry but Python lists can), each
+    rounded once to float32 either way: tolerance 0."""
+    got, want = wire.float32_numbers(array.tolist()), _through_float64(array.tolist())
+    assert got is not None and want is not None and got.dtype == np.float32
+    np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [[1, -2], [3, 4]],
+        [[1e39, -1e39, 3.5]],
+        [[10**400]],  # beyond float64: no number
+        [[1.0, 2.0], [3.0]],  # ragged
+        [[1.0, True]],
+        [[1.0, "2"]],
+        [[1.0, None]],
+        [[[1.0], [2.0]]],  # another rank
+        [1.0, 2.0],
+        [],
+        [[]],
+    ],
+)
+def test_float32_numbers_take_and_refuse_what_numbers_does(data: Any) -> None:
+    got, want = wire.float32_numbers(data), _through_float64(data)
+    assert (got is None) == (want is None)
+    if got is not None and want is not None:
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_array_equal(bits(got), bits(want))
+
+
+# -- wire.dumps: base64 joined into the answer ---------------------------------------------
+
+
+def test_dumps_joins_base64_as_the_str_writer_would() -> None:
+    """Large arrays (64 KiB and more) are joined as bytes, small ones written as str;
+    strings that look like the marker (a control character, then hex) stay strings."""
+    big = np.arange(wire.SPLICED_BYTES // 4 + 3, dtype=np.float32)
+    small = np.arange(5, dtype=np.float32)
+    answer: dict[str, Any] = {
+        "\x1f00": "\x1f0123456789abcdef",
+        "a": [wire.base64_float32(big), wire.base64_float32(small), "\x1f"],
+        "b": {"c": wire.base64_float32(big[::-1]), "d": np.ones(2, np.float32)},
+    }
+    as_str = {
+        "\x1f00": "\x1f0123456789abcdef",
+        "a": [_b64(big.tobytes()), _b64(small.tobytes()), "\x1f"],
+        "b": {"c": _b64(big[::-1].tobytes()), "d": np.ones(2, np.float32)},
+    }
+    assert isinstance(answer["a"][0], wire.Base64) and isinstance(answer["a"][1], str)
+    assert wire.dumps(answer) == orjson.dumps(as_str, option=orjson.OPT_SERIALIZE_NUMPY)
+    with pytest.raises(TypeError):
+        wire.dumps({"x": object()})
