@@ -4,10 +4,18 @@ For each model directory, ``model.onnx`` and ``model_attn.onnx`` are written as:
 ``dynamic`` (what ``--quantize int8`` exports: ``quantize_dynamic``, per-channel
 int8 weights, activations quantised at run time), ``dynamic-keep`` (the same
 with the fewest layers' feed-forward output fp32 for cosine 0.99 on the
-calibration sentences: ``--int8-keep-cosine 0.99``), ``qdq`` and ``qoperator``
-(``quantize_static``, per-channel int8 weights and uint8 activations whose
-ranges were calibrated on real sentences, in the two formats onnxruntime
-offers). bf16 is only checked: onnxruntime's CPU provider has no bf16 MatMul.
+calibration sentences: ``--int8-keep-cosine 0.99 --int8-recipe dynamic``),
+``nbits8`` and ``nbits4`` (every weight MatMul as onnxruntime's block-wise
+``MatMulNBits``, 8 bits in blocks of 128 and 4 bits in blocks of 32,
+``accuracy_level`` 4: int8 compute with per-block activation scales; a fused
+``Attention`` keeps its fp32 Q/K/V weights), ``smooth-dynamic`` (SmoothQuant
+on every weight MatMul's activation, then ``dynamic``), ``smooth-blockwise``
+(what ``--quantize int8`` exports: SmoothQuant and ``dynamic`` but the
+feed-forward outputs as ``nbits8``; ``model_export.int8_recipe``), ``qdq`` and
+``qoperator`` (``quantize_static``, per-channel int8 weights and uint8
+activations whose ranges were calibrated on real sentences, in the two formats
+onnxruntime offers). Smoothing scales come from the calibration sentences.
+bf16 is only checked: onnxruntime's CPU provider has no bf16 MatMul.
 With ``--ov-python`` (a separate venv with ``onnxruntime-openvino``), the
 OpenVINO execution provider is timed too, in a worker process of that venv,
 against its own CPU-provider fp32 in the same rounds.
@@ -19,8 +27,7 @@ Agreement, on held-out sentences (never calibrated on): cosine of mean-pooled
 sentence embeddings vs fp32 (min, mean), and the largest absolute difference of
 attention weights (``model_attn.onnx``).
 
-    .venv/bin/python -m bench.int8 models/minilm-l6 /tmp/mp5/mpnet-base --profile \\
-        --ov-python /tmp/ov-venv/bin/python
+    .venv/bin/python -m bench.int8 models/minilm-l6 models/mpnet-base --rounds 3
 
 Writes ``bench/out/int8.json`` and prints a markdown table rendered from it.
 """
@@ -44,12 +51,15 @@ from bench.lib.report import table
 from bench.lib.results import write_json
 from model_export.quantize_sentences import KEEP_SEED, KEEP_SENTENCES, sentences
 
-SHAPES = ((1, 16), (8, 128), (32, 128))
+SHAPES = ((1, 16), (8, 128))
 TEXT_BATCH = 32
 THREADS = 2
 GRAPHS = ("model.onnx", "model_attn.onnx")
 ATTENTIONS = 1  # model_attn.onnx's outputs: last_hidden_state, attentions, …
-CPU_VARIANTS = ("fp32", "dynamic", "dynamic-keep", "qdq", "qoperator")
+CPU_VARIANTS = (
+    "fp32", "dynamic", "dynamic-keep", "nbits8", "nbits4", "smooth-dynamic", "smooth-blockwise"
+)  # fmt: skip
+STATIC_VARIANTS = ("qdq", "qoperator")  # also accepted by --variants
 # dynamic-keep: the cosine its fp32 layers are chosen for on the calibration sentences,
 # as `--int8-keep-cosine 0.99` chooses them.
 KEEP_TARGET = 0.99
@@ -119,6 +129,7 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
     """Write each variant's ``GRAPHS`` under ``work/<variant>/`` (kept between runs)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat
 
+    from model_export.int8_recipe import DYNAMIC
     from model_export.quantize import (
         feed_forward_outputs,
         quantize_graph_dynamic,
@@ -134,7 +145,8 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
             calibration = Calibration(inputs)
             batches = [(b["inputs_embeds"], b["attention_mask"]) for b in calibration.batches]
             (work / variant).mkdir(parents=True, exist_ok=True)
-            kept, reached = sensitive_matmuls(model_dir / "model.onnx", batches, KEEP_TARGET)
+            model = model_dir / "model.onnx"
+            kept, reached = sensitive_matmuls(model, batches, KEEP_TARGET, DYNAMIC)
             order = feed_forward_outputs(model_dir / "model.onnx")
             layers = sorted(order.index(node) for node in kept)
             keep = {"fp32_layers": layers, "calibration_cosine_min": reached}
@@ -153,6 +165,8 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
             elif variant == "dynamic-keep":
                 order = feed_forward_outputs(model_dir / graph)
                 quantize_graph_dynamic(model_dir / graph, dst, [order[i] for i in layers])
+            elif variant in BUILDERS:
+                BUILDERS[variant](model_dir / graph, dst, Calibration(inputs).batches)
             else:
                 quant_format = QuantFormat.QDQ if variant == "qdq" else QuantFormat.QOperator
                 quantize_graph_static(
@@ -164,6 +178,41 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
                 )
             took = time.perf_counter() - start
             print(f"{model_dir.name}: {variant} {graph} in {took:.0f} s", flush=True)
+
+
+def _nbits(bits: int, block: int) -> Any:
+    def quantize(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
+        from model_export.int8_recipe import blockwise
+
+        blockwise(src, dst, None, bits=bits, block=block)
+
+    return quantize
+
+
+def _smooth_dynamic(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
+    import tempfile
+
+    from model_export.int8_recipe import SMOOTH_ALPHA
+    from model_export.quantize import quantize_graph_dynamic
+    from model_export.smooth import smooth_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        smooth_file(src, Path(tmp) / "smoothed.onnx", calibration, SMOOTH_ALPHA)
+        quantize_graph_dynamic(Path(tmp) / "smoothed.onnx", dst)
+
+
+def _smooth_blockwise(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
+    from model_export.int8_recipe import SMOOTH_BLOCKWISE, quantize_graph
+
+    quantize_graph(SMOOTH_BLOCKWISE, src, dst, calibration)
+
+
+BUILDERS = {
+    "nbits8": _nbits(8, 128),
+    "nbits4": _nbits(4, 32),
+    "smooth-dynamic": _smooth_dynamic,
+    "smooth-blockwise": _smooth_blockwise,
+}
 
 
 def graph_path(model_dir: Path, work: Path, variant: str, graph: str) -> Path:
@@ -436,30 +485,31 @@ def run_ov(
 
 
 def render(results: dict[str, Any]) -> str:
-    parts = []
+    """One table: a row per model and variant, each case's speed as a multiple of fp32's
+    (same run), and the held-out agreement."""
+    cases = list(results["models"][0]["median_ms"]) if results["models"] else []
+    header = ["model", "variant", *(f"{c} ×fp32" for c in cases), "cos min", "cos mean",
+              "attn Δmax"]  # fmt: skip
+    rows = []
     for model in results["models"]:
-        name = model["name"]
-        variants = [v for v in model["variants"] if v != "fp32"]
-        cases = list(model["median_ms"])
-        header = ["variant", *(f"{c} ×fp32" for c in cases), "cos min", "cos mean", "attn Δmax"]
-        rows = [["fp32 ms", *(f"{model['median_ms'][c]['fp32']:.2f}" for c in cases), "", "", ""]]
-        for v in variants:
+        name, ms = model["name"], model["median_ms"]
+        rows.append([name, "fp32 (ms)", *(f"{ms[c]['fp32']:.2f}" for c in cases), "", "", ""])
+        for v in (v for v in model["variants"] if v != "fp32"):
             a = model["agreement"][v]
-            speed = [model["median_ms"][c]["fp32"] / model["median_ms"][c][v] for c in cases]
             rows.append(
-                [v, *(f"{s:.2f}" for s in speed), f"{a['cosine_min']:.4f}",
-                 f"{a['cosine_mean']:.4f}", f"{a['attention_max_abs_diff']:.3f}"]
+                [name, v, *(f"{ms[c]['fp32'] / ms[c][v]:.2f}" for c in cases),
+                 f"{a['cosine_min']:.4f}", f"{a['cosine_mean']:.4f}",
+                 f"{a['attention_max_abs_diff']:.3f}"]
             )  # fmt: skip
         ov = model.get("openvino")
         if ov and "median_ms" in ov:
             for v, a in ov["agreement"].items():
                 speed = [ov["median_ms"][c]["cpu-fp32"] / ov["median_ms"][c][v] for c in cases]
                 rows.append(
-                    [f"{v} (vs its CPU fp32)", *(f"{s:.2f}" for s in speed),
+                    [name, f"{v} (vs its CPU fp32)", *(f"{s:.2f}" for s in speed),
                      f"{a['cosine_min']:.4f}", f"{a['cosine_mean']:.4f}", "–"]
                 )  # fmt: skip
-        parts.append(f"{name}\n\n" + table(header, rows))
-    return "\n\n".join(parts)
+    return table(header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 ``smooth-blockwise`` (the default) is three steps on the fp32 graph:
 
-1. SmoothQuant (``model_export.smooth``, alpha ``SMOOTH_ALPHA``) on the
+1. SmoothQuant (``model_export.smooth``, alpha ``SMOOTH_ALPHA``: 0.7) on the
    activations read by the attention's Q/K/V projections, its output
    projection and the feed-forward block's first projection, with per-channel
    scales from calibration activations;
@@ -30,7 +30,7 @@ from model_export import graph_io
 
 DYNAMIC, SMOOTH_BLOCKWISE = "dynamic", "smooth-blockwise"
 RECIPES = (SMOOTH_BLOCKWISE, DYNAMIC)
-SMOOTH_ALPHA = 0.5
+SMOOTH_ALPHA = 0.7  # measured better than 0.5 on MiniLM and MPNet (docs/benchmarks.md)
 BITS, BLOCK, ACCURACY_LEVEL = 8, 128, 4
 
 Feeds = dict[str, np.ndarray]
@@ -66,25 +66,37 @@ def quantize_graph(
     if recipe == DYNAMIC:
         quantize_graph_dynamic(src, dst, keep_fp32)
         return
-    blockwise = [n for n in feed_forward_outputs(src) if n not in keep_fp32]
+    outputs = [n for n in feed_forward_outputs(src) if n not in keep_fp32]
     with tempfile.TemporaryDirectory() as tmp:
         smoothed, dynamic = Path(tmp) / "smoothed.onnx", Path(tmp) / "dynamic.onnx"
-        smooth_file(src, smoothed, calibration, SMOOTH_ALPHA, exclude=[*blockwise, *keep_fp32])
-        quantize_graph_dynamic(smoothed, dynamic, [*blockwise, *keep_fp32])
-        _blockwise(dynamic, dst, blockwise)
+        smooth_file(src, smoothed, calibration, SMOOTH_ALPHA, exclude=[*outputs, *keep_fp32])
+        quantize_graph_dynamic(smoothed, dynamic, [*outputs, *keep_fp32])
+        blockwise(dynamic, dst, outputs)
 
 
-def _blockwise(src: Path, dst: Path, nodes: Sequence[str]) -> None:
-    """The MatMuls named ``nodes`` as ``MatMulNBits``."""
+def blockwise(
+    src: Path, dst: Path, nodes: Sequence[str] | None, *, bits: int = BITS, block: int = BLOCK
+) -> None:
+    """The MatMuls named ``nodes`` (None: every one with a constant weight) as
+    ``MatMulNBits`` (symmetric, ``accuracy_level`` ``ACCURACY_LEVEL``)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    from model_export.quantize import batched_matmuls
+
+    model = onnx.load(str(src))
+    # Its nodes_to_include adds to the MatMuls it takes anyway: the others are excluded.
+    others = [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "MatMul" and nodes is not None and node.name not in nodes
+    ]
     quantizer = MatMulNBitsQuantizer(
-        onnx.load(str(src)),
-        bits=BITS,
-        block_size=BLOCK,
+        model,
+        bits=bits,
+        block_size=block,
         is_symmetric=True,
         accuracy_level=ACCURACY_LEVEL,
-        nodes_to_include=list(nodes),
+        nodes_to_exclude=[*others, *batched_matmuls(src)],
     )
     quantizer.process()
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
