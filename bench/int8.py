@@ -374,6 +374,54 @@ def profile(path: Path, feeds: dict[str, np.ndarray], runs: int = 10) -> dict[st
     return {op: round(us / whole, 3) for op, us in ranked}
 
 
+# --- one MatMul -----------------------------------------------------------------------
+
+MATMUL = (1024, 384, 1536)  # [8,128] tokens through MiniLM's feed-forward up-projection
+
+
+def matmul_kernels(work: Path, rounds: int, seconds: float) -> dict[str, Any]:
+    """One MatMul (M, K, N = ``MATMUL``, seeded weights) as fp32, dynamic int8 and
+    ``MatMulNBits`` (8/4 bits, blocks of 32/128, accuracy_level 4 and 0): median ms and
+    the largest error relative to fp32's largest output."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bench.lib.reference import ort_session
+    from model_export.int8_recipe import blockwise
+    from model_export.quantize import quantize_graph_dynamic
+
+    m, k, n = MATMUL
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32) * 0.05, "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], "matmul")
+    model = helper.make_model(
+        helper.make_graph([node], "matmul", [x], [y], [weight]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model.ir_version = 9
+    work.mkdir(parents=True, exist_ok=True)
+    paths = {"fp32": work / "matmul.onnx", "dynamic": work / "matmul-dynamic.onnx"}
+    onnx.save(model, str(paths["fp32"]))
+    quantize_graph_dynamic(paths["fp32"], paths["dynamic"])
+    for bits in (8, 4):
+        for block in (32, 128):
+            for level in (4, 0):
+                name = f"nbits{bits} block {block} level {level}"
+                paths[name] = work / f"matmul-{bits}-{block}-{level}.onnx"
+                blockwise(paths["fp32"], paths[name], None, bits=bits, block=block, level=level)
+    sessions = {name: ort_session(path, THREADS) for name, path in paths.items()}
+    feeds = {"x": rng.standard_normal((m, k), dtype=np.float32)}
+    timed = time_sessions(sessions, {f"[{m},{k}]x[{k},{n}]": feeds}, rounds, seconds)
+    want = sessions["fp32"].run(None, feeds)[0]
+    errors = {
+        name: round(float(np.abs(s.run(None, feeds)[0] - want).max() / np.abs(want).max()), 4)
+        for name, s in sessions.items()
+    }
+    return {"median_ms": next(iter(timed.values())), "relative_error": errors}
+
+
 # --- OpenVINO worker ------------------------------------------------------------------
 
 
@@ -521,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=OUT / "int8-work", help="quantised graphs")
     parser.add_argument("--ov-python", help="python of a venv with onnxruntime-openvino")
     parser.add_argument("--profile", action="store_true", help="op shares at [8,128]")
+    parser.add_argument("--matmul", action="store_true", help="one MatMul's kernels too")
     parser.add_argument("--ov-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=OUT / "int8.json")
     args = parser.parse_args(argv)
@@ -570,6 +619,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         results["models"].append(model)
         write_json(args.out, results)
+    if args.matmul:
+        results["matmul"] = matmul_kernels(args.work / "matmul", args.rounds, args.seconds)
+        fp32 = results["matmul"]["median_ms"]["fp32"]
+        for name, ms in results["matmul"]["median_ms"].items():
+            error = results["matmul"]["relative_error"][name]
+            print(f"  {name}: {ms:.2f} ms, {fp32 / ms:.2f}x fp32, relative error {error}")
     write_json(args.out, results)
     print(render(results))
     return 0

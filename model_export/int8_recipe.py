@@ -75,7 +75,13 @@ def quantize_graph(
 
 
 def blockwise(
-    src: Path, dst: Path, nodes: Sequence[str] | None, *, bits: int = BITS, block: int = BLOCK
+    src: Path,
+    dst: Path,
+    nodes: Sequence[str] | None,
+    *,
+    bits: int = BITS,
+    block: int = BLOCK,
+    level: int = ACCURACY_LEVEL,
 ) -> None:
     """The MatMuls named ``nodes`` (None: every one with a constant weight) as
     ``MatMulNBits`` (symmetric, ``accuracy_level`` ``ACCURACY_LEVEL``)."""
@@ -95,7 +101,7 @@ def blockwise(
         bits=bits,
         block_size=block,
         is_symmetric=True,
-        accuracy_level=ACCURACY_LEVEL,
+        accuracy_level=level or None,  # 0: unset, fp32 compute
         nodes_to_exclude=[*others, *batched_matmuls(src)],
     )
     quantizer.process()
