@@ -11,7 +11,8 @@ calibration sentences: ``--int8-keep-cosine 0.99 --int8-recipe dynamic``),
 ``Attention`` keeps its fp32 Q/K/V weights), ``smooth-dynamic`` (SmoothQuant
 on every weight MatMul's activation, then ``dynamic``), ``smooth-blockwise``
 (what ``--quantize int8`` exports: SmoothQuant and ``dynamic`` but the
-feed-forward outputs as ``nbits8``; ``model_export.int8_recipe``), ``qdq`` and
+feed-forward outputs as ``nbits8``; ``model_export.int8_recipe``),
+``dynamic-blockwise`` (``smooth-blockwise`` without the smoothing), ``qdq`` and
 ``qoperator`` (``quantize_static``, per-channel int8 weights and uint8
 activations whose ranges were calibrated on real sentences, in the two formats
 onnxruntime offers). Smoothing scales come from the calibration sentences.
@@ -59,7 +60,8 @@ ATTENTIONS = 1  # model_attn.onnx's outputs: last_hidden_state, attentions, …
 CPU_VARIANTS = (
     "fp32", "dynamic", "dynamic-keep", "nbits8", "nbits4", "smooth-dynamic", "smooth-blockwise"
 )  # fmt: skip
-STATIC_VARIANTS = ("qdq", "qoperator")  # also accepted by --variants
+# Also accepted by --variants:
+OTHER_VARIANTS = ("dynamic-blockwise", "qdq", "qoperator")
 # dynamic-keep: the cosine its fp32 layers are chosen for on the calibration sentences,
 # as `--int8-keep-cosine 0.99` chooses them.
 KEEP_TARGET = 0.99
@@ -207,8 +209,22 @@ def _smooth_blockwise(src: Path, dst: Path, calibration: list[dict[str, np.ndarr
     quantize_graph(SMOOTH_BLOCKWISE, src, dst, calibration)
 
 
+def _dynamic_blockwise(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
+    """``smooth-blockwise`` without the smoothing."""
+    import tempfile
+
+    from model_export.int8_recipe import blockwise
+    from model_export.quantize import feed_forward_outputs, quantize_graph_dynamic
+
+    outputs = feed_forward_outputs(src)
+    with tempfile.TemporaryDirectory() as tmp:
+        quantize_graph_dynamic(src, Path(tmp) / "dynamic.onnx", outputs)
+        blockwise(Path(tmp) / "dynamic.onnx", dst, outputs)
+
+
 BUILDERS = {
     "nbits8": _nbits(8, 128),
+    "dynamic-blockwise": _dynamic_blockwise,
     "nbits4": _nbits(4, 32),
     "smooth-dynamic": _smooth_dynamic,
     "smooth-blockwise": _smooth_blockwise,
