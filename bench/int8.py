@@ -131,6 +131,7 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
     """Write each variant's ``GRAPHS`` under ``work/<variant>/`` (kept between runs)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat
 
+    from bench import int8_variants
     from model_export.int8_recipe import DYNAMIC
     from model_export.quantize import (
         feed_forward_outputs,
@@ -167,8 +168,9 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
             elif variant == "dynamic-keep":
                 order = feed_forward_outputs(model_dir / graph)
                 quantize_graph_dynamic(model_dir / graph, dst, [order[i] for i in layers])
-            elif variant in BUILDERS:
-                BUILDERS[variant](model_dir / graph, dst, Calibration(inputs).batches)
+            elif variant in int8_variants.BUILDERS:
+                build_variant = int8_variants.BUILDERS[variant]
+                build_variant(model_dir / graph, dst, Calibration(inputs).batches)
             else:
                 quant_format = QuantFormat.QDQ if variant == "qdq" else QuantFormat.QOperator
                 quantize_graph_static(
@@ -180,55 +182,6 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
                 )
             took = time.perf_counter() - start
             print(f"{model_dir.name}: {variant} {graph} in {took:.0f} s", flush=True)
-
-
-def _nbits(bits: int, block: int) -> Any:
-    def quantize(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
-        from model_export.int8_recipe import blockwise
-
-        blockwise(src, dst, None, bits=bits, block=block)
-
-    return quantize
-
-
-def _smooth_dynamic(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
-    import tempfile
-
-    from model_export.int8_recipe import SMOOTH_ALPHA
-    from model_export.quantize import quantize_graph_dynamic
-    from model_export.smooth import smooth_file
-
-    with tempfile.TemporaryDirectory() as tmp:
-        smooth_file(src, Path(tmp) / "smoothed.onnx", calibration, SMOOTH_ALPHA)
-        quantize_graph_dynamic(Path(tmp) / "smoothed.onnx", dst)
-
-
-def _smooth_blockwise(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
-    from model_export.int8_recipe import SMOOTH_BLOCKWISE, quantize_graph
-
-    quantize_graph(SMOOTH_BLOCKWISE, src, dst, calibration)
-
-
-def _dynamic_blockwise(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
-    """``smooth-blockwise`` without the smoothing."""
-    import tempfile
-
-    from model_export.int8_recipe import blockwise
-    from model_export.quantize import feed_forward_outputs, quantize_graph_dynamic
-
-    outputs = feed_forward_outputs(src)
-    with tempfile.TemporaryDirectory() as tmp:
-        quantize_graph_dynamic(src, Path(tmp) / "dynamic.onnx", outputs)
-        blockwise(Path(tmp) / "dynamic.onnx", dst, outputs)
-
-
-BUILDERS = {
-    "nbits8": _nbits(8, 128),
-    "dynamic-blockwise": _dynamic_blockwise,
-    "nbits4": _nbits(4, 32),
-    "smooth-dynamic": _smooth_dynamic,
-    "smooth-blockwise": _smooth_blockwise,
-}
 
 
 def graph_path(model_dir: Path, work: Path, variant: str, graph: str) -> Path:
@@ -388,54 +341,6 @@ def profile(path: Path, feeds: dict[str, np.ndarray], runs: int = 10) -> dict[st
     whole = sum(totals.values())
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])
     return {op: round(us / whole, 3) for op, us in ranked}
-
-
-# --- one MatMul -----------------------------------------------------------------------
-
-MATMUL = (1024, 384, 1536)  # [8,128] tokens through MiniLM's feed-forward up-projection
-
-
-def matmul_kernels(work: Path, rounds: int, seconds: float) -> dict[str, Any]:
-    """One MatMul (M, K, N = ``MATMUL``, seeded weights) as fp32, dynamic int8 and
-    ``MatMulNBits`` (8/4 bits, blocks of 32/128, accuracy_level 4 and 0): median ms and
-    the largest error relative to fp32's largest output."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    from bench.lib.reference import ort_session
-    from model_export.int8_recipe import blockwise
-    from model_export.quantize import quantize_graph_dynamic
-
-    m, k, n = MATMUL
-    rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32) * 0.05, "w")
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])
-    node = helper.make_node("MatMul", ["x", "w"], ["y"], "matmul")
-    model = helper.make_model(
-        helper.make_graph([node], "matmul", [x], [y], [weight]),
-        opset_imports=[helper.make_opsetid("", 17)],
-    )
-    model.ir_version = 9
-    work.mkdir(parents=True, exist_ok=True)
-    paths = {"fp32": work / "matmul.onnx", "dynamic": work / "matmul-dynamic.onnx"}
-    onnx.save(model, str(paths["fp32"]))
-    quantize_graph_dynamic(paths["fp32"], paths["dynamic"])
-    for bits in (8, 4):
-        for block in (32, 128):
-            for level in (4, 0):
-                name = f"nbits{bits} block {block} level {level}"
-                paths[name] = work / f"matmul-{bits}-{block}-{level}.onnx"
-                blockwise(paths["fp32"], paths[name], None, bits=bits, block=block, level=level)
-    sessions = {name: ort_session(path, THREADS) for name, path in paths.items()}
-    feeds = {"x": rng.standard_normal((m, k), dtype=np.float32)}
-    timed = time_sessions(sessions, {f"[{m},{k}]x[{k},{n}]": feeds}, rounds, seconds)
-    want = sessions["fp32"].run(None, feeds)[0]
-    errors = {
-        name: round(float(np.abs(s.run(None, feeds)[0] - want).max() / np.abs(want).max()), 4)
-        for name, s in sessions.items()
-    }
-    return {"median_ms": next(iter(timed.values())), "relative_error": errors}
 
 
 # --- OpenVINO worker ------------------------------------------------------------------
@@ -636,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
         results["models"].append(model)
         write_json(args.out, results)
     if args.matmul:
+        from bench.int8_variants import matmul_kernels
+
         results["matmul"] = matmul_kernels(args.work / "matmul", args.rounds, args.seconds)
         fp32 = results["matmul"]["median_ms"]["fp32"]
         for name, ms in results["matmul"]["median_ms"].items():
