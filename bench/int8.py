@@ -4,10 +4,19 @@ For each model directory, ``model.onnx`` and ``model_attn.onnx`` are written as:
 ``dynamic`` (what ``--quantize int8`` exports: ``quantize_dynamic``, per-channel
 int8 weights, activations quantised at run time), ``dynamic-keep`` (the same
 with the fewest layers' feed-forward output fp32 for cosine 0.99 on the
-calibration sentences: ``--int8-keep-cosine 0.99``), ``qdq`` and ``qoperator``
-(``quantize_static``, per-channel int8 weights and uint8 activations whose
-ranges were calibrated on real sentences, in the two formats onnxruntime
-offers). bf16 is only checked: onnxruntime's CPU provider has no bf16 MatMul.
+calibration sentences: ``--int8-keep-cosine 0.99 --int8-recipe dynamic``),
+``nbits8`` and ``nbits4`` (every weight MatMul as onnxruntime's block-wise
+``MatMulNBits``, 8 bits in blocks of 128 and 4 bits in blocks of 32,
+``accuracy_level`` 4: int8 compute with per-block activation scales; a fused
+``Attention`` keeps its fp32 Q/K/V weights), ``smooth-dynamic`` (SmoothQuant
+on every weight MatMul's activation, then ``dynamic``), ``smooth-blockwise``
+(what ``--quantize int8`` exports: SmoothQuant and ``dynamic`` but the
+feed-forward outputs as ``nbits8``; ``model_export.int8_recipe``),
+``dynamic-blockwise`` (``smooth-blockwise`` without the smoothing), ``qdq`` and
+``qoperator`` (``quantize_static``, per-channel int8 weights and uint8
+activations whose ranges were calibrated on real sentences, in the two formats
+onnxruntime offers). Smoothing scales come from the calibration sentences.
+bf16 is only checked: onnxruntime's CPU provider has no bf16 MatMul.
 With ``--ov-python`` (a separate venv with ``onnxruntime-openvino``), the
 OpenVINO execution provider is timed too, in a worker process of that venv,
 against its own CPU-provider fp32 in the same rounds.
@@ -19,8 +28,7 @@ Agreement, on held-out sentences (never calibrated on): cosine of mean-pooled
 sentence embeddings vs fp32 (min, mean), and the largest absolute difference of
 attention weights (``model_attn.onnx``).
 
-    .venv/bin/python -m bench.int8 models/minilm-l6 /tmp/mp5/mpnet-base --profile \\
-        --ov-python /tmp/ov-venv/bin/python
+    .venv/bin/python -m bench.int8 models/minilm-l6 models/mpnet-base --rounds 3
 
 Writes ``bench/out/int8.json`` and prints a markdown table rendered from it.
 """
@@ -44,12 +52,16 @@ from bench.lib.report import table
 from bench.lib.results import write_json
 from model_export.quantize_sentences import KEEP_SEED, KEEP_SENTENCES, sentences
 
-SHAPES = ((1, 16), (8, 128), (32, 128))
+SHAPES = ((1, 16), (8, 128))
 TEXT_BATCH = 32
 THREADS = 2
 GRAPHS = ("model.onnx", "model_attn.onnx")
 ATTENTIONS = 1  # model_attn.onnx's outputs: last_hidden_state, attentions, …
-CPU_VARIANTS = ("fp32", "dynamic", "dynamic-keep", "qdq", "qoperator")
+CPU_VARIANTS = (
+    "fp32", "dynamic", "dynamic-keep", "nbits8", "nbits4", "smooth-dynamic", "smooth-blockwise"
+)  # fmt: skip
+# Also accepted by --variants:
+OTHER_VARIANTS = ("dynamic-blockwise", "qdq", "qoperator")
 # dynamic-keep: the cosine its fp32 layers are chosen for on the calibration sentences,
 # as `--int8-keep-cosine 0.99` chooses them.
 KEEP_TARGET = 0.99
@@ -119,6 +131,8 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
     """Write each variant's ``GRAPHS`` under ``work/<variant>/`` (kept between runs)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat
 
+    from bench import int8_variants
+    from model_export.int8_recipe import DYNAMIC
     from model_export.quantize import (
         feed_forward_outputs,
         quantize_graph_dynamic,
@@ -134,7 +148,8 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
             calibration = Calibration(inputs)
             batches = [(b["inputs_embeds"], b["attention_mask"]) for b in calibration.batches]
             (work / variant).mkdir(parents=True, exist_ok=True)
-            kept, reached = sensitive_matmuls(model_dir / "model.onnx", batches, KEEP_TARGET)
+            model = model_dir / "model.onnx"
+            kept, reached = sensitive_matmuls(model, batches, KEEP_TARGET, DYNAMIC)
             order = feed_forward_outputs(model_dir / "model.onnx")
             layers = sorted(order.index(node) for node in kept)
             keep = {"fp32_layers": layers, "calibration_cosine_min": reached}
@@ -153,6 +168,9 @@ def build(model_dir: Path, work: Path, variants: list[str], inputs: TextInputs) 
             elif variant == "dynamic-keep":
                 order = feed_forward_outputs(model_dir / graph)
                 quantize_graph_dynamic(model_dir / graph, dst, [order[i] for i in layers])
+            elif variant in int8_variants.BUILDERS:
+                build_variant = int8_variants.BUILDERS[variant]
+                build_variant(model_dir / graph, dst, Calibration(inputs).batches)
             else:
                 quant_format = QuantFormat.QDQ if variant == "qdq" else QuantFormat.QOperator
                 quantize_graph_static(
@@ -436,30 +454,31 @@ def run_ov(
 
 
 def render(results: dict[str, Any]) -> str:
-    parts = []
+    """One table: a row per model and variant, each case's speed as a multiple of fp32's
+    (same run), and the held-out agreement."""
+    cases = list(results["models"][0]["median_ms"]) if results["models"] else []
+    header = ["model", "variant", *(f"{c} ×fp32" for c in cases), "cos min", "cos mean",
+              "attn Δmax"]  # fmt: skip
+    rows = []
     for model in results["models"]:
-        name = model["name"]
-        variants = [v for v in model["variants"] if v != "fp32"]
-        cases = list(model["median_ms"])
-        header = ["variant", *(f"{c} ×fp32" for c in cases), "cos min", "cos mean", "attn Δmax"]
-        rows = [["fp32 ms", *(f"{model['median_ms'][c]['fp32']:.2f}" for c in cases), "", "", ""]]
-        for v in variants:
+        name, ms = model["name"], model["median_ms"]
+        rows.append([name, "fp32 (ms)", *(f"{ms[c]['fp32']:.2f}" for c in cases), "", "", ""])
+        for v in (v for v in model["variants"] if v != "fp32"):
             a = model["agreement"][v]
-            speed = [model["median_ms"][c]["fp32"] / model["median_ms"][c][v] for c in cases]
             rows.append(
-                [v, *(f"{s:.2f}" for s in speed), f"{a['cosine_min']:.4f}",
-                 f"{a['cosine_mean']:.4f}", f"{a['attention_max_abs_diff']:.3f}"]
+                [name, v, *(f"{ms[c]['fp32'] / ms[c][v]:.2f}" for c in cases),
+                 f"{a['cosine_min']:.4f}", f"{a['cosine_mean']:.4f}",
+                 f"{a['attention_max_abs_diff']:.3f}"]
             )  # fmt: skip
         ov = model.get("openvino")
         if ov and "median_ms" in ov:
             for v, a in ov["agreement"].items():
                 speed = [ov["median_ms"][c]["cpu-fp32"] / ov["median_ms"][c][v] for c in cases]
                 rows.append(
-                    [f"{v} (vs its CPU fp32)", *(f"{s:.2f}" for s in speed),
+                    [name, f"{v} (vs its CPU fp32)", *(f"{s:.2f}" for s in speed),
                      f"{a['cosine_min']:.4f}", f"{a['cosine_mean']:.4f}", "–"]
                 )  # fmt: skip
-        parts.append(f"{name}\n\n" + table(header, rows))
-    return "\n\n".join(parts)
+    return table(header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -471,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=OUT / "int8-work", help="quantised graphs")
     parser.add_argument("--ov-python", help="python of a venv with onnxruntime-openvino")
     parser.add_argument("--profile", action="store_true", help="op shares at [8,128]")
+    parser.add_argument("--matmul", action="store_true", help="one MatMul's kernels too")
     parser.add_argument("--ov-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=OUT / "int8.json")
     args = parser.parse_args(argv)
@@ -520,6 +540,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         results["models"].append(model)
         write_json(args.out, results)
+    if args.matmul:
+        from bench.int8_variants import matmul_kernels
+
+        results["matmul"] = matmul_kernels(args.work / "matmul", args.rounds, args.seconds)
+        fp32 = results["matmul"]["median_ms"]["fp32"]
+        for name, ms in results["matmul"]["median_ms"].items():
+            error = results["matmul"]["relative_error"][name]
+            print(f"  {name}: {ms:.2f} ms, {fp32 / ms:.2f}x fp32, relative error {error}")
     write_json(args.out, results)
     print(render(results))
     return 0

@@ -42,6 +42,7 @@ from model_export.config import (
     preset,
 )
 from model_export.graph_io import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_RTOL, EXPORTERS
+from model_export.int8_recipe import RECIPES, SMOOTH_BLOCKWISE
 
 # CLI flag -> EncoderConfig field, for the individual overrides.
 _CONFIG_FLAGS = (
@@ -157,8 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "--quantize",
         choices=["int8"],
-        help="also write a dynamically quantised copy beside --out (<out>-int8, served as "
-        "<name>-int8), its agreement with fp32 recorded in its config.json",
+        help="also write an int8 copy beside --out (<out>-int8, served as <name>-int8), its "
+        "recipe and agreement with fp32 recorded in its config.json",
+    )
+    exp.add_argument(
+        "--int8-recipe",
+        choices=RECIPES,
+        default=SMOOTH_BLOCKWISE,
+        help="with --quantize int8: smooth-blockwise (SmoothQuant, dynamic int8, feed-forward "
+        "outputs as 8-bit block-wise MatMulNBits) or dynamic (plain quantize_dynamic)",
     )
     exp.add_argument(
         "--int8-keep-cosine",
@@ -315,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
             result.model_dir,
             int8_dir,
             keep_cosine=args.int8_keep_cosine,
+            recipe=args.int8_recipe,
             progress=Progress(f"attnserve-export: {int8_dir.name}", sys.stderr),
         )
         print(f"\nwrote {int8_dir} (int8); agreement with fp32: {agreement}")

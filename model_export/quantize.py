@@ -1,14 +1,18 @@
-"""int8: a dynamically quantised copy of an exported model, served under its own name.
+"""int8: a quantised copy of an exported model, served under its own name.
 
-onnxruntime's ``quantize_dynamic`` stores every MatMul weight as int8 (per output
-channel) and quantises activations on the fly, so no calibration data is needed.
-int8 cannot meet the fp32 export's ``atol``, so instead of a strict check the
-copy's agreement with its fp32 source is measured on a fixed set and recorded
-in its manifest (``quantization``), and the copy is refused below
-``MIN_COSINE``. The token-embedding graph (a lookup) and the tokenizer are
-copied unchanged (with BM42's graph, which stays fp32); an older export's one-run
-text graph is quantised like the encoder graphs and judged on the sentences by
-itself (``text_graph``). A source with a shared weight file (format 5) gives a
+How each graph is quantised is a recipe (``model_export.int8_recipe``): by default
+SmoothQuant-rebalanced dynamic int8 with the feed-forward outputs block-wise
+(``smooth-blockwise``), or plain dynamic int8 (``dynamic``); the manifest records
+which (``quantization.recipe``). The smoothing scales come from calibration
+inputs: sentences of ``quantize_sentences`` apart from the agreement's, or seeded
+random embeddings for a model without a tokenizer. int8 cannot meet the fp32
+export's ``atol``, so instead of a strict check the copy's agreement with its
+fp32 source is measured on a fixed set and recorded in its manifest
+(``quantization``), and the copy is refused below ``MIN_COSINE``. The
+token-embedding graph (a lookup) and the tokenizer are copied unchanged (with
+BM42's graph, which stays fp32); an older export's one-run text graph is
+quantised like the encoder graphs and judged on the sentences by itself
+(``text_graph``). A source with a shared weight file (format 5) gives a
 copy with one too: the int8 weights and the copied graphs', each once.
 """
 
@@ -26,6 +30,7 @@ import onnx
 import onnxruntime as ort
 
 from model_export import graph_io
+from model_export.int8_recipe import SMOOTH_BLOCKWISE, describe, graph_feeds, quantize_graph
 from model_export.manifest import GraphFile, Manifest, sha256_file
 from model_export.progress import Progress, Step
 from model_export.staging import staged_model_dir
@@ -66,8 +71,10 @@ def quantize_model_dir(
     name: str | None = None,
     keep_cosine: float | None = None,
     progress: Progress | None = None,
+    recipe: str = SMOOTH_BLOCKWISE,
 ) -> dict[str, Any]:
-    """Write ``dst``: ``src`` with int8 encoder graphs; return the recorded agreement.
+    """Write ``dst``: ``src`` with int8 encoder graphs (quantised by ``recipe``); return the
+    recorded agreement.
 
     With ``keep_cosine``, the fewest feed-forward output MatMuls (the same layers in
     every graph) stay fp32 for the sentence embeddings to reach that cosine with fp32
@@ -87,14 +94,17 @@ def quantize_model_dir(
     )
     with staged_model_dir(dst) as staging:
         keep: dict[str, Any] = {}
+        batches, selected_on = _calibration_batches(src, manifest)
         if keep_cosine is not None:
             with progress.step(*CHOOSE_FP32):
-                keep = _choose_fp32_layers(src, manifest, keep_cosine)
+                keep = _choose_fp32_layers(src, batches, keep_cosine, recipe)
+                keep["selected_on"] = selected_on
         for graph in quantized_graphs:
             with progress.step("quantize", graph):
                 layers = feed_forward_outputs(src / graph)
                 kept = [layers[i] for i in keep.get("fp32_layers", [])]
-                quantize_graph_dynamic(src / graph, staging / graph, kept)
+                calibration = _graph_calibration(src, manifest, graph, batches)
+                quantize_graph(recipe, src / graph, staging / graph, calibration, kept)
         graphs = [*quantized_graphs]
         for extra in set(manifest.files()) - set(quantized_graphs) - {manifest.weights}:
             if extra.endswith(".onnx"):  # its weights, wherever they are, into the graph
@@ -138,7 +148,9 @@ def quantize_model_dir(
             record={
                 **manifest.record,
                 "quantization": {
-                    "type": "int8 dynamic (onnxruntime quantize_dynamic, per-channel weights)",
+                    "type": f"int8 {recipe}",
+                    "recipe": describe(recipe),
+                    "calibrated_on": selected_on,
                     "source": manifest.name,
                     "agreement": agreement,
                     **({"keep": keep} if keep else {}),
@@ -215,19 +227,20 @@ def feed_forward_outputs(path: Path) -> list[str]:
 
 
 def sensitive_matmuls(
-    src: Path, batches: Sequence[Batch], min_cosine: float
+    src: Path, batches: Sequence[Batch], min_cosine: float, recipe: str = SMOOTH_BLOCKWISE
 ) -> tuple[list[str], float]:
-    """The fewest feed-forward output MatMuls to keep fp32 so that the dynamic int8 graph's
-    mean-pooled embeddings of ``batches`` (embeds, mask) reach ``min_cosine`` (min over
-    sequences) against fp32: each candidate is scored alone, then kept in that order
-    until the target is met. Returns (kept nodes, the cosine reached)."""
+    """The fewest feed-forward output MatMuls to keep fp32 so that the ``recipe``'s int8
+    graph's mean-pooled embeddings of ``batches`` (embeds, mask; also its calibration)
+    reach ``min_cosine`` (min over sequences) against fp32: each candidate is scored
+    alone, then kept in that order until the target is met. Returns (kept nodes, the
+    cosine reached)."""
     reference = _session(src)
     want = [reference.run(None, _feeds(b))[0] for b in batches]
 
     def worst(keep: Sequence[str]) -> float:
         with tempfile.TemporaryDirectory() as tmp:
             graph = Path(tmp) / "candidate.onnx"
-            quantize_graph_dynamic(src, graph, keep)
+            quantize_graph(recipe, src, graph, [_feeds(b) for b in batches], keep)
             session = _session(graph)
         cosines = [
             _cosines(w, session.run(None, _feeds(b))[0], b[1])
@@ -248,30 +261,58 @@ def sensitive_matmuls(
     return kept, reached
 
 
-# The selection set of ``keep_cosine`` without a tokenizer: seeded random embeddings
-# (with one: quantize_sentences.KEEP_SENTENCES).
+# The calibration set (smoothing scales, and ``keep_cosine``'s choice) without a
+# tokenizer: seeded random embeddings (with one: quantize_sentences.KEEP_SENTENCES).
 KEEP_RANDOM_SEEDS = (10, 11, 12, 13)
+CALIBRATION_BATCH = 32
 
 
-def _choose_fp32_layers(src: Path, manifest: Manifest, target: float) -> dict[str, Any]:
-    """Which layers' feed-forward output MatMul stays fp32 (indices, graph order)."""
+def _calibration_batches(src: Path, manifest: Manifest) -> tuple[list[Batch], str]:
+    """Token embeddings and masks to calibrate on, and what they are."""
     text = manifest.text
     if text is not None and text.tokenizer is not None:
         from model_export.quantize_sentences import KEEP_SEED, KEEP_SENTENCES, sentences
 
         ids, mask = _sentence_ids(src, manifest, sentences(KEEP_SENTENCES, KEEP_SEED))
         embed = _session(src / text.embeddings_graph)
-        feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: np.zeros_like(ids)}
-        embeds = embed.run(None, feeds)[0]  # (B, T, d)
-        batches = [(embeds[i : i + 32], mask[i : i + 32]) for i in range(0, len(ids), 32)]
-        selected_on = f"{KEEP_SENTENCES} sentences (quantize_sentences seed {KEEP_SEED})"
-    else:
-        d = manifest.architecture.d_model
-        lengths = tuple(n for n in AGREEMENT_LENGTHS if n <= manifest.architecture.max_seq_len)
-        batches = [make_inputs(lengths, d, seed) for seed in KEEP_RANDOM_SEEDS]
-        selected_on = f"random embeddings (seeds {list(KEEP_RANDOM_SEEDS)})"
+        step = CALIBRATION_BATCH
+        batches = []
+        for i in range(0, len(ids), step):  # padded to each batch's longest, as served
+            width = int(mask[i : i + step].sum(1).max())
+            part = ids[i : i + step, :width]
+            feeds = {graph_io.INPUT_IDS: part, graph_io.INPUT_TOKEN_TYPES: np.zeros_like(part)}
+            batches.append((embed.run(None, feeds)[0], mask[i : i + step, :width]))
+        return batches, f"{KEEP_SENTENCES} sentences (quantize_sentences seed {KEEP_SEED})"
+    d = manifest.architecture.d_model
+    lengths = tuple(n for n in AGREEMENT_LENGTHS if n <= manifest.architecture.max_seq_len)
+    batches = [make_inputs(lengths, d, seed) for seed in KEEP_RANDOM_SEEDS]
+    return batches, f"random embeddings (seeds {list(KEEP_RANDOM_SEEDS)})"
+
+
+def _graph_calibration(
+    src: Path, manifest: Manifest, graph: str, batches: Sequence[Batch]
+) -> list[dict[str, np.ndarray]]:
+    """``batches`` as ``graph``'s feeds (a one-run text graph: the sentences' ids)."""
+    arch = manifest.architecture
+    if graph != manifest.text_graph:
+        return [graph_feeds(graph, e, m, arch.n_layers, arch.n_heads) for e, m in batches]
+    from model_export.quantize_sentences import KEEP_SEED, KEEP_SENTENCES, sentences
+
+    ids, mask = _sentence_ids(src, manifest, sentences(KEEP_SENTENCES, KEEP_SEED))
+    types = np.zeros_like(ids)
+    return [
+        {graph_io.INPUT_IDS: ids[i : i + 32], graph_io.INPUT_TOKEN_TYPES: types[i : i + 32],
+         graph_io.INPUT_MASK: mask[i : i + 32]}
+        for i in range(0, len(ids), 32)
+    ]  # fmt: skip
+
+
+def _choose_fp32_layers(
+    src: Path, batches: Sequence[Batch], target: float, recipe: str
+) -> dict[str, Any]:
+    """Which layers' feed-forward output MatMul stays fp32 (indices, graph order)."""
     graph = src / graph_io.GRAPH_EMBEDDINGS
-    kept, reached = sensitive_matmuls(graph, batches, target)
+    kept, reached = sensitive_matmuls(graph, batches, target, recipe)
     if reached < target:
         raise QuantizationError(
             f"int8 reaches cosine {reached:.4f} with every feed-forward output kept fp32, "
@@ -280,7 +321,6 @@ def _choose_fp32_layers(src: Path, manifest: Manifest, target: float) -> dict[st
     order = feed_forward_outputs(graph)
     return {
         "target_cosine": target,
-        "selected_on": selected_on,
         "cosine_min": round(reached, 6),
         "fp32_layers": sorted(order.index(node) for node in kept),
     }

@@ -14,6 +14,7 @@ import pytest
 
 from model_export import graph_io
 from model_export.cli import main
+from model_export.int8_recipe import SMOOTH_BLOCKWISE, describe
 from model_export.manifest import Manifest
 from model_export.quantize import MIN_COSINE, quantize_model_dir
 from tests.conftest import running_server
@@ -35,14 +36,18 @@ def test_the_copy_is_int8_and_records_its_agreement(int8_repository: Path) -> No
     assert manifest.name == "tiny-int8"
     quantization = manifest.record["quantization"]
     assert quantization["source"] == "tiny"
+    assert quantization["recipe"] == describe(SMOOTH_BLOCKWISE)  # the default
+    assert quantization["calibrated_on"].startswith("random embeddings")  # no tokenizer
     random_set = quantization["agreement"]["random"]
     assert random_set["sequences"] > 0 and random_set["cosine_min"] >= MIN_COSINE
     assert 0 <= random_set["attention_max_abs_diff"] < 1
     for graph in graph_io.GRAPH_OUTPUTS:
-        ops = Counter(
-            n.op_type for n in onnx.load(str(int8_repository / "tiny-int8" / graph)).graph.node
-        )
+        nodes = onnx.load(str(int8_repository / "tiny-int8" / graph)).graph.node
+        ops, names = Counter(n.op_type for n in nodes), [n.name for n in nodes]
         assert ops["MatMulInteger"] > 0 and ops["DynamicQuantizeLinear"] > 0
+        # The feed-forward outputs block-wise, one per layer; the smoothing's Muls.
+        assert ops["MatMulNBits"] == manifest.architecture.n_layers, graph
+        assert any(n.startswith("smooth_") for n in names), graph
 
 
 def test_the_server_serves_both_and_they_agree(int8_repository: Path) -> None:
