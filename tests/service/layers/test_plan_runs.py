@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -243,6 +244,15 @@ def test_runs_far_from_the_model_bring_the_refit_forward_and_it_converges() -> N
                 assert 3 * truth(b, t) / REFIT_SURPRISE <= model(b, t) <= 3 * truth(b, t)
     for batch, longest in SHAPES:
         assert model(batch, longest) == pytest.approx(3 * truth(batch, longest), rel=1e-6)
+
+
+def test_architecture_states_the_refit_cadence() -> None:
+    page = Path(__file__).parents[3] / "docs" / "architecture.md"
+    text = " ".join(page.read_text(encoding="utf-8").split())
+    assert (
+        f"refitted every {REFIT_EVERY} runs while they fall within {REFIT_SURPRISE}× of it"
+        f" and every {REFIT_SOONEST} while they do not"
+    ) in text
 
 
 def test_the_cost_model_waits_for_enough_shapes_and_stays_non_negative() -> None:
