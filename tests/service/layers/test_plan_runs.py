@@ -211,7 +211,7 @@ def fitted_on(truth: Callable[[int, int], float]) -> RunCostModel:
 
 def test_the_cost_model_refits_rarely_while_it_predicts_well() -> None:
     """Runs within REFIT_SURPRISE of the model wait REFIT_EVERY runs for a refit (a
-    refit costs the event loop ~0.7 ms; every 16 runs it was 2% of it at [1,16])."""
+    refit costs the event loop 0.7-1 ms; every 16 runs it was 2% of it at [1,16])."""
     truth = attention_like(1.5e-3, 2e-6, 3e-9)
     model = fitted_on(truth)
     first = model.coefficients
