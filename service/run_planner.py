@@ -25,7 +25,7 @@ import numpy as np
 # Runs kept per graph for the fit (the newest win: the machine's load changes).
 OBSERVATIONS = 256
 # Runs between refits of a model, once it has its first fit, while it predicts them well.
-# A refit (8 small least-squares solves over up to OBSERVATIONS runs) costs 0.7-1 ms
+# A refit (the non-negative fit over up to OBSERVATIONS runs) costs 0.7-1 ms
 # of the event loop: every 16 runs it was 2% of the loop's busy time at [1,16] c=1.
 REFIT_EVERY = 128
 # A run off its modelled time by more than this factor (either way) is a surprise: the
