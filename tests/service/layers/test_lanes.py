@@ -17,7 +17,7 @@ from model_export import graph_io
 from service.batcher import Batcher
 from service.drain_rate import DrainRate, retry_after
 from service.errors import DeadlineExceeded
-from service.inference_lanes import InferenceLanes, LaneGate, run_and_split
+from service.inference_lanes import InferenceLanes, LaneGate, LaneThread, run_and_split
 from service.metrics import Metrics
 from service.run_planner import (
     MIN_SHARING_GAIN,
@@ -278,6 +278,41 @@ def test_cancelling_the_caller_cuts_its_run_and_the_lane_runs_the_next(
     direct = run_and_split(tiny_runtime, short, EMBEDDINGS)
     np.testing.assert_array_equal(answer[0][hidden], direct[0][hidden])
     assert not set(lane_threads()) - others  # stopped at shutdown
+
+
+def test_a_lane_thread_skips_work_whose_caller_left_and_cancels_the_queue_at_shutdown() -> None:
+    """As the one-worker executor did: work cancelled before it started never runs, and
+    shutdown waits for the work under way and cancels what is queued behind it."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        lane = LaneThread("inference-test")
+        release = threading.Event()
+        holding = lane.submit(release.wait)  # the thread is busy until released
+        left = lane.submit(lambda: ran.append("left"))
+        after = lane.submit(lambda: ran.append("after"))
+        left.cancel()
+        release.set()
+        assert await holding is True
+        await after
+        assert ran == ["after"]
+
+        release.clear()
+        holding = lane.submit(release.wait)
+        queued = lane.submit(lambda: ran.append("queued"))
+        stopping = asyncio.get_running_loop().run_in_executor(None, lane.shutdown)
+        while not lane._stopping:  # shutdown has begun (it joins the thread: off the loop)
+            await asyncio.sleep(0.001)
+        release.set()
+        await stopping
+        assert await holding is True
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        with pytest.raises(RuntimeError):
+            lane.submit(lambda: ran.append("late"))
+
+    asyncio.run(main())
+    assert ran == ["after"]
 
 
 def lane_threads() -> list[threading.Thread]:
