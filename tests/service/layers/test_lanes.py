@@ -298,8 +298,15 @@ def test_a_lane_thread_skips_work_whose_caller_left_and_cancels_the_queue_at_shu
         assert ran == ["after"]
 
         release.clear()
-        holding = lane.submit(release.wait)
+        started = threading.Event()
+
+        def hold() -> bool:
+            started.set()
+            return release.wait()
+
+        holding = lane.submit(hold)
         queued = lane.submit(lambda: ran.append("queued"))
+        await asyncio.to_thread(started.wait)  # under way: shutdown waits for it
         stopping = asyncio.get_running_loop().run_in_executor(None, lane.shutdown)
         while not lane._stopping:  # shutdown has begun (it joins the thread: off the loop)
             await asyncio.sleep(0.001)
