@@ -144,10 +144,9 @@ class LaneThread:
     chaining of the two futures on every run (6% of the loop's busy samples at
     [1,16] c=1). Work whose caller was cancelled before it started is skipped, and
     ``shutdown`` cancels what is still queued and waits for the run in progress,
-    as the executor's ``shutdown(wait=True, cancel_futures=True)`` did.
+    as the executor's ``shutdown(wait=True, cancel_futures=True)`` did. The thread
+    is a daemon: a process that never calls ``shutdown`` still exits.
     """
-
-    _STOP = None
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[
@@ -169,7 +168,7 @@ class LaneThread:
 
     def shutdown(self) -> None:
         self._stopping = True
-        self._queue.put(self._STOP)
+        self._queue.put(None)  # wakes the thread to stop
         self._thread.join()
 
     def _serve(self) -> None:
