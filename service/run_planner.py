@@ -24,8 +24,14 @@ import numpy as np
 
 # Runs kept per graph for the fit (the newest win: the machine's load changes).
 OBSERVATIONS = 256
-# Runs between refits of a model, once it has its first fit.
-REFIT_EVERY = 16
+# Runs between refits of a model, once it has its first fit, while it predicts them well.
+# A refit (the non-negative fit over up to OBSERVATIONS runs) costs 0.7-1 ms
+# of the event loop: every 16 runs it was 2% of the loop's busy time at [1,16] c=1.
+REFIT_EVERY = 128
+# A run off its modelled time by more than this factor (either way) is a surprise: the
+# refit then comes as soon as REFIT_SOONEST runs have passed since the last one.
+REFIT_SURPRISE = 1.5
+REFIT_SOONEST = 16
 # Distinct (B, T) shapes needed before a model is trusted.
 MIN_SHAPES = 4
 # What a run costs at the least, whatever the fit says (a thread hand-over and a session
@@ -51,18 +57,26 @@ class RunCostModel:
     def __init__(self, batch_tokens: int | None = None) -> None:
         self._runs: deque[tuple[int, int, float]] = deque(maxlen=OBSERVATIONS)
         self._since_fit = 0
+        self._surprised = False  # a run since the last fit was far from its modelled time
         self.coefficients: tuple[float, float, float] | None = None
         self._full_tokens = None if batch_tokens is None else FULL_RUN_SHARE * batch_tokens
         self.full_rate: float | None = None  # seconds per padded token of full runs
 
     def observe(self, batch: int, longest: int, seconds: float) -> None:
-        """One measured run; the model is refitted now and then."""
+        """One measured run; the model is refitted every ``REFIT_EVERY`` runs, or every
+        ``REFIT_SOONEST`` while runs surprise it (the load changed)."""
         if seconds <= 0:
             return
         self.observe_rate(batch, longest, seconds)
         self._runs.append((batch, longest, seconds))
         self._since_fit += 1
-        if self.coefficients is None or self._since_fit >= REFIT_EVERY:
+        if self.coefficients is None:
+            self.fit()
+            return
+        modelled = self(batch, longest)
+        if not modelled / REFIT_SURPRISE <= seconds <= modelled * REFIT_SURPRISE:
+            self._surprised = True
+        if self._since_fit >= (REFIT_SOONEST if self._surprised else REFIT_EVERY):
             self.fit()
 
     def observe_rate(self, batch: int, longest: int, seconds: float) -> None:
@@ -79,6 +93,7 @@ class RunCostModel:
         if len({(b, t) for b, t, _ in self._runs}) < MIN_SHAPES:
             return
         self._since_fit = 0
+        self._surprised = False
         runs = np.array(self._runs, dtype=np.float64)
         batch, longest, seconds = runs[:, 0], runs[:, 1], runs[:, 2]
         features = np.stack([np.ones_like(batch), batch * longest, batch * longest**2], axis=1)

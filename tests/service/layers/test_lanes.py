@@ -5,6 +5,7 @@ and the drain rate of overlapping runs."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from model_export import graph_io
 from service.batcher import Batcher
 from service.drain_rate import DrainRate, retry_after
 from service.errors import DeadlineExceeded
-from service.inference_lanes import LaneGate
+from service.inference_lanes import InferenceLanes, LaneGate, LaneThread, run_and_split
 from service.metrics import Metrics
 from service.run_planner import (
     MIN_SHARING_GAIN,
@@ -25,12 +26,12 @@ from service.run_planner import (
     Placement,
     SharingModel,
 )
-from service.runtime import ModelRuntime
+from service.runtime import ModelRuntime, RunCut
 from service.settings import Settings
 from tests.service.layers.conftest import layer_settings
 from tests.support.inputs import sequences
 from tests.support.metrics import metric
-from tests.support.tiny import MODEL
+from tests.support.tiny import MODEL, MODEL_MAX_SEQ_LEN
 
 EMBEDDINGS = graph_io.GRAPH_EMBEDDINGS
 JOBS = 12
@@ -228,6 +229,101 @@ def test_a_job_past_its_deadline_never_runs_on_shared_lanes(
             assert outcome[0][graph_io.OUTPUT_HIDDEN].shape[0] == TOKENS
         else:
             assert isinstance(outcome, DeadlineExceeded) and "before it ran" in outcome.message
+
+
+# -- the lane threads ------------------------------------------------------------------
+
+# One run of tiny at its longest, this many sequences: long enough to be cut under way.
+LONG_RUN_SEQUENCES = 512
+
+
+def test_cancelling_the_caller_cuts_its_run_and_the_lane_runs_the_next(
+    tiny_runtime: ModelRuntime,
+) -> None:
+    """The lane's thread is handed its run through a queue; cancelling the caller
+    cuts the run under way (onnxruntime's terminate), so the lane is free again long
+    before that run would have ended, runs the next with the answer of a direct run,
+    and its thread (named ``inference-0``) stops at shutdown."""
+    long = sequences((MODEL_MAX_SEQ_LEN,) * LONG_RUN_SEQUENCES, seed=3)
+    short = sequences((TOKENS,), seed=4)
+
+    others = set(lane_threads())  # any other test's still stopping
+
+    async def main() -> tuple[float, float, RunCut, list[Any]]:
+        lanes = InferenceLanes(1)
+        try:
+            start = time.monotonic()
+            await lanes.run(0, tiny_runtime, long, EMBEDDINGS)
+            whole = time.monotonic() - start
+            cut = RunCut()
+            start = time.monotonic()
+            task = asyncio.ensure_future(lanes.run(0, tiny_runtime, long, EMBEDDINGS, cut=cut))
+            await asyncio.sleep(whole / 10)  # under way
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            answer = await lanes.run(0, tiny_runtime, short, EMBEDDINGS)
+            after_cut = time.monotonic() - start
+            assert [t.name for t in set(lane_threads()) - others] == ["inference-0"]
+        finally:
+            lanes.shutdown()
+        return whole, after_cut, cut, answer
+
+    whole, after_cut, cut, answer = asyncio.run(main())
+    assert cut.done
+    # The cut run gave the lane back within a fraction of its whole time (x2 margin
+    # over the sleep of a tenth, and the short run).
+    assert after_cut < whole / 2, (after_cut, whole)
+    hidden = graph_io.OUTPUT_HIDDEN
+    direct = run_and_split(tiny_runtime, short, EMBEDDINGS)
+    np.testing.assert_array_equal(answer[0][hidden], direct[0][hidden])
+    assert not set(lane_threads()) - others  # stopped at shutdown
+
+
+def test_a_lane_thread_skips_work_whose_caller_left_and_cancels_the_queue_at_shutdown() -> None:
+    """As the one-worker executor did: work cancelled before it started never runs, and
+    shutdown waits for the work under way and cancels what is queued behind it."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        lane = LaneThread("inference-test")
+        release = threading.Event()
+        holding = lane.submit(release.wait)  # the thread is busy until released
+        left = lane.submit(lambda: ran.append("left"))
+        after = lane.submit(lambda: ran.append("after"))
+        left.cancel()
+        release.set()
+        assert await holding is True
+        await after
+        assert ran == ["after"]
+
+        release.clear()
+        started = threading.Event()
+
+        def hold() -> bool:
+            started.set()
+            return release.wait()
+
+        holding = lane.submit(hold)
+        queued = lane.submit(lambda: ran.append("queued"))
+        await asyncio.to_thread(started.wait)  # under way: shutdown waits for it
+        stopping = asyncio.get_running_loop().run_in_executor(None, lane.shutdown)
+        while not lane._stopping:  # shutdown has begun (it joins the thread: off the loop)
+            await asyncio.sleep(0.001)
+        release.set()
+        await stopping
+        assert await holding is True
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        with pytest.raises(RuntimeError):
+            lane.submit(lambda: ran.append("late"))
+
+    asyncio.run(main())
+    assert ran == ["after"]
+
+
+def lane_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("inference-")]
 
 
 # -- the drain rate -------------------------------------------------------------------

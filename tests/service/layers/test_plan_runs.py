@@ -20,13 +20,21 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from service.run_planner import RunCostModel, plan_runs
+from service.run_planner import (
+    OBSERVATIONS,
+    REFIT_EVERY,
+    REFIT_SOONEST,
+    REFIT_SURPRISE,
+    RunCostModel,
+    plan_runs,
+)
 from tests.support.tiny import MODEL_MAX_SEQ_LEN
 
 # Bounded: each example is microseconds, 200 of them a few tenths of a second.
@@ -187,6 +195,64 @@ def test_the_cost_model_recovers_known_coefficients() -> None:
     assert model.fitted and model.coefficients is not None
     for got, want in zip(model.coefficients, (1.5e-3, 2e-6, 3e-9), strict=True):
         assert got == pytest.approx(want, rel=1e-6)
+
+
+SHAPES = [(1, 8), (1, 64), (8, 16), (4, 64), (2, 128), (8, 128)]
+
+
+def fitted_on(truth: Callable[[int, int], float]) -> RunCostModel:
+    """A model whose first fit came from runs exactly on ``truth``."""
+    model = RunCostModel()
+    for batch, longest in SHAPES:
+        model.observe(batch, longest, truth(batch, longest))
+    assert model.fitted
+    return model
+
+
+def test_the_cost_model_refits_rarely_while_it_predicts_well() -> None:
+    """Runs within REFIT_SURPRISE of the model wait REFIT_EVERY runs for a refit (a
+    refit costs the event loop 0.7-1 ms; every 16 runs it was 2% of it at [1,16])."""
+    truth = attention_like(1.5e-3, 2e-6, 3e-9)
+    model = fitted_on(truth)
+    first = model.coefficients
+    slower = 1.2  # within REFIT_SURPRISE: not a surprise, yet a refit would move the fit
+    assert slower < REFIT_SURPRISE
+    runs = 0
+    while model.coefficients == first:
+        batch, longest = SHAPES[runs % len(SHAPES)]
+        model.observe(batch, longest, slower * truth(batch, longest))
+        runs += 1
+        assert runs <= REFIT_EVERY
+    assert runs > REFIT_EVERY - len(SHAPES)  # the first fit came with the 4th shape
+    assert runs >= 100  # it was every 16
+
+
+def test_runs_far_from_the_model_bring_the_refit_forward_and_it_converges() -> None:
+    """The machine turns 3x slower: refits come every REFIT_SOONEST runs until the model
+    is within REFIT_SURPRISE of them, and once the window has held only such runs for
+    a routine refit, the model predicts them exactly."""
+    truth = attention_like(1.5e-3, 2e-6, 3e-9)
+    model = fitted_on(truth)
+    first = model.coefficients
+    for run in range(OBSERVATIONS + REFIT_EVERY):
+        batch, longest = SHAPES[run % len(SHAPES)]
+        model.observe(batch, longest, 3 * truth(batch, longest))
+        if run == REFIT_SOONEST - 1:
+            assert model.coefficients != first
+        if run == 8 * REFIT_SOONEST:
+            for b, t in SHAPES:
+                assert 3 * truth(b, t) / REFIT_SURPRISE <= model(b, t) <= 3 * truth(b, t)
+    for batch, longest in SHAPES:
+        assert model(batch, longest) == pytest.approx(3 * truth(batch, longest), rel=1e-6)
+
+
+def test_architecture_states_the_refit_cadence() -> None:
+    page = Path(__file__).parents[3] / "docs" / "architecture.md"
+    text = " ".join(page.read_text(encoding="utf-8").split())
+    assert (
+        f"refitted every {REFIT_EVERY} runs while they fall within {REFIT_SURPRISE}× of it"
+        f" and every {REFIT_SOONEST} while they do not"
+    ) in text
 
 
 def test_the_cost_model_waits_for_enough_shapes_and_stays_non_negative() -> None:
