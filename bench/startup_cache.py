@@ -5,11 +5,11 @@ process starts until ``/health/ready`` first answers 200 (models loaded, warmed 
 calibrated), with every other setting at its default. *Cold*: an empty cache directory,
 so every pre-packed graph's optimised form is made; *warm*: the directory a first,
 uncounted start filled, so each entry is checked and reused; *none*: the cache off, each
-session packing its own weights. Two times per start: until the server first answers
-HTTP (its models hashed and their sessions opened, where the cache works) and until it is
-ready (warm-up and calibration too). The three alternate, round by round, so a drift of
-the machine's speed falls on each alike; the medians and the ratio cold / warm are
-printed. Not a timed test.
+session packing its own weights. Two times per start: until its models are loaded
+(``/v1/models`` answers 200: files hashed and sessions opened, where the cache works)
+and until it is ready (warm-up and calibration too). The three alternate, round by
+round, so a drift of the machine's speed falls on each alike; the medians and the ratio
+cold / warm are printed. Not a timed test.
 
     .venv/bin/python -m bench.startup_cache --model-dir models/minilm-l6 --rounds 5
 
@@ -27,20 +27,21 @@ import time
 from pathlib import Path
 
 from bench.lib.models import DEFAULT_MODEL_DIR
-from bench.lib.server import free_port, ready_status, running_server
+from bench.lib.server import free_port, http_status, running_server
 
 KINDS = ("cold", "warm", "none")
 
 
 def start_seconds(model_dir: Path, cache: str) -> tuple[float, float]:
-    """From before the server's process starts until it first answers HTTP (its models
-    loaded: what the cache changes) and until it is ready; then it is stopped."""
+    """From before the server's process starts until its models are loaded (``/v1/models``
+    answers 200: files hashed, sessions opened, where the cache works) and until it is
+    ready; then it is stopped."""
     port = free_port()
     up: list[float] = []
     began = time.perf_counter()
 
-    def watch() -> None:
-        while ready_status(f"http://127.0.0.1:{port}") is None:
+    def watch() -> None:  # /v1/models answers 503 until the models are loaded
+        while http_status(f"http://127.0.0.1:{port}/v1/models") != 200:
             time.sleep(0.02)
         up.append(time.perf_counter() - began)
 
@@ -69,7 +70,7 @@ def main() -> None:
     if args.once:
         warm = args.cache or Path(tempfile.gettempdir()) / "attnserve-warm-sessions"
         up, ready = once(args.model_dir, args.once, warm)
-        print(f"up {up:.3f} s, ready {ready:.3f} s")
+        print(f"models loaded {up:.3f} s, ready {ready:.3f} s")
         return
     with tempfile.TemporaryDirectory(prefix="attnserve-warm-") as root:
         warm = Path(root) / "sessions"
@@ -78,7 +79,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for kind in KINDS:
                 seconds[kind].append(once(args.model_dir, kind, warm))
-    for i, phase in enumerate(("up (models loaded)", "ready (warmed up, calibrated)")):
+    for i, phase in enumerate(("models loaded", "ready (warmed up, calibrated)")):
         median = {kind: statistics.median(s[i] for s in found) for kind, found in seconds.items()}
         for kind in KINDS:
             cells = ", ".join(f"{s[i]:.2f}" for s in seconds[kind])
