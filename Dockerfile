@@ -28,13 +28,15 @@ COPY service ./service
 COPY attnserve_client ./attnserve_client
 # hadolint ignore=DL3013
 RUN pip install '.[serve]' \
-    && useradd --create-home --uid 10001 attnserve
+    && useradd --create-home --uid 10001 attnserve \
+    && install -d -o 10001 -g 10001 -m 0755 /var/cache/attnserve
 COPY --from=export /models /models
 ENV ATTNSERVE_MODEL_REPOSITORY=/models \
     ATTNSERVE_DEFAULT_MODEL=minilm-l6 \
     ATTNSERVE_HOST=0.0.0.0 \
     ATTNSERVE_PORT=8000 \
-    ATTNSERVE_GRPC_PORT=8001
+    ATTNSERVE_GRPC_PORT=8001 \
+    ATTNSERVE_SESSION_CACHE_DIR=/var/cache/attnserve/sessions
 USER 10001
 EXPOSE 8000 8001
 # Liveness, not readiness: a replica busy with work must not be marked unhealthy.

@@ -96,6 +96,14 @@ class Metrics:
             "out until its last run ends.",
             ("model",),
         )
+        self.model_memory = self._gauge(
+            "attnserve_model_memory_bytes",
+            "Memory the model memory ledger counts for each model's loaded versions: what "
+            "loading and warming up each added to the process's PSS (mapped pages shared "
+            "with other sessions or servers counted in proportion), its estimate from its "
+            "files where PSS cannot be read.",
+            ("model",),
+        )
         self.model_loads = self._counter(
             "attnserve_model_loads",
             "Model loads (start-up, repository API, poll), by outcome: loaded, failed, refused.",

@@ -81,10 +81,14 @@ class Settings(BaseSettings):
         8192 * MiB,
         ge=16 * MiB,
         description=(
-            "Memory budget of the loaded models, estimated from their files and their architecture "
-            "(at least one byte per weight of each graph); a load beyond it is refused (400 "
+            "Memory budget of the loaded models. A load is priced at its estimate from its files "
+            "and its architecture (at least one byte per weight of each graph) and refused (400 "
             "`load_failed`, with the numbers; at start: the server does not start) before any file "
-            "is hashed or opened. A swap holds both versions until the old one's last run ends."
+            "is hashed or opened if that does not fit beside what is held; a loaded version is "
+            "held at what its load and warm-up added to the process's PSS (pre-packed weights "
+            "shared through the session cache counted once; the estimate where PSS cannot be "
+            "read: `attnserve_model_memory_bytes`). A swap holds both versions until the old "
+            "one's last run ends."
         ),
     )
     follow_symlinks: bool = Field(

@@ -71,8 +71,9 @@ def running_repository(repository: Path, /, **settings: str) -> Iterator[Served]
 @contextmanager
 def running_checkout(service_root: Path, repository: Path, /, **settings: str) -> Iterator[Served]:
     """``running_repository`` with the ``service`` of the checkout ``service_root``: an
-    older version measured beside this one (``bench.hardening``'s before/after figures)."""
-    port = free_port()
+    older version measured beside this one (``bench.hardening``'s before/after figures).
+    A ``port`` setting is the port to listen on (else a free one)."""
+    port = int(settings.pop("port", None) or free_port())
     env = {
         **os.environ,
         "ATTNSERVE_MODEL_REPOSITORY": str(repository),
@@ -128,8 +129,13 @@ class ServerFailed(RuntimeError):
 
 def ready_status(url: str) -> int | None:
     """``/health/ready``'s status, None while nothing answers."""
+    return http_status(f"{url}/health/ready")
+
+
+def http_status(url: str) -> int | None:
+    """The status a GET of ``url`` answers, None while nothing answers."""
     try:
-        with urllib.request.urlopen(f"{url}/health/ready", timeout=2) as answer:
+        with urllib.request.urlopen(url, timeout=2) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as refused:
         return refused.code

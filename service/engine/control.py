@@ -40,6 +40,7 @@ from service.errors import (
 )
 from service.metrics import Metrics
 from service.repository import ModelVersion, model_directories, versions
+from service.resident import measured, pss_bytes
 from service.runtime import ModelRuntime, load_repository, load_version, open_version, read_version
 from service.settings import Settings
 
@@ -74,6 +75,7 @@ class ModelControl:
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-loader")
         self._calibrating = asyncio.Lock()  # one loaded model's calibration at a time
         self._calibrations: dict[str, asyncio.Task[None]] = {}  # by model, in the background
+        self._pss_at_start: int | None = None  # before the first models loaded
 
     # -- at start ------------------------------------------------------------------------------
 
@@ -99,6 +101,7 @@ class ModelControl:
         for loaded in registry.versions.values():
             for runtime in loaded.values():
                 await batcher.warm_up(runtime)
+        self._measure_start()
         await batcher.calibrate()
         log.info(
             "ready: serving %s (requests that name no model go to %s)",
@@ -118,6 +121,7 @@ class ModelControl:
         """The models to serve from the start (every one, or in explicit mode the default
         and ATTNSERVE_LOAD_MODELS); ModelLoadError: the server refuses to start."""
         settings, registry = self._settings, self._registry
+        self._pss_at_start = pss_bytes()
         try:
             runtimes = await asyncio.to_thread(load_repository, settings, self._models_at_start())
             for runtime in runtimes.values():
@@ -133,6 +137,19 @@ class ModelControl:
             if model_dir.name not in runtimes:
                 registry.reasons[model_dir.name] = "not loaded"
         registry.default_model = settings.default_model or sorted(runtimes)[0]
+
+    def _measure_start(self) -> None:
+        """The models loaded at start counted at what loading and warming them up added
+        to the process's PSS, shared out by their estimates (exact with one model). Not
+        before warm-up: a mapped page is counted once a run has touched it."""
+        versions = [rt for loaded in self._registry.versions.values() for rt in loaded.values()]
+        added = measured(self._pss_at_start, pss_bytes())
+        estimated = sum(rt.info.estimated_bytes for rt in versions)
+        if added is None or not estimated:
+            return
+        for runtime in versions:
+            self._registry.measured(runtime, added * runtime.info.estimated_bytes // estimated)
+        log.info("models loaded at start hold %.0f MiB (PSS)", added / 2**20)
 
     async def _load_older_versions(self, serving: ModelRuntime) -> None:
         """ATTNSERVE_VERSION_POLICY=all at start: every version below the serving one."""
@@ -286,6 +303,7 @@ class ModelControl:
         for version in to_load:
             left = budget - self._held_bytes(besides=name)
             step = "loading"  # said in the reason: which step failed
+            before, frees = pss_bytes(), registry.frees
             try:
                 info = await asyncio.to_thread(
                     read_version,
@@ -298,12 +316,17 @@ class ModelControl:
                 runtime = await loop.run_in_executor(self._loader, open_version, info, settings)
                 step = "warm-up"
                 await loop.run_in_executor(self._loader, runtime.warmup)
+                added = measured(before, pss_bytes())
             except ModelLoadError as exc:
                 return self._load_failed(name, str(exc))
             except Exception as exc:  # a graph that loads but cannot run, or a bug
                 log.exception("loading model %s failed", name)
                 return self._load_failed(name, f"version {version.version}: {step} failed: {exc}")
             registry.hold(runtime)
+            # A version freed meanwhile (an unload beside this load) makes the reading low:
+            # then the estimate stays.
+            if added is not None and registry.frees == frees:
+                registry.measured(runtime, added)
             opened[version.version] = runtime
         if not self._lifecycle.ready:  # (a load begun before SIGTERM completes)
             raise NotReady("models are loading or warming up", headers={"Retry-After": "1"})

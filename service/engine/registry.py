@@ -3,8 +3,10 @@
 A request names a model (or none: the default) and maybe a version; the
 registry resolves it to a loaded :class:`ModelRuntime` or says why not (404,
 or 503 while the first models load). It also keeps the model memory ledger: a
-loaded version's estimate is counted from load until the last reference to it
-goes (a swapped-out version lives on while runs that started on it finish).
+loaded version is counted from load until the last reference to it goes (a
+swapped-out version lives on while runs that started on it finish): at its
+estimate from its files, then at what its load and warm-up added to the
+process's PSS once measured (``service/resident.py``).
 Model control (``control.py``) is the only writer.
 """
 
@@ -34,9 +36,10 @@ class Registry:
         self.default_model = ""
         self.reasons: dict[str, str] = {}  # why a model directory is not serving
         self.loading_now: set[str] = set()
-        self._model_bytes: dict[int, int] = {}  # id(runtime) -> estimate, while alive
+        self._model_bytes: dict[int, int] = {}  # id(runtime) -> bytes held, while alive
         self._load_serial: dict[int, int] = {}  # id(runtime) -> its load's number, while alive
         self._serials = itertools.count()
+        self.frees = 0  # versions freed so far: a load measured meanwhile reads low
         # id(runtime.info) -> runtime, while it lives (a swapped-out version still runs
         # the requests resolved to it).
         self._by_info: weakref.WeakValueDictionary[int, ModelRuntime] = (
@@ -115,19 +118,31 @@ class Registry:
     # -- the memory ledger --------------------------------------------------------------------
 
     def hold(self, runtime: ModelRuntime) -> None:
-        """Count a loaded version's memory until the last reference to it goes."""
+        """Count a loaded version's memory until the last reference to it goes: its
+        estimate from its files until :meth:`measured` says what it really holds."""
         key, name = id(runtime), runtime.info.name
         self._model_bytes[key] = runtime.info.estimated_bytes
         self._load_serial[key] = next(self._serials)
         self._by_info[id(runtime.info)] = runtime
         self._metrics.model_versions.labels(name).inc()
+        self._metrics.model_memory.labels(name).inc(runtime.info.estimated_bytes)
 
         def freed() -> None:
-            self._model_bytes.pop(key, None)
+            self.frees += 1
+            self._metrics.model_memory.labels(name).dec(self._model_bytes.pop(key, 0))
             self._load_serial.pop(key, None)
             self._metrics.model_versions.labels(name).dec()
 
         weakref.finalize(runtime, freed)
+
+    def measured(self, runtime: ModelRuntime, resident: int) -> None:
+        """Count ``runtime`` at ``resident`` bytes (the PSS its load and warm-up added,
+        ``service/resident.py``) instead of its estimate."""
+        key = id(runtime)
+        if key in self._model_bytes:
+            change = resident - self._model_bytes[key]
+            self._model_bytes[key] = resident
+            self._metrics.model_memory.labels(runtime.info.name).inc(change)
 
     def held_bytes(self) -> int:
         """Model memory held by every loaded version still alive."""

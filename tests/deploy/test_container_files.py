@@ -161,3 +161,25 @@ def test_compose_config_is_quiet() -> None:
         text=True,
     )
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_session_cache_lives_on_a_volume_the_server_owns() -> None:
+    """The image's session cache directory is a sub-directory of one the image makes for
+    the server's user, and compose mounts a named volume there (a new named volume
+    starts as a copy of the image's directory, owner included), so the cache is kept
+    across recreated replicas and shared by them, whatever the root filesystem."""
+    cache = Path(runtime_env()["ATTNSERVE_SESSION_CACHE_DIR"])
+    user = instruction("USER")
+    made = [ln for ln in runtime_stage() if f"install -d -o {user} -g {user}" in ln]
+    assert made and str(cache.parent) in made[0].split()
+    result = subprocess.run(
+        [str(COMPOSE), "-f", str(ROOT / "docker-compose.yml"), "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)
+    service = config["services"]["attnserve"]
+    assert Path(service["environment"]["ATTNSERVE_SESSION_CACHE_DIR"]) == cache
+    (volume,) = [v for v in service["volumes"] if v["target"] == str(cache.parent)]
+    assert volume["type"] == "volume" and volume["source"] in config["volumes"]

@@ -363,6 +363,34 @@ def test_pod_is_locked_down() -> None:
     assert ctx["seccompProfile"]["type"] == "RuntimeDefault"
 
 
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes memory or storage quantity ("512Mi", "1Gi", "100M", "1024") in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6}
+    units |= {"G": 10**9, "T": 10**12}
+    found = re.fullmatch(r"(\d+)([A-Za-z]*)", quantity)
+    assert found, quantity
+    return int(found[1]) * (units[found[2]] if found[2] else 1)
+
+
+def test_session_cache_is_on_an_empty_dir_within_its_size_limit() -> None:
+    """The root filesystem is read-only, so the session cache's directory is on an
+    emptyDir: below its root (an emptyDir's root is writable by everyone, which the
+    server refuses; it makes its own directory, 0700), and the cache's disk bound plus
+    one entry as large being made fits the sizeLimit (past it the kubelet evicts the pod)."""
+    data = settings_data()
+    chosen = Settings(
+        session_cache_dir=data["ATTNSERVE_SESSION_CACHE_DIR"],
+        session_cache_bytes=int(data["ATTNSERVE_SESSION_CACHE_BYTES"]),
+    )
+    cache = chosen.session_cache_path
+    assert cache is not None
+    (mount,) = [m for m in container()["volumeMounts"] if cache.is_relative_to(m["mountPath"])]
+    assert cache != Path(mount["mountPath"]) and not mount.get("readOnly", False)
+    (volume,) = [v for v in pod_spec()["volumes"] if v["name"] == mount["name"]]
+    assert "medium" not in volume["emptyDir"]  # on disk: tmpfs would take the pod's memory
+    assert 2 * chosen.session_cache_bytes <= quantity_bytes(volume["emptyDir"]["sizeLimit"])
+
+
 @pytest.mark.parametrize("name", CUSTOM_PREDICTORS)
 def test_custom_predictor_runs_the_container_as_the_deployment_does(name: str) -> None:
     predictor = custom_predictor(name)
