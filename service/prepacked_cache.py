@@ -147,6 +147,8 @@ class SessionCache:
     def _blob_whole(self, name: str) -> bool:
         """Whether blob ``name`` is there with the bytes its name says; one that is not
         is removed (made again by the next entry that needs it)."""
+        if len(name) != 64 or name.strip("0123456789abcdef"):
+            return False  # no blob's name: never a path to open or remove
         path = self.blobs / name
         try:
             if sha256_file(path) == name:

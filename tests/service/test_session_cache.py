@@ -284,3 +284,18 @@ def test_an_entry_another_server_made_meanwhile_is_used(tmp_path: Path) -> None:
         f"{key}{GRAPH_SUFFIX}",
     }  # no staging left
     assert len(list((tmp_path / "sessions" / BLOBS).iterdir())) == 1
+
+
+def test_a_record_naming_no_blob_is_made_again_and_removes_nothing(tmp_path: Path) -> None:
+    cache = SessionCache(tmp_path / "sessions", max_bytes=10_000)
+    key = "a" * 64
+    assert cache.graph(key, "first", _writer(b"w" * 100)) is not None
+    outside = tmp_path / "outside"
+    outside.write_text("not the cache's")
+    (record,) = _entries(cache.root)
+    saved = json.loads(record.read_text())
+    record.write_text(json.dumps(saved | {"blobs": [*saved["blobs"], "../../outside"]}))
+    assert cache.graph(key, "first", _writer(b"w" * 100)) is not None  # made again
+    assert outside.read_text() == "not the cache's"
+    assert (cache.made, cache.reused) == (2, 0)
+    assert json.loads(record.read_text()) == saved
