@@ -8,15 +8,20 @@ shares one copy through the page cache. The file is specific to the machine's CP
 and to the onnxruntime that wrote it, so it is made at load into a cache directory
 (``ATTNSERVE_SESSION_CACHE_DIR``), never shipped in a model directory.
 
-An entry is a directory named by its key: the SHA-256 over everything that changes
-the file (:func:`entry_key`). It holds ``model.onnx``, its data file and
-``entry.json`` (the key and each file's SHA-256). It is written under a temporary
-name and renamed into place, so a reader sees a whole entry or none; on reuse every
-file is checked against ``entry.json`` and an entry that fails is made again. After
-an entry is made, the least recently used others are removed until the cache fits
-``ATTNSERVE_SESSION_CACHE_BYTES``. A directory that cannot be written, or that is
-not this server's user's alone, falls back to packing in memory (today's behaviour),
-with one log line per server.
+An entry is two files named by its key, the SHA-256 over everything that changes the
+optimised graph (:func:`entry_key`): ``<key>.onnx``, the graph, and ``<key>.json``, its
+record (the key, the graph's SHA-256 and the blobs it names). The graph's weights and
+their pre-packed forms are not in a data file of its own but in ``blobs/``, one file per
+initializer named by the SHA-256 of its bytes (service/prepacked_blobs.py): the graphs
+of one model (``model.onnx``, ``model_attn.onnx``) and models with the same weights name
+the same blobs, so every session of any of them maps one copy. A blob is written under a
+temporary name and renamed into place, the graph next and the record last, so a reader
+sees a whole entry or none; on reuse the graph and every blob it names are checked (a
+blob against its name), and an entry that fails is made again. After an entry is made,
+the least recently used others are removed until the cache fits
+``ATTNSERVE_SESSION_CACHE_BYTES`` (each blob counted once), then every blob no entry
+names. A directory that cannot be written, or that is not this server's user's alone,
+falls back to packing in memory (today's behaviour), with one log line per server.
 
 This module knows no onnxruntime: the runtime hands it the function that writes an
 entry's graph (:data:`Writer`).
@@ -37,13 +42,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from model_export.manifest import sha256_file
+from service.prepacked_blobs import BLOBS, rewrite
 
 log = logging.getLogger(__name__)
 
+# The names onnxruntime writes an entry's graph and data file under, in staging.
 GRAPH_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
-ENTRY_FILE = "entry.json"
-ENTRY_FORMAT = 1
+GRAPH_SUFFIX = ".onnx"
+RECORD_SUFFIX = ".json"
+ENTRY_FORMAT = 2  # 2: weights in shared blobs/; 1: a folder per entry with its data file
 _CPUINFO = Path("/proc/cpuinfo")
 # A staging folder older than this was left by a writer that died (a write takes seconds).
 STAGING_SECONDS = 3600
@@ -79,6 +87,7 @@ class SessionCache:
 
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = root
+        self.blobs = root / BLOBS
         self.max_bytes = max_bytes
         self.made = 0
         self.reused = 0
@@ -90,16 +99,15 @@ class SessionCache:
         ``write``; None when the cache cannot hold it (open the original then)."""
         if self._off:
             return None
-        entry = self.root / key
         try:
             self._check_private()
-            if self._verified(entry, key):
+            if self._verified(key):
                 self.reused += 1
                 with contextlib.suppress(OSError):  # its last use, for eviction
-                    os.utime(entry / ENTRY_FILE)
+                    os.utime(self._record(key))
                 log.info("session cache: reused the optimised %s (%s)", name, key[:12])
-                return entry / GRAPH_FILE
-            made = self._make(entry, key, write)
+                return self._graph(key)
+            made = self._make(key, write)
         except OSError as exc:
             self._off = True
             log.warning(
@@ -113,10 +121,16 @@ class SessionCache:
             log.info("session cache: made the optimised %s (%s)", name, key[:12])
         return made
 
+    def _graph(self, key: str) -> Path:
+        return self.root / f"{key}{GRAPH_SUFFIX}"
+
+    def _record(self, key: str) -> Path:
+        return self.root / f"{key}{RECORD_SUFFIX}"
+
     def _check_private(self) -> None:
         """The directory is made ours alone (0700) and checked to be: a graph another
-        user could write would be run by this server (``entry.json`` proves a file
-        whole, not who wrote it). OSError if it is not."""
+        user could write would be run by this server (the record proves a file whole,
+        not who wrote it). OSError if it is not."""
         if self._private:
             return
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -127,26 +141,61 @@ class SessionCache:
                 f"owned by uid {found.st_uid} with mode {found.st_mode & 0o777:o}: it must be "
                 f"this server's (uid {os.getuid()}) and writable by no one else",
             )
+        self.blobs.mkdir(mode=0o700, exist_ok=True)
         self._private = True
 
-    def _verified(self, entry: Path, key: str) -> bool:
-        """Whether ``entry`` is whole: its record names ``key`` and every file's SHA-256."""
-        record = entry / ENTRY_FILE
-        if not entry.exists():
+    def _blob_whole(self, name: str) -> bool:
+        """Whether blob ``name`` is there with the bytes its name says; one that is not
+        is removed (made again by the next entry that needs it)."""
+        if len(name) != 64 or name.strip("0123456789abcdef"):
+            return False  # no blob's name: never a path to open or remove
+        path = self.blobs / name
+        try:
+            if sha256_file(path) == name:
+                return True
+        except OSError:
+            return False
+        log.warning("session cache: blob %s is corrupt; removed", name[:12])
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return False
+
+    def _verified(self, key: str) -> bool:
+        """Whether entry ``key`` is whole: its record names ``key``, its graph's SHA-256
+        and blobs that are whole."""
+        if not self._record(key).exists():
             return False
         try:
-            saved = json.loads(record.read_text())
-            files = saved["files"]
-            whole = saved["key"] == key and GRAPH_FILE in files
-            whole = whole and all(sha256_file(entry / f) == want for f, want in files.items())
+            saved = json.loads(self._record(key).read_text())
+            whole = saved["key"] == key and sha256_file(self._graph(key)) == saved["graph"]
+            # Every blob checked (no short cut), so each corrupt one is removed.
+            whole = all([whole, *(self._blob_whole(str(n)) for n in saved["blobs"])])
         except (OSError, ValueError, KeyError, TypeError):
             whole = False
         if not whole:
             log.warning("session cache: entry %s is stale or corrupt; making it again", key[:12])
-            shutil.rmtree(entry, ignore_errors=True)
+            self._remove(key)
         return whole
 
-    def _make(self, entry: Path, key: str, write: Writer) -> Path | None:
+    def _remove(self, key: str) -> None:
+        for path in (self._record(key), self._graph(key)):  # the record first: no entry
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _store(self, content: bytes) -> str:
+        """Blob ``content`` in ``blobs/``, written unless a whole one is there: its name."""
+        name = hashlib.sha256(content).hexdigest()
+        if not self._blob_whole(name):
+            temporary = self.blobs / f".{name[:12]}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+            try:
+                temporary.write_bytes(content)
+                temporary.rename(self.blobs / name)  # atomic: whole or absent
+            finally:
+                with contextlib.suppress(OSError):
+                    temporary.unlink()
+        return name
+
+    def _make(self, key: str, write: Writer) -> Path | None:
         staging = self.root / f".{key[:12]}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
         staging.mkdir()
         try:
@@ -155,8 +204,10 @@ class SessionCache:
             except Exception as exc:  # onnxruntime's own untyped error: pack in memory
                 log.warning("session cache: onnxruntime could not write %s: %s", key[:12], exc)
                 return None
-            files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
-            size = sum((staging / name).stat().st_size for name in files)
+            data = staging / DATA_FILE
+            if not data.exists():
+                data.touch()  # no weight large enough to be external
+            size = data.stat().st_size + (staging / GRAPH_FILE).stat().st_size
             if size > self.max_bytes:
                 log.warning(
                     "session cache: entry %s takes %d bytes, more than "
@@ -166,48 +217,83 @@ class SessionCache:
                     self.max_bytes,
                 )
                 return None
-            record = {"format": ENTRY_FORMAT, "key": key, "files": files}
-            (staging / ENTRY_FILE).write_text(json.dumps(record, indent=1))
+            names: list[str] = []
+
+            def store(content: bytes) -> str:
+                names.append(self._store(content))
+                return names[-1]
+
             try:
-                staging.rename(entry)  # atomic: whole or absent
-            except OSError:
-                # Another server made it first: use theirs if it is whole.
-                if not self._verified(entry, key):
-                    raise
+                graph = rewrite(staging / GRAPH_FILE, data, store)
+            except ValueError as exc:  # not a graph we can rewrite: pack in memory
+                log.warning("session cache: cannot share %s's weights: %s", key[:12], exc)
+                return None
+            record = {"format": ENTRY_FORMAT, "key": key, "blobs": sorted(set(names))}
+            record["graph"] = hashlib.sha256(graph).hexdigest()
+            (staging / "graph").write_bytes(graph)
+            (staging / "record").write_text(json.dumps(record, indent=1))
+            (staging / "graph").rename(self._graph(key))
+            (staging / "record").rename(self._record(key))  # the entry, whole
+            # Another server evicting meanwhile removes blobs no record names yet: the
+            # ones it took are written again.
+            if not all((self.blobs / n).exists() for n in names):
+                rewrite(staging / GRAPH_FILE, data, self._store)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self._evict(keep=entry)
-        return entry / GRAPH_FILE
+        self._evict(keep=key)
+        return self._graph(key)
 
-    def _evict(self, keep: Path) -> None:
+    def _evict(self, keep: str) -> None:
         """Remove the least recently used entries until the cache fits ``max_bytes``
-        (``keep`` stays), and staging folders a killed writer left behind."""
-        entries: list[tuple[float, int, Path]] = []
-        for entry in self.root.iterdir():
-            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                try:
-                    if time.time() - entry.stat().st_mtime > STAGING_SECONDS:
-                        shutil.rmtree(entry, ignore_errors=True)
-                except OSError:
-                    pass  # another server's, just removed
-                continue
-            if not entry.is_dir():
-                continue
+        (``keep`` stays), then every blob no entry names, staging a killed writer left
+        behind, and entries of the old layout (a folder each)."""
+        now = time.time()
+        for folder in (self.root, self.blobs):
+            for path in folder.iterdir():
+                stale = path.name.endswith(".tmp") and path.name.startswith(".")
+                # A graph with no record: its writer died before the record went in.
+                key = path.name.removesuffix(GRAPH_SUFFIX)
+                stale = stale or (key != path.name and not self._record(key).exists())
+                old_layout = path.is_dir() and path != self.blobs and not stale
+                with contextlib.suppress(OSError):  # another server's, just removed
+                    if old_layout or (stale and now - path.stat().st_mtime > STAGING_SECONDS):
+                        if path.is_dir():
+                            shutil.rmtree(path, ignore_errors=True)
+                        else:
+                            path.unlink()
+        blobs: dict[str, int] = {}
+        for path in self.blobs.iterdir():
+            with contextlib.suppress(OSError):
+                if not path.name.startswith("."):
+                    blobs[path.name] = path.stat().st_size
+        entries: list[tuple[float, str, int, set[str]]] = []
+        for record in self.root.glob(f"*{RECORD_SUFFIX}"):
+            key = record.name.removesuffix(RECORD_SUFFIX)
             try:
-                used = (entry / ENTRY_FILE).stat().st_mtime
-                size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file())
-            except OSError:
-                used, size = 0.0, 0
-            entries.append((used, size, entry))
-        total = sum(size for _, size, _ in entries)
-        for _, size, entry in sorted(entries, key=lambda e: e[0]):
-            if total <= self.max_bytes:
+                used = record.stat().st_mtime
+                named = {str(n) for n in json.loads(record.read_text())["blobs"]}
+                size = self._graph(key).stat().st_size
+            except (OSError, ValueError, KeyError, TypeError):
+                used, named, size = 0.0, set(), 0  # half removed: the first to go
+            entries.append((used, key, size, named))
+        entries.sort(key=lambda e: e[0])
+
+        def total() -> int:
+            named = set().union(*(e[3] for e in entries))
+            return sum(e[2] for e in entries) + sum(blobs.get(n, 0) for n in named)
+
+        for entry in list(entries):
+            if total() <= self.max_bytes:
                 break
-            if entry == keep:
+            if entry[1] == keep:
                 continue
-            shutil.rmtree(entry, ignore_errors=True)
-            total -= size
-            log.info("session cache: removed %s (least recently used) to fit", entry.name[:12])
+            self._remove(entry[1])
+            entries.remove(entry)
+            log.info("session cache: removed %s (least recently used) to fit", entry[1][:12])
+        named = set().union(*(e[3] for e in entries))
+        for name in blobs.keys() - named:
+            with contextlib.suppress(OSError):
+                (self.blobs / name).unlink()
 
 
 _caches: dict[tuple[Path, int], SessionCache] = {}

@@ -16,8 +16,9 @@ runs, so only the graphs named by ``ATTNSERVE_PREPACKED_GRAPHS`` pre-pack
 (measured in docs/benchmarks.md). A graph with weights of its own (older
 exports) always pre-packs: it shares nothing either way. With the session cache
 on (``ATTNSERVE_SESSION_CACHE_DIR``, service/prepacked_cache.py) a pre-packing
-graph opens its optimised form instead, whose pre-packed weights are in a data
-file every session maps: held once, whatever the number of sessions.
+graph opens its optimised form instead, whose pre-packed weights are in blobs
+every session maps, of that graph or another with the same weights: held once,
+whatever the number of sessions.
 
 A run's sequences are float32 [n, d] input embeddings, or for the graphs of
 ``graph_io.ID_GRAPHS`` int64 [n, 2] (token id, token type) pairs. Only the
