@@ -37,7 +37,11 @@ def pod_spec() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def pod_url(podman: Podman, image: str) -> Iterator[str]:
     """The Deployment's pod, played by podman; yields http://<pod ip>:<containerPort>."""
-    claim = pod_spec()["volumes"][1]["persistentVolumeClaim"]["claimName"]
+    claim = next(
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod_spec()["volumes"]
+        if "persistentVolumeClaim" in v
+    )
     podman.run("kube down", "kube", "down", str(DEPLOYMENT), check=False)
     podman.run("kube volume", "volume", "rm", "--force", claim, check=False)
     # The claim holds the models under attnserve/ (the mount's subPath). podman 4.3
