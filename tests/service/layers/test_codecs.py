@@ -368,6 +368,8 @@ def test_float32_numbers_are_the_bits_read_through_float64(array: np.ndarray) ->
         [1.0, 2.0],
         [],
         [[]],
+        2.5,  # a scalar: numbers' answer, not a TypeError
+        "12",
     ],
 )
 def test_float32_numbers_take_and_refuse_what_numbers_does(data: Any) -> None:
