@@ -200,8 +200,9 @@ class ModelRuntime:
     def _cached(
         self, cache: SessionCache, graph: str, options: Callable[[], ort.SessionOptions]
     ) -> Path | None:
-        """``graph``'s optimised form with its pre-packed weights in its data file, from
-        ``cache`` or made into it (service/prepacked_cache.py); None: open the original."""
+        """``graph``'s optimised form, its weights and their pre-packed forms in the
+        cache's shared blobs, from ``cache`` or made into it (service/prepacked_cache.py,
+        prepacked_blobs.py); None: open the original."""
         files = self.info.manifest.files()
         sources = [files[graph], files.get(self.info.manifest.weights or "", "")]
         level = options().graph_optimization_level
