@@ -342,3 +342,10 @@ def test_runs_overlapping_on_two_lanes_drain_at_their_combined_rate() -> None:
 
 def test_retry_after_is_whole_seconds_within_its_bounds() -> None:
     assert [retry_after(s) for s in (0.0, 0.2, 1.01, 59.5, 600.0)] == ["1", "1", "2", "60", "60"]
+
+
+def test_architecture_states_the_least_gain_a_placement_needs() -> None:
+    """docs/architecture.md's lane placement sentence names MIN_SHARING_GAIN."""
+    page = Path(__file__).parents[3] / "docs" / "architecture.md"
+    text = " ".join(page.read_text(encoding="utf-8").split())
+    assert f"larger modelled gain where it reaches {MIN_SHARING_GAIN}:" in text
