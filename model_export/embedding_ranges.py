@@ -69,7 +69,7 @@ def embedding_ranges(
                 torch.tensor(e.type_ids),
                 1,
             )
-        hidden = encoder(embeddings(ids, types), mask, need_weights=False)[0]
+        hidden = encoder(embeddings(ids, types), mask, weights=False).hidden
         vector = apply_dense(pooled(hidden, mask, pooling), dense)
         vectors.append(torch.nn.functional.normalize(vector, dim=-1))
     every = torch.cat(vectors)

@@ -25,7 +25,7 @@ class EmbeddingsGraph(nn.Module):
         self.encoder = encoder
 
     def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden: Tensor = self.encoder(inputs_embeds, attention_mask, need_weights=False)[0]
+        hidden: Tensor = self.encoder(inputs_embeds, attention_mask, weights=False).hidden
         return hidden
 
 
@@ -37,11 +37,9 @@ class HiddenStatesGraph(nn.Module):
         self.encoder = encoder
 
     def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        hidden, _, states = self.encoder.forward_all(
-            inputs_embeds, attention_mask, need_weights=False, need_hidden_states=True
-        )
-        assert states is not None
-        return hidden, states
+        out = self.encoder(inputs_embeds, attention_mask, weights=False, hidden_states=True)
+        assert out.hidden_states is not None
+        return out.hidden, out.hidden_states
 
 
 class AttentionGraph(nn.Module):
@@ -55,12 +53,8 @@ class AttentionGraph(nn.Module):
     def forward(
         self, inputs_embeds: Tensor, attention_mask: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        hidden, attn, states, norms = self.encoder.forward_with_norms(
-            inputs_embeds,
-            attention_mask,
-            need_weights=True,
-            need_hidden_states=True,
-            need_value_norms=True,
+        hidden, attn, states, norms = self.encoder(
+            inputs_embeds, attention_mask, hidden_states=True, value_norms=True
         )
         assert attn is not None and states is not None and norms is not None
         return hidden, attn, states, norms

@@ -126,7 +126,7 @@ class HeadGraph(nn.Module):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
         embeds = self.embeddings(input_ids, token_type_ids)
-        hidden = self.encoder(embeds, attention_mask, need_weights=False)[0]
+        hidden = self.encoder(embeds, attention_mask, weights=False).hidden
         out: Tensor = self.head(hidden, attention_mask)
         return out
 

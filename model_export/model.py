@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -349,13 +350,18 @@ class EncoderBlock(nn.Module):
         return x, weights, norms
 
 
-class Encoder(nn.Module):
-    """A stack of ``n_layers`` encoder blocks over token embeddings.
+class EncoderOutput(NamedTuple):
+    """What one forward returns: the last layer's output, and what the flags asked for."""
 
-    ``forward(inputs_embeds, attention_mask)`` returns the contextualized
-    embeddings (B, T, d_model) and the attention weights (B, L, h, T, T);
-    both are exactly 0 at padded positions.
-    """
+    hidden: Tensor  # (B, T, d_model)
+    attention: Tensor | None = None  # (B, L, h, T, T)
+    hidden_states: Tensor | None = None  # (B, L + 1, T, d_model)
+    value_norms: Tensor | None = None  # (B, L, h, T)
+
+
+class Encoder(nn.Module):
+    """A stack of ``n_layers`` encoder blocks over token embeddings: one forward, whose
+    flags select the outputs (each exactly 0 at padded positions)."""
 
     def __init__(self, config: EncoderConfig, *, seed: int = 0) -> None:
         super().__init__()
@@ -388,44 +394,19 @@ class Encoder(nn.Module):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
 
     def forward(
-        self, inputs_embeds: Tensor, attention_mask: Tensor, *, need_weights: bool = True
-    ) -> tuple[Tensor, Tensor | None]:
-        hidden, attn, _ = self.forward_all(inputs_embeds, attention_mask, need_weights=need_weights)
-        return hidden, attn
-
-    def forward_all(
         self,
         inputs_embeds: Tensor,
         attention_mask: Tensor,
         *,
-        need_weights: bool = True,
-        need_hidden_states: bool = False,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """(hidden, attention weights, hidden states); the last two only when asked."""
-        hidden, attn, states, _ = self.forward_with_norms(
-            inputs_embeds,
-            attention_mask,
-            need_weights=need_weights,
-            need_hidden_states=need_hidden_states,
-        )
-        return hidden, attn, states
-
-    def forward_with_norms(
-        self,
-        inputs_embeds: Tensor,
-        attention_mask: Tensor,
-        *,
-        need_weights: bool = True,
-        need_hidden_states: bool = False,
-        need_value_norms: bool = False,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
-        """(hidden, attention weights, hidden states, value norms); the last three only
-        when asked. Value norms are (B, L, h, T): ``MultiHeadSelfAttention.value_norms``.
-
-        Hidden states are transformers' ``output_hidden_states``: the input embeddings,
-        then each layer's output, (B, L + 1, T, d_model); the last equals ``hidden``
-        (after the final norm, for pre-LN). All are exactly 0 at padded positions.
-        """
+        weights: bool = True,
+        hidden_states: bool = False,
+        value_norms: bool = False,
+    ) -> EncoderOutput:
+        """The contextualized embeddings, and the outputs the flags ask for (None otherwise):
+        attention weights (B, L, h, T, T); hidden states, transformers'
+        ``output_hidden_states`` (the input embeddings, then each layer's output, the last
+        after the final norm for pre-LN: (B, L + 1, T, d_model)); value norms (B, L, h, T),
+        ``MultiHeadSelfAttention.value_norms``. All are exactly 0 at padded positions."""
         biases = self.layer_biases(attention_mask)
         rotations = self.layer_rotations(attention_mask.shape[1])
         token = attention_mask.bool()  # (B, T)
@@ -434,28 +415,28 @@ class Encoder(nn.Module):
         per_layer_norms: list[Tensor] = []
         states: list[Tensor] = [x]
         for layer, bias, rotation in zip(self.layers, biases, rotations, strict=True):
-            x, weights, layer_norms = layer(x, bias, rotation, need_norms=need_value_norms)
-            per_layer.append(weights)
+            x, layer_weights, layer_norms = layer(x, bias, rotation, need_norms=value_norms)
+            per_layer.append(layer_weights)
             if layer_norms is not None:
                 per_layer_norms.append(layer_norms)
             states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
             states[-1] = x
-        hidden = torch.where(token[:, :, None], x, torch.zeros_like(x))  # (B, T, d_model)
-        attn = None
-        if need_weights:
+        out = EncoderOutput(torch.where(token[:, :, None], x, torch.zeros_like(x)))  # (B, T, d)
+        if weights:
             attn = torch.stack(per_layer, dim=1)  # (B, L, h, T, T)
             attn = torch.where(token[:, None, None, :, None], attn, torch.zeros_like(attn))
-        hidden_states = None
-        if need_hidden_states:
+            out = out._replace(attention=attn)
+        if hidden_states:
             stacked = torch.stack(states, dim=1)  # (B, L + 1, T, d_model)
-            hidden_states = torch.where(token[:, None, :, None], stacked, torch.zeros_like(stacked))
-        value_norms = None
-        if need_value_norms:
+            stacked = torch.where(token[:, None, :, None], stacked, torch.zeros_like(stacked))
+            out = out._replace(hidden_states=stacked)
+        if value_norms:
             norms = torch.stack(per_layer_norms, dim=1)  # (B, L, h, T)
-            value_norms = torch.where(token[:, None, None, :], norms, torch.zeros_like(norms))
-        return hidden, attn, hidden_states, value_norms
+            norms = torch.where(token[:, None, None, :], norms, torch.zeros_like(norms))
+            out = out._replace(value_norms=norms)
+        return out
 
     def attention_bias(self, attention_mask: Tensor, *, layer: int = 0) -> Tensor:
         """P + M, added to ``layer``'s scores: (B, 1, 1, T) or (B, 1, T, T) from the mask,

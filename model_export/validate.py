@@ -167,11 +167,11 @@ def pytorch_references(
                 looked_up = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
             embeds, tokens = looked_up.numpy(), (ids, type_ids)
         with torch.no_grad():
-            hidden, attn, states, norms = encoder.forward_with_norms(
+            hidden, attn, states, norms = encoder(
                 torch.from_numpy(embeds),
                 torch.from_numpy(mask),
-                need_hidden_states=True,
-                need_value_norms=True,
+                hidden_states=True,
+                value_norms=True,
             )
         assert attn is not None and states is not None and norms is not None
         outputs = {

@@ -145,7 +145,7 @@ def onnx_hidden(model_dir: Path, embeds: np.ndarray, mask: np.ndarray) -> np.nda
 
 def torch_hidden(encoder: Encoder, embeds: np.ndarray, mask: np.ndarray) -> np.ndarray:
     with torch.no_grad():
-        hidden, _ = encoder(torch.from_numpy(embeds), torch.from_numpy(mask), need_weights=False)
+        hidden = encoder(torch.from_numpy(embeds), torch.from_numpy(mask), weights=False).hidden
     result: np.ndarray = hidden.numpy()
     return result
 

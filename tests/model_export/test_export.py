@@ -76,11 +76,11 @@ TOKEN_AXIS = {
 
 def torch_outputs(encoder: Encoder, embeds: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     with torch.no_grad():
-        hidden, attn, states, norms = encoder.forward_with_norms(
+        hidden, attn, states, norms = encoder(
             torch.from_numpy(embeds),
             torch.from_numpy(mask),
-            need_hidden_states=True,
-            need_value_norms=True,
+            hidden_states=True,
+            value_norms=True,
         )
     assert attn is not None and states is not None and norms is not None
     return {

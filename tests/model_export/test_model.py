@@ -64,7 +64,7 @@ def config_of(variant: str) -> EncoderConfig:
 
 def run(encoder: Encoder, embeds: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with torch.no_grad():
-        hidden, attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+        hidden, attn, _, _ = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
     assert attn is not None
     return hidden.numpy(), attn.numpy()
 
@@ -72,13 +72,13 @@ def run(encoder: Encoder, embeds: np.ndarray, mask: np.ndarray) -> tuple[np.ndar
 def run_all(
     encoder: Encoder, embeds: np.ndarray, mask: np.ndarray, *, need_weights: bool = True
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """``forward_all`` with hidden states: (hidden, attn or None, states (B, L + 1, T, d))."""
+    """The forward with hidden states: (hidden, attn or None, states (B, L + 1, T, d))."""
     with torch.no_grad():
-        hidden, attn, states = encoder.forward_all(
+        hidden, attn, states, _ = encoder(
             torch.from_numpy(embeds),
             torch.from_numpy(mask),
-            need_weights=need_weights,
-            need_hidden_states=True,
+            weights=need_weights,
+            hidden_states=True,
         )
     assert states is not None
     return hidden.numpy(), None if attn is None else attn.numpy(), states.numpy()
@@ -124,9 +124,9 @@ def test_output_shapes_and_dtypes(variant: str) -> None:
     encoder = Encoder(config, seed=0)
     embeds, mask = ragged_batch(RAGGED, config.d_model, seed=0)
     with torch.no_grad():
-        hidden, attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
-        fast, no_attn = encoder(
-            torch.from_numpy(embeds), torch.from_numpy(mask), need_weights=False
+        hidden, attn, _, _ = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+        fast, no_attn, _, _ = encoder(
+            torch.from_numpy(embeds), torch.from_numpy(mask), weights=False
         )
     assert hidden.shape == (4, 7, config.d_model)
     assert hidden.dtype == torch.float32
@@ -275,7 +275,7 @@ def test_sequence_alone_equals_padded_in_batch(variant: str) -> None:
     )
 
 
-# -- hidden states (forward_all) -------------------------------------------------------------
+# -- hidden states ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("variant", list(CONFIGS))
@@ -301,9 +301,8 @@ def test_hidden_states_shape_first_last_and_padding(variant: str) -> None:
     assert (steps > 1e-3).all()
     # The other outputs are those of forward, and do not depend on what else is asked for.
     with torch.no_grad():
-        plain, plain_attn = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
-        _, _, no_states = encoder.forward_all(torch.from_numpy(embeds), torch.from_numpy(mask))
-    assert no_states is None  # need_hidden_states defaults to False
+        plain, plain_attn, no_states, _ = encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+    assert no_states is None  # hidden_states defaults to False
     assert plain_attn is not None and attn is not None
     np.testing.assert_array_equal(hidden, plain.numpy())
     np.testing.assert_array_equal(attn, plain_attn.numpy())

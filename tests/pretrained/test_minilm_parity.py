@@ -53,7 +53,7 @@ def test_pytorch_encoder_matches_bert(reference: Reference, checkpoint: Checkpoi
     mask = torch.from_numpy(reference.mask)
     with torch.no_grad():
         embeds = checkpoint.embeddings(ids, torch.zeros_like(ids))
-        hidden, attn = checkpoint.encoder(embeds, mask)
+        hidden, attn, _, _ = checkpoint.encoder(embeds, mask)
     assert attn is not None
     for i in range(len(SENTENCES)):
         assert_matches_reference(reference, i, hidden[i].numpy(), attn[i].numpy())

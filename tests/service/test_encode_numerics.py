@@ -52,7 +52,7 @@ def test_embeddings_match_onnxruntime_and_pytorch(
     assert body["usage"] == {"sequences": 3, "tokens": sum(lengths)}
     expected = ort_encode(embeddings_session, seqs)
     with torch.no_grad():
-        torch_hidden, _ = tiny_encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+        torch_hidden, _, _, _ = tiny_encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
     for i, (item, n) in enumerate(zip(body["data"], lengths, strict=True)):
         assert item["index"] == i
         assert item["attention"] is None and item["pooled"] is None
@@ -77,7 +77,7 @@ def test_attention_matches_attention_graph(
     expected = ort_encode(attention_session, seqs)
     hidden_only = ort_encode(embeddings_session, seqs)
     with torch.no_grad():
-        _, torch_attn = tiny_encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
+        _, torch_attn, _, _ = tiny_encoder(torch.from_numpy(embeds), torch.from_numpy(mask))
     assert torch_attn is not None
     for i, (item, n) in enumerate(zip(body["data"], lengths, strict=True)):
         attn = as_array(item["attention"])
