@@ -8,9 +8,9 @@ weights are the same bytes as every other graph's, so ``weights.bin`` holds them
 once; SPLADE's [B, T, vocab] logits never leave onnxruntime (only the [B, vocab]
 maximum does).
 
-Each family names its head's weights its own way (``CLASSIFY_KEYS``, ``MLM_KEYS``);
-a checkpoint whose head is missing a key, or of a family with no head defined
-here, is refused with the key or family named.
+Each family names its head's weights its own way (its module's ``classify`` and
+``mlm`` keys, model_export.families); a checkpoint whose head is missing a key, or
+of a family with no such head, is refused with the key or family named.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model_export.families.base import Family
 from model_export.model import Encoder, TokenEmbeddings
 
 Task = Literal["classify", "splade"]
@@ -142,61 +143,6 @@ class Head:
     activation: str = "identity"
 
 
-# Per family: (dense, out, activation, norm) keys of the sequence-classification head,
-# as the *ForSequenceClassification checkpoint names them. ``None``: no such layer.
-CLASSIFY_KEYS: dict[str, tuple[tuple[str, ...], str, str, str | None]] = {
-    "bert": (("bert.pooler.dense", "pooler.dense"), "classifier", "tanh", None),
-    "roberta": (("classifier.dense",), "classifier.out_proj", "tanh", None),
-    "xlm-roberta": (("classifier.dense",), "classifier.out_proj", "tanh", None),
-    "camembert": (("classifier.dense",), "classifier.out_proj", "tanh", None),
-    "mpnet": (("classifier.dense",), "classifier.out_proj", "tanh", None),
-    "electra": (("classifier.dense",), "classifier.out_proj", "gelu", None),
-    "distilbert": (("pre_classifier",), "classifier", "relu", None),
-    "modernbert": (("head.dense",), "classifier", "config", "head.norm"),
-}
-# Per family: (dense, norm, decoder, decoder bias, tied word embeddings) of the masked-LM head.
-MLM_KEYS: dict[str, tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = {
-    "bert": (
-        "cls.predictions.transform.dense",
-        "cls.predictions.transform.LayerNorm",
-        "cls.predictions.decoder",
-        ("cls.predictions.bias", "cls.predictions.decoder.bias"),
-        ("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
-    ),
-    **{
-        family: (
-            "lm_head.dense",
-            "lm_head.layer_norm",
-            "lm_head.decoder",
-            ("lm_head.bias", "lm_head.decoder.bias"),
-            (f"{prefix}.embeddings.word_embeddings.weight",),
-        )
-        for family, prefix in (
-            ("roberta", "roberta"),
-            ("xlm-roberta", "roberta"),
-            ("camembert", "roberta"),
-            ("mpnet", "mpnet"),
-        )
-    },
-    "distilbert": (
-        "vocab_transform",
-        "vocab_layer_norm",
-        "vocab_projector",
-        ("vocab_projector.bias",),
-        ("distilbert.embeddings.word_embeddings.weight",),
-    ),
-    "modernbert": (
-        "head.dense",
-        "head.norm",
-        "decoder",
-        ("decoder.bias",),
-        ("model.embeddings.tok_embeddings.weight",),
-    ),
-}
-# transformers' names of each family's masked-LM activation (RoBERTa's is fixed GELU).
-FIXED_MLM_ACTIVATION = dict.fromkeys(("roberta", "xlm-roberta", "camembert", "mpnet"), "gelu")
-
-
 HEAD_CHOICES = ("auto", "none", "classify", "splade")
 
 
@@ -230,7 +176,9 @@ def splade_folder(root: Path) -> bool:
     return True
 
 
-def head_task(root: Path, hf: dict[str, Any], wanted: str, keys: set[str]) -> Task | None:
+def head_task(
+    root: Path, hf: dict[str, Any], wanted: str, keys: set[str], family: Family
+) -> Task | None:
     """The head to import: ``wanted`` (one of HEAD_CHOICES); auto takes SPLADE for a
     SparseEncoder folder, else reads config.json's architectures
     (*ForSequenceClassification: classify; *ForMaskedLM: SPLADE when the checkpoint's
@@ -247,8 +195,8 @@ def head_task(root: Path, hf: dict[str, Any], wanted: str, keys: set[str]) -> Ta
     if any(a.endswith("ForSequenceClassification") for a in names):
         return "classify"
     if any(a.endswith("ForMaskedLM") for a in names):
-        mlm = MLM_KEYS.get(str(hf.get("model_type", "bert")))
-        return "splade" if mlm is not None and f"{mlm[0]}.weight" in keys else None
+        mlm = family.mlm
+        return "splade" if mlm is not None and f"{mlm.dense}.weight" in keys else None
     return None
 
 
@@ -312,7 +260,7 @@ def score_activation(root: Path, hf: dict[str, Any], labels: int) -> str:
 def load_head(
     root: Path,
     task: Task,
-    family: str,
+    family: Family,
     hf: dict[str, Any],
     state: dict[str, Tensor],
     encoder: Encoder,
@@ -341,43 +289,44 @@ def _hf_activation(name: object) -> str:
 
 
 def _classify_head(
-    root: Path, family: str, hf: dict[str, Any], state: dict[str, Tensor], encoder: Encoder
+    root: Path, family: Family, hf: dict[str, Any], state: dict[str, Tensor], encoder: Encoder
 ) -> Head:
-    if family not in CLASSIFY_KEYS:
-        raise HeadError(f"no sequence-classification head is defined for {family!r}")
+    keys = family.classify
+    if keys is None:
+        raise HeadError(f"no sequence-classification head is defined for {family.model_types[0]!r}")
     config = encoder.config
-    dense, out, act, norm_key = CLASSIFY_KEYS[family]
     labels = labels_of(hf)
     norm = None
-    if norm_key is not None:
+    if keys.norm is not None:
         norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.norm_bias)
-        _norm(norm, state, norm_key)
-    modern = family == "modernbert"
+        _norm(norm, state, keys.norm)
+    act = keys.activation
     if act == "config":  # ModernBERT's classifier_activation
         act = _hf_activation(hf.get("classifier_activation", "gelu"))
+    mean = keys.configurable and hf.get("classifier_pooling") == "mean"
     head = ClassificationHead(
         config.d_model,
         len(labels),
         act,
-        pooling="mean" if modern and hf.get("classifier_pooling") == "mean" else "first",
+        pooling="mean" if mean else "first",
         norm=norm,
-        dense_bias=bool(hf.get("classifier_bias", False)) if modern else True,
+        dense_bias=bool(hf.get("classifier_bias", False)) if keys.configurable else True,
     )
-    _linear(head.dense, state, dense)
-    _linear(head.out, state, (out,))
+    _linear(head.dense, state, keys.dense)
+    _linear(head.out, state, (keys.out,))
     return Head("classify", head, labels, score_activation(root, hf, len(labels)))
 
 
 def _splade_head(
-    family: str, hf: dict[str, Any], state: dict[str, Tensor], encoder: Encoder
+    family: Family, hf: dict[str, Any], state: dict[str, Tensor], encoder: Encoder
 ) -> Head:
-    if family not in MLM_KEYS:
-        raise HeadError(f"no masked-LM (SPLADE) head is defined for {family!r}")
+    keys = family.mlm
+    if keys is None:
+        raise HeadError(f"no masked-LM (SPLADE) head is defined for {family.model_types[0]!r}")
     config = encoder.config
-    dense, norm_key, decoder, bias_keys, tied_keys = MLM_KEYS[family]
-    modern = family == "modernbert"
-    activation = FIXED_MLM_ACTIVATION.get(family) or _hf_activation(
-        hf.get("classifier_activation" if modern else "hidden_act")
+    configurable = family.classify is not None and family.classify.configurable
+    activation = keys.activation or _hf_activation(
+        hf.get("classifier_activation" if configurable else "hidden_act")
         or hf.get("activation")
         or "gelu"
     )
@@ -387,17 +336,17 @@ def _splade_head(
         activation,
         config.layer_norm_eps,
         norm_bias=config.norm_bias,
-        dense_bias=bool(hf.get("classifier_bias", False)) if modern else True,
+        dense_bias=bool(hf.get("classifier_bias", False)) if configurable else True,
     )
-    _linear(mlm.dense, state, (dense,))
-    _norm(mlm.norm, state, norm_key)
+    _linear(mlm.dense, state, (keys.dense,))
+    _norm(mlm.norm, state, keys.norm)
     with torch.no_grad():
         # Usually tied to the word embeddings (and then not saved): the same matrix.
-        weight = _pick(state, (f"{decoder}.weight", *tied_keys), f"{decoder}.weight")
+        weight = _pick(state, (f"{keys.decoder}.weight", *keys.tied), f"{keys.decoder}.weight")
         if weight.shape != mlm.decoder.weight.shape:
-            raise HeadError(f"{decoder}.weight has shape {list(weight.shape)}")
+            raise HeadError(f"{keys.decoder}.weight has shape {list(weight.shape)}")
         mlm.decoder.weight.copy_(weight)
-        mlm.decoder.bias.copy_(_pick(state, bias_keys, "decoder bias"))
+        mlm.decoder.bias.copy_(_pick(state, keys.decoder_bias, "decoder bias"))
     return Head("splade", mlm)
 
 

@@ -22,6 +22,7 @@ import torch
 
 from model_export import graph_io
 from model_export.cli import main
+from model_export.families import FAMILIES
 from model_export.heads import HeadError, load_head, splade_folder
 from model_export.manifest import Manifest
 from model_export.model import Encoder
@@ -203,7 +204,7 @@ def test_a_head_missing_from_the_checkpoint_is_named(
 def test_families_without_a_head_defined_are_refused() -> None:
     encoder = Encoder.__new__(Encoder)  # never reached: the family is checked first
     with pytest.raises(HeadError, match="no masked-LM \\(SPLADE\\) head is defined for 'electra'"):
-        load_head(Path("."), "splade", "electra", {}, {}, encoder)
+        load_head(Path("."), "splade", FAMILIES["electra"], {}, {}, encoder)
 
 
 def _sparse_folder(root: Path, modules: list[str], pooling: dict[str, str]) -> Path:
