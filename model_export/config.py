@@ -14,11 +14,13 @@ Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
 NormPlacement = Literal["post", "pre"]
 Scoring = Literal["dot", "additive"]
 Rotary = Literal["interleaved", "half"]
+Norm = Literal["layer", "rms", "rms_plus_one"]
 
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "silu")
 NORM_PLACEMENTS: tuple[str, ...] = ("post", "pre")
 SCORINGS: tuple[str, ...] = ("dot", "additive")
 ROTARIES: tuple[str, ...] = ("interleaved", "half")
+NORMS: tuple[str, ...] = ("layer", "rms", "rms_plus_one")
 
 
 class ConfigError(ValueError):
@@ -70,6 +72,13 @@ class EncoderConfig:
     the biases of the attention projections, the feed-forward and the LayerNorms;
     ``first_attn_norm`` false skips layer 0's pre-LN attention norm (ModernBERT,
     whose embeddings end in a norm).
+
+    LLM-style layers: ``norm`` "rms" is RMSNorm, x / √(mean(x²) + eps) · w (no bias),
+    "rms_plus_one" Gemma's · (1 + w); ``kv_heads`` < ``n_heads`` is grouped-query
+    attention (query head h reads key/value head h // (n_heads / kv_heads)); ``head_size``
+    sets d_k when it is not d_model / n_heads (Qwen3, Gemma3); ``qk_norm`` normalises each
+    head's query and key (the layer's norm over d_k, before rotary: Qwen3, Gemma3);
+    ``out_bias`` sets W_o's bias apart from q, k and v's (Qwen2: false), None as theirs.
     """
 
     d_model: int = 384
@@ -96,11 +105,19 @@ class EncoderConfig:
     mlp_bias: bool = True
     norm_bias: bool = True
     first_attn_norm: bool = True
+    # LLM-style layers (Llama, Qwen, Mistral, Gemma, EuroBERT):
+    norm: Norm = "layer"
+    kv_heads: int | None = None
+    head_size: int | None = None
+    qk_norm: bool = False
+    out_bias: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
             check_size(name, getattr(self, name), SIZE_BOUNDS[name], ConfigError)
-        if self.d_model % self.n_heads:
+        if self.head_size is not None:
+            check_size("head_size", self.head_size, SIZE_BOUNDS["d_model"], ConfigError)
+        elif self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
@@ -150,13 +167,37 @@ class EncoderConfig:
                 isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 1
             ):
                 raise ConfigError(f"{name} must be a number > 1, got {theta!r}")
+        if self.norm not in NORMS:
+            raise ConfigError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.kv_heads is not None:
+            check_size("kv_heads", self.kv_heads, SIZE_BOUNDS["n_heads"], ConfigError)
+            if self.n_heads % self.kv_heads:
+                raise ConfigError(
+                    f"n_heads ({self.n_heads}) must be a multiple of kv_heads ({self.kv_heads})"
+                )
+        if self.out_bias is not None and not isinstance(self.out_bias, bool):
+            raise ConfigError(f"out_bias must be true, false or null, got {self.out_bias!r}")
+        if not isinstance(self.qk_norm, bool):
+            raise ConfigError(f"qk_norm must be true or false, got {self.qk_norm!r}")
+        if self.norm != "layer" and self.norm_bias:
+            raise ConfigError("RMSNorm has no bias: set norm_bias false")
         if self.norm_placement == "post" and not self.first_attn_norm:
             raise ConfigError("first_attn_norm false only applies to pre-LN (norm_placement pre)")
 
     @property
     def head_dim(self) -> int:
-        """Size d_k of one head: d_model / n_heads."""
-        return self.d_model // self.n_heads
+        """Size d_k of one head: ``head_size``, else d_model / n_heads."""
+        return self.head_size if self.head_size is not None else self.d_model // self.n_heads
+
+    @property
+    def output_bias(self) -> bool:
+        """Whether W_o has a bias: ``out_bias``, else as q, k and v."""
+        return self.attention_bias if self.out_bias is None else self.out_bias
+
+    @property
+    def key_heads(self) -> int:
+        """Key/value heads: ``kv_heads`` (grouped-query attention), else one per query head."""
+        return self.kv_heads if self.kv_heads is not None else self.n_heads
 
     def layer_window(self, layer: int) -> int | None:
         """The window radius of ``layer``: None for a global layer."""
@@ -175,7 +216,10 @@ class EncoderConfig:
         relative position bias table, without token embeddings: what each encoder graph
         holds."""
         d, ff = self.d_model, self.d_ff
-        attention = 4 * d * d + (4 * d if self.attention_bias else 0)
+        q, kv = self.n_heads * self.head_dim, self.key_heads * self.head_dim
+        attention = 2 * d * q + 2 * d * kv + ((q + 2 * kv) if self.attention_bias else 0)
+        attention += d if self.output_bias else 0
+        attention += 2 * self.head_dim if self.qk_norm else 0
         up = 2 * ff if self.glu else ff
         feed_forward = d * up + ff * d + ((up + d) if self.mlp_bias else 0)
         norm = 2 * d if self.norm_bias else d

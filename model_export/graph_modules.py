@@ -81,8 +81,8 @@ class SparseGraph(nn.Module):
             x = last.attn_norm(x)
         attention, bias, rotation = last.attn, biases[-1], rotations[-1]
         first = None if rotation is None else (rotation[0][:1], rotation[1][:1])
-        query = attention.heads(attention.q_proj, x[:, :1], first)  # (B, h, 1, d_k)
-        keys = attention.heads(attention.k_proj, x, rotation)  # (B, h, T, d_k)
+        query = attention.queries(x[:, :1], first)  # (B, h, 1, d_k)
+        keys = attention.keys(x, rotation)  # (B, h, T, d_k)
         weights = torch.softmax(attention.scores(query, keys) + bias[:, :, :1], dim=-1)
         cls: Tensor = weights[:, :, 0].mean(dim=1) * attention_mask  # (B, T)
         return cls

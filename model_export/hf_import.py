@@ -174,9 +174,14 @@ def map_state_dict(
         for ours, theirs in family.layer_keys.items():
             for suffix in ("weight", "bias"):
                 key = f"layers.{i}.{ours}.{suffix}"
-                if key in enc_params:
-                    want = enc_params[key].shape
+                if key not in enc_params:
+                    continue
+                want = enc_params[key].shape
+                if isinstance(theirs, str):
                     take(enc_state, key, f"{family.layers}.{i}.{theirs}.{suffix}", want)
+                else:  # stacked along the rows (a GLU's act input, then its gate)
+                    names = [f"{family.layers}.{i}.{part}.{suffix}" for part in theirs]
+                    _stack(take, enc_state, key, names, want)
         if family.fused_qkv is not None:
             _split_qkv(take, enc_state, enc_params, i, f"{family.layers}.{i}.{family.fused_qkv}")
     for ours, theirs in family.extra_keys.items():
@@ -208,6 +213,19 @@ def map_state_dict(
 
 
 Take = Callable[[dict[str, Tensor], str, str, torch.Size], None]
+
+
+def _stack(
+    take: Take, enc_state: dict[str, Tensor], key: str, names: list[str], want: torch.Size
+) -> None:
+    """Our parameter ``key`` as the checkpoint's ``names`` stacked row-wise, each taking an
+    equal share of the rows (Llama's ``gate_proj`` and ``up_proj`` -> our GLU's ``up``)."""
+    share = torch.Size([want[0] // len(names), *want[1:]])
+    parts: dict[str, Tensor] = {}
+    for n, name in enumerate(names):
+        take(parts, str(n), name, share)
+    if len(parts) == len(names) and all(p.shape == share for p in parts.values()):
+        enc_state[key] = torch.cat([parts[str(n)] for n in range(len(names))], dim=0)
 
 
 def _split_qkv(
@@ -311,6 +329,7 @@ def load_checkpoint(
         position_offset=offset,
         positions=family.positions,
         norm_bias=config.norm_bias,
+        normed=family.embedding_norm,
     )
     state = _weights(root)
     enc_state, emb_state = map_state_dict(state, encoder, embeddings, family)

@@ -209,20 +209,51 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary: Rotary) -> Tensor:
 Rotation = tuple[Tensor, Tensor] | None
 
 
+class RMSNorm(nn.Module):
+    """x / √(mean(x²) + eps) · w, or Gemma's · (1 + w) (``plus_one``); no bias, no mean."""
+
+    def __init__(self, size: int, eps: float, *, plus_one: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size) if plus_one else torch.ones(size))
+        self.eps = eps
+        self.plus_one = plus_one
+
+    def forward(self, x: Tensor) -> Tensor:
+        normed = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps)
+        scale = 1.0 + self.weight if self.plus_one else self.weight
+        out: Tensor = normed * scale
+        return out
+
+
+def norm_layer(config: EncoderConfig, size: int | None = None) -> nn.Module:
+    """The config's normalisation over ``size`` features (d_model by default)."""
+    size = config.d_model if size is None else size
+    if config.norm == "layer":
+        return nn.LayerNorm(size, eps=config.layer_norm_eps, bias=config.norm_bias)
+    return RMSNorm(size, config.layer_norm_eps, plus_one=config.norm == "rms_plus_one")
+
+
 class MultiHeadSelfAttention(nn.Module):
-    """h heads of scaled dot-product (or additive) attention, then W_o."""
+    """h heads of scaled dot-product (or additive) attention, then W_o. With fewer
+    key/value heads than query heads (grouped-query attention), query head h reads
+    key/value head h // (n_heads / kv_heads): its map and value norms are head h's own."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         self.n_heads = config.n_heads
+        self.kv_heads = config.key_heads
         self.head_dim = config.head_dim
         self.scoring = config.scoring
         self.rotary = config.rotary
         d, bias = config.d_model, config.attention_bias
-        self.q_proj = nn.Linear(d, d, bias=bias)
-        self.k_proj = nn.Linear(d, d, bias=bias)
-        self.v_proj = nn.Linear(d, d, bias=bias)
-        self.out_proj = nn.Linear(d, d, bias=bias)
+        inner, kv = self.n_heads * self.head_dim, self.kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d, inner, bias=bias)
+        self.k_proj = nn.Linear(d, kv, bias=bias)
+        self.v_proj = nn.Linear(d, kv, bias=bias)
+        self.out_proj = nn.Linear(inner, d, bias=config.output_bias)
+        # Qwen3's and Gemma3's per-head norms of queries and keys, before rotary.
+        self.q_norm = norm_layer(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = norm_layer(config, self.head_dim) if config.qk_norm else None
         self.dropout = nn.Dropout(config.dropout)
         if config.scoring == "additive":
             # Bahdanau et al.: score(q, k) = vᵀ tanh(W_q q + W_k k), one set per head.
@@ -233,11 +264,32 @@ class MultiHeadSelfAttention(nn.Module):
 
     def _split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, d_k)
+        return x.view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, heads, T, d_k)
 
-    def heads(self, proj: nn.Linear, x: Tensor, rotation: Rotation = None) -> Tensor:
-        """``proj(x)`` split into heads (B, h, T, d_k), rotated by position if given."""
-        out = self._split_heads(proj(x))  # (B, h, T, d_k)
+    def _per_query_head(self, x: Tensor) -> Tensor:
+        """Key/value heads (B, kv, T, d_k) repeated for their query heads: (B, h, T, d_k)."""
+        if self.kv_heads == self.n_heads:
+            return x
+        return x.repeat_interleave(self.n_heads // self.kv_heads, dim=1)
+
+    def queries(self, x: Tensor, rotation: Rotation = None) -> Tensor:
+        """Each head's queries (B, h, T, d_k): projected, normed (qk_norm), rotated."""
+        return self._positioned(self.q_proj, self.q_norm, x, rotation)
+
+    def keys(self, x: Tensor, rotation: Rotation = None) -> Tensor:
+        """Each query head's keys (B, h, T, d_k), shared within a group."""
+        return self._per_query_head(self._positioned(self.k_proj, self.k_norm, x, rotation))
+
+    def values(self, x: Tensor) -> Tensor:
+        """Each query head's values (B, h, T, d_k): not rotated, shared within a group."""
+        return self._per_query_head(self._split_heads(self.v_proj(x)))
+
+    def _positioned(
+        self, proj: nn.Linear, norm: nn.Module | None, x: Tensor, rotation: Rotation
+    ) -> Tensor:
+        out = self._split_heads(proj(x))  # (B, heads, T, d_k)
+        if norm is not None:
+            out = norm(out)
         if rotation is not None and self.rotary is not None:
             out = rotate(out, *rotation, self.rotary)
         return out
@@ -256,14 +308,14 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """x (B, T, d), additive ``bias`` (P + M), the layer's ``rotation`` -> output (B, T, d),
         weights (B, h, T, T), and with ``need_norms`` each head's value norms (B, h, T)."""
-        b, t, d = x.shape
-        q = self.heads(self.q_proj, x, rotation)  # (B, h, T, d_k)
-        k = self.heads(self.k_proj, x, rotation)  # (B, h, T, d_k)
-        v = self.heads(self.v_proj, x)  # (B, h, T, d_k): values are not rotated
+        b, t, _ = x.shape
+        q = self.queries(x, rotation)  # (B, h, T, d_k)
+        k = self.keys(x, rotation)  # (B, h, T, d_k)
+        v = self.values(x)  # (B, h, T, d_k): values are not rotated
         scores = self.scores(q, k) + bias  # (B, h, T, T)
         weights = torch.softmax(scores, dim=-1)  # (B, h, T, T); masked keys exactly 0
         context = self.dropout(weights) @ v  # (B, h, T, d_k)
-        context = context.transpose(1, 2).reshape(b, t, d)  # (B, T, d_model)
+        context = context.transpose(1, 2).reshape(b, t, -1)  # (B, T, h·d_k)
         norms = self.value_norms(v) if need_norms else None
         return self.out_proj(context), weights, norms
 
@@ -273,7 +325,7 @@ class MultiHeadSelfAttention(nn.Module):
         Bias-free projections make b_V^h 0: ``v`` already holds what the model used.
         ``α_ij ‖f_h(x_j)‖`` is then how much token j moves token i through head h."""
         d = self.out_proj.weight.shape[0]
-        # W_Oᵀ (d_model, d) -> (h, d_k, d): head h's rows, as a matmul (no einsum: the
+        # W_Oᵀ (h·d_k, d) -> (h, d_k, d): head h's rows, as a matmul (no einsum: the
         # exported MatMul keeps onnxruntime's shape inference and fusions working). Taken
         # from the transpose the projection itself multiplies by, so the exported graph
         # holds those bytes once (model_export.weights_file shares equal bytes).
@@ -318,10 +370,6 @@ class FeedForward(nn.Module):
         return out
 
 
-def layer_norm(config: EncoderConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.norm_bias)
-
-
 class EncoderBlock(nn.Module):
     """Attention and feed-forward sub-layers, each with residual + LayerNorm."""
 
@@ -330,9 +378,9 @@ class EncoderBlock(nn.Module):
         self.pre_norm = config.norm_placement == "pre"
         self.attn = MultiHeadSelfAttention(config)
         skip = index == 0 and not config.first_attn_norm  # ModernBERT's layer 0
-        self.attn_norm: nn.Module = nn.Identity() if skip else layer_norm(config)
+        self.attn_norm: nn.Module = nn.Identity() if skip else norm_layer(config)
         self.ffn = FeedForward(config)
-        self.ffn_norm = layer_norm(config)
+        self.ffn_norm = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -377,7 +425,7 @@ class Encoder(nn.Module):
             RotaryEmbedding(config, theta) for theta in self.thetas if config.rotary is not None
         )
         # Pre-LN stacks need a final norm; post-LN blocks already end in one.
-        self.final_norm = layer_norm(config) if config.norm_placement == "pre" else None
+        self.final_norm = norm_layer(config) if config.norm_placement == "pre" else None
         self.reset_parameters(seed)
         self.eval()
 
@@ -386,8 +434,9 @@ class Encoder(nn.Module):
         """BERT-style init (N(0, 0.02) weights, zero biases) from ``seed`` alone."""
         generator = torch.Generator().manual_seed(seed)
         for name, param in sorted(self.named_parameters()):
-            if "norm" in name:
-                param.fill_(1.0 if name.endswith("weight") else 0.0)
+            if "norm" in name:  # identity norms: Gemma's (1 + w) at w = 0
+                one = name.endswith("weight") and self.config.norm != "rms_plus_one"
+                param.fill_(1.0 if one else 0.0)
             elif name.endswith("bias"):
                 param.zero_()
             else:
@@ -492,7 +541,8 @@ class TokenEmbeddings(nn.Module):
     ``positions`` (rotary families: positions enter the attention instead) there
     is no position table and ``max_positions`` only bounds the sequence; a family
     without token types gets a one-row table of zeros; ``norm_bias`` false drops
-    the LayerNorm's bias (ModernBERT). The graph's inputs stay the same for all.
+    the LayerNorm's bias (ModernBERT); ``normed`` false drops the norm (LLM-style
+    families). The graph's inputs stay the same for all.
     """
 
     def __init__(
@@ -506,6 +556,7 @@ class TokenEmbeddings(nn.Module):
         position_offset: int = 0,
         positions: bool = True,
         norm_bias: bool = True,
+        normed: bool = True,
     ) -> None:
         super().__init__()
         # Token t sits at row t + position_offset of the position table (RoBERTa's rows
@@ -515,7 +566,8 @@ class TokenEmbeddings(nn.Module):
         self.word = nn.Embedding(vocab_size, d_model)
         self.position = nn.Embedding(max_positions, d_model) if positions else None
         self.token_type = nn.Embedding(type_vocab_size, d_model)
-        self.norm = nn.LayerNorm(d_model, eps=eps, bias=norm_bias)
+        # LLM-style families (Llama, Qwen, Gemma, EuroBERT) have no norm after the lookup.
+        self.norm = nn.LayerNorm(d_model, eps=eps, bias=norm_bias) if normed else nn.Identity()
         self.eval()
 
     @property

@@ -11,7 +11,7 @@ in one registry line.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +101,8 @@ class Family:
     model_types: tuple[str, ...]  # config.json's model_type values it imports
     prefixes: tuple[str, ...]  # around the base model in task-head checkpoints
     layers: str  # the layer list's key: "encoder.layer" -> encoder.layer.{i}.<key>
-    layer_keys: dict[str, str]
+    # ours -> theirs; a tuple of theirs is stacked row-wise into ours (a GLU's two halves)
+    layer_keys: Mapping[str, str | tuple[str, ...]]
     embedding_keys: dict[str, str]  # without "token_type": the family has none (zeros)
     # config.json -> EncoderConfig fields beyond sizes, activation and positions (the
     # math switches this family sets); raises CheckpointError for what it cannot express.
@@ -112,6 +113,7 @@ class Family:
     extra_keys: dict[str, str] = dataclasses.field(default_factory=dict)
     padding_id: int | None = None  # fixed in the model's code, whatever config.json says
     positions: bool = True  # a learned absolute position table (rotary families: none)
+    embedding_norm: bool = True  # a norm after the lookup (LLM-style families: none)
     default_positions: int = 512  # max_position_embeddings when config.json leaves it out
     # One key per layer holding q, k and v stacked (ModernBERT's Wqkv), split on import.
     fused_qkv: str | None = None

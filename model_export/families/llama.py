@@ -1,0 +1,87 @@
+"""Decoder-style embedders of the Llama lineage: Llama, Mistral, Qwen2 and Qwen3
+(Qwen3-Embedding, gte-Qwen2, e5-mistral).
+
+Pre-norm RMSNorm layers with a final norm, causal attention, grouped-query attention
+(``num_key_value_heads``), rotary halves with ``rope_parameters``' θ, SwiGLU
+(``down(silu(gate(x)) ⊙ up(x))``: gate and up stacked into our GLU's ``up``), no
+biases except Qwen2's q/k/v (``attention_bias``); Qwen3 adds per-head q/k RMSNorms
+and its own ``head_dim``. No position table, no token types, no norm after the
+embedding lookup. Sliding-window layers are refused by name (none of the embedders
+above uses one).
+
+Tokenizer: byte-level BPE; embedders append an end-of-text token that last-token
+pooling reads (the folder's tokenizer.json post-processor says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model_export.families.base import CheckpointError, Family
+
+
+def rope_theta(hf: dict[str, Any]) -> float:
+    """The rotary base of ``rope_parameters`` (or the older flat ``rope_theta``); scaled
+    kinds are refused by name."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise CheckpointError(f"rope_type {kind!r} is not supported, only default")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise CheckpointError("partial_rotary_factor is not supported")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def math(hf: dict[str, Any]) -> dict[str, Any]:
+    kind = hf.get("model_type", "llama")
+    layer_types = hf.get("layer_types") or []
+    sliding = "sliding_attention" in layer_types or (
+        kind == "mistral" and hf.get("sliding_window") is not None
+    )
+    if sliding or hf.get("use_sliding_window"):
+        raise CheckpointError(f"{kind} with sliding-window layers is not supported")
+    heads = int(hf["num_attention_heads"])
+    head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // heads
+    return {
+        "norm": "rms",
+        "norm_bias": False,
+        "norm_placement": "pre",
+        "layer_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+        "causal": True,
+        "kv_heads": int(hf.get("num_key_value_heads") or heads),
+        "head_size": int(head_dim),
+        "qk_norm": kind == "qwen3",
+        "glu": True,
+        "rotary": "half",
+        "rotary_theta": rope_theta(hf),
+        "attention_bias": bool(hf.get("attention_bias", kind == "qwen2")),
+        "out_bias": False if kind == "qwen2" else None,  # Qwen2: q, k, v biased, o not
+        "mlp_bias": bool(hf.get("mlp_bias", False)),
+    }
+
+
+FAMILY = Family(
+    model_types=("llama", "mistral", "qwen2", "qwen3"),
+    prefixes=("model.",),
+    layers="layers",
+    layer_keys={
+        "attn.q_proj": "self_attn.q_proj",
+        "attn.k_proj": "self_attn.k_proj",
+        "attn.v_proj": "self_attn.v_proj",
+        "attn.out_proj": "self_attn.o_proj",
+        "attn.q_norm": "self_attn.q_norm",
+        "attn.k_norm": "self_attn.k_norm",
+        "attn_norm": "input_layernorm",
+        "ffn.up": ("mlp.gate_proj", "mlp.up_proj"),
+        "ffn.down": "mlp.down_proj",
+        "ffn_norm": "post_attention_layernorm",
+    },
+    embedding_keys={"word": "embed_tokens"},
+    math=math,
+    extra_keys={"final_norm.weight": "norm.weight"},
+    positions=False,
+    embedding_norm=False,
+    default_positions=32768,
+    known_unused=("lm_head.weight",),
+    tokenizer="byte-level BPE; an end-of-text token appended for last-token pooling",
+)
