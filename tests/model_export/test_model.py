@@ -458,8 +458,8 @@ def test_alibi_scores_are_the_plain_scores_minus_slope_times_distance() -> None:
     attention = encoder.layers[0].attn
     x = torch.from_numpy(embeds)
     with torch.no_grad():
-        q = attention.heads(attention.q_proj, x)  # (1, h, T, d_k)
-        k = attention.heads(attention.k_proj, x)
+        q = attention.queries(x)  # (1, h, T, d_k)
+        k = attention.keys(x)
         scores = (q @ k.transpose(-2, -1)).numpy()[0] / np.sqrt(config.head_dim)  # (h, T, T)
     distance = np.abs(np.arange(6)[:, None] - np.arange(6)[None, :])
     biased = scores - alibi_slopes(6).numpy()[:, None, None] * distance
@@ -484,8 +484,8 @@ def test_rotary_scores_depend_on_the_offset_only(rotary: str) -> None:
         x = torch.zeros(1, 12, config.d_model)
         x[0, i], x[0, j] = pair[0, 0], pair[0, 1]
         (rotation,) = encoder.layer_rotations(12)
-        q = attention.heads(attention.q_proj, x, rotation)[0, :, i]  # (h, d_k)
-        k = attention.heads(attention.k_proj, x, rotation)[0, :, j]
+        q = attention.queries(x, rotation)[0, :, i]  # (h, d_k)
+        k = attention.keys(x, rotation)[0, :, j]
         return (q * k).sum(-1)
 
     with torch.no_grad():
