@@ -41,6 +41,7 @@ from model_export.config import (
     ConfigError,
     preset,
 )
+from model_export.families import FAMILIES
 from model_export.graph_io import DEFAULT_ATOL, DEFAULT_OPSET, DEFAULT_RTOL, EXPORTERS
 from model_export.int8_recipe import RECIPES, SMOOTH_BLOCKWISE
 
@@ -105,8 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or pytorch_model.bin, a tokenizer: tokenizer.json, or vocab.txt / a SentencePiece "
         "model, converted), or a Hub id with an optional @revision (branch, tag or commit), "
         "fetched through huggingface_hub's cache (HF_HOME, HF_HUB_CACHE, HF_TOKEN, "
-        "HF_HUB_OFFLINE); families: bert, electra, roberta, xlm-roberta, camembert, "
-        "distilbert, mpnet, roformer, modernbert (docs/models.md)",
+        f"HF_HUB_OFFLINE); model types: {', '.join(sorted(FAMILIES))} (docs/models.md)",
     )
     p.add_argument(
         "--head",
