@@ -200,7 +200,8 @@ class DisentangledScores(nn.Module):
 
     def _rows(self, proj: nn.Linear, rows: Tensor) -> Tensor:
         """proj(rows) split into heads: (h, 2k, d_k)."""
-        return proj(rows).view(rows.shape[0], self.n_heads, self.head_dim).transpose(0, 1)
+        projected: Tensor = proj(rows)  # (2k, d_model)
+        return projected.view(rows.shape[0], self.n_heads, self.head_dim).transpose(0, 1)
 
     def forward(
         self, q: Tensor, k: Tensor, relative: tuple[Tensor, Tensor], shared: tuple[nn.Linear, ...]
@@ -352,7 +353,8 @@ class MultiHeadSelfAttention(nn.Module):
             content = (q @ k.transpose(-2, -1)) / self.scale  # (B, h, T, T)
             if self.disentangled is None or relative is None:
                 return content
-            return content + self.disentangled(q, k, relative, (self.q_proj, self.k_proj))
+            position: Tensor = self.disentangled(q, k, relative, (self.q_proj, self.k_proj))
+            return content + position
         wq = torch.einsum("bhtd,hde->bhte", q, self.add_wq)  # (B, h, T, d_k)
         wk = torch.einsum("bhtd,hde->bhte", k, self.add_wk)  # (B, h, T, d_k)
         hidden = torch.tanh(wq[:, :, :, None, :] + wk[:, :, None, :, :])  # (B, h, T, T, d_k)
