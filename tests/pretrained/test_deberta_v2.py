@@ -429,3 +429,46 @@ def test_deberta_v1_is_refused_by_name(tmp_path: Path) -> None:
     )
     with pytest.raises(CheckpointError, match="'deberta' \\(DebertaModel\\) is not supported"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_parameters_count_the_disentangled_weights(shared: bool) -> None:
+    """EncoderConfig.parameters() counts the relative table, its norm and any separate
+    position projections: it equals the encoder's parameters."""
+    from model_export.config import EncoderConfig
+    from model_export.model import Encoder
+
+    config = EncoderConfig(
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        d_ff=64,
+        relative_embeddings=8,
+        position_buckets=8,
+        relative_max_distance=24,
+        content_to_position=True,
+        position_to_content=True,
+        share_position_projections=shared,
+        relative_norm=True,
+        score_scale_factor=3,
+    )
+    encoder = Encoder(config)
+    assert config.parameters() == sum(p.numel() for p in encoder.parameters())
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"content_to_position": True}, "content_to_position need relative_embeddings"),
+        ({"position_buckets": 8}, "position_buckets need relative_embeddings"),
+        ({"relative_embeddings": 8, "scoring": "additive"}, "needs dot scoring"),
+        ({"relative_embeddings": 8, "position_buckets": 8, "relative_max_distance": 5}, "> "),
+        ({"score_scale_factor": 0}, "score_scale_factor"),
+        ({"relative_norm": 1}, "relative_norm must be true or false"),
+    ],
+)
+def test_disentangled_switches_are_validated(fields: dict[str, Any], named: str) -> None:
+    from model_export.config import ConfigError, EncoderConfig
+
+    with pytest.raises(ConfigError, match=named):
+        EncoderConfig(d_model=32, n_heads=4, **fields)
