@@ -472,3 +472,52 @@ def test_disentangled_switches_are_validated(fields: dict[str, Any], named: str)
 
     with pytest.raises(ConfigError, match=named):
         EncoderConfig(d_model=32, n_heads=4, **fields)
+
+
+def test_hand_run_graphs_add_the_position_terms() -> None:
+    """The graphs that run the layers themselves (BM42's [CLS] row, compact and selected
+    attention) pass DeBERTa's relative rows on: the same maps as the encoder's forward."""
+    from model_export.compact_attention import CompactAttentionGraph
+    from model_export.config import EncoderConfig
+    from model_export.graph_modules import SparseGraph
+    from model_export.model import Encoder, TokenEmbeddings
+
+    config = EncoderConfig(
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        d_ff=64,
+        max_seq_len=64,
+        relative_embeddings=8,
+        position_buckets=8,
+        relative_max_distance=24,
+        content_to_position=True,
+        position_to_content=True,
+        relative_norm=True,
+        score_scale_factor=3,
+    )
+    encoder = Encoder(config, seed=1)
+    with torch.no_grad():
+        for name, param in encoder.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                param.mul_(5.0)
+            elif name.endswith("table.weight"):
+                param.mul_(50.0)  # std 1
+    embeddings = TokenEmbeddings(100, 64, 1, 32, 1e-7)
+    ids = torch.randint(5, 100, (2, 30))
+    mask = torch.ones(2, 30, dtype=torch.long)
+    mask[1, 20:] = 0
+    types = torch.zeros_like(ids)
+    with torch.no_grad():
+        embeds = embeddings(ids, types)
+        full = encoder(embeds, mask).attention  # (B, L, h, T, T)
+        assert full is not None
+        cls = SparseGraph(embeddings, encoder)(ids, types, mask)
+        compact = CompactAttentionGraph(encoder)(embeds, mask, torch.zeros(30))
+        encoder.relative = lambda seq_len: None  # type: ignore[method-assign]
+        without = SparseGraph(embeddings, encoder)(ids, types, mask)  # the control
+    want_cls = full[:, -1, :, 0].mean(dim=1) * mask
+    torch.testing.assert_close(cls, want_cls, rtol=0, atol=1e-6)
+    assert float((without - want_cls).abs().max()) > 100 * 1e-6  # seen: 2.3e-3
+    top = full.sort(dim=-1, descending=True).values  # (B, L, h, T, T)
+    torch.testing.assert_close(compact[1], top, rtol=0, atol=1e-6)
