@@ -105,7 +105,7 @@ def check_hf_sizes(hf: dict[str, Any]) -> None:
     """Every size ``config.json`` gives is an integer in its sane range (HF_SIZE_BOUNDS),
     else CheckpointError names it: a nonsensical one must not reach torch."""
     for key, bound in HF_SIZE_BOUNDS.items():
-        if key == "type_vocab_size" and hf.get(key) == 0:
+        if key == "type_vocab_size" and type(hf.get(key)) is int and hf[key] == 0:
             continue  # no token types (DeBERTa's): see token_types
         if key in hf:
             check_size(f"config.json: {key}", hf[key], bound, CheckpointError)
