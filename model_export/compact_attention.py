@@ -70,10 +70,11 @@ class CompactAttentionGraph(nn.Module):
         k = attention_top_k.shape[0]
         biases = encoder.layer_biases(attention_mask)
         rotations = encoder.layer_rotations(attention_mask.shape[1])
+        relative = encoder.relative(attention_mask.shape[1])
         x = inputs_embeds
         top_weights, top_indices, summaries = [], [], []
         for layer, bias, rotation in zip(encoder.layers, biases, rotations, strict=True):
-            x, weights, _ = layer(x, bias, rotation)  # weights (B, h, T, T)
+            x, weights, _ = layer(x, bias, rotation, relative=relative)  # (B, h, T, T)
             values, indices = torch.topk(weights, k, dim=-1)  # (B, h, T, k), largest first
             top_weights.append(values)
             top_indices.append(indices.to(torch.int32))
@@ -119,6 +120,7 @@ class SelectedAttentionGraph(nn.Module):
         encoder = self.encoder
         biases = encoder.layer_biases(attention_mask)
         rotations = encoder.layer_rotations(attention_mask.shape[1])
+        relative = encoder.relative(attention_mask.shape[1])
         row = attention_mask[:, None, :, None].to(inputs_embeds.dtype)  # (B, 1, T, 1)
         n_heads = attention_heads.shape[0]
         x = inputs_embeds
@@ -127,7 +129,7 @@ class SelectedAttentionGraph(nn.Module):
         for index, (layer, bias, rotation) in enumerate(
             zip(encoder.layers, biases, rotations, strict=True)
         ):
-            x, weights, _ = layer(x, bias, rotation)  # weights (B, h, T, T)
+            x, weights, _ = layer(x, bias, rotation, relative=relative)  # (B, h, T, T)
             mode = attention_layers[index].expand(n_heads)  # (h',)
             for kept, wanted in ((single, LAYER_FLOAT32), (half, LAYER_FLOAT16)):
                 heads = attention_heads[mode == wanted]  # (h',) or (0,)

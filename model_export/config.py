@@ -39,6 +39,9 @@ SIZE_BOUNDS: dict[str, int] = {
     "relative_buckets": 1 << 10,
     "relative_max_distance": 1 << 20,
     "global_every": 1 << 10,
+    "relative_embeddings": 1 << 16,
+    "position_buckets": 1 << 16,
+    "score_scale_factor": 1 << 4,
 }
 
 
@@ -79,6 +82,17 @@ class EncoderConfig:
     sets d_k when it is not d_model / n_heads (Qwen3, Gemma3); ``qk_norm`` normalises each
     head's query and key (the layer's norm over d_k, before rotary: Qwen3, Gemma3);
     ``out_bias`` sets W_o's bias apart from q, k and v's (Qwen2: false), None as theirs.
+
+    DeBERTa's disentangled attention: ``relative_embeddings`` k gives the encoder a
+    table of 2k relative position embeddings shared by every layer (LayerNorm'd when
+    ``relative_norm``); query i and key j read row clamp(δ + k, 0, 2k - 1) of it, δ the
+    offset i - j, or its log bucket with ``position_buckets`` (exact below half the
+    buckets, log-spaced up to ``relative_max_distance``). Each layer then adds
+    content-to-position q_i·K_r[row] (``content_to_position``) and position-to-content
+    k_j·Q_r[row] (``position_to_content``) to its scores, K_r and Q_r the rows projected
+    by the layer's own key and query projections (``share_position_projections``) or by
+    separate ones. Every score term is divided by √(d_k · ``score_scale_factor``)
+    (DeBERTa: 1 + the number of position terms).
     """
 
     d_model: int = 384
@@ -111,6 +125,13 @@ class EncoderConfig:
     head_size: int | None = None
     qk_norm: bool = False
     out_bias: bool | None = None
+    relative_embeddings: int | None = None
+    position_buckets: int | None = None
+    content_to_position: bool = False
+    position_to_content: bool = False
+    share_position_projections: bool = False
+    relative_norm: bool = False
+    score_scale_factor: int = 1
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -183,6 +204,40 @@ class EncoderConfig:
             raise ConfigError("RMSNorm has no bias: set norm_bias false")
         if self.norm_placement == "post" and not self.first_attn_norm:
             raise ConfigError("first_attn_norm false only applies to pre-LN (norm_placement pre)")
+        self._check_disentangled()
+
+    def _check_disentangled(self) -> None:
+        """DeBERTa's switches: sizes in range, and no position term without its table."""
+        for name in ("relative_embeddings", "position_buckets"):
+            if getattr(self, name) is not None:
+                check_size(name, getattr(self, name), SIZE_BOUNDS[name], ConfigError)
+        bound = SIZE_BOUNDS["score_scale_factor"]
+        check_size("score_scale_factor", self.score_scale_factor, bound, ConfigError)
+        switches = (
+            "content_to_position",
+            "position_to_content",
+            "share_position_projections",
+            "relative_norm",
+        )
+        for name in switches:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.relative_embeddings is None:
+            used = [name for name in (*switches, "position_buckets") if getattr(self, name)]
+            if used:
+                raise ConfigError(f"{', '.join(used)} need relative_embeddings")
+            return
+        if self.scoring != "dot":
+            raise ConfigError("relative_embeddings (disentangled attention) needs dot scoring")
+        if self.position_buckets is not None:
+            # Log buckets divide by log((max_distance - 1) / (buckets / 2)): it must be > 0.
+            half = self.position_buckets // 2
+            if half < 1 or self.relative_max_distance - 1 <= half:
+                raise ConfigError(
+                    "position_buckets must be >= 2 with relative_max_distance - 1 > "
+                    f"position_buckets / 2, got {self.position_buckets} and "
+                    f"{self.relative_max_distance}"
+                )
 
     @property
     def head_dim(self) -> int:
@@ -226,6 +281,11 @@ class EncoderConfig:
         norms = 2 * self.n_layers - (0 if self.first_attn_norm else 1)
         norms += 1 if self.norm_placement == "pre" else 0  # the final norm
         relative = (self.relative_buckets or 0) * self.n_heads
+        if self.relative_embeddings is not None:  # DeBERTa's table, its norm, projections
+            relative += 2 * self.relative_embeddings * d + (norm if self.relative_norm else 0)
+            if not self.share_position_projections:
+                terms = int(self.content_to_position) + int(self.position_to_content)
+                attention += terms * (d * d + d)
         return self.n_layers * (attention + feed_forward) + norms * norm + relative
 
     def to_dict(self) -> dict[str, Any]:

@@ -73,9 +73,10 @@ class SparseGraph(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
         biases = self.encoder.layer_biases(attention_mask)  # each (B, 1 or h, 1 or T, T)
         rotations = self.encoder.layer_rotations(input_ids.shape[1])
+        relative = self.encoder.relative(input_ids.shape[1])
         x = self.embeddings(input_ids, token_type_ids)
         for layer, bias, rotation in zip(self.encoder.layers[:-1], biases, rotations, strict=False):
-            x, _, _ = layer(x, bias, rotation)
+            x, _, _ = layer(x, bias, rotation, relative=relative)
         last = cast(EncoderBlock, self.encoder.layers[-1])
         if last.pre_norm:
             x = last.attn_norm(x)
@@ -83,7 +84,9 @@ class SparseGraph(nn.Module):
         first = None if rotation is None else (rotation[0][:1], rotation[1][:1])
         query = attention.queries(x[:, :1], first)  # (B, h, 1, d_k)
         keys = attention.keys(x, rotation)  # (B, h, T, d_k)
-        weights = torch.softmax(attention.scores(query, keys) + bias[:, :, :1], dim=-1)
+        first_row = None if relative is None else (relative[0], relative[1][:1])  # DeBERTa's
+        scores = attention.scores(query, keys, first_row)  # (B, h, 1, T)
+        weights = torch.softmax(scores + bias[:, :, :1], dim=-1)
         cls: Tensor = weights[:, :, 0].mean(dim=1) * attention_mask  # (B, T)
         return cls
 

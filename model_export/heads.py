@@ -50,7 +50,8 @@ def activate(name: str, x: Tensor) -> Tensor:
 class ClassificationHead(nn.Module):
     """logits = out(norm(act(dense(pooled)))): BERT's pooler + classifier, RoBERTa's
     classification head (dense, tanh, out_proj), DistilBERT's (ReLU), ModernBERT's
-    (act, then a LayerNorm; first token or mean)."""
+    (act, then a LayerNorm; first token or mean), DeBERTa's ContextPooler + classifier
+    (first token, dense, pooler_hidden_act)."""
 
     def __init__(
         self,
@@ -301,8 +302,8 @@ def _classify_head(
         norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.norm_bias)
         _norm(norm, state, keys.norm)
     act = keys.activation
-    if act == "config":  # ModernBERT's classifier_activation
-        act = _hf_activation(hf.get("classifier_activation", "gelu"))
+    if act == "config":  # ModernBERT's classifier_activation, DeBERTa's pooler_hidden_act
+        act = _hf_activation(hf.get(keys.activation_key, "gelu"))
     mean = keys.configurable and hf.get("classifier_pooling") == "mean"
     head = ClassificationHead(
         config.d_model,

@@ -88,10 +88,25 @@ def position_offset(hf: dict[str, Any], family: Family) -> int:
     return int(padding) + 1
 
 
+def token_types(hf: dict[str, Any], family: Family) -> int:
+    """The token types the checkpoint holds embeddings for: 0 when it has none."""
+    if "token_type" not in family.embedding_keys:
+        return 0
+    return int(hf.get("type_vocab_size", family.default_type_vocab))
+
+
+def has_positions(hf: dict[str, Any], family: Family) -> bool:
+    """Whether the checkpoint has a learned absolute position table."""
+    switch = True if family.positions_key is None else bool(hf.get(family.positions_key, True))
+    return family.positions and switch
+
+
 def check_hf_sizes(hf: dict[str, Any]) -> None:
     """Every size ``config.json`` gives is an integer in its sane range (HF_SIZE_BOUNDS),
     else CheckpointError names it: a nonsensical one must not reach torch."""
     for key, bound in HF_SIZE_BOUNDS.items():
+        if key == "type_vocab_size" and type(hf.get(key)) is int and hf[key] == 0:
+            continue  # no token types (DeBERTa's): see token_types
         if key in hf:
             check_size(f"config.json: {key}", hf[key], bound, CheckpointError)
     pad = hf.get("pad_token_id")
@@ -150,8 +165,11 @@ def map_state_dict(
     encoder: Encoder,
     embeddings: TokenEmbeddings,
     family: Family = bert.FAMILY,
+    *,
+    token_types: bool = True,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Hugging Face keys -> (encoder state_dict, embeddings state_dict), checked both ways."""
+    """Hugging Face keys -> (encoder state_dict, embeddings state_dict), checked both ways;
+    without ``token_types`` (none in the checkpoint) the type table is zeros."""
     hf_state = _strip_prefix(hf_state, family)
     used: set[str] = set()
     problems: list[str] = []
@@ -192,12 +210,13 @@ def map_state_dict(
         used.add(family.rotary_table)
     emb_state: dict[str, Tensor] = {}
     emb_params = embeddings.state_dict()
+    zero_types = "token_type" not in family.embedding_keys or not token_types
     for ours, theirs in family.embedding_keys.items():
         for suffix in ("weight", "bias"):
             key = f"{ours}.{suffix}"
-            if key in emb_params:
+            if key in emb_params and not (ours == "token_type" and zero_types):
                 take(emb_state, key, f"{theirs}.{suffix}", emb_params[key].shape)
-    if "token_type" not in family.embedding_keys:  # no token types: a zero type embedding
+    if zero_types:  # no token types: a zero type embedding
         emb_state["token_type.weight"] = torch.zeros_like(emb_params["token_type.weight"])
     unmapped = set(enc_params) - set(enc_state)
     problems += [f"encoder parameter {k} has no checkpoint key" for k in sorted(unmapped)]
@@ -320,19 +339,20 @@ def load_checkpoint(
         if isinstance(st_max, int) and 0 < st_max < config.max_seq_len:
             config = dataclasses.replace(config, max_seq_len=st_max)
     encoder = Encoder(config)
+    types = token_types(hf, family)
     embeddings = TokenEmbeddings(
         int(hf["vocab_size"]),
         table,
-        int(hf.get("type_vocab_size", 2)) if "token_type" in family.embedding_keys else 1,
+        types or family.zero_type_rows,
         config.d_model,
         config.layer_norm_eps,
         position_offset=offset,
-        positions=family.positions,
+        positions=has_positions(hf, family),
         norm_bias=config.norm_bias,
         normed=family.embedding_norm,
     )
     state = _weights(root)
-    enc_state, emb_state = map_state_dict(state, encoder, embeddings, family)
+    enc_state, emb_state = map_state_dict(state, encoder, embeddings, family, token_types=types > 0)
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)
     task = head_task(root, hf, head, set(state), family)

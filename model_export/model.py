@@ -19,6 +19,12 @@ P is a position bias, the same in every layer: MPNet's relative position bias
 (``relative_buckets``; per head a learned scalar for the bucket of the offset
 j - i) and/or ALiBi's -m_h·|i - j| (``alibi``); 0 without either.
 
+DeBERTa's disentangled attention (``relative_embeddings``) adds two terms that
+depend on the layer's queries and keys, so they are part of the scores rather
+than of P: with r = row(i, j) of the shared relative embeddings E_r,
+``q_i·(E_r W_k)[r]`` (content-to-position) and ``k_j·(E_r W_q)[r]``
+(position-to-content); all terms share one scale 1/√(d_k · ``score_scale_factor``).
+
 M is 0 where a query may see a key and -10000 elsewhere. The allowed set is the
 intersection of key padding, the optional causal mask and the optional local
 window of radius r, which may differ per layer (ModernBERT's global layers have
@@ -121,6 +127,101 @@ class RelativePositionBias(nn.Module):
         bucket = self.bucket_of_distance[distance] + after * self.per_direction  # (T, T)
         bias: Tensor = self.table(bucket).permute(2, 0, 1)[None]  # (1, h, T, T)
         return bias
+
+
+def log_bucket_positions(offsets: Tensor, buckets: int, max_distance: int) -> Tensor:
+    """DeBERTa's ``make_log_bucket_position`` of integer offsets i - j: offsets within
+    ±buckets/2 kept, larger ones log-spaced up to ``max_distance`` (and beyond it on the
+    same curve), the sign kept. transformers' float32 operations in transformers' order,
+    evaluated once per export (as ``relative_buckets``) and looked up in the graph."""
+    sign = torch.sign(offsets)
+    mid = buckets // 2
+    inside = (offsets < mid) & (offsets > -mid)
+    abs_pos = torch.where(inside, torch.tensor(mid - 1).type_as(offsets), offsets.abs())
+    ratio = torch.log(torch.tensor((max_distance - 1) / mid))
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / ratio * (mid - 1)) + mid
+    return torch.where(abs_pos <= mid, offsets.type_as(log_pos), log_pos * sign).long()
+
+
+class RelativeEmbeddings(nn.Module):
+    """DeBERTa's relative position embeddings: one table of 2k rows (LayerNorm'd with
+    ``relative_norm``) shared by every layer, and the row each query i and key j read,
+    clamp(δ + k, 0, 2k - 1) for the offset δ = i - j or its log bucket. Each layer
+    projects the rows itself (``DisentangledScores``)."""
+
+    row_of_offset: Tensor  # (2 max_seq_len - 1,): the row of offset i - j + max_seq_len - 1
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        assert config.relative_embeddings is not None
+        span, self.max_len = config.relative_embeddings, config.max_seq_len
+        self.table = nn.Embedding(2 * span, config.d_model)
+        self.norm = norm_layer(config) if config.relative_norm else None
+        offsets = torch.arange(-(self.max_len - 1), self.max_len)  # i - j
+        if config.position_buckets is not None:
+            buckets, distance = config.position_buckets, config.relative_max_distance
+            offsets = log_bucket_positions(offsets, buckets, distance)
+        # Not a weight: derived from the config, so kept out of the state dict.
+        rows = (offsets + span).clamp(0, 2 * span - 1)
+        self.register_buffer("row_of_offset", rows, persistent=False)
+
+    def forward(self, seq_len: int) -> tuple[Tensor, Tensor]:
+        """The rows (2k, d_model) and each query's and key's row (T, T)."""
+        rows = self.table.weight  # (2k, d_model)
+        if self.norm is not None:
+            rows = self.norm(rows)
+        pos = torch.arange(seq_len, device=rows.device)
+        offset = pos[:, None] - pos[None, :] + (self.max_len - 1)  # (T, T): i - j, shifted
+        return rows, self.row_of_offset[offset]
+
+
+# DeBERTa's relative rows (2k, d_model) and each (query, key)'s row (T, T), or None.
+Relative = tuple[Tensor, Tensor] | None
+
+
+class DisentangledScores(nn.Module):
+    """One layer's DeBERTa position terms, (B, h, T_q, T_k): content-to-position
+    q_i·K_r[row(i, j)] and position-to-content k_j·Q_r[row(i, j)], K_r and Q_r the
+    relative rows through the layer's key and query projections (shared) or through
+    its own ``key_proj`` and ``query_proj``, each term over √(d_k · scale factor).
+
+    Position-to-content reads row(j → i) of -δ in transformers; buckets are odd
+    (bucket(-δ) = -bucket(δ)), so that is row(i, j) too."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = config.n_heads, config.head_dim
+        self.c2p, self.p2c = config.content_to_position, config.position_to_content
+        self.scale = math.sqrt(config.head_dim * config.score_scale_factor)
+        own, d = not config.share_position_projections, config.d_model
+        # transformers' pos_key_proj / pos_query_proj: always with a bias.
+        self.key_proj = nn.Linear(d, d) if self.c2p and own else None
+        self.query_proj = nn.Linear(d, d) if self.p2c and own else None
+
+    def _rows(self, proj: nn.Linear, rows: Tensor) -> Tensor:
+        """proj(rows) split into heads: (h, 2k, d_k)."""
+        projected: Tensor = proj(rows)  # (2k, d_model)
+        return projected.view(rows.shape[0], self.n_heads, self.head_dim).transpose(0, 1)
+
+    def forward(
+        self, q: Tensor, k: Tensor, relative: tuple[Tensor, Tensor], shared: tuple[nn.Linear, ...]
+    ) -> Tensor:
+        """q (B, h, T_q, d_k), k (B, h, T_k, d_k), the relative rows and row indices
+        (T_q, T_k), the layer's (query, key) projections -> (B, h, T_q, T_k)."""
+        rows, index = relative
+        b, h, t_q, _ = q.shape
+        t_k = k.shape[2]
+        terms: list[Tensor] = []
+        if self.c2p:
+            pos_k = self._rows(self.key_proj or shared[1], rows)  # (h, 2k, d_k)
+            c2p = q @ pos_k.transpose(-2, -1)  # (B, h, T_q, 2k)
+            terms.append(c2p.gather(-1, index.expand(b, h, t_q, t_k)) / self.scale)
+        if self.p2c:
+            pos_q = self._rows(self.query_proj or shared[0], rows)  # (h, 2k, d_k)
+            p2c = k @ pos_q.transpose(-2, -1)  # (B, h, T_k, 2k)
+            by_key = p2c.gather(-1, index.t().expand(b, h, t_k, t_q))  # (B, h, T_k, T_q)
+            terms.append(by_key.transpose(-2, -1) / self.scale)
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -245,6 +346,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scoring = config.scoring
         self.rotary = config.rotary
+        self.scale = math.sqrt(config.head_dim * config.score_scale_factor)
         d, bias = config.d_model, config.attention_bias
         inner, kv = self.n_heads * self.head_dim, self.kv_heads * self.head_dim
         self.q_proj = nn.Linear(d, inner, bias=bias)
@@ -261,6 +363,8 @@ class MultiHeadSelfAttention(nn.Module):
             self.add_wq = nn.Parameter(torch.empty(config.n_heads, hd, hd))
             self.add_wk = nn.Parameter(torch.empty(config.n_heads, hd, hd))
             self.add_v = nn.Parameter(torch.empty(config.n_heads, hd))
+        positional = config.content_to_position or config.position_to_content
+        self.disentangled = DisentangledScores(config) if positional else None
 
     def _split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -294,25 +398,37 @@ class MultiHeadSelfAttention(nn.Module):
             out = rotate(out, *rotation, self.rotary)
         return out
 
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
-        """Unnormalised scores (B, h, T, T) before the mask."""
+    def scores(self, q: Tensor, k: Tensor, relative: Relative = None) -> Tensor:
+        """Unnormalised scores (B, h, T, T) before the mask; with ``relative`` (DeBERTa's
+        rows and row indices) its position terms added."""
         if self.scoring == "dot":
-            return (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, h, T, T)
+            content = (q @ k.transpose(-2, -1)) / self.scale  # (B, h, T, T)
+            if self.disentangled is None or relative is None:
+                return content
+            position: Tensor = self.disentangled(q, k, relative, (self.q_proj, self.k_proj))
+            return content + position
         wq = torch.einsum("bhtd,hde->bhte", q, self.add_wq)  # (B, h, T, d_k)
         wk = torch.einsum("bhtd,hde->bhte", k, self.add_wk)  # (B, h, T, d_k)
         hidden = torch.tanh(wq[:, :, :, None, :] + wk[:, :, None, :, :])  # (B, h, T, T, d_k)
         return torch.einsum("bhije,he->bhij", hidden, self.add_v)  # (B, h, T, T)
 
     def forward(
-        self, x: Tensor, bias: Tensor, rotation: Rotation = None, *, need_norms: bool = False
+        self,
+        x: Tensor,
+        bias: Tensor,
+        rotation: Rotation = None,
+        *,
+        need_norms: bool = False,
+        relative: Relative = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """x (B, T, d), additive ``bias`` (P + M), the layer's ``rotation`` -> output (B, T, d),
-        weights (B, h, T, T), and with ``need_norms`` each head's value norms (B, h, T)."""
+        """x (B, T, d), additive ``bias`` (P + M), the layer's ``rotation`` and DeBERTa's
+        ``relative`` rows -> output (B, T, d), weights (B, h, T, T), and with
+        ``need_norms`` each head's value norms (B, h, T)."""
         b, t, _ = x.shape
         q = self.queries(x, rotation)  # (B, h, T, d_k)
         k = self.keys(x, rotation)  # (B, h, T, d_k)
         v = self.values(x)  # (B, h, T, d_k): values are not rotated
-        scores = self.scores(q, k) + bias  # (B, h, T, T)
+        scores = self.scores(q, k, relative) + bias  # (B, h, T, T)
         weights = torch.softmax(scores, dim=-1)  # (B, h, T, T); masked keys exactly 0
         context = self.dropout(weights) @ v  # (B, h, T, d_k)
         context = context.transpose(1, 2).reshape(b, t, -1)  # (B, T, h·d_k)
@@ -384,15 +500,25 @@ class EncoderBlock(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: Tensor, bias: Tensor, rotation: Rotation = None, *, need_norms: bool = False
+        self,
+        x: Tensor,
+        bias: Tensor,
+        rotation: Rotation = None,
+        *,
+        need_norms: bool = False,
+        relative: Relative = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         if self.pre_norm:
             normed = self.attn_norm(x)
-            attn_out, weights, norms = self.attn(normed, bias, rotation, need_norms=need_norms)
+            attn_out, weights, norms = self.attn(
+                normed, bias, rotation, need_norms=need_norms, relative=relative
+            )
             x = x + self.dropout(attn_out)
             x = x + self.ffn(self.ffn_norm(x))
         else:
-            attn_out, weights, norms = self.attn(x, bias, rotation, need_norms=need_norms)
+            attn_out, weights, norms = self.attn(
+                x, bias, rotation, need_norms=need_norms, relative=relative
+            )
             x = self.attn_norm(x + self.dropout(attn_out))
             x = self.ffn_norm(x + self.ffn(x))
         return x, weights, norms
@@ -419,6 +545,9 @@ class Encoder(nn.Module):
             RelativePositionBias(config) if config.relative_buckets is not None else None
         )
         self.alibi = AlibiBias(config) if config.alibi else None
+        self.relative_embeddings = (
+            RelativeEmbeddings(config) if config.relative_embeddings is not None else None
+        )
         # One rotary table per distinct base (ModernBERT: global and local).
         self.thetas = sorted({config.layer_rotary_theta(i) for i in range(config.n_layers)})
         self.rotary = nn.ModuleList(
@@ -458,13 +587,16 @@ class Encoder(nn.Module):
         ``MultiHeadSelfAttention.value_norms``. All are exactly 0 at padded positions."""
         biases = self.layer_biases(attention_mask)
         rotations = self.layer_rotations(attention_mask.shape[1])
+        relative = self.relative(attention_mask.shape[1])
         token = attention_mask.bool()  # (B, T)
         x = inputs_embeds
         per_layer: list[Tensor] = []
         per_layer_norms: list[Tensor] = []
         states: list[Tensor] = [x]
         for layer, bias, rotation in zip(self.layers, biases, rotations, strict=True):
-            x, layer_weights, layer_norms = layer(x, bias, rotation, need_norms=value_norms)
+            x, layer_weights, layer_norms = layer(
+                x, bias, rotation, need_norms=value_norms, relative=relative
+            )
             per_layer.append(layer_weights)
             if layer_norms is not None:
                 per_layer_norms.append(layer_norms)
@@ -520,6 +652,13 @@ class Encoder(nn.Module):
             tables[self.thetas.index(self.config.layer_rotary_theta(i))]
             for i in range(self.config.n_layers)
         ]
+
+    def relative(self, seq_len: int) -> Relative:
+        """DeBERTa's relative rows and row indices, shared by every layer; None without."""
+        if self.relative_embeddings is None:
+            return None
+        rows, index = self.relative_embeddings(seq_len)
+        return rows, index
 
     def load_weights(self, path: str | Path) -> None:
         """Load a PyTorch state_dict (``.pt``/``.pth``/``.bin``) or a ``.safetensors`` file."""

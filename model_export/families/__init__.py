@@ -10,6 +10,7 @@ from typing import Any
 
 from model_export.families import (
     bert,
+    deberta_v2,
     distilbert,
     electra,
     llama,
@@ -29,6 +30,7 @@ REGISTRY: tuple[Family, ...] = (
     roformer.FAMILY,
     modernbert.FAMILY,
     llama.FAMILY,
+    deberta_v2.FAMILY,
 )
 FAMILIES: dict[str, Family] = {kind: family for family in REGISTRY for kind in family.model_types}
 

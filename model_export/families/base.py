@@ -75,6 +75,7 @@ class ClassifyKeys:
     norm: str | None = None
     # ModernBERT's options from config.json: classifier_pooling (cls|mean), classifier_bias.
     configurable: bool = False
+    activation_key: str = "classifier_activation"  # config.json's, for activation "config"
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,14 @@ class Family:
     mlm: MlmKeys | None = None
     known_unused: tuple[str, ...] = KNOWN_UNUSED
     tokenizer: str = ""  # notes: what its tokenizer is and what the tests use for it
+    # config.json's key whose false drops the position table (DeBERTa's
+    # position_biased_input; absent: true).
+    positions_key: str | None = None
+    # type_vocab_size when config.json leaves it out. A checkpoint with none (DeBERTa's
+    # type_vocab_size 0) gets a zero table of ``zero_type_rows`` rows: its tokenizers
+    # still mark a pair's second text 1, and the model ignores it.
+    default_type_vocab: int = 2
+    zero_type_rows: int = 1
 
 
 def same_width_embeddings(kind: str, hf: dict[str, Any]) -> None:

@@ -56,6 +56,22 @@ def _config(family: str, **extra: Any) -> Any:
             **SIZE,
             **extra,
         )
+    if family == "deberta-v2":  # v3's: c2p + p2c, log buckets, shared keys, no types
+        return transformers.DebertaV2Config(
+            vocab_size=VOCAB,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            relative_attention=True,
+            pos_att_type="p2c|c2p",
+            position_buckets=4,
+            max_relative_positions=16,
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            type_vocab_size=0,
+            **SIZE,
+            **extra,
+        )
     config_class = {
         "bert": transformers.BertConfig,
         "roberta": transformers.RobertaConfig,
@@ -86,6 +102,7 @@ def _model(family: str, task: str) -> torch.nn.Module:
         "electra": "Electra",
         "distilbert": "DistilBert",
         "modernbert": "ModernBert",
+        "deberta-v2": "DebertaV2",
     }[family]
     suffix = "ForSequenceClassification" if task == "classify" else "ForMaskedLM"
     extra = {"num_labels": 3, "id2label": {0: "a", 1: "b", 2: "c"}} if task == "classify" else {}
@@ -100,7 +117,16 @@ def _model(family: str, task: str) -> torch.nn.Module:
     return model.eval()
 
 
-CLASSIFY = ("bert", "roberta", "xlm-roberta", "mpnet", "electra", "distilbert", "modernbert")
+CLASSIFY = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "mpnet",
+    "electra",
+    "distilbert",
+    "modernbert",
+    "deberta-v2",
+)
 SPLADE = ("bert", "roberta", "mpnet", "distilbert", "modernbert")
 
 
