@@ -317,6 +317,30 @@ def work_bytes(
     return FLOAT32 * floats - half_bytes + int(response_bytes * copies)
 
 
+# onnxruntime's working memory while one layer's attention runs, in [heads, T, T] float32
+# maps per sequence of a run: scores, masked scores, softmax and what its kernels copy.
+# Not an output, so not in ``work_bytes``; it grows with the square of the length (one
+# 8,192-token sequence of a 12-head model: 3.2 GB per map). Measured with
+# ``bench.long_inputs`` on a 12-layer, 12-head model (docs/benchmarks.md, "Long inputs"):
+# the embeddings graph's peak above a fresh server was 4.2 maps at 8,192 tokens, the
+# compact-attention graph's (top-k and summaries of every row) 14.1 at 2,048.
+SCRATCH_MAPS = 5
+COMPACT_SCRATCH_MAPS = 15
+
+
+def attention_scratch_bytes(
+    lengths: list[int], cfg: EncoderConfig, batch_tokens: int, *, compact: bool = False
+) -> int:
+    """The attention scratch of the run that holds a request's longest sequence: that
+    run's padded tokens (the longest alone, or up to ``batch_tokens`` of the request's
+    sequences padded to it) times the longest, per head, ``SCRATCH_MAPS`` times (layers
+    run one after another, so one layer's worth)."""
+    longest = max(lengths, default=0)
+    rows = max(longest, min(batch_tokens, len(lengths) * longest))
+    maps = COMPACT_SCRATCH_MAPS if compact else SCRATCH_MAPS
+    return FLOAT32 * maps * cfg.n_heads * rows * longest
+
+
 def tokenizing_bytes(chars: list[int], model: ModelInfo) -> int:
     """The memory tokenizing texts of ``chars`` characters holds at most: one part's
     characters in flight and each text's tokens kept (at most a token per character,

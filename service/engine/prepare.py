@@ -462,4 +462,7 @@ def _answer_cost(
         if selected
         else None,
     )
-    return size, work + inputs_held
+    scratch = limits.attention_scratch_bytes(
+        running, cfg, settings.max_batch_tokens, compact=compact
+    )
+    return size, work + inputs_held + scratch

@@ -228,9 +228,11 @@ async def rerank(
     (request, runtime, encoded), wire = await admit.prepared(scope, parse, checked, lambda _: False)
     info = runtime.info
     scope.served(info.name, info.version)
-    tokens = sum(len(e.ids) for e in encoded)
+    lengths = [len(e.ids) for e in encoded]
+    tokens = sum(lengths)
+    scratch = limits.attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
     ticket = scope.admitted()
-    ticket.add(BYTES_PER_TOKEN * tokens, "this request")
+    ticket.add(BYTES_PER_TOKEN * tokens + scratch, "this request")
     head = info.manifest.head
     assert head is not None
     scores = scores_of(
@@ -312,9 +314,11 @@ async def classify(
     (request, runtime, encoded), wire = await admit.prepared(scope, parse, checked, lambda _: False)
     info = runtime.info
     scope.served(info.name, info.version)
-    tokens = sum(len(e.ids) if isinstance(e, PairEncoding) else len(e[1]) for e in encoded)
+    lengths = [len(e.ids) if isinstance(e, PairEncoding) else len(e[1]) for e in encoded]
+    tokens = sum(lengths)
+    scratch = limits.attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
     ticket = scope.admitted()
-    ticket.add(BYTES_PER_TOKEN * tokens, "this request")
+    ticket.add(BYTES_PER_TOKEN * tokens + scratch, "this request")
     head = info.manifest.head
     assert head is not None
     logits = await _logits(runtime, encoded, execute, scope)

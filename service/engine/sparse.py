@@ -157,6 +157,8 @@ async def embed(
     tokens = sum(len(t) for t, _, _ in encoded)
     ticket = scope.admitted()
     held = BYTES_PER_TOKEN * tokens + BYTES_PER_NONZERO * prepared.nonzeros
+    lengths = [len(t) for t, _, _ in encoded]
+    held += limits.attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
     held += int(prepared.response_bytes * request.wire_cost.copies)
     if request.kind == "splade":  # a [vocab] row per text until its vector is built
         assert info.manifest.text is not None

@@ -71,7 +71,7 @@ from tests.service.layers.test_engine import COST, arrays, request_of
 from tests.service.layers.test_postprocess import SHARP, reference_rollout
 from tests.support.inputs import sequences
 from tests.support.metrics import metric
-from tests.support.tiny import D_MODEL, MODEL, N_HEADS, N_LAYERS
+from tests.support.tiny import D_MODEL, MODEL, MODEL_MAX_SEQ_LEN, N_HEADS, N_LAYERS
 
 FLOAT32 = 4
 MiB = 1024 * 1024
@@ -227,7 +227,7 @@ def test_working_memory_of_attention_counts_in_the_budget(model_repository: Path
     alone gets 429 while another holds one byte too many, and runs when exactly enough
     is left (the budget is inclusive). The gauges are 0 after each."""
     settings = layer_settings(model_repository, max_inflight_bytes=SMALL_BUDGET)
-    too_big, fits = attention_request(40), attention_request(8)
+    too_big, fits = attention_request(40), attention_request(6)
 
     async def body(engine: Engine) -> EncodeResult:
         prepared = engine.prepare(too_big)
@@ -256,7 +256,7 @@ def test_working_memory_of_attention_counts_in_the_budget(model_repository: Path
         return result
 
     result = with_started_engine(settings, body)
-    assert len(result.outputs) == 8
+    assert len(result.outputs) == 6
 
 
 def test_readiness_tells_saturation_and_shutdown(model_repository: Path) -> None:
@@ -720,3 +720,34 @@ def test_tickets_are_released_by_the_engine_encode_path(settings: Settings) -> N
         assert in_flight(engine.metrics) == (0, 0)
 
     with_started_engine(settings, body)
+
+
+def test_work_counts_the_attention_scratch_of_the_longest_sequence(engine: Engine) -> None:
+    """onnxruntime's per-layer attention scratch grows with the square of the length and
+    is no output: a request is charged SCRATCH_MAPS [h, n, n] maps for its longest
+    sequence (failed before it was counted: an 8,192-token sequence of a base model took
+    ~14 GB above a fresh server while admission counted ~50 MB)."""
+    cfg = engine.registry.runtimes[MODEL].info.config
+    short, long = sequences((8,), seed=4), sequences((MODEL_MAX_SEQ_LEN,), seed=5)
+    small = engine.prepare(request_of(arrays(short))).work_bytes
+    large = engine.prepare(request_of(arrays(long))).work_bytes
+    scratch = FLOAT32 * limits.SCRATCH_MAPS * cfg.n_heads * MODEL_MAX_SEQ_LEN**2
+    inputs_and_outputs = FLOAT32 * 2 * MODEL_MAX_SEQ_LEN * cfg.d_model * 2
+    assert large >= scratch > inputs_and_outputs
+    assert large - small >= scratch - FLOAT32 * limits.SCRATCH_MAPS * cfg.n_heads * 8 * 8
+    # Four of them run padded together (512 tokens, within max_batch_tokens): 4 x scratch.
+    many = engine.prepare(request_of(arrays(long * 4))).work_bytes
+    assert many >= 4 * scratch
+
+
+def test_attention_scratch_counts_a_run_of_padded_sequences(tiny_info: ModelInfo) -> None:
+    cfg = tiny_info.config
+    per_token = FLOAT32 * limits.SCRATCH_MAPS * cfg.n_heads
+    assert limits.attention_scratch_bytes([100], cfg, 4096) == per_token * 100 * 100
+    # Three sequences padded to the longest, within the batch budget: 3 x 100 rows.
+    assert limits.attention_scratch_bytes([5, 100, 7], cfg, 4096) == per_token * 300 * 100
+    # Beyond the budget the run holds max_batch_tokens rows; one sequence never less.
+    assert limits.attention_scratch_bytes([100] * 90, cfg, 4096) == per_token * 4096 * 100
+    assert limits.attention_scratch_bytes([100], cfg, 10) == per_token * 100 * 100
+    compact = limits.attention_scratch_bytes([100], cfg, 4096, compact=True)
+    assert compact == FLOAT32 * limits.COMPACT_SCRATCH_MAPS * cfg.n_heads * 100 * 100
