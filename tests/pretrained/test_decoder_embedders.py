@@ -16,10 +16,11 @@ n of each row): last hidden state, every hidden state and every attention map wi
 1e-4, over ``/v1/encode`` and ``/v2``. Causal attention makes a real token blind to the
 padding on either side, which is why the sides may differ.
 
-A sentence-transformers folder shaped like Qwen3-Embedding's (Transformer with the
-tokenizer padding on the left, last-token Pooling with the prompt included, Normalize,
-its ``query`` instruction and empty ``document`` prompt, no default prompt) is served
-through ``/v1/embeddings`` and ``/v1/encode``: the vectors equal
+The Qwen3 checkpoint is served from a sentence-transformers folder shaped like
+Qwen3-Embedding's (Transformer with the tokenizer padding on the left, last-token
+Pooling with the prompt included, Normalize, its ``query`` instruction and empty
+``document`` prompt, no default prompt): through ``/v1/embeddings`` and ``/v1/encode``
+its vectors equal
 ``SentenceTransformer(folder).encode(texts, prompt_name=...)`` within 1e-5.
 
 Controls, each showing the comparison can fail: key/value heads grouped the wrong way
@@ -64,7 +65,7 @@ TEXTS = [
 ]
 CORPUS = [*TEXTS, "the quick brown fox jumps over the lazy dog " * 4, "Instruct: Query:"] * 20
 MISTRAL_WINDOW = 3  # transformers' sliding_window: key j for query i when i - 3 < j <= i
-ST_MODEL = "qwen3-embedding"
+ST_MODEL = "qwen3"  # served from the Qwen3-Embedding-shaped folder
 QWEN3_PROMPTS = {
     "query": "Instruct: Given a web search query, retrieve relevant passages that answer the "
     "query\nQuery:",
@@ -194,15 +195,17 @@ def _st_folder(qwen3: Path, folder: Path) -> None:
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each decoder's checkpoint and the Qwen3-Embedding-shaped folder."""
+    """Each decoder's checkpoint; Qwen3's inside the Qwen3-Embedding-shaped folder (one
+    export fewer: the folder's Transformer is that checkpoint, at the folder's root)."""
     made = {}
     for name, make_model in DECODERS.items():
         made[name] = tmp_path_factory.mktemp(f"ckpt-{name}")
         _checkpoint(made[name], make_model)
-    made[ST_MODEL] = tmp_path_factory.mktemp("st") / ST_MODEL
+    folder = tmp_path_factory.mktemp("st") / ST_MODEL
     with pytest.MonkeyPatch.context() as env:
         env.setenv("HF_HUB_OFFLINE", "1")  # local folders: nothing to download
-        _st_folder(made["qwen3"], made[ST_MODEL])
+        _st_folder(made[ST_MODEL], folder)
+    made[ST_MODEL] = folder
     return made
 
 
@@ -515,7 +518,7 @@ def test_the_last_token_read_at_the_wrong_padding_side_differs(
     assert shorter
     for row in shorter:
         assert np.abs(unit(hidden[row, -1]) - want[row]).max() > 0.05
-    left = Reference(sources["qwen3"], TEXTS)
+    left = Reference(sources[ST_MODEL], TEXTS)
     for row in shorter:
         misread = unit(left.out.last_hidden_state[row, lengths[row] - 1].numpy())
         assert np.abs(misread - want[row]).max() > 0.05
