@@ -52,10 +52,11 @@ def window(kind: str, hf: dict[str, Any]) -> int | None:
     else:
         if not hf.get("use_sliding_window"):
             size = None  # as Qwen2Config and Qwen3Config read it
+        full = hf.get("max_window_layers", 28)  # layers below it are full, as Qwen2Config
+        if isinstance(full, bool) or not isinstance(full, int):
+            raise CheckpointError(f"{kind} max_window_layers must be an integer, got {full!r}")
         types = hf.get("layer_types") or [
-            "sliding_attention"
-            if size is not None and i >= int(hf.get("max_window_layers", 28))
-            else "full_attention"
+            "sliding_attention" if size is not None and i >= full else "full_attention"
             for i in range(int(hf["num_hidden_layers"]))
         ]
         unknown = sorted(set(types) - set(LAYER_TYPES))

@@ -427,6 +427,29 @@ def test_the_query_instruction_changes_the_vectors(
     assert np.abs(plain["embeddings"] - query["embeddings"]).max() > 0.05
 
 
+def test_a_truncated_text_keeps_its_end_of_text_token_as_sentence_transformers(
+    server: str, st_model: SentenceTransformer
+) -> None:
+    """A query longer than the model's 128 positions: both cut the text and keep the
+    post-processor's ``<|endoftext|>`` last, the token the vector is read from."""
+    long = ["the quick brown fox jumps over the lazy dog " * 40, TEXTS[1]]
+    want = np.asarray(st_model.encode(long, prompt_name="query"))
+    body = {
+        "model": ST_MODEL,
+        "inputs": long,
+        "pooling": "last",
+        "normalize": True,
+        "prompt_name": "query",
+        "truncate": True,
+    }
+    r = httpx.post(f"{server}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    first = r.json()["data"][0]
+    assert (len(first["tokens"]), first["tokens"][-1]) == (st_model.max_seq_length, EOT)
+    got = np.array([item["pooled"] for item in r.json()["data"]])
+    np.testing.assert_allclose(got, want, rtol=0, atol=ST_ATOL)
+
+
 # --- controls: each shows the comparisons above can fail ------------------------------
 
 
@@ -613,6 +636,8 @@ def test_sliding_windows_read(overrides: dict[str, Any], window: int | None) -> 
             "llama with sliding-window",
         ),
         ({"model_type": "mistral", "sliding_window": 1}, "sliding_window must be"),
+        ({"model_type": "mistral", "sliding_window": "4096"}, "sliding_window must be"),
+        ({"model_type": "qwen2", "max_window_layers": "x"}, "max_window_layers must be"),
         (
             {"model_type": "qwen2", "layer_types": ["chunked_attention"] * 2},
             "chunked_attention",
