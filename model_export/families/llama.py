@@ -6,8 +6,11 @@ Pre-norm RMSNorm layers with a final norm, causal attention, grouped-query atten
 (``down(silu(gate(x)) ⊙ up(x))``: gate and up stacked into our GLU's ``up``), no
 biases except Qwen2's q/k/v (``attention_bias``); Qwen3 adds per-head q/k RMSNorms
 and its own ``head_dim``. No position table, no token types, no norm after the
-embedding lookup. Sliding-window layers are refused by name (none of the embedders
-above uses one).
+embedding lookup. A sliding window (Mistral's ``sliding_window``, on every layer;
+Qwen2's and Qwen3's with ``use_sliding_window`` when every layer slides) keeps key j
+for query i when i - W < j <= i (transformers' ``sliding_window_overlay`` on the causal
+mask): our causal ``window`` of radius W - 1. Qwen's mix of full and sliding layers
+(``max_window_layers``) is refused by name.
 
 Tokenizer: byte-level BPE; embedders append an end-of-text token that last-token
 pooling reads (the folder's tokenizer.json post-processor says so).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from model_export.config import SIZE_BOUNDS
 from model_export.families.base import CheckpointError, Family
 
 
@@ -32,14 +36,55 @@ def rope_theta(hf: dict[str, Any]) -> float:
     return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def window(kind: str, hf: dict[str, Any]) -> int | None:
+    """The radius of the causal window every layer slides in (None: full causal attention).
+    Transformers keeps key j for query i when i - W < j <= i: radius W - 1."""
+    size = hf.get("sliding_window")
+    if kind == "llama":  # LlamaModel has no sliding window: a config naming one is refused
+        if "sliding_attention" in (hf.get("layer_types") or []):
+            raise CheckpointError("llama with sliding-window layer_types is not supported")
+        return None
+    if kind == "mistral":  # MistralModel slides every layer when sliding_window is set
+        layers = [size is not None] * int(hf["num_hidden_layers"])
+    else:
+        if not hf.get("use_sliding_window"):
+            size = None  # as Qwen2Config and Qwen3Config read it
+        full = hf.get("max_window_layers", 28)  # layers below it are full, as Qwen2Config
+        if isinstance(full, bool) or not isinstance(full, int):
+            raise CheckpointError(f"{kind} max_window_layers must be an integer, got {full!r}")
+        types = hf.get("layer_types") or [
+            "sliding_attention" if size is not None and i >= full else "full_attention"
+            for i in range(int(hf["num_hidden_layers"]))
+        ]
+        unknown = sorted(set(types) - set(LAYER_TYPES))
+        if unknown:
+            raise CheckpointError(f"{kind} layer_types {', '.join(unknown)} are not supported")
+        layers = [t == "sliding_attention" for t in types]
+        if any(layers) and size is None:
+            raise CheckpointError(
+                f"{kind} layer_types name sliding layers without a sliding_window "
+                "(use_sliding_window false)"
+            )
+    if not any(layers):
+        return None
+    if not all(layers):
+        raise CheckpointError(
+            f"{kind} mixing full and sliding-window layers (layer_types, max_window_layers "
+            f"{hf.get('max_window_layers')}) is not supported"
+        )
+    bound = SIZE_BOUNDS["window"] + 1
+    if isinstance(size, bool) or not isinstance(size, int) or not 2 <= size <= bound:
+        raise CheckpointError(
+            f"{kind} sliding_window must be an integer in 2..{bound}, got {size!r}"
+        )
+    return size - 1
+
+
 def math(hf: dict[str, Any]) -> dict[str, Any]:
     kind = hf.get("model_type", "llama")
-    layer_types = hf.get("layer_types") or []
-    sliding = "sliding_attention" in layer_types or (
-        kind == "mistral" and hf.get("sliding_window") is not None
-    )
-    if sliding or hf.get("use_sliding_window"):
-        raise CheckpointError(f"{kind} with sliding-window layers is not supported")
     heads = int(hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // heads
     return {
@@ -48,6 +93,7 @@ def math(hf: dict[str, Any]) -> dict[str, Any]:
         "norm_placement": "pre",
         "layer_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
         "causal": True,
+        "window": window(kind, hf),
         "kv_heads": int(hf.get("num_key_value_heads") or heads),
         "head_size": int(head_dim),
         "qk_norm": kind == "qwen3",
