@@ -12,6 +12,8 @@ from model_export.families import (
     bert,
     distilbert,
     electra,
+    eurobert,
+    gemma3,
     llama,
     modernbert,
     mpnet,
@@ -29,6 +31,8 @@ REGISTRY: tuple[Family, ...] = (
     roformer.FAMILY,
     modernbert.FAMILY,
     llama.FAMILY,
+    gemma3.FAMILY,
+    eurobert.FAMILY,
 )
 FAMILIES: dict[str, Family] = {kind: family for family in REGISTRY for kind in family.model_types}
 

@@ -123,6 +123,9 @@ class Family:
     mlm: MlmKeys | None = None
     known_unused: tuple[str, ...] = KNOWN_UNUSED
     tokenizer: str = ""  # notes: what its tokenizer is and what the tests use for it
+    # The word vectors times √hidden_size, that scale rounded to the stored table's dtype
+    # as transformers computes it (Gemma's scaled embeddings).
+    scaled_embeddings: bool = False
 
 
 def same_width_embeddings(kind: str, hf: dict[str, Any]) -> None:
