@@ -19,6 +19,8 @@ hidden state and every attention map within 1e-4. Positive controls, in-process:
 Gemma3 mechanism removed (the window widened to the whole text, the score scale, the
 linear rope factor, the local rotary base, the sandwich norms, the scaled lookup) makes
 the comparison fail.
+A causal Gemma3 and a EuroBertForMaskedLM checkpoint (EuroBERT's published kind) are
+checked in PyTorch.
 
 An EmbeddingGemma-shaped sentence-transformers folder (Transformer, mean Pooling, Dense
 32 -> 64 and 64 -> 32 without bias or activation, Normalize, EmbeddingGemma's prompts),
@@ -505,3 +507,23 @@ def test_gemma3_refuses_what_it_cannot_express(overrides: dict[str, Any], named:
 def test_gemma3_config_fields_are_checked(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         EncoderConfig(**overrides)
+
+
+def test_a_eurobert_masked_lm_checkpoint_imports_its_base_model(tmp_path: Path) -> None:
+    """EuroBERT's published checkpoints are EuroBertForMaskedLM: ``model.`` prefixed keys
+    beside ``lm_head``, which the encoder leaves out."""
+    from transformers import EuroBertForMaskedLM
+
+    base = _eurobert(300)
+    model = EuroBertForMaskedLM(base.config)
+    model.model.load_state_dict(_randomise(base, "eurobert").state_dict())
+    model.save_pretrained(tmp_path)
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint.head is None and not checkpoint.encoder.config.causal
+    ids = [0, 17, 33, 250, 99, 120, 7, 8, 9, 1]
+    eager = EuroBertForMaskedLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = eager.model(
+            input_ids=torch.tensor([ids]), output_attentions=True, output_hidden_states=True
+        )
+    assert _largest_difference(checkpoint, want, ids) <= ATOL
