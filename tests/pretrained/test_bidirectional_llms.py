@@ -527,3 +527,39 @@ def test_a_eurobert_masked_lm_checkpoint_imports_its_base_model(tmp_path: Path) 
             input_ids=torch.tensor([ids]), output_attentions=True, output_hidden_states=True
         )
     assert _largest_difference(checkpoint, want, ids) <= ATOL
+
+
+def test_gemma3_attention_norms_equal_a_direct_computation(
+    sources: dict[str, Path], server: str
+) -> None:
+    """Value norms with grouped-query attention and sandwich norms: α_ij · ‖v_j W_O^h‖,
+    v_j from transformers' own v_proj on the layer's normed input (``input_layernorm``),
+    query head h reading key/value head h // 2, W_O^h head h's slice of o_proj (1e-4 of
+    each map's largest value). The post-attention norm comes after, as BERT's post-LN."""
+    from transformers import AutoModel
+
+    text = TEXTS[2]
+    body = {
+        "model": "gemma3",
+        "inputs": [text],
+        "return_attention": True,
+        "attention": {"measure": "norms"},
+        "return_embeddings": False,
+        "encoding_format": "base64",
+    }
+    r = httpx.post(f"{server}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    got = _decode(r.json()["data"][0]["attention"])
+    source = sources["gemma3"]
+    model = AutoModel.from_pretrained(source, attn_implementation="eager").eval()
+    out = _eager(source, _ids(source, text))
+    with torch.no_grad():
+        for index, layer in enumerate(model.layers):
+            x = layer.input_layernorm(out.hidden_states[index])  # (1, T, d)
+            v = layer.self_attn.v_proj(x).view(1, -1, KV_HEADS, HEAD_DIM)  # (1, T, kv, d_k)
+            v = v.repeat_interleave(HEADS // KV_HEADS, dim=2)  # (1, T, h, d_k)
+            w_o = layer.self_attn.o_proj.weight.view(HIDDEN, HEADS, HEAD_DIM)  # (d, h, d_k)
+            norms = torch.einsum("bthk,dhk->bhtd", v, w_o).norm(dim=-1)  # (1, h, T)
+            want = (out.attentions[index] * norms[:, :, None, :])[0].numpy()  # (h, T, T)
+            scale = np.abs(want).max(axis=(-2, -1), keepdims=True)
+            assert np.all(np.abs(got[index] - want) <= 1e-4 * scale)
