@@ -7,8 +7,10 @@ Per layer (post-LN, as in BERT)::
     x = LayerNorm(x + W_2 act(W_1 x))
 
 or pre-LN: ``x = x + W_o concat(A(LayerNorm(x)))``, ``x = x + FFN(LayerNorm(x))``
-and one LayerNorm after the last layer. A gated feed-forward (``glu``) is
-``W_2 (act(W_1 x) ⊙ W_g x)``: GeGLU with GELU (ModernBERT), SwiGLU with SiLU.
+and one LayerNorm after the last layer; Gemma3's sandwich norms also norm each
+sub-layer's output before the sum: ``x = x + N'(W_o concat(A(N(x))))``, and its scores
+are multiplied by a set scale instead of divided by √d_k. A gated feed-forward (``glu``)
+is ``W_2 (act(W_1 x) ⊙ W_g x)``: GeGLU with GELU (ModernBERT), SwiGLU with SiLU.
 
 R rotates each head's query and key at position t by angles t·θ^(-2i/d_k), one
 per pair of dimensions (``rotary``; identity without): RoFormer pairs neighbours

@@ -563,3 +563,17 @@ def test_gemma3_attention_norms_equal_a_direct_computation(
             want = (out.attentions[index] * norms[:, :, None, :])[0].numpy()  # (h, T, T)
             scale = np.abs(want).max(axis=(-2, -1), keepdims=True)
             assert np.all(np.abs(got[index] - want) <= 1e-4 * scale)
+
+
+def test_the_scaled_lookup_rounds_its_scale_to_the_tables_dtype() -> None:
+    """As transformers computes it: √3072 = 55.4256 in float32, 55.5 for a bfloat16 table
+    (its comment's example); families without a scaled lookup have none."""
+    from model_export.families import FAMILIES
+    from model_export.hf_import import embedding_scale
+
+    gemma, hf = FAMILIES["gemma3_text"], {"hidden_size": 3072}
+    bf16 = {"model.embed_tokens.weight": torch.zeros(1, dtype=torch.bfloat16)}
+    assert embedding_scale(hf, bf16, gemma) == 55.5
+    fp32 = {"embed_tokens.weight": torch.zeros(1)}
+    assert embedding_scale(hf, fp32, gemma) == float(np.float32(3072**0.5)) != 55.5
+    assert embedding_scale(hf, fp32, FAMILIES["eurobert"]) is None
