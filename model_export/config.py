@@ -93,6 +93,13 @@ class EncoderConfig:
     by the layer's own key and query projections (``share_position_projections``) or by
     separate ones. Every score term is divided by √(d_k · ``score_scale_factor``)
     (DeBERTa: 1 + the number of position terms).
+    Gemma3 (EmbeddingGemma): ``sandwich_norms`` adds a norm on each sub-layer's output
+    before its residual sum (pre-LN only: x + norm(attn(norm(x))), then the same for the
+    feed-forward); ``score_scale`` multiplies the scores instead of dividing them by √d_k
+    (Gemma3: ``query_pre_attn_scalar``^-0.5); ``global_layers`` names the layers that see
+    every key, the others seeing ``window`` (Gemma3's ``layer_types``; instead of
+    ``global_every``); ``rotary_linear_factor`` divides the positions of the global layers'
+    rotation (rope_type "linear"), None leaving them as they are.
     """
 
     d_model: int = 384
@@ -132,6 +139,11 @@ class EncoderConfig:
     share_position_projections: bool = False
     relative_norm: bool = False
     score_scale_factor: int = 1
+    # Gemma3 (EmbeddingGemma):
+    sandwich_norms: bool = False
+    score_scale: float | None = None
+    global_layers: tuple[int, ...] | None = None
+    rotary_linear_factor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -238,6 +250,41 @@ class EncoderConfig:
                     f"position_buckets / 2, got {self.position_buckets} and "
                     f"{self.relative_max_distance}"
                 )
+        self._check_gemma_fields()
+
+    def _check_gemma_fields(self) -> None:
+        """``sandwich_norms``, ``score_scale``, ``global_layers``, ``rotary_linear_factor``."""
+        if not isinstance(self.sandwich_norms, bool):
+            raise ConfigError(f"sandwich_norms must be true or false, got {self.sandwich_norms!r}")
+        if self.sandwich_norms and self.norm_placement != "pre":
+            raise ConfigError("sandwich_norms only applies to pre-LN (norm_placement pre)")
+        for name in ("score_scale", "rotary_linear_factor"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value < float("inf")
+            ):
+                raise ConfigError(f"{name} must be a finite number > 0 or null, got {value!r}")
+        if self.rotary_linear_factor is not None and self.rotary is None:
+            raise ConfigError("rotary_linear_factor scales the rotation: set rotary")
+        if self.global_layers is None:
+            return
+        layers = self.global_layers
+        if not isinstance(layers, list | tuple) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.n_layers
+            for i in layers
+        ):
+            raise ConfigError(
+                f"global_layers must list layer indices in 0..{self.n_layers - 1}, got {layers!r}"
+            )
+        if list(layers) != sorted(set(layers)):
+            raise ConfigError(f"global_layers must be increasing, got {list(layers)}")
+        if self.window is None:
+            raise ConfigError("global_layers sets the layers outside the window: set window")
+        if self.global_every is not None:
+            raise ConfigError("global_layers and global_every both place global layers: set one")
+        object.__setattr__(self, "global_layers", tuple(layers))  # config.json gives a list
 
     @property
     def head_dim(self) -> int:
@@ -258,6 +305,8 @@ class EncoderConfig:
         """The window radius of ``layer``: None for a global layer."""
         if self.global_every is not None and layer % self.global_every == 0:
             return None
+        if self.global_layers is not None and layer in self.global_layers:
+            return None
         return self.window
 
     def layer_rotary_theta(self, layer: int) -> float:
@@ -265,6 +314,12 @@ class EncoderConfig:
         if self.layer_window(layer) is not None and self.local_rotary_theta is not None:
             return self.local_rotary_theta
         return self.rotary_theta
+
+    def layer_rotary(self, layer: int) -> tuple[float, float | None]:
+        """The rotary base of ``layer`` and the linear factor its positions are divided by
+        (``rotary_linear_factor``, in global layers only; None: not scaled)."""
+        scaled = self.layer_window(layer) is None
+        return self.layer_rotary_theta(layer), self.rotary_linear_factor if scaled else None
 
     def parameters(self) -> int:
         """Weights of the encoder's layers (attention, feed-forward, layer norms) and its
@@ -278,7 +333,8 @@ class EncoderConfig:
         up = 2 * ff if self.glu else ff
         feed_forward = d * up + ff * d + ((up + d) if self.mlp_bias else 0)
         norm = 2 * d if self.norm_bias else d
-        norms = 2 * self.n_layers - (0 if self.first_attn_norm else 1)
+        per_layer = 4 if self.sandwich_norms else 2
+        norms = per_layer * self.n_layers - (0 if self.first_attn_norm else 1)
         norms += 1 if self.norm_placement == "pre" else 0  # the final norm
         relative = (self.relative_buckets or 0) * self.n_heads
         if self.relative_embeddings is not None:  # DeBERTa's table, its norm, projections

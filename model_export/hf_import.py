@@ -116,6 +116,17 @@ def check_hf_sizes(hf: dict[str, Any]) -> None:
         )
 
 
+def embedding_scale(hf: dict[str, Any], state: dict[str, Tensor], family: Family) -> float | None:
+    """Gemma's √hidden_size, as transformers computes it: a float32 tensor cast to the
+    word table's dtype (bfloat16 checkpoints: √3072 = 55.4256 becomes 55.5). None for
+    families without a scaled lookup."""
+    if not family.scaled_embeddings:
+        return None
+    word = _strip_prefix(state, family).get(f"{family.embedding_keys['word']}.weight")
+    dtype = word.dtype if word is not None else torch.float32
+    return float(torch.tensor(int(hf["hidden_size"]) ** 0.5).to(dtype))
+
+
 def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
     """Our architecture from a Hugging Face ``config.json`` of a supported family: the
     sizes, activation and positions every family states, then the family's switches."""
@@ -338,6 +349,7 @@ def load_checkpoint(
         st_max = read_json(st_path).get("max_seq_length")
         if isinstance(st_max, int) and 0 < st_max < config.max_seq_len:
             config = dataclasses.replace(config, max_seq_len=st_max)
+    state = _weights(root)
     encoder = Encoder(config)
     types = token_types(hf, family)
     embeddings = TokenEmbeddings(
@@ -350,8 +362,8 @@ def load_checkpoint(
         positions=has_positions(hf, family),
         norm_bias=config.norm_bias,
         normed=family.embedding_norm,
+        scale=embedding_scale(hf, state, family),
     )
-    state = _weights(root)
     enc_state, emb_state = map_state_dict(state, encoder, embeddings, family, token_types=types > 0)
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)

@@ -7,8 +7,10 @@ Per layer (post-LN, as in BERT)::
     x = LayerNorm(x + W_2 act(W_1 x))
 
 or pre-LN: ``x = x + W_o concat(A(LayerNorm(x)))``, ``x = x + FFN(LayerNorm(x))``
-and one LayerNorm after the last layer. A gated feed-forward (``glu``) is
-``W_2 (act(W_1 x) ⊙ W_g x)``: GeGLU with GELU (ModernBERT), SwiGLU with SiLU.
+and one LayerNorm after the last layer; Gemma3's sandwich norms also norm each
+sub-layer's output before the sum: ``x = x + N'(W_o concat(A(N(x))))``, and its scores
+are multiplied by a set scale instead of divided by √d_k. A gated feed-forward (``glu``)
+is ``W_2 (act(W_1 x) ⊙ W_g x)``: GeGLU with GELU (ModernBERT), SwiGLU with SiLU.
 
 R rotates each head's query and key at position t by angles t·θ^(-2i/d_k), one
 per pair of dimensions (``rotary``; identity without): RoFormer pairs neighbours
@@ -254,30 +256,36 @@ class AlibiBias(nn.Module):
         return bias[None]
 
 
-def rotary_angles(max_len: int, head_dim: int, theta: float, rotary: Rotary) -> Tensor:
+def rotary_angles(
+    max_len: int, head_dim: int, theta: float, rotary: Rotary, factor: float | None = None
+) -> Tensor:
     """t·θ^(-2i/d_k) for t < ``max_len``, i < d_k/2: (max_len, d_k/2), computed as each
     convention's reference does: RoFormer's table in float64, then rounded;
-    ModernBERT's (transformers' default RoPE) in float32."""
+    ModernBERT's (transformers' default RoPE) in float32. A linear ``factor`` divides the
+    frequencies (t / factor: transformers' rope_type "linear", Gemma3's global layers)."""
     if rotary == "interleaved":
         pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+        pos = pos if factor is None else pos / factor
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
         return pos / torch.pow(torch.tensor(theta, dtype=torch.float64), exponent)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if factor is not None:
+        inv_freq = inv_freq / factor
     return torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq
 
 
 class RotaryEmbedding(nn.Module):
-    """R's cos and sin for one base θ, laid out for its convention; one per distinct θ,
-    shared by the layers that use it (the tables are not weights)."""
+    """R's cos and sin for one base θ (and linear factor), laid out for its convention; one
+    per distinct θ and factor, shared by the layers that use it (the tables are not weights)."""
 
     cos_half: Tensor  # (max_len, d_k/2)
     sin_half: Tensor
 
-    def __init__(self, config: EncoderConfig, theta: float) -> None:
+    def __init__(self, config: EncoderConfig, theta: float, factor: float | None = None) -> None:
         super().__init__()
         assert config.rotary is not None
         self.rotary: Rotary = config.rotary
-        angles = rotary_angles(config.max_seq_len, config.head_dim, theta, config.rotary)
+        angles = rotary_angles(config.max_seq_len, config.head_dim, theta, config.rotary, factor)
         self.register_buffer("cos_half", angles.cos().float(), persistent=False)
         self.register_buffer("sin_half", angles.sin().float(), persistent=False)
 
@@ -347,6 +355,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.scoring = config.scoring
         self.rotary = config.rotary
         self.scale = math.sqrt(config.head_dim * config.score_scale_factor)
+        self.score_scale = config.score_scale  # Gemma3's: multiplies instead
         d, bias = config.d_model, config.attention_bias
         inner, kv = self.n_heads * self.head_dim, self.kv_heads * self.head_dim
         self.q_proj = nn.Linear(d, inner, bias=bias)
@@ -401,6 +410,8 @@ class MultiHeadSelfAttention(nn.Module):
     def scores(self, q: Tensor, k: Tensor, relative: Relative = None) -> Tensor:
         """Unnormalised scores (B, h, T, T) before the mask; with ``relative`` (DeBERTa's
         rows and row indices) its position terms added."""
+        if self.scoring == "dot" and self.score_scale is not None:  # Gemma3's scale
+            return (q @ k.transpose(-2, -1)) * self.score_scale  # (B, h, T, T)
         if self.scoring == "dot":
             content = (q @ k.transpose(-2, -1)) / self.scale  # (B, h, T, T)
             if self.disentangled is None or relative is None:
@@ -487,7 +498,9 @@ class FeedForward(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    """Attention and feed-forward sub-layers, each with residual + LayerNorm."""
+    """Attention and feed-forward sub-layers, each with residual + LayerNorm. With
+    ``sandwich_norms`` (Gemma3) each pre-LN sub-layer's output is normed too before the
+    residual sum: x + out_norm(sublayer(norm(x)))."""
 
     def __init__(self, config: EncoderConfig, index: int = 0) -> None:
         super().__init__()
@@ -497,6 +510,9 @@ class EncoderBlock(nn.Module):
         self.attn_norm: nn.Module = nn.Identity() if skip else norm_layer(config)
         self.ffn = FeedForward(config)
         self.ffn_norm = norm_layer(config)
+        sandwich = config.sandwich_norms
+        self.attn_out_norm: nn.Module = norm_layer(config) if sandwich else nn.Identity()
+        self.ffn_out_norm: nn.Module = norm_layer(config) if sandwich else nn.Identity()
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -513,8 +529,8 @@ class EncoderBlock(nn.Module):
             attn_out, weights, norms = self.attn(
                 normed, bias, rotation, need_norms=need_norms, relative=relative
             )
-            x = x + self.dropout(attn_out)
-            x = x + self.ffn(self.ffn_norm(x))
+            x = x + self.dropout(self.attn_out_norm(attn_out))
+            x = x + self.ffn_out_norm(self.ffn(self.ffn_norm(x)))
         else:
             attn_out, weights, norms = self.attn(
                 x, bias, rotation, need_norms=need_norms, relative=relative
@@ -548,10 +564,16 @@ class Encoder(nn.Module):
         self.relative_embeddings = (
             RelativeEmbeddings(config) if config.relative_embeddings is not None else None
         )
-        # One rotary table per distinct base (ModernBERT: global and local).
-        self.thetas = sorted({config.layer_rotary_theta(i) for i in range(config.n_layers)})
+        # One rotary table per distinct base and linear factor (ModernBERT, Gemma3: global
+        # and local).
+        self.rotations = sorted(
+            {config.layer_rotary(i) for i in range(config.n_layers)},
+            key=lambda rotation: (rotation[0], rotation[1] or 0.0),
+        )
         self.rotary = nn.ModuleList(
-            RotaryEmbedding(config, theta) for theta in self.thetas if config.rotary is not None
+            RotaryEmbedding(config, theta, factor)
+            for theta, factor in self.rotations
+            if config.rotary is not None
         )
         # Pre-LN stacks need a final norm; post-LN blocks already end in one.
         self.final_norm = norm_layer(config) if config.norm_placement == "pre" else None
@@ -644,12 +666,13 @@ class Encoder(nn.Module):
         return biases
 
     def layer_rotations(self, seq_len: int) -> list[Rotation]:
-        """Each layer's rotary cos and sin (T, d_k), computed once per base; None without."""
+        """Each layer's rotary cos and sin (T, d_k), computed once per base and factor;
+        None without."""
         if not self.rotary:
             return [None] * self.config.n_layers
         tables = [rotary(seq_len) for rotary in self.rotary]
         return [
-            tables[self.thetas.index(self.config.layer_rotary_theta(i))]
+            tables[self.rotations.index(self.config.layer_rotary(i))]
             for i in range(self.config.n_layers)
         ]
 
@@ -681,7 +704,8 @@ class TokenEmbeddings(nn.Module):
     is no position table and ``max_positions`` only bounds the sequence; a family
     without token types gets a one-row table of zeros; ``norm_bias`` false drops
     the LayerNorm's bias (ModernBERT); ``normed`` false drops the norm (LLM-style
-    families). The graph's inputs stay the same for all.
+    families). ``scale`` multiplies the looked-up word vectors (Gemma: √d_model, rounded to
+    the checkpoint's dtype). The graph's inputs stay the same for all.
     """
 
     def __init__(
@@ -696,6 +720,7 @@ class TokenEmbeddings(nn.Module):
         positions: bool = True,
         norm_bias: bool = True,
         normed: bool = True,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         # Token t sits at row t + position_offset of the position table (RoBERTa's rows
@@ -707,6 +732,7 @@ class TokenEmbeddings(nn.Module):
         self.token_type = nn.Embedding(type_vocab_size, d_model)
         # LLM-style families (Llama, Qwen, Gemma, EuroBERT) have no norm after the lookup.
         self.norm = nn.LayerNorm(d_model, eps=eps, bias=norm_bias) if normed else nn.Identity()
+        self.scale = scale
         self.eval()
 
     @property
@@ -717,6 +743,8 @@ class TokenEmbeddings(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         """input_ids, token_type_ids (B, T) int64 -> (B, T, d_model)."""
         x = self.word(input_ids)
+        if self.scale is not None:  # Gemma's scaled lookup, before anything is added
+            x = x * self.scale
         if self.position is not None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
             x = x + self.position(positions + self.position_offset)[None]

@@ -13,6 +13,8 @@ from model_export.families import (
     deberta_v2,
     distilbert,
     electra,
+    eurobert,
+    gemma3,
     llama,
     modernbert,
     mpnet,
@@ -31,6 +33,8 @@ REGISTRY: tuple[Family, ...] = (
     modernbert.FAMILY,
     llama.FAMILY,
     deberta_v2.FAMILY,
+    gemma3.FAMILY,
+    eurobert.FAMILY,
 )
 FAMILIES: dict[str, Family] = {kind: family for family in REGISTRY for kind in family.model_types}
 

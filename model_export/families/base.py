@@ -132,6 +132,9 @@ class Family:
     # still mark a pair's second text 1, and the model ignores it.
     default_type_vocab: int = 2
     zero_type_rows: int = 1
+    # The word vectors times √hidden_size, that scale rounded to the stored table's dtype
+    # as transformers computes it (Gemma's scaled embeddings).
+    scaled_embeddings: bool = False
 
 
 def same_width_embeddings(kind: str, hf: dict[str, Any]) -> None:
