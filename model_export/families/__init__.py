@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_export.families import bert, distilbert, electra, modernbert, mpnet, roberta, roformer
+from model_export.families import (
+    bert,
+    distilbert,
+    electra,
+    gte,
+    modernbert,
+    mpnet,
+    nomic_bert,
+    roberta,
+    roformer,
+)
 from model_export.families.base import CheckpointError, Family
 
 REGISTRY: tuple[Family, ...] = (
@@ -19,6 +29,8 @@ REGISTRY: tuple[Family, ...] = (
     mpnet.FAMILY,
     roformer.FAMILY,
     modernbert.FAMILY,
+    gte.FAMILY,
+    nomic_bert.FAMILY,
 )
 FAMILIES: dict[str, Family] = {kind: family for family in REGISTRY for kind in family.model_types}
 
