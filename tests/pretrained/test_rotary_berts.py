@@ -395,3 +395,60 @@ def test_nomic_reads_the_original_config_names() -> None:
     assert (config.max_seq_len, config.activation, config.glu) == (8192, "silu", True)
     assert (config.rotary, config.rotary_theta, config.rotary_fraction) == ("half", 1000.0, 1.0)
     assert not (config.attention_bias or config.mlp_bias or config.up_bias)
+
+
+def _head_model(kind: str, task: str) -> torch.nn.Module:
+    """A small ``*ForSequenceClassification`` or ``*ForMaskedLM``, norms and biases far
+    from their init (as test_heads_export.py builds its families')."""
+    import transformers
+
+    from tests.pretrained.test_heads_export import VOCAB
+
+    suffix = "ForSequenceClassification" if task == "classify" else "ForMaskedLM"
+    labels = {"num_labels": 3, "id2label": {0: "a", 1: "b", 2: "c"}} if task == "classify" else {}
+    config = getattr(transformers, f"{kind}Config")(
+        vocab_size=VOCAB,
+        hidden_size=SIZES["hidden"],
+        num_attention_heads=SIZES["heads"],
+        num_hidden_layers=SIZES["layers"],
+        intermediate_size=SIZES["ff"],
+        max_position_embeddings=SIZES["positions"],
+        pad_token_id=1,
+        **({"rope_parameters": YARN} if kind == "Gte" else {}),
+        **labels,
+    )
+    torch.manual_seed(0)
+    model: torch.nn.Module = getattr(transformers, kind + suffix)(config)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if "norm" in param_name.lower():
+                param.normal_(1.0, 0.1)
+            elif param_name.endswith(("q_proj.weight", "k_proj.weight")):
+                param.mul_(5.0)
+            elif param_name.endswith("bias"):
+                param.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["Gte", "NomicBert"])
+@pytest.mark.parametrize("task", ["classify", "splade"])
+def test_rotary_bert_heads_equal_transformers(tmp_path: Path, kind: str, task: str) -> None:
+    """The pooler + classifier and the masked-LM head (read as SPLADE) of each family,
+    exported by the CLI: the head graph on a padded ragged batch equals eager on each
+    sequence alone (logits; SPLADE: max over tokens of log(1 + relu(MLM logits)))."""
+    from model_export import graph_io
+    from model_export.cli import main
+    from tests.pretrained.test_heads_export import _head_run, _sequences
+
+    model = _head_model(kind, task)
+    source, out = tmp_path / "checkpoint", tmp_path / "model"
+    model.save_pretrained(source)
+    assert main(["--checkpoint", str(source), "--out", str(out), "--exporter", "torchscript"]) == 0
+    graph = graph_io.GRAPH_SCORES if task == "classify" else graph_io.GRAPH_SPLADE
+    got = _head_run(out, graph, _sequences())
+    wants = []
+    with torch.no_grad():
+        for sequence in _sequences():
+            logits = model(input_ids=torch.from_numpy(sequence)[None]).logits[0]
+            wants.append(logits if task == "classify" else torch.log1p(torch.relu(logits)).amax(0))
+    np.testing.assert_allclose(got, torch.stack(wants).numpy(), atol=ATOL, rtol=0)
