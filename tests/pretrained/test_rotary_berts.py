@@ -76,10 +76,13 @@ def _tokenizer() -> Tokenizer:
 
 
 def _checkpoint(directory: Path, name: str) -> None:
-    """A random-initialised checkpoint, as ``save_pretrained`` writes it."""
+    """``MODELS[name]``, random-initialised, as ``save_pretrained`` writes it."""
+    _save(directory, *MODELS[name])
+
+
+def _save(directory: Path, kind: str, overrides: dict[str, Any], stated: dict[str, Any]) -> None:
     import transformers
 
-    kind, overrides, stated = MODELS[name]
     tokenizer = _tokenizer()
     config = getattr(transformers, f"{kind}Config")(
         vocab_size=tokenizer.get_vocab_size(),
@@ -452,3 +455,41 @@ def test_rotary_bert_heads_equal_transformers(tmp_path: Path, kind: str, task: s
             logits = model(input_ids=torch.from_numpy(sequence)[None]).logits[0]
             wants.append(logits if task == "classify" else torch.log1p(torch.relu(logits)).amax(0))
     np.testing.assert_allclose(got, torch.stack(wants).numpy(), atol=ATOL, rtol=0)
+
+
+ROPE_KINDS = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": LINEAR,
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "yarn": YARN,
+    "yarn-mscale": YARN | {"mscale": 2.0, "mscale_all_dim": 1.0, "beta_fast": 16.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
+    "proportional": {
+        "rope_type": "proportional",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+    },
+}
+
+
+@pytest.mark.parametrize("kind", list(ROPE_KINDS))
+def test_each_rope_kind_equals_gte_eager_in_pytorch(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every kind transformers' GteModel computes and the exporter supports: the encoder
+    ``load_checkpoint`` builds (what the export validates its graphs against) equals eager.
+    ``dynamic`` rescales only past max_position_embeddings, never served: default there."""
+    _save(tmp_path, "Gte", {"rope_parameters": ROPE_KINDS[kind]}, {})
+    checkpoint = load_checkpoint(tmp_path)
+    config = checkpoint.encoder.config
+    assert (config.rotary_inv_freq is None) == (kind in ("default", "dynamic"))
+    assert (config.rotary_scale != 1.0) == kind.startswith("yarn")
+    ids = _tokenizer().encode(TEXTS[2]).ids
+    _assert_equal(_eager(tmp_path, ids, monkeypatch), *_encode(checkpoint, ids))
