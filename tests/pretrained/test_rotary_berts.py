@@ -493,3 +493,41 @@ def test_each_rope_kind_equals_gte_eager_in_pytorch(
     assert (config.rotary_scale != 1.0) == kind.startswith("yarn")
     ids = _tokenizer().encode(TEXTS[2]).ids
     _assert_equal(_eager(tmp_path, ids, monkeypatch), *_encode(checkpoint, ids))
+
+
+@pytest.mark.parametrize("name", ["gte", "nomic-partial"])
+def test_attention_norms_equal_a_direct_computation(
+    name: str, models: dict[str, Path], server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Value norms as the model used them: α_ij · ‖v_j W_O^h‖, v_j from transformers' own
+    v_proj (GTE's biased, NomicBERT's bias-free) on the layer's input (post-LN: the
+    previous hidden state), W_O^h head h's columns of o_proj; values are not rotated.
+    Within 1e-4 of each map's largest value."""
+    from transformers import AutoModel
+
+    text = TEXTS[2]
+    body = {
+        "model": name,
+        "inputs": [text],
+        "return_attention": True,
+        "attention": {"measure": "norms"},
+        "return_embeddings": False,
+        "encoding_format": "base64",
+    }
+    r = httpx.post(f"{server}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    got = _decode(r.json()["data"][0]["attention"])
+    ids = _tokenizer().encode(text).ids
+    out = _eager(models[name], ids, monkeypatch)
+    model = AutoModel.from_pretrained(models[name], attn_implementation="eager").eval()
+    heads, d = SIZES["heads"], SIZES["hidden"]
+    with torch.no_grad():
+        for index, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            assert (attn.v_proj.bias is not None) == (name == "gte")
+            v = attn.v_proj(out.hidden_states[index]).view(1, -1, heads, d // heads)
+            w_o = attn.o_proj.weight.view(d, heads, d // heads)  # (d, h, d_k)
+            norms = torch.einsum("bthk,dhk->bhtd", v, w_o).norm(dim=-1)  # (1, h, T)
+            want = (out.attentions[index] * norms[:, :, None, :])[0].numpy()  # (h, T, T)
+            scale = np.abs(want).max(axis=(-2, -1), keepdims=True)
+            assert np.all(np.abs(got[index] - want) <= 1e-4 * scale)
