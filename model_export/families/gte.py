@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 from model_export.families.base import (
-    HF_ACTIVATIONS,
     CheckpointError,
     ClassifyKeys,
     Family,
@@ -58,9 +57,7 @@ def math(hf: dict[str, Any]) -> dict[str, Any]:
     head_dim = int(hf["hidden_size"]) // int(hf["num_attention_heads"])
     positions = int(hf.get("max_position_embeddings", GTE_POSITIONS))
     inv_freq, scale = scaled_rope(params, head_dim=head_dim, theta=theta, max_positions=positions)
-    act = hf.get("hidden_act", "gelu")
     return {
-        "activation": HF_ACTIVATIONS.get(act, act),
         "rotary": "half",
         "rotary_theta": theta,
         "rotary_inv_freq": inv_freq,
