@@ -531,3 +531,20 @@ def test_attention_norms_equal_a_direct_computation(
             want = (out.attentions[index] * norms[:, :, None, :])[0].numpy()  # (h, T, T)
             scale = np.abs(want).max(axis=(-2, -1), keepdims=True)
             assert np.all(np.abs(got[index] - want) <= 1e-4 * scale)
+
+
+def test_glu_parts_are_checked_both_ways(models: dict[str, Path], tmp_path: Path) -> None:
+    """A missing half of NomicBERT's SwiGLU and a bias its config says it lacks are named."""
+    from safetensors.torch import load_file, save_file
+
+    source = models["nomic"]
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    state = load_file(str(source / "model.safetensors"))
+    del state["encoder.layers.1.mlp.fc12.weight"]
+    state["encoder.layers.0.mlp.fc11.bias"] = torch.zeros(SIZES["ff"])
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(tmp_path)
+    assert "missing encoder.layers.1.mlp.fc12.weight" in str(info.value)
+    assert "unexpected keys: encoder.layers.0.mlp.fc11.bias" in str(info.value)
