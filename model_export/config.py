@@ -7,6 +7,7 @@ service reads it back from there to describe the model and size its limits.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
@@ -144,6 +145,16 @@ class EncoderConfig:
     score_scale: float | None = None
     global_layers: tuple[int, ...] | None = None
     rotary_linear_factor: float | None = None
+    # Rotary refinements (GTE, NomicBERT), defaults leaving rotation as above: only the
+    # first ``rotary_dims`` = int(d_k · rotary_fraction) dims of each head rotate, the rest
+    # pass unchanged; ``rotary_inv_freq`` (one per rotated pair) replaces θ^(-2i/d_r) with
+    # a scaled RoPE's frequencies (model_export.rope_scaling); ``rotary_scale`` multiplies
+    # cos and sin (YaRN's attention factor). ``mlp_in_bias`` sets the feed-forward input
+    # projection's bias apart from ``mlp_bias`` (GTE: none in, one out); None: as mlp_bias.
+    rotary_fraction: float = 1.0
+    rotary_inv_freq: tuple[float, ...] | None = None
+    rotary_scale: float = 1.0
+    mlp_in_bias: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -217,6 +228,8 @@ class EncoderConfig:
         if self.norm_placement == "post" and not self.first_attn_norm:
             raise ConfigError("first_attn_norm false only applies to pre-LN (norm_placement pre)")
         self._check_disentangled()
+        self._check_gemma_fields()
+        self._check_rotary_refinements()
 
     def _check_disentangled(self) -> None:
         """DeBERTa's switches: sizes in range, and no position term without its table."""
@@ -250,7 +263,6 @@ class EncoderConfig:
                     f"position_buckets / 2, got {self.position_buckets} and "
                     f"{self.relative_max_distance}"
                 )
-        self._check_gemma_fields()
 
     def _check_gemma_fields(self) -> None:
         """``sandwich_norms``, ``score_scale``, ``global_layers``, ``rotary_linear_factor``."""
@@ -286,6 +298,41 @@ class EncoderConfig:
             raise ConfigError("global_layers and global_every both place global layers: set one")
         object.__setattr__(self, "global_layers", tuple(layers))  # config.json gives a list
 
+    def _check_rotary_refinements(self) -> None:
+        fraction = self.rotary_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ConfigError(f"rotary_fraction must be a number in (0, 1], got {fraction!r}")
+        if not 0.0 < fraction <= 1.0:
+            raise ConfigError(f"rotary_fraction must be a number in (0, 1], got {fraction!r}")
+        if self.rotary is not None and (self.rotary_dims < 2 or self.rotary_dims % 2):
+            raise ConfigError(
+                f"rotary rotates pairs: int(head_dim · rotary_fraction) ({self.rotary_dims}) "
+                "must be even and at least 2"
+            )
+        if isinstance(self.rotary_inv_freq, list):  # read back from JSON
+            object.__setattr__(self, "rotary_inv_freq", tuple(self.rotary_inv_freq))
+        freqs = self.rotary_inv_freq
+        if freqs is not None:
+            if self.rotary is None:
+                raise ConfigError("rotary_inv_freq needs rotary")
+            ok = all(
+                isinstance(f, int | float)
+                and not isinstance(f, bool)
+                and math.isfinite(f)
+                and f >= 0
+                for f in freqs
+            )
+            if not isinstance(freqs, tuple) or len(freqs) != self.rotary_dims // 2 or not ok:
+                raise ConfigError(
+                    f"rotary_inv_freq must hold {self.rotary_dims // 2} finite numbers >= 0 (one "
+                    f"per rotated pair), got {freqs!r}"
+                )
+        scale = self.rotary_scale
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < 1e3:
+            raise ConfigError(f"rotary_scale must be a number in (0, 1000), got {scale!r}")
+        if self.mlp_in_bias is not None and not isinstance(self.mlp_in_bias, bool):
+            raise ConfigError(f"mlp_in_bias must be true, false or null, got {self.mlp_in_bias!r}")
+
     @property
     def head_dim(self) -> int:
         """Size d_k of one head: ``head_size``, else d_model / n_heads."""
@@ -300,6 +347,16 @@ class EncoderConfig:
     def key_heads(self) -> int:
         """Key/value heads: ``kv_heads`` (grouped-query attention), else one per query head."""
         return self.kv_heads if self.kv_heads is not None else self.n_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """How many of each head's d_k dims rotate (the first ones): int(d_k · rotary_fraction)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def up_bias(self) -> bool:
+        """Whether the feed-forward's input (and gate) projection has a bias."""
+        return self.mlp_bias if self.mlp_in_bias is None else self.mlp_in_bias
 
     def layer_window(self, layer: int) -> int | None:
         """The window radius of ``layer``: None for a global layer."""
@@ -331,7 +388,7 @@ class EncoderConfig:
         attention += d if self.output_bias else 0
         attention += 2 * self.head_dim if self.qk_norm else 0
         up = 2 * ff if self.glu else ff
-        feed_forward = d * up + ff * d + ((up + d) if self.mlp_bias else 0)
+        feed_forward = d * up + ff * d + (up if self.up_bias else 0) + (d if self.mlp_bias else 0)
         norm = 2 * d if self.norm_bias else d
         per_layer = 4 if self.sandwich_norms else 2
         norms = per_layer * self.n_layers - (0 if self.first_attn_norm else 1)

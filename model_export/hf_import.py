@@ -143,13 +143,13 @@ def config_from_hf(hf: dict[str, Any]) -> EncoderConfig:
         fields: dict[str, Any] = {
             "layer_norm_eps": float(hf.get("layer_norm_eps", 1e-12)),
             "norm_placement": "post",
+            "activation": HF_ACTIVATIONS[act],  # the family's math may fix it (NomicBERT)
         } | family.math(hf)
         return EncoderConfig(
             d_model=int(hf["hidden_size"]),
             n_heads=int(hf["num_attention_heads"]),
             n_layers=int(hf["num_hidden_layers"]),
             d_ff=int(hf["intermediate_size"]),
-            activation=HF_ACTIVATIONS[act],  # type: ignore[arg-type]
             max_seq_len=positions - position_offset(hf, family),
             **fields,
         )
@@ -213,6 +213,8 @@ def map_state_dict(
                     _stack(take, enc_state, key, names, want)
         if family.fused_qkv is not None:
             _split_qkv(take, enc_state, enc_params, i, f"{family.layers}.{i}.{family.fused_qkv}")
+        if family.glu_parts:
+            _stack_glu(take, enc_state, enc_params, i, family)
     for ours, theirs in family.extra_keys.items():
         if ours in enc_params:
             take(enc_state, ours, theirs, enc_params[ours].shape)
@@ -271,6 +273,27 @@ def _split_qkv(
         take(stacked, "qkv", f"{fused}.{suffix}", torch.Size([3 * one[0], *one[1:]]))
         if "qkv" in stacked and stacked["qkv"].shape[0] == 3 * one[0]:
             enc_state.update(zip(parts, stacked["qkv"].chunk(3, dim=0), strict=True))
+
+
+def _stack_glu(
+    take: Take, enc_state: dict[str, Tensor], enc_params: dict[str, Tensor], i: int, family: Family
+) -> None:
+    """Layer ``i``'s gated input projection ``ffn.up`` from the family's ``glu_parts``:
+    rows of each (key, part, of parts), stacked in order."""
+    for suffix in ("weight", "bias"):
+        ours = f"layers.{i}.ffn.up.{suffix}"
+        if ours not in enc_params:
+            continue
+        want = enc_params[ours].shape
+        rows = want[0] // len(family.glu_parts)
+        stored: dict[str, Tensor] = {}
+        for key, _, of in family.glu_parts:
+            theirs = f"{family.layers}.{i}.{key}.{suffix}"
+            if theirs not in stored:
+                take(stored, theirs, theirs, torch.Size([of * rows, *want[1:]]))
+        parts = [(f"{family.layers}.{i}.{key}.{suffix}", p, of) for key, p, of in family.glu_parts]
+        if all(k in stored and stored[k].shape[0] == of * rows for k, _, of in parts):
+            enc_state[ours] = torch.cat([stored[k].chunk(of, dim=0)[p] for k, p, of in parts])
 
 
 # The stored table may differ from ours by float rounding only (both from float64).

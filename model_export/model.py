@@ -15,7 +15,9 @@ is ``W_2 (act(W_1 x) ⊙ W_g x)``: GeGLU with GELU (ModernBERT), SwiGLU with SiL
 R rotates each head's query and key at position t by angles t·θ^(-2i/d_k), one
 per pair of dimensions (``rotary``; identity without): RoFormer pairs neighbours
 (x_2i, x_2i+1), ModernBERT pairs halves (x_i, x_i+d_k/2). Rotated scores depend
-on j - i only; values are not rotated.
+on j - i only; values are not rotated. Partial rotary (NomicBERT's fraction)
+rotates the first d_r dims only, with d_r in place of d_k; a scaled RoPE (GTE's
+rope_parameters) gives its own frequencies for t·f_i and may scale cos and sin.
 
 P is a position bias, the same in every layer: MPNet's relative position bias
 (``relative_buckets``; per head a learned scalar for the bucket of the offset
@@ -285,9 +287,18 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         assert config.rotary is not None
         self.rotary: Rotary = config.rotary
-        angles = rotary_angles(config.max_seq_len, config.head_dim, theta, config.rotary, factor)
-        self.register_buffer("cos_half", angles.cos().float(), persistent=False)
-        self.register_buffer("sin_half", angles.sin().float(), persistent=False)
+        if config.rotary_inv_freq is None:
+            angles = rotary_angles(
+                config.max_seq_len, config.rotary_dims, theta, config.rotary, factor
+            )
+        else:  # a scaled RoPE's frequencies, applied as transformers does: in float32
+            inv_freq = torch.tensor(config.rotary_inv_freq, dtype=torch.float32)
+            angles = torch.arange(config.max_seq_len, dtype=torch.float32)[:, None] * inv_freq
+        cos, sin = angles.cos().float(), angles.sin().float()  # (max_len, d_r/2)
+        if config.rotary_scale != 1.0:  # YaRN's attention factor, on cos and sin
+            cos, sin = cos * config.rotary_scale, sin * config.rotary_scale
+        self.register_buffer("cos_half", cos, persistent=False)
+        self.register_buffer("sin_half", sin, persistent=False)
 
     def forward(self, seq_len: int) -> tuple[Tensor, Tensor]:
         """cos, sin for positions 0..T-1, each (T, d_k): one angle per pair, repeated
@@ -305,7 +316,11 @@ def _interleave(a: Tensor, b: Tensor) -> Tensor:
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary: Rotary) -> Tensor:
-    """R(x) = x·cos + x⊥·sin, x⊥ each pair (a, b) turned to (-b, a): (B, h, T, d_k)."""
+    """R(x) = x·cos + x⊥·sin, x⊥ each pair (a, b) turned to (-b, a): (B, h, T, d_k).
+    Partial rotary: cos and sin cover the first d_r < d_k dims only; the rest pass."""
+    dims = cos.shape[-1]
+    if dims < x.shape[-1]:
+        return torch.cat((rotate(x[..., :dims], cos, sin, rotary), x[..., dims:]), dim=-1)
     if rotary == "interleaved":
         turned = _interleave(-x[..., 1::2], x[..., 0::2])
     else:
@@ -472,7 +487,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.glu = config.glu
         up = 2 * config.d_ff if config.glu else config.d_ff
-        self.up = nn.Linear(config.d_model, up, bias=config.mlp_bias)
+        self.up = nn.Linear(config.d_model, up, bias=config.up_bias)
         self.down = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
         self.activation = config.activation
         self.dropout = nn.Dropout(config.dropout)

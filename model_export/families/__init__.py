@@ -15,9 +15,11 @@ from model_export.families import (
     electra,
     eurobert,
     gemma3,
+    gte,
     llama,
     modernbert,
     mpnet,
+    nomic_bert,
     roberta,
     roformer,
 )
@@ -35,6 +37,8 @@ REGISTRY: tuple[Family, ...] = (
     deberta_v2.FAMILY,
     gemma3.FAMILY,
     eurobert.FAMILY,
+    gte.FAMILY,
+    nomic_bert.FAMILY,
 )
 FAMILIES: dict[str, Family] = {kind: family for family in REGISTRY for kind in family.model_types}
 

@@ -118,6 +118,10 @@ class Family:
     default_positions: int = 512  # max_position_embeddings when config.json leaves it out
     # One key per layer holding q, k and v stacked (ModernBERT's Wqkv), split on import.
     fused_qkv: str | None = None
+    # A gated feed-forward kept in parts, per layer: our ffn.up's rows stacked from
+    # (key, part, of parts) each, the activated half first, then the multiplied one
+    # (GTE's up_gate_proj holds [up; gate], NomicBERT's fc11 and fc12 are two keys).
+    glu_parts: tuple[tuple[str, int, int], ...] = ()
     # A stored sinusoidal table the model recomputes (RoFormer's): checked, not loaded.
     rotary_table: str | None = None
     classify: ClassifyKeys | None = None

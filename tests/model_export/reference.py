@@ -17,6 +17,9 @@ Per layer, with d_k = d_model / h and the allowed set
 
 R_t turns each pair of a head's dimensions ((2m, 2m+1) interleaved, (m, m + d_k/2)
 half) by the angle t·θ^(-2m/d_k); m_h = 2^(-8(h+1)/H) for H heads a power of two.
+Partial rotary turns only the first d_r = int(d_k · rotary_fraction) dims, with d_r
+in place of d_k; explicit ``rotary_inv_freq`` f_m make the angle t·f_m; cos and sin
+are multiplied by ``rotary_scale``.
 
 post-LN: x = LN(x + attn(x)); x = LN(x + ffn(x))
 pre-LN:  x = x + attn(LN(x)); x = x + ffn(LN(x)); then a final LN (layer 0's
@@ -105,13 +108,17 @@ def _rotated(config: EncoderConfig, layer: int, x: np.ndarray, t: int) -> np.nda
     if _window(config, layer) is not None and config.local_rotary_theta is not None:
         theta = config.local_rotary_theta
     d_k, out = config.head_dim, x.copy()
+    d_r = int(d_k * config.rotary_fraction)  # the first d_r dims turn, the others pass
+    scale = config.rotary_scale
     for head in range(config.n_heads):
-        for m in range(d_k // 2):
-            a, b = (2 * m, 2 * m + 1) if config.rotary == "interleaved" else (m, m + d_k // 2)
+        for m in range(d_r // 2):
+            a, b = (2 * m, 2 * m + 1) if config.rotary == "interleaved" else (m, m + d_r // 2)
             a, b = head * d_k + a, head * d_k + b
-            angle = t * theta ** (-2.0 * m / d_k)
-            out[a] = x[a] * math.cos(angle) - x[b] * math.sin(angle)
-            out[b] = x[b] * math.cos(angle) + x[a] * math.sin(angle)
+            freqs = config.rotary_inv_freq
+            angle = t * (theta ** (-2.0 * m / d_r) if freqs is None else freqs[m])
+            cos, sin = math.cos(angle) * scale, math.sin(angle) * scale
+            out[a] = x[a] * cos - x[b] * sin
+            out[b] = x[b] * cos + x[a] * sin
     return out
 
 

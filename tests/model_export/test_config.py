@@ -156,6 +156,8 @@ def test_dict_and_json_round_trip() -> None:
     )
     assert EncoderConfig.from_dict(config.to_dict()) == config
     assert EncoderConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    scaled = EncoderConfig(rotary="half", rotary_inv_freq=tuple(0.5**i for i in range(16)))
+    assert EncoderConfig.from_dict(json.loads(json.dumps(scaled.to_dict()))) == scaled
 
 
 PRESET_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -236,6 +238,23 @@ def test_unknown_preset() -> None:
         ({"first_attn_norm": False}, "first_attn_norm false only applies to pre-LN"),
         ({"alibi": 1}, "alibi must be true or false, got 1"),
         ({"norm_bias": "no"}, "norm_bias must be true or false, got 'no'"),
+        ({"rotary_fraction": 0.0}, "rotary_fraction must be a number in (0, 1], got 0.0"),
+        ({"rotary_fraction": "half"}, "rotary_fraction must be a number in (0, 1]"),
+        (
+            {"rotary": "half", "rotary_fraction": 0.05},
+            "int(head_dim · rotary_fraction) (1) must be even and at least 2",
+        ),
+        ({"rotary_inv_freq": (1.0,) * 16}, "rotary_inv_freq needs rotary"),
+        (
+            {"rotary": "half", "rotary_inv_freq": (1.0, 0.5)},
+            "rotary_inv_freq must hold 16 finite numbers >= 0",
+        ),
+        (
+            {"rotary": "half", "rotary_inv_freq": (float("nan"),) * 16},
+            "rotary_inv_freq must hold 16 finite numbers >= 0",
+        ),
+        ({"rotary_scale": 0}, "rotary_scale must be a number in (0, 1000), got 0"),
+        ({"mlp_in_bias": "no"}, "mlp_in_bias must be true, false or null, got 'no'"),
     ],
 )
 def test_position_and_layer_options_are_checked(overrides: dict[str, Any], message: str) -> None:
@@ -271,6 +290,9 @@ def test_layer_windows_and_rotary_bases_alternate_as_modernbert() -> None:
         {"attention_bias": False, "mlp_bias": False, "norm_bias": False},
         {"norm_placement": "pre", "first_attn_norm": False, "glu": True, "norm_bias": False},
         {"rotary": "interleaved", "alibi": True},  # no weights of their own
+        {"glu": True, "mlp_in_bias": False},  # GTE: gated input projections bias-free
+        {"glu": True, "mlp_bias": False, "mlp_in_bias": True},
+        {"rotary": "half", "rotary_fraction": 0.5, "rotary_scale": 1.5},  # no weights
     ],
 )
 def test_parameters_count_the_encoders_weights(overrides: dict[str, Any]) -> None:
@@ -299,5 +321,6 @@ def test_new_fields_round_trip_and_older_config_json_still_loads() -> None:
     assert EncoderConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     new = {"global_every", "rotary", "rotary_theta", "local_rotary_theta", "alibi", "glu"}
     new |= {"attention_bias", "mlp_bias", "norm_bias", "first_attn_norm"}
+    new |= {"rotary_fraction", "rotary_inv_freq", "rotary_scale", "mlp_in_bias"}
     older = {k: v for k, v in EncoderConfig().to_dict().items() if k not in new}
     assert EncoderConfig.from_dict(older) == EncoderConfig()

@@ -54,6 +54,24 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "global_every": 2,
     },
     "swiglu+alibi+window": {"glu": True, "activation": "silu", "alibi": True, "window": 3},
+    # GTE: post-LN, rotary halves with a scaled RoPE's own frequencies and cos/sin factor
+    # (YaRN's), gated feed-forward without input bias.
+    "gte": {
+        "rotary": "half",
+        "rotary_inv_freq": (1.0, 0.3, 0.05, 0.001),
+        "rotary_scale": 1.2,
+        "glu": True,
+        "mlp_in_bias": False,
+    },
+    # NomicBERT: SwiGLU, bias-free, interleaved rotary on the first half of each head.
+    "nomic": {
+        "rotary": "interleaved",
+        "rotary_fraction": 0.5,
+        "glu": True,
+        "activation": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
 }
 RAGGED = (7, 4, 1, 6)  # padded to 7: rows with 0, 3, 6 and 1 padded positions
 
