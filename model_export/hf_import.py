@@ -337,6 +337,9 @@ def load_checkpoint(
     embeddings.load_state_dict(emb_state, strict=True)
     task = head_task(root, hf, head, set(state), family)
     loaded_head = None if task is None else load_head(root, task, family, hf, state, encoder)
+    if loaded_head is not None and loaded_head.llm is not None:
+        # A CrossEncoder's prompts are its instructions (head.llm), not text prepended.
+        prompts, default_prompt_name = {}, None
     tokenizer: Path | None = root / "tokenizer.json"
     # A tokenizer.json converted from slow tokenizer files lives as long as the checkpoint.
     scratch = None if (root / "tokenizer.json").is_file() else Path(tempfile.mkdtemp())

@@ -59,6 +59,8 @@ from model_export.manifest_sections import (
     Dense,
     DenseLayer,
     Head,
+    LlmReranker,
+    PromptTemplate,
     TextFrontEnd,
 )
 from model_export.model_files import (
@@ -95,9 +97,11 @@ __all__ = [
     "EncoderConfig",
     "GraphFile",
     "Head",
+    "LlmReranker",
     "Manifest",
     "ManifestError",
     "Pooling",
+    "PromptTemplate",
     "TextFrontEnd",
     "check_file_name",
     "graph_io",
