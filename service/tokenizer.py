@@ -86,8 +86,10 @@ def _span(sequence_ids: list[int | None], which: int) -> tuple[int, int]:
 
 
 def _char_span(offsets: list[tuple[int, int]], chars: tuple[int, int]) -> tuple[int, int]:
-    """[start, end) of the tokens whose first character lies in ``chars`` (contiguous)."""
-    at = [i for i, (begin, _) in enumerate(offsets) if chars[0] <= begin < chars[1]]
+    """[start, end) of the tokens overlapping the characters ``chars`` (contiguous): a
+    byte-level token's offsets take in the space before its word, which the template
+    may hold ("<Document>: " + "the" is "Ġthe")."""
+    at = [i for i, (begin, end) in enumerate(offsets) if begin < chars[1] and end > chars[0]]
     return (at[0], at[-1] + 1) if at else (0, 0)
 
 
@@ -270,7 +272,7 @@ class TextFrontEnd:
         """Prompts filled in from a template (an LLM reranker's), each with its query's
         and document's characters: each whole text tokenized as transformers tokenizes a
         rendered chat template (no special tokens added: the template holds them), not
-        truncated, the query's and document's tokens found by their first characters.
+        truncated, the query's and document's tokens found by their characters.
         In parts, ``between()`` before each."""
         found: list[PairEncoding] = []
         for part in in_parts(texts, between):
