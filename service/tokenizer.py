@@ -275,11 +275,10 @@ class TextFrontEnd:
         truncated, the query's and document's tokens found by their characters.
         In parts, ``between()`` before each."""
         found: list[PairEncoding] = []
-        for part in in_parts(texts, between):
+        for part in in_parts([text for text, _, _ in texts], between):
             with self._tokenizer_errors():
-                encoded = self._tokenizer.encode_batch(
-                    [text for text, _, _ in part], add_special_tokens=False
-                )
+                encoded = self._tokenizer.encode_batch(part, add_special_tokens=False)
+            spans = texts[len(found) : len(found) + len(part)]
             found.extend(
                 PairEncoding(
                     e.tokens,
@@ -288,7 +287,7 @@ class TextFrontEnd:
                     _char_span(e.offsets, query),
                     _char_span(e.offsets, document),
                 )
-                for e, (_, query, document) in zip(encoded, part, strict=True)
+                for e, (_, query, document) in zip(encoded, spans, strict=True)
             )
         return found
 
