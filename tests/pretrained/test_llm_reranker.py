@@ -319,3 +319,76 @@ def test_what_an_llm_reranker_does_not_take_is_refused(url: str) -> None:
     assert refused.status_code == 422 and "/v1/rerank" in refused.text, refused.text
     bad = post(url, "/v1/rerank", {"query": "q", "documents": ["d"], "instruction": 3})
     assert bad.status_code == 422 and "instruction" in bad.text, bad.text
+
+
+def test_a_qwen2_reranker_with_tied_embeddings_and_its_own_answers(tmp_path: Path) -> None:
+    """mxbai-rerank-v2's shape, in-process (no export): a Qwen2ForCausalLM (q/k/v
+    biases) whose LM head is tied to its embeddings, saved as a CrossEncoder whose
+    LogitScore names its own answer tokens ("1" and "0"); the imported head (two rows
+    of the embedding table) on the prompt the manifest's template builds equals
+    CrossEncoder.predict's raw log-odds (≤ 1e-5)."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.cross_encoder.modules import LogitScore, Transformer
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from model_export.heads import HeadGraph
+    from model_export.hf_import import load_checkpoint
+
+    raw = tmp_path / "raw"
+    _tokenizer(raw)
+    tokenizer = AutoTokenizer.from_pretrained(str(raw))
+    torch.manual_seed(1)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(raw)
+    true_id, false_id = tokenizer.convert_tokens_to_ids("1"), tokenizer.convert_tokens_to_ids("0")
+    assert isinstance(true_id, int) and isinstance(false_id, int)
+    transformer = Transformer(str(raw), transformer_task="text-generation")
+    folder = tmp_path / "folder"
+    CrossEncoder(modules=[transformer, LogitScore(true_id, false_id)]).save_pretrained(str(folder))
+    reference = CrossEncoder(str(folder), activation_fn=torch.nn.Identity())
+    want = reference.predict([(QUERY, d) for d in DOCUMENTS[:4]], prompt=INSTRUCTION)
+
+    checkpoint = load_checkpoint(folder)
+    head = checkpoint.head
+    assert head is not None and head.llm is not None
+    assert head.llm.answers == ("1", "0") and head.llm.answer_ids == (true_id, false_id)
+    template, fixed = head.llm.prompt(INSTRUCTION)
+    fast = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    graph = HeadGraph(checkpoint.embeddings, checkpoint.encoder, head.module).eval()
+    for document, expected in zip(DOCUMENTS[:4], want, strict=True):
+        text, _ = template.render({**fixed, "query": QUERY, "document": document})
+        ids = torch.tensor([fast.encode(text, add_special_tokens=False).ids])
+        with torch.no_grad():
+            got = graph(ids, torch.zeros_like(ids), torch.ones_like(ids))
+        assert float(got[0, 0]) == pytest.approx(float(expected), abs=SCORE_ATOL)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (lambda t: t.replace("first }}\n<Document>", "first | upper }}\n<Document>"), "changes"),
+        (lambda t: t[: t.index("\n<Document>")] + SUFFIX, "leaves out the document"),
+        (lambda t: t.replace("<Query>: {{", "<Query>: {{ raise_exception('no') }}{{"), "refused"),
+    ],
+)
+def test_a_template_that_does_not_only_place_the_texts_is_refused(
+    tmp_path: Path, change: Any, refusal: str
+) -> None:
+    """A chat template that transforms a text, leaves out the document or raises is
+    refused at export, naming why (the service could not fill it in)."""
+    from model_export.hf_import import CheckpointError
+    from model_export.llm_rerank import split_template
+
+    with pytest.raises(CheckpointError, match=refusal):
+        split_template(change(TEMPLATE), {}, instruction=True)
