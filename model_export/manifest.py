@@ -369,7 +369,7 @@ class Manifest:
                 else {}
             ),
             "include_prompt": self.include_prompt,
-            **({"head": asdict(self.head)} if self.head is not None else {}),
+            **({"head": self._head_dict()} if self.head is not None else {}),
             **(
                 {"quantization_ranges": [list(r) for r in self.quantization_ranges]}
                 if self.quantization_ranges is not None
@@ -378,6 +378,14 @@ class Manifest:
             **({"dense": asdict(self.dense)} if self.dense is not None else {}),
             **self.record,
         }
+
+    def _head_dict(self) -> dict[str, Any]:
+        """The head as written: ``llm`` only for an LLM reranker (older heads unchanged)."""
+        assert self.head is not None
+        head = asdict(self.head)
+        if head["llm"] is None:
+            del head["llm"]
+        return head
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Manifest:

@@ -166,6 +166,8 @@ class PromptTemplate:
     def from_dict(cls, data: object) -> PromptTemplate:
         if not isinstance(data, dict):
             raise ManifestError("llm template must be an object")
+        if not set(data) <= {"pieces", "slots"}:
+            raise ManifestError("llm template: only pieces and slots")
         pieces, slots = data.get("pieces"), data.get("slots")
         if not isinstance(pieces, list) or not isinstance(slots, list):
             raise ManifestError("llm template: pieces and slots are lists")
@@ -211,6 +213,9 @@ class LlmReranker:
     def from_dict(cls, data: object) -> LlmReranker:
         if not isinstance(data, dict):
             raise ManifestError("head.llm must be an object")
+        known = {"template", "bare", "answers", "answer_ids", "default_instruction"}
+        if not set(data) <= known:
+            raise ManifestError(f"head.llm: unknown keys {sorted(set(data) - known)}")
         try:
             return cls(
                 PromptTemplate.from_dict(data.get("template")),

@@ -226,9 +226,18 @@ def test_scores_and_order_equal_the_cross_encoder_on_every_route(
 def test_the_instruction_changes_the_scores_as_the_reference_does(
     url: str, reranker: tuple[Path, Path]
 ) -> None:
-    """Positive control of the instruction: served with another instruction than the
-    reference's, the scores differ from it beyond the tolerance."""
+    """The SDK's ``instruction`` gives the reference's scores; positive control: served
+    with another instruction than the reference's, the scores differ from it beyond
+    the tolerance."""
+    from attnserve_client import Client
+
     want = cross_encoder(reranker[0], INSTRUCTION)
+    with Client(url) as client:
+        ranked = client.rerank(QUERY, DOCUMENTS, instruction=INSTRUCTION)
+    got = np.full(len(DOCUMENTS), np.nan)
+    for r in ranked.results:
+        got[r.index] = r.relevance_score
+    np.testing.assert_allclose(got, want, atol=SCORE_ATOL)
     other = post(url, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS})
     got = by_index(other.json()["results"], "relevance_score")
     assert np.abs(got - want).max() > 100 * SCORE_ATOL
