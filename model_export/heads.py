@@ -6,7 +6,9 @@ masked-LM head, read as ``max over tokens of log(1 + relu(logits))``. Each head 
 exported as one graph from token ids (``graph_io.HEAD_GRAPHS``) whose encoder
 weights are the same bytes as every other graph's, so ``weights.bin`` holds them
 once; SPLADE's [B, T, vocab] logits never leave onnxruntime (only the [B, vocab]
-maximum does).
+maximum does). A causal LM read as a reranker (Qwen3-Reranker) is a one-label
+classify head too: two rows of its LM head at the last token (``YesNoHead``), its
+prompt template recorded beside it (model_export.llm_rerank).
 
 Each family names its head's weights its own way (its module's ``classify`` and
 ``mlm`` keys, model_export.families); a checkpoint whose head is missing a key, or

@@ -2,13 +2,16 @@
 
 A reranker reads a query and a document as one sequence, paired by the model's own
 tokenizer (``TextFrontEnd.tokenize_pairs``: the document is cut first, never the
-query); its head gives one logit per pair. A classifier gives a logit per label of
-a text or a pair. Both run the head's graph (``graph_io.GRAPH_SCORES``: token ids in,
-logits out) through the batcher in parts, admitted by work like a large pooled
-request, and answer scores as the checkpoint defines them (``Head.activation``:
-sigmoid, softmax or identity) unless the caller asks for the raw logits. On request,
-each returned result is explained (``rank_explain``): the attention from the query's
-tokens to the document's.
+query); its head gives one logit per pair. An LLM reranker (``manifest.LlmReranker``)
+reads them through its prompt template instead, with an instruction
+(``tokenize_prompts``), its head giving logit(yes) - logit(no) at the last token. A
+classifier gives a logit per label of a text or a pair. Both run the head's graph
+(``graph_io.GRAPH_SCORES``: token ids in, logits out) through the batcher in parts,
+admitted by work like a large pooled request, and answer scores as the checkpoint
+defines them (``Head.activation``: sigmoid, softmax or identity) unless the caller
+asks for the raw logits. On request, each returned result is explained
+(``rank_explain``): the attention from the query's tokens to the document's (an LLM
+reranker's: from its last token, where the answer is read).
 """
 
 from __future__ import annotations
