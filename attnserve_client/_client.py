@@ -260,13 +260,16 @@ class Client(BaseClient):
         attention: dict[str, Any] | None = None,
         top_tokens: int | None = None,
         truncate: bool = True,
+        instruction: str | None = None,
         model: str | None = None,
         timeout: float | None = None,
     ) -> RerankResult:
         """``documents`` scored against ``query`` by a reranker (``POST /v1/rerank``),
         best first; ``return_attention``: why each ranked (the attention from the query's
-        tokens to the document's, selected as ``attention`` selects for ``encode``)."""
+        tokens to the document's, selected as ``attention`` selects for ``encode``);
+        ``instruction``: an LLM reranker's (default the model's own)."""
         options = {
+            "instruction": instruction,
             "model": model,
             "top_n": top_n,
             "return_documents": return_documents,
@@ -519,13 +522,16 @@ class AsyncClient(BaseClient):
         attention: dict[str, Any] | None = None,
         top_tokens: int | None = None,
         truncate: bool = True,
+        instruction: str | None = None,
         model: str | None = None,
         timeout: float | None = None,
     ) -> RerankResult:
         """``documents`` scored against ``query`` by a reranker (``POST /v1/rerank``),
         best first; ``return_attention``: why each ranked (the attention from the query's
-        tokens to the document's, selected as ``attention`` selects for ``encode``)."""
+        tokens to the document's, selected as ``attention`` selects for ``encode``);
+        ``instruction``: an LLM reranker's (default the model's own)."""
         options = {
+            "instruction": instruction,
             "model": model,
             "top_n": top_n,
             "return_documents": return_documents,

@@ -408,6 +408,7 @@ def export_model(
                 sha256_file(staging / head_graph),
                 head.labels,
                 head.activation,
+                head.llm,
             ),
             quantization_ranges=ranges,
             dense=write_dense(dense, staging / graph_io.DENSE_FILE) if dense else None,

@@ -6,7 +6,9 @@ masked-LM head, read as ``max over tokens of log(1 + relu(logits))``. Each head 
 exported as one graph from token ids (``graph_io.HEAD_GRAPHS``) whose encoder
 weights are the same bytes as every other graph's, so ``weights.bin`` holds them
 once; SPLADE's [B, T, vocab] logits never leave onnxruntime (only the [B, vocab]
-maximum does).
+maximum does). A causal LM read as a reranker (Qwen3-Reranker) is a one-label
+classify head too: two rows of its LM head at the last token (``YesNoHead``), its
+prompt template recorded beside it (model_export.llm_rerank).
 
 Each family names its head's weights its own way (its module's ``classify`` and
 ``mlm`` keys, model_export.families); a checkpoint whose head is missing a key, or
@@ -25,6 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model_export.families.base import Family
+from model_export.llm_rerank import answer_ids, is_llm_reranker, llm_reranker
+from model_export.manifest import LlmReranker
 from model_export.model import Encoder, TokenEmbeddings
 
 Task = Literal["classify", "splade"]
@@ -117,6 +121,31 @@ class SpladeHead(nn.Module):
         return splade
 
 
+class YesNoHead(nn.Module):
+    """A causal LM read as a reranker: at each sequence's last real token (right
+    padding: position sum(mask) - 1), the logits of only the answer tokens' rows of the
+    LM head (``rows``: [answers, d], gathered at export, never the [vocab, d] matrix),
+    then logit(yes) - logit(no) (sentence-transformers' LogitScore; its sigmoid is the
+    two-way softmax), or logit(yes) for one answer."""
+
+    def __init__(self, rows: Tensor) -> None:
+        super().__init__()
+        answers, d_model = rows.shape
+        self.answers = nn.Linear(d_model, answers, bias=False)
+        with torch.no_grad():
+            self.answers.weight.copy_(rows)
+        self.eval()
+
+    def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        last = (mask.sum(dim=1) - 1).clamp(min=0)  # (B,)
+        index = last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])  # (B, 1, d)
+        at = hidden.gather(1, index).squeeze(1)  # (B, d)
+        logits: Tensor = self.answers(at)  # (B, answers)
+        if logits.shape[1] == 2:
+            return logits[:, :1] - logits[:, 1:]  # (B, 1)
+        return logits
+
+
 class HeadGraph(nn.Module):
     """Token ids, types and mask -> the head's answer: what ``HEAD_GRAPHS`` exports."""
 
@@ -142,6 +171,7 @@ class Head:
     labels: tuple[str, ...] = ()
     # The score function the checkpoint defines (manifest.ACTIVATIONS).
     activation: str = "identity"
+    llm: LlmReranker | None = None  # a causal LM's yes/no head: how its prompt is built
 
 
 HEAD_CHOICES = ("auto", "none", "classify", "splade")
@@ -192,6 +222,8 @@ def head_task(
         return wanted  # type: ignore[return-value]
     if splade_folder(root):
         return "splade"
+    if is_llm_reranker(root, hf):
+        return "classify"
     names = [str(a) for a in hf.get("architectures") or []]
     if any(a.endswith("ForSequenceClassification") for a in names):
         return "classify"
@@ -268,6 +300,8 @@ def load_head(
 ) -> Head:
     """The ``task`` head of a ``family`` checkpoint at ``root``, its weights from
     ``state`` (the checkpoint's own keys, prefixes kept)."""
+    if task == "classify" and _causal(hf):
+        return _yes_no_head(root, family, hf, state, encoder)
     if task == "classify":
         return _classify_head(root, family, hf, state, encoder)
     return _splade_head(family, hf, state, encoder)
@@ -316,6 +350,42 @@ def _classify_head(
     _linear(head.dense, state, keys.dense)
     _linear(head.out, state, (keys.out,))
     return Head("classify", head, labels, score_activation(root, hf, len(labels)))
+
+
+def _causal(hf: dict[str, Any]) -> bool:
+    return any(str(a).endswith("ForCausalLM") for a in hf.get("architectures") or [])
+
+
+def _yes_no_head(
+    root: Path, family: Family, hf: dict[str, Any], state: dict[str, Tensor], encoder: Encoder
+) -> Head:
+    """A ``*ForCausalLM`` reranker: two rows of its LM head (or of the word embeddings
+    it is tied to), its prompt template and instruction (model_export.llm_rerank)."""
+    keys = family.lm_head
+    if keys is None:
+        raise HeadError(f"no causal-LM head is defined for {family.model_types[0]!r}")
+    tokenizer = root / "tokenizer.json"
+    answers = answer_ids(root, tokenizer if tokenizer.is_file() else None)
+    tied = bool(hf.get("tie_word_embeddings", False))
+    key = keys.tied if tied else keys.weight
+    weight = _pick(state, (key,), key)
+    vocab, d_model = int(hf["vocab_size"]), encoder.config.d_model
+    if weight.shape != (vocab, d_model):
+        raise HeadError(f"{key} has shape {list(weight.shape)}, expected {[vocab, d_model]}")
+    beyond = [i for i in answers[1] if not 0 <= i < vocab]
+    if beyond:
+        raise HeadError(f"answer token id {beyond[0]} is beyond the vocabulary of {vocab}")
+    rows = weight[list(answers[1])].clone()  # (answers, d): only these rows are exported
+    st = _json(root / "config_sentence_transformers.json")
+    prompts = st.get("prompts") if isinstance(st.get("prompts"), dict) else {}
+    named = st.get("default_prompt_name")
+    llm = llm_reranker(
+        root,
+        answers,
+        {str(k): str(v) for k, v in (prompts or {}).items()},
+        named if isinstance(named, str) else None,
+    )
+    return Head("classify", YesNoHead(rows), ("score",), score_activation(root, hf, 1), llm)
 
 
 def _splade_head(

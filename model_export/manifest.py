@@ -59,6 +59,8 @@ from model_export.manifest_sections import (
     Dense,
     DenseLayer,
     Head,
+    LlmReranker,
+    PromptTemplate,
     TextFrontEnd,
 )
 from model_export.model_files import (
@@ -95,9 +97,11 @@ __all__ = [
     "EncoderConfig",
     "GraphFile",
     "Head",
+    "LlmReranker",
     "Manifest",
     "ManifestError",
     "Pooling",
+    "PromptTemplate",
     "TextFrontEnd",
     "check_file_name",
     "graph_io",
@@ -365,7 +369,7 @@ class Manifest:
                 else {}
             ),
             "include_prompt": self.include_prompt,
-            **({"head": asdict(self.head)} if self.head is not None else {}),
+            **({"head": self._head_dict()} if self.head is not None else {}),
             **(
                 {"quantization_ranges": [list(r) for r in self.quantization_ranges]}
                 if self.quantization_ranges is not None
@@ -374,6 +378,14 @@ class Manifest:
             **({"dense": asdict(self.dense)} if self.dense is not None else {}),
             **self.record,
         }
+
+    def _head_dict(self) -> dict[str, Any]:
+        """The head as written: ``llm`` only for an LLM reranker (older heads unchanged)."""
+        assert self.head is not None
+        head = asdict(self.head)
+        if head["llm"] is None:
+            del head["llm"]
+        return head
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Manifest:

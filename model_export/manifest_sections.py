@@ -124,6 +124,110 @@ class Dense:
 
 
 HEAD_TASKS: Final = ("classify", "splade")
+# What an LLM reranker's template leaves to fill, each at most once per template.
+SLOTS: Final = ("instruction", "query", "document")
+MAX_TEMPLATE_CHARS: Final = 1 << 16
+MAX_ANSWERS: Final = 2
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A text template as fixed pieces around slots: ``pieces[0] slots[0] pieces[1] ...``
+    (one more piece than slots), each slot one of SLOTS, query before document."""
+
+    pieces: tuple[str, ...]
+    slots: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.pieces) != len(self.slots) + 1:
+            raise ManifestError("llm template: one more piece than slots")
+        if not all(isinstance(p, str) for p in self.pieces):
+            raise ManifestError("llm template: pieces are text")
+        if sum(map(len, self.pieces)) > MAX_TEMPLATE_CHARS:
+            raise ManifestError(f"llm template: over {MAX_TEMPLATE_CHARS} characters")
+        if any(s not in SLOTS for s in self.slots) or len(set(self.slots)) != len(self.slots):
+            raise ManifestError(f"llm template: slots are distinct, each one of {SLOTS}")
+        if "query" not in self.slots or "document" not in self.slots:
+            raise ManifestError("llm template: it must hold the query and the document")
+        if self.slots.index("query") > self.slots.index("document"):
+            raise ManifestError("llm template: the query comes before the document")
+
+    def render(self, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
+        """The text, and each slot's [start, end) characters in it."""
+        out, spans, at = [self.pieces[0]], {}, len(self.pieces[0])
+        for slot, piece in zip(self.slots, self.pieces[1:], strict=True):
+            value = values[slot]
+            spans[slot] = (at, at + len(value))
+            out += [value, piece]
+            at += len(value) + len(piece)
+        return "".join(out), spans
+
+    @classmethod
+    def from_dict(cls, data: object) -> PromptTemplate:
+        if not isinstance(data, dict):
+            raise ManifestError("llm template must be an object")
+        if not set(data) <= {"pieces", "slots"}:
+            raise ManifestError("llm template: only pieces and slots")
+        pieces, slots = data.get("pieces"), data.get("slots")
+        if not isinstance(pieces, list) or not isinstance(slots, list):
+            raise ManifestError("llm template: pieces and slots are lists")
+        return cls(tuple(pieces), tuple(slots))
+
+
+@dataclass(frozen=True)
+class LlmReranker:
+    """A causal LM read as a reranker (sentence-transformers' CrossEncoder over a
+    ``*ForCausalLM`` with ``LogitScore``): the text is ``template`` filled with the
+    instruction, query and document (``bare``, without an instruction: the template's
+    own default); the scores graph gives logit(answers[0]) - logit(answers[1]) at the
+    last token (logit(answers[0]) with one answer). ``default_instruction``: the
+    folder's default prompt, used when a request names none."""
+
+    template: PromptTemplate
+    bare: PromptTemplate
+    answers: tuple[str, ...]
+    answer_ids: tuple[int, ...]
+    default_instruction: str | None = None
+
+    def __post_init__(self) -> None:
+        if "instruction" not in self.template.slots:
+            raise ManifestError("llm template: it must hold the instruction")
+        if "instruction" in self.bare.slots:
+            raise ManifestError("llm bare template: it holds no instruction")
+        if not 0 < len(self.answers) == len(self.answer_ids) <= MAX_ANSWERS:
+            raise ManifestError(f"llm answers: 1..{MAX_ANSWERS} tokens, each with its id")
+        if not all(isinstance(i, int) and i >= 0 for i in self.answer_ids):
+            raise ManifestError("llm answer_ids: token ids")
+        if self.default_instruction is not None and not isinstance(self.default_instruction, str):
+            raise ManifestError("llm default_instruction: text")
+
+    def prompt(self, instruction: str | None) -> tuple[PromptTemplate, dict[str, str]]:
+        """The template for ``instruction`` (None: the default one; empty: none, as
+        sentence-transformers' empty prompt) and the slot values it fixes."""
+        chosen = self.default_instruction if instruction is None else instruction
+        if not chosen:
+            return self.bare, {}
+        return self.template, {"instruction": chosen}
+
+    @classmethod
+    def from_dict(cls, data: object) -> LlmReranker:
+        if not isinstance(data, dict):
+            raise ManifestError("head.llm must be an object")
+        known = {"template", "bare", "answers", "answer_ids", "default_instruction"}
+        if not set(data) <= known:
+            raise ManifestError(f"head.llm: unknown keys {sorted(set(data) - known)}")
+        try:
+            return cls(
+                PromptTemplate.from_dict(data.get("template")),
+                PromptTemplate.from_dict(data.get("bare")),
+                tuple(data.get("answers") or ()),
+                tuple(data.get("answer_ids") or ()),
+                data.get("default_instruction"),
+            )
+        except TypeError as exc:
+            raise ManifestError(f"head.llm: {exc}") from None
+
+
 ACTIVATIONS: Final = ("sigmoid", "softmax", "identity")
 MAX_LABELS: Final = 4096
 MAX_LABEL_CHARS: Final = 256
@@ -145,8 +249,12 @@ class Head:
     graph_sha256: str
     labels: tuple[str, ...] = ()
     activation: str = "identity"
+    # A causal LM's yes/no head (a one-label classify head): how its text is built.
+    llm: LlmReranker | None = None
 
     def __post_init__(self) -> None:
+        if self.llm is not None and not (self.task == "classify" and len(self.labels) == 1):
+            raise ManifestError("head.llm: an LLM reranker's head has one label")
         if self.task not in HEAD_TASKS:
             raise ManifestError(f"head.task must be one of {HEAD_TASKS}, got {self.task!r}")
         check_file_name(self.graph, "head.graph")
@@ -176,7 +284,8 @@ class Head:
         labels = data.get("labels") or []
         if not isinstance(data, dict) or not isinstance(labels, list):
             raise ManifestError("head must be an object, its labels a list")
+        llm = LlmReranker.from_dict(data["llm"]) if data.get("llm") is not None else None
         try:
-            return cls(**{**data, "labels": tuple(labels)})
+            return cls(**{**data, "labels": tuple(labels), "llm": llm})
         except TypeError as exc:  # unknown or missing keys
             raise ManifestError(f"head: {exc}") from None

@@ -51,12 +51,14 @@ _POOLING_FLAGS = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 # The module types applied, by class name -> their place in the order they must come.
-# A SparseEncoder's MLMTransformer + SpladePooling are the SPLADE head's (heads.py).
+# A SparseEncoder's MLMTransformer + SpladePooling are the SPLADE head's (heads.py); a
+# CrossEncoder's LogitScore, an LLM reranker's yes/no head (heads.YesNoHead).
 APPLIED: Final = {
     "Transformer": 0,
     "MLMTransformer": 0,
     "Pooling": 1,
     "SpladePooling": 1,
+    "LogitScore": 1,
     "Dense": 2,
     "Normalize": 3,
 }
@@ -151,7 +153,7 @@ def modules(root: Path) -> list[tuple[str, Path]]:
             "modules.json: modules in the order "
             f"{', '.join(kind for kind, _ in found)} are not applied (the order applied: "
             "Transformer, Pooling, Dense..., Normalize; a SparseEncoder's MLMTransformer, "
-            "SpladePooling)"
+            "SpladePooling; a CrossEncoder's Transformer, LogitScore)"
         )
     return found
 

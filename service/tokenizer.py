@@ -85,6 +85,14 @@ def _span(sequence_ids: list[int | None], which: int) -> tuple[int, int]:
     return (at[0], at[-1] + 1) if at else (0, 0)
 
 
+def _char_span(offsets: list[tuple[int, int]], chars: tuple[int, int]) -> tuple[int, int]:
+    """[start, end) of the tokens overlapping the characters ``chars`` (contiguous): a
+    byte-level token's offsets take in the space before its word, which the template
+    may hold ("<Document>: " + "the" is "Ġthe")."""
+    at = [i for i, (begin, end) in enumerate(offsets) if begin < chars[1] and end > chars[0]]
+    return (at[0], at[-1] + 1) if at else (0, 0)
+
+
 def _run_length_kept(tokenizer: Tokenizer) -> int | None:
     """How many characters of a long run of letters or whitespace keep a text's tokens
     (``service.condense``): WordPiece's ``max_input_chars_per_word`` + 1, for a
@@ -252,6 +260,34 @@ class TextFrontEnd:
                     e.tokens, e.ids, e.type_ids, _span(e.sequence_ids, 0), _span(e.sequence_ids, 1)
                 )
                 for e in encoded
+            )
+        return found
+
+    def tokenize_templated(
+        self,
+        texts: list[tuple[str, tuple[int, int], tuple[int, int]]],
+        *,
+        between: Between = None,
+    ) -> list[PairEncoding]:
+        """Prompts filled in from a template (an LLM reranker's), each with its query's
+        and document's characters: each whole text tokenized as transformers tokenizes a
+        rendered chat template (no special tokens added: the template holds them), not
+        truncated, the query's and document's tokens found by their characters.
+        In parts, ``between()`` before each."""
+        found: list[PairEncoding] = []
+        for part in in_parts([text for text, _, _ in texts], between):
+            with self._tokenizer_errors():
+                encoded = self._tokenizer.encode_batch(part, add_special_tokens=False)
+            spans = texts[len(found) : len(found) + len(part)]
+            found.extend(
+                PairEncoding(
+                    e.tokens,
+                    e.ids,
+                    [0] * len(e.ids),
+                    _char_span(e.offsets, query),
+                    _char_span(e.offsets, document),
+                )
+                for e, (_, query, document) in zip(encoded, spans, strict=True)
             )
         return found
 

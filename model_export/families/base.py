@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointError",
     "ClassifyKeys",
     "Family",
+    "LmHeadKeys",
     "MlmKeys",
     "same_width_embeddings",
 ]
@@ -90,6 +91,15 @@ class MlmKeys:
     activation: str | None = None  # fixed in the model's code; None: read from config.json
 
 
+@dataclass(frozen=True)
+class LmHeadKeys:
+    """A causal LM's head over the vocabulary (read as a yes/no reranker): ``weight``
+    [vocab, d], or the word embeddings it is tied to (config.json's tie_word_embeddings)."""
+
+    weight: str
+    tied: str
+
+
 def no_switches(hf: dict[str, Any]) -> dict[str, Any]:
     """A post-LN BERT: nothing beyond the common fields."""
     return {}
@@ -126,6 +136,7 @@ class Family:
     rotary_table: str | None = None
     classify: ClassifyKeys | None = None
     mlm: MlmKeys | None = None
+    lm_head: LmHeadKeys | None = None
     known_unused: tuple[str, ...] = KNOWN_UNUSED
     tokenizer: str = ""  # notes: what its tokenizer is and what the tests use for it
     # config.json's key whose false drops the position table (DeBERTa's

@@ -12,6 +12,10 @@ for query i when i - W < j <= i (transformers' ``sliding_window_overlay`` on the
 mask): our causal ``window`` of radius W - 1. Qwen's mix of full and sliding layers
 (``max_window_layers``) is refused by name.
 
+Rerankers (Qwen3-Reranker): the causal LM's head, two rows of it (yes, no) at the last
+token (``heads.YesNoHead``); the prompt from the folder's chat template
+(``model_export.llm_rerank``).
+
 Tokenizer: byte-level BPE; embedders append an end-of-text token that last-token
 pooling reads (the folder's tokenizer.json post-processor says so).
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from model_export.config import SIZE_BOUNDS
-from model_export.families.base import CheckpointError, Family
+from model_export.families.base import CheckpointError, Family, LmHeadKeys
 
 
 def rope_theta(hf: dict[str, Any]) -> float:
@@ -129,5 +133,7 @@ FAMILY = Family(
     embedding_norm=False,
     default_positions=32768,
     known_unused=("lm_head.weight",),
+    # Rerankers (Qwen3-Reranker) read two of its rows: model_export.heads.YesNoHead.
+    lm_head=LmHeadKeys("lm_head.weight", "model.embed_tokens.weight"),
     tokenizer="byte-level BPE; an end-of-text token appended for last-token pooling",
 )

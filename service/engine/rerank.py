@@ -2,13 +2,16 @@
 
 A reranker reads a query and a document as one sequence, paired by the model's own
 tokenizer (``TextFrontEnd.tokenize_pairs``: the document is cut first, never the
-query); its head gives one logit per pair. A classifier gives a logit per label of
-a text or a pair. Both run the head's graph (``graph_io.GRAPH_SCORES``: token ids in,
-logits out) through the batcher in parts, admitted by work like a large pooled
-request, and answer scores as the checkpoint defines them (``Head.activation``:
-sigmoid, softmax or identity) unless the caller asks for the raw logits. On request,
-each returned result is explained (``rank_explain``): the attention from the query's
-tokens to the document's.
+query); its head gives one logit per pair. An LLM reranker (``manifest.LlmReranker``)
+reads them through its prompt template instead, with an instruction
+(``tokenize_prompts``), its head giving logit(yes) - logit(no) at the last token. A
+classifier gives a logit per label of a text or a pair. Both run the head's graph
+(``graph_io.GRAPH_SCORES``: token ids in, logits out) through the batcher in parts,
+admitted by work like a large pooled request, and answer scores as the checkpoint
+defines them (``Head.activation``: sigmoid, softmax or identity) unless the caller
+asks for the raw logits. On request, each returned result is explained
+(``rank_explain``): the attention from the query's tokens to the document's (an LLM
+reranker's: from its last token, where the answer is read).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from service.settings import Settings
 from service.tokenizer import PairEncoding
 
 W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
+T = TypeVar("T")
 
 # What a request holds per token while it runs: ids, types, tokens (generous).
 BYTES_PER_TOKEN = 256
@@ -54,6 +58,8 @@ class RerankRequest:
     top_tokens: int = 5
     wire_cost: WireCost | None = None  # what the attention answer costs on the wire
     documents_field: str = "documents"  # what the protocol's body calls them (TEI: texts)
+    # An LLM reranker's instruction (None: the model's default; "": none, the template's own).
+    instruction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,77 @@ def tokenize_pairs(
     return encoded
 
 
+def tokenize_prompts(
+    runtime: ModelRuntime, request: RerankRequest, settings: Settings
+) -> list[PairEncoding]:
+    """An LLM reranker's pairs: each document with the query (and the request's
+    instruction, else the model's) filled into the model's template
+    (``manifest.LlmReranker``), tokenized whole; ``truncate`` cuts the document's
+    tokens (from its end, or with ``left`` its start) until the prompt fits, never the
+    query's; a prompt too long without its document is a 422 naming the query."""
+    info = runtime.info
+    assert info.manifest.head is not None and info.manifest.head.llm is not None
+    front_end = text.front_end(runtime)
+    field = request.documents_field
+    instruction = request.instruction
+    if instruction is not None:
+        instruction = limits.bound_text(instruction, info, False, ("instruction",), front_end).text
+    template, fixed = info.manifest.head.llm.prompt(instruction)
+    query = limits.bound_text(request.query, info, False, ("query",), front_end).text
+    left = request.truncation_direction == "left"
+    between = text.priced(
+        info, [sum(map(len, template.pieces)) + len(query) + len(d) for d in request.documents]
+    )
+    filled = []
+    for i, document in enumerate(request.documents):
+        if between is not None:
+            between()
+        bounded = limits.bound_text(
+            document, info, request.truncate, (field, i), front_end, left=left
+        ).text
+        prompt, spans = template.render({**fixed, "query": query, "document": bounded})
+        filled.append((prompt, spans["query"], spans["document"]))
+    encoded = front_end.tokenize_templated(filled, between=between)
+    if request.truncate:
+        encoded = [_fitted(e, info.max_seq_len, left) for e in encoded]
+    limits.check_lengths([len(e.ids) for e in encoded], info, settings, field, pooled_only=True)
+    return encoded
+
+
+def _fitted(encoded: PairEncoding, most: int, left: bool) -> PairEncoding:
+    """A prompt cut to ``most`` tokens by dropping its document's last (``left``: first)."""
+    excess = len(encoded.ids) - most
+    if excess <= 0:
+        return encoded
+    d0, d1 = encoded.document
+    if d1 - d0 < excess:
+        raise InvalidInput(
+            f"with the model's template it makes {len(encoded.ids) - (d1 - d0)} tokens before "
+            f"any of the document: no room for it within the model's {most}",
+            field=("query",),
+        )
+    begin, end = (d0, d0 + excess) if left else (d1 - excess, d1)
+
+    def kept(xs: list[T]) -> list[T]:
+        return xs[:begin] + xs[end:]
+
+    return PairEncoding(
+        kept(encoded.tokens),
+        kept(encoded.ids),
+        kept(encoded.type_ids),
+        encoded.query,
+        (d0, d1 - excess),
+    )
+
+
+def _reader(encoded: PairEncoding, llm: bool) -> tuple[int, int]:
+    """The rows of a pair's explanation: its query's tokens; an LLM reranker's last token
+    (causal: its query, read before the document, never attends to it; the last token,
+    where yes or no is read, attends to both)."""
+    n = len(encoded.ids)
+    return (n - 1, n) if llm else encoded.query
+
+
 # A sequence for the head: a pair, or a single text's (tokens, ids, types).
 Encoded = PairEncoding | text.Tokenized
 
@@ -219,6 +296,15 @@ async def rerank(
         if request.return_attention:  # the explained pairs run as one attention request
             explained = min(request.top_n or len(request.documents), len(request.documents))
             limits.check_sequence_count(explained, settings, pooled_only=False)
+        head = runtime.info.manifest.head
+        if head is not None and head.llm is not None:
+            return request, runtime, tokenize_prompts(runtime, request, settings)
+        if request.instruction is not None:
+            raise InvalidInput(
+                f"model {runtime.info.name!r} is a cross-encoder: it takes no instruction "
+                "(LLM rerankers do)",
+                field=("instruction",),
+            )
         pairs = [(request.query, d) for d in request.documents]
         encoded = tokenize_pairs(
             runtime, pairs, request, settings, lambda i: (("query",), (documents, i)), documents
@@ -243,7 +329,10 @@ async def rerank(
     if request.return_attention:
         assert request.wire_cost is not None
         chosen = [encoded[i] for i in order]
-        pairs = [PairTokens(e.ids, e.type_ids, e.tokens, e.query, e.document) for e in chosen]
+        llm = head.llm is not None
+        pairs = [
+            PairTokens(e.ids, e.type_ids, e.tokens, _reader(e, llm), e.document) for e in chosen
+        ]
         explanations = list(
             await explain(
                 pairs,
@@ -275,6 +364,13 @@ async def classify(
     ) -> tuple[ClassifyRequest, ModelRuntime, list[Encoded]]:
         runtime = registry.runtime(request.model)
         require_task(runtime.info, ("classify", "rerank"), "classify")
+        head = runtime.info.manifest.head
+        if head is not None and head.llm is not None:
+            raise UnsupportedByModel(
+                f"model {runtime.info.name!r} is an LLM reranker: it scores a query and "
+                "documents through its prompt template; use /v1/rerank (or /rerank)",
+                field=("model",),
+            )
         if not request.inputs:
             raise InvalidInput("is empty: send at least one text", field=("inputs",))
         limits.check_sequence_count(len(request.inputs), settings, pooled_only=True)

@@ -153,6 +153,21 @@ def test_has_hidden_states_needs_both_graphs_to_give_them() -> None:
     assert not manifest(graphs=without_hidden).has_hidden_states
 
 
+LLM: dict[str, Any] = {
+    "template": {
+        "pieces": ["<I>", "<Q>", "<D>", "<end>"],
+        "slots": ["instruction", "query", "document"],
+    },
+    "bare": {"pieces": ["<Q>", "<D>", "<end>"], "slots": ["query", "document"]},
+    "answers": ["yes", "no"],
+    "answer_ids": [1, 2],
+}
+
+
+def llm_with(**changed: Any) -> dict[str, Any]:
+    return {"text": TEXT, "head": {**HEAD, "llm": {**LLM, **changed}}}
+
+
 HEAD = {
     "task": "classify",
     "graph": graph_io.GRAPH_SCORES,
@@ -237,6 +252,17 @@ def dense_with(**layer: Any) -> dict[str, Any]:
         ({"text": TEXT, "head": {**HEAD, "activation": "tanh"}}, "head.activation must be"),
         ({"text": TEXT, "head": {**HEAD, "extra": 1}}, "head:"),
         ({"head": HEAD}, "a head reads token ids"),
+        # an LLM reranker's prompt template (model_export.llm_rerank) too
+        ({"text": TEXT, "head": {**HEAD, "llm": "x"}}, "head.llm must be an object"),
+        ({"text": TEXT, "head": {**HEAD, "labels": ["a", "b"], "llm": LLM}}, "one label"),
+        (llm_with(bare={"pieces": ["a", "b"], "slots": ["query"]}), "hold the query and the doc"),
+        (llm_with(bare={"pieces": ["", "", ""], "slots": ["document", "query"]}), "before the"),
+        (llm_with(bare={"pieces": ["", "", ""], "slots": ["query", "query"]}), "distinct"),
+        (llm_with(bare={"pieces": ["", ""], "slots": ["query", "document"]}), "one more piece"),
+        (llm_with(bare=LLM["template"]), "bare template: it holds no instruction"),
+        (llm_with(answer_ids=[-1, 2]), "answer_ids"),
+        (llm_with(answers=["yes"]), "1..2 tokens"),
+        (llm_with(extra=1), "head.llm:"),
         ({"quantization_ranges": [[0.0] * 32]}, "must be [mins, maxes]"),
         ({"quantization_ranges": [[0.0] * 31, [1.0] * 31]}, "of 32 finite numbers each"),
         ({"quantization_ranges": [[True] * 32, [1.0] * 32]}, "numbers only"),
@@ -268,6 +294,21 @@ def test_invalid_manifests_are_refused(change: dict[str, Any], says: str) -> Non
     with pytest.raises(ManifestError) as caught:
         Manifest.from_dict(raw)
     assert says in str(caught.value)
+
+
+def test_an_llm_rerankers_template_round_trips_and_other_heads_write_none() -> None:
+    """head.llm is written and read back as given; a head without one writes no key."""
+    llm = Manifest.from_dict({**manifest().to_dict(), **llm_with()})
+    assert llm.head is not None and llm.head.llm is not None
+    written = json.loads(json.dumps(llm.to_dict()))["head"]["llm"]
+    assert written == {**LLM, "default_instruction": None}
+    text, spans = llm.head.llm.prompt("find")[0].render(
+        {"instruction": "find", "query": "q", "document": "d"}
+    )
+    assert text == "<I>find<Q>q<D>d<end>" and text[slice(*spans["document"])] == "d"
+    assert llm.head.llm.prompt("")[0] == llm.head.llm.bare  # "" asks for none
+    plain = Manifest.from_dict({**manifest().to_dict(), "text": TEXT, "head": HEAD})
+    assert "llm" not in plain.to_dict()["head"]
 
 
 def test_missing_key_is_named() -> None:

@@ -220,6 +220,19 @@ def test_bad_rerank_requests_are_refused_naming_the_field(
     assert field in answer.json()["error"], answer.text
 
 
+def test_an_instruction_is_refused_by_a_cross_encoder(url: str) -> None:
+    """Only LLM rerankers take an instruction (their prompt's): a cross-encoder's pair
+    has no place for one, a 422 naming the field (tests/pretrained/test_llm_reranker.py)."""
+    body = {"query": QUERY, "documents": DOCUMENTS[:1], "instruction": "Find foxes"}
+    for path, documents in (("/v1/rerank", "documents"), ("/rerank", "texts")):
+        answer = post(
+            url,
+            path,
+            {**{k: v for k, v in body.items() if k != "documents"}, documents: body["documents"]},
+        )
+        assert answer.status_code == 422 and "instruction" in answer.text, answer.text
+
+
 def test_too_many_documents_to_explain_are_refused_before_any_run(url: str) -> None:
     """Explaining runs the chosen pairs as one attention request (ATTNSERVE_MAX_SEQUENCES,
     64): more is a 413 decided from the counts, before any document is tokenized or

@@ -382,6 +382,7 @@ def rerank_request(body: bytes) -> tuple[RerankRequest, tuple[list[str], bool]]:
         attention=attention_spec(options.attention),
         top_tokens=options.top_tokens,
         wire_cost=RERANK_ATTENTION_COST,
+        instruction=options.instruction,
     )
     return request, (documents, options.return_documents)
 

@@ -250,6 +250,11 @@ class RerankRequest(BaseModel):
     )
     attention: AttentionOptions = Field(default_factory=AttentionOptions)
     top_tokens: int = Field(5, description="With return_attention: document tokens listed.")
+    instruction: str | None = Field(
+        None,
+        description="LLM rerankers (Qwen3-Reranker): the task instruction filled into the "
+        "model's prompt; default the model's own, \"\" none. Refused by cross-encoders.",
+    )
 
 
 class RankTokenWeight(BaseModel):

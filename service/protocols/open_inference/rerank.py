@@ -3,7 +3,8 @@
 A reranker's ``/v2`` model takes ``query`` BYTES [1] and ``documents`` BYTES [n] and
 answers ``scores`` FP32 [n], in the documents' order (the client sorts): the scores
 ``/v1/rerank`` gives (the model's score function; ``parameters.raw_scores`` for the
-logits), each document cut to fit unless ``parameters.truncate`` is false.
+logits), each document cut to fit unless ``parameters.truncate`` is false; an LLM
+reranker's instruction is ``parameters.instruction``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def rerank_request(
     for key in ("raw_scores", "truncate"):
         if not isinstance(params.get(key, True), bool):
             raise InvalidInput(f"parameters.{key} must be true or false")
+    instruction = params.get("instruction")
+    if instruction is not None and not isinstance(instruction, str):
+        raise InvalidInput("parameters.instruction must be a string")
     return RerankRequest(
         query=str(query[0]),
         # Read lazily: the engine checks their count before any is decoded.
@@ -58,6 +62,7 @@ def rerank_request(
         model=info.name,
         raw_scores=params.get("raw_scores", False),
         truncate=params.get("truncate", True),
+        instruction=instruction,
     )
 
 

@@ -241,6 +241,7 @@ def rerank_request(body: bytes) -> tuple[RerankRequest, tuple[list[str], bool]]:
         truncate=bool(options.truncate),
         truncation_direction=_direction(options),
         documents_field="texts",
+        instruction=options.instruction,
     )
     return request, (options.texts, options.return_text)
 

@@ -89,6 +89,11 @@ class RerankRequest(Truncation):
     texts: list[str]
     raw_scores: bool = Field(False, description="The logits, not the model's score function.")
     return_text: bool = Field(False, description="Each result with its text.")
+    instruction: str | None = Field(
+        None,
+        description="LLM rerankers: the task instruction filled into the model's prompt "
+        "(not TEI's: attnserve's field); default the model's own.",
+    )
 
 
 # A text, or a pair read together ([a, b]); TEI's Sequence.
