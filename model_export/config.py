@@ -37,6 +37,8 @@ SIZE_BOUNDS: dict[str, int] = {
     "relative_buckets": 1 << 10,
     "relative_max_distance": 1 << 20,
     "global_every": 1 << 10,
+    "lora_tasks": 1 << 8,
+    "lora_rank": 1 << 12,
 }
 
 
@@ -70,6 +72,12 @@ class EncoderConfig:
     the biases of the attention projections, the feed-forward and the LayerNorms;
     ``first_attn_norm`` false skips layer 0's pre-LN attention norm (ModernBERT,
     whose embeddings end in a norm).
+
+    ``lora_tasks`` k > 0 gives every projection of every layer (q, k, v, out, up,
+    down) and the word embeddings k task adapters of rank ``lora_rank`` (Jina v3's
+    LoRA): W x + B_t A_t x for the task t each sequence names (model.TaskLoRA), the
+    factors of all tasks stacked in one tensor and gathered by the task id; task 0
+    is the base model (zero factors). 0: no adapters, no task input.
     """
 
     d_model: int = 384
@@ -96,6 +104,8 @@ class EncoderConfig:
     mlp_bias: bool = True
     norm_bias: bool = True
     first_attn_norm: bool = True
+    lora_tasks: int = 0
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -152,6 +162,9 @@ class EncoderConfig:
                 raise ConfigError(f"{name} must be a number > 1, got {theta!r}")
         if self.norm_placement == "post" and not self.first_attn_norm:
             raise ConfigError("first_attn_norm false only applies to pre-LN (norm_placement pre)")
+        if self.lora_tasks or self.lora_rank:  # both set, or neither
+            check_size("lora_tasks", self.lora_tasks, SIZE_BOUNDS["lora_tasks"], ConfigError)
+            check_size("lora_rank", self.lora_rank, SIZE_BOUNDS["lora_rank"], ConfigError)
 
     @property
     def head_dim(self) -> int:
@@ -182,7 +195,16 @@ class EncoderConfig:
         norms = 2 * self.n_layers - (0 if self.first_attn_norm else 1)
         norms += 1 if self.norm_placement == "pre" else 0  # the final norm
         relative = (self.relative_buckets or 0) * self.n_heads
-        return self.n_layers * (attention + feed_forward) + norms * norm + relative
+        return self.n_layers * (attention + feed_forward + self.lora_parameters()) + (
+            norms * norm + relative
+        )
+
+    def lora_parameters(self) -> int:
+        """One layer's task-adapter factors (A [in, r] and B [r, out] per projection, for
+        the base slot 0 and each task): 0 without adapters."""
+        d, up = self.d_model, 2 * self.d_ff if self.glu else self.d_ff
+        widths = 4 * (d + d) + (d + up) + (self.d_ff + d)  # q, k, v, out; up; down
+        return (self.lora_tasks + 1) * self.lora_rank * widths if self.lora_tasks else 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_export.families import bert, distilbert, electra, modernbert, mpnet, roberta, roformer
+from model_export.families import (
+    bert,
+    distilbert,
+    electra,
+    jina_v3,
+    modernbert,
+    mpnet,
+    roberta,
+    roformer,
+)
 from model_export.families.base import CheckpointError, Family
 
 REGISTRY: tuple[Family, ...] = (
@@ -19,6 +28,7 @@ REGISTRY: tuple[Family, ...] = (
     mpnet.FAMILY,
     roformer.FAMILY,
     modernbert.FAMILY,
+    jina_v3.FAMILY,
 )
 FAMILIES: dict[str, Family] = {kind: family for family in REGISTRY for kind in family.model_types}
 

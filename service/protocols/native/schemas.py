@@ -144,6 +144,14 @@ class EncodeOptions(QuantizedOptions):
         max_length=2048,
         description="Your own text to prepend to each text input (instead of prompt_name).",
     )
+    task: str | None = Field(
+        None,
+        max_length=64,
+        description="Models with task adapters (Jina v3's LoRA: retrieval.query, "
+        "retrieval.passage, text-matching, classification, separation…): the task whose "
+        "adapter runs (a wrong name's 422 lists them); default: the model's default task, "
+        "else none (the base model).",
+    )
 
 
 class SpannedText(BaseModel):
