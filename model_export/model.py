@@ -246,9 +246,9 @@ def linear(config: EncoderConfig, d_in: int, d_out: int, bias: bool) -> nn.Linea
 
 def project(proj: nn.Linear, x: Tensor, task: Tensor | None) -> Tensor:
     """``proj(x)``, through the row's task adapter where it has one."""
-    if task is not None and isinstance(proj, TaskLoRALinear):
-        return proj(x, task)
-    out: Tensor = proj(x)
+    out: Tensor = (
+        proj(x, task) if task is not None and isinstance(proj, TaskLoRALinear) else proj(x)
+    )
     return out
 
 

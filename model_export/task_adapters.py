@@ -171,7 +171,7 @@ def stacked_state(
             if (a is None) != (b is None):
                 problems.append(f"{adapter.name}: {path} has one LoRA factor of two")
             elif a is not None and b is not None:
-                rows = b.split([m.out_features for m in modules])
+                rows = torch.split(b, [m.out_features for m in modules])
                 for module, b_rows in zip(modules, rows, strict=True):
                     name = names[id(module)]
                     if enc[f"{name}.lora_b"][t].any():

@@ -333,7 +333,7 @@ def validate_token_embeddings(
     session = new_session(path)
     rng = np.random.default_rng(0)
     vocab, types = embeddings.word.num_embeddings, embeddings.token_type.num_embeddings
-    results = []
+    results: list[CheckResult] = []
     for case, (batch, seq) in (
         ("one token", (1, 1)),
         ("batch", (3, 17)),
