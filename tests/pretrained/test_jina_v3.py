@@ -370,3 +370,10 @@ def test_the_manifest_records_the_tasks(checkpoint: tuple[Path, Path]) -> None:
     assert manifest.default_task is None
     assert manifest.architecture.lora_tasks == len(TASKS)
     assert manifest.architecture.lora_rank == max(RANKS.values())
+
+
+def test_the_model_card_lists_the_tasks(server: str) -> None:
+    r = httpx.get(f"{server}/v1/models/{MODEL}", timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["tasks"] == list(TASKS.values())
+    assert r.json()["default_task"] is None

@@ -510,6 +510,14 @@ class ModelCard(BaseModel):
         "(POST /v1/rerank, TEI's /rerank), classify (POST /v1/classify, TEI's /predict) or splade."
     )
     labels: list[str] = Field(description="A classifier's labels, in id order (id2label).")
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="Its task adapters (Jina v3's LoRA), the names a request's task takes; "
+        "empty: none.",
+    )
+    default_task: str | None = Field(
+        None, description="The task adapter a request without task gets; null: none."
+    )
     default: bool
 
 
