@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -377,3 +378,120 @@ def test_the_model_card_lists_the_tasks(server: str) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["tasks"] == list(TASKS.values())
     assert r.json()["default_task"] is None
+
+
+def _fused_adapter(source: Path, folder: Path) -> None:
+    """``folder``: the test's retrieval_query adapter with q, k, v in one ``mixer.Wqkv``
+    LoRA (A shared, B's rows stacked q, k, v) and the stored names for the others."""
+    state = load_file(str(source / "retrieval_query" / "adapter_model.safetensors"))
+    shared = torch.Generator().manual_seed(1)
+    fused: dict[str, torch.Tensor] = {}
+    for i in range(SIZES["layers"]):
+        old, new = f"base_model.model.layers.{i}", f"base_model.model.encoder.layers.{i}"
+        a = torch.randn(RANKS["retrieval_query"], SIZES["hidden"], generator=shared) * 0.3
+        rows = [state[f"{old}.self_attn.{p}_proj.lora_B.weight"] for p in "qkv"]
+        fused[f"{new}.mixer.Wqkv.lora_A.weight"] = a
+        fused[f"{new}.mixer.Wqkv.lora_B.weight"] = torch.cat(rows)
+        for theirs, stored in (("self_attn.o_proj", "mixer.out_proj"), ("mlp.fc1", "mlp.fc1")):
+            for part in ("lora_A", "lora_B"):
+                fused[f"{new}.{stored}.{part}.weight"] = state[f"{old}.{theirs}.{part}.weight"]
+        for part in ("lora_A", "lora_B"):
+            key = f"mlp.fc2.{part}.weight"
+            fused[f"{new}.{key}"] = state[f"{old}.{key}"]
+    for key in (f"{WORD}.lora_embedding_A", f"{WORD}.lora_embedding_B"):
+        fused[f"base_model.model.{key}"] = state[f"base_model.model.{key}"]
+    folder.mkdir()
+    save_file(fused, str(folder / "adapter_model.safetensors"))
+    config = (source / "retrieval_query" / "adapter_config.json").read_text()
+    (folder / "adapter_config.json").write_text(config)
+
+
+def _import(source: Path, folders: list[str], tmp: Path) -> Path:
+    """A copy of the checkpoint with only ``folders``' adapters."""
+    import shutil
+
+    copy = tmp / "ckpt"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns(*TASKS))
+    for folder in folders:
+        shutil.copytree(source / folder, copy / folder)
+    return copy
+
+
+def test_a_fused_qkv_adapter_in_the_stored_names_equals_the_split_one(
+    checkpoint: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An adapter of q, k, v in one fused ``mixer.Wqkv`` LoRA (the layout the weights are
+    stored in), split on import: the same encoder as the equivalent per-projection
+    adapter (its q, k, v LoRA each ``A`` shared, ``B`` their rows), in PyTorch."""
+    from model_export.hf_import import load_checkpoint
+
+    source = checkpoint[0]
+    copy = _import(source, [], tmp_path)
+    _fused_adapter(source, copy / "retrieval_query")
+    fused = load_checkpoint(copy)
+    # The same adapter written per projection: each q/k/v A the fused A.
+    split_dir = tmp_path / "split"
+    split = _import(source, [], split_dir)
+    state = load_file(str(copy / "retrieval_query" / "adapter_model.safetensors"))
+    per: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        key = key.replace("encoder.layers", "layers").replace("mixer.out_proj", "self_attn.o_proj")
+        if "mixer.Wqkv" in key:
+            for p, part in zip(
+                "qkv", value.chunk(3) if "lora_B" in key else [value] * 3, strict=True
+            ):
+                per[key.replace("mixer.Wqkv", f"self_attn.{p}_proj")] = part.clone()
+        else:
+            per[key] = value
+    (split / "retrieval_query").mkdir()
+    save_file(per, str(split / "retrieval_query" / "adapter_model.safetensors"))
+    config = (source / "retrieval_query" / "adapter_config.json").read_text()
+    (split / "retrieval_query" / "adapter_config.json").write_text(config)
+    per_projection = load_checkpoint(split)
+    assert fused.tasks == per_projection.tasks == ("retrieval.query",)
+    ids = torch.tensor([_tokenizer(source).encode(TEXTS[0]).ids])
+    task, mask = torch.tensor([1]), torch.ones_like(ids)
+    outs = []
+    for ckpt in (fused, per_projection):
+        with torch.no_grad():
+            embeds = ckpt.embeddings(ids, torch.zeros_like(ids), task)
+            outs.append(ckpt.encoder(embeds, mask, task=task).hidden)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-6)
+    with torch.no_grad():  # and the adapter matters
+        base = fused.encoder(fused.embeddings(ids, torch.zeros_like(ids)), mask).hidden
+    assert float((outs[0] - base).abs().max()) > 100 * ATOL
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"use_dora": True}, "DoRA"),
+        ({"peft_type": "IA3"}, "not LORA"),
+        ({"rank_pattern": {"q_proj": 2}}, "ranks per module"),
+    ],
+)
+def test_what_plain_lora_cannot_express_is_refused(
+    checkpoint: tuple[Path, Path], tmp_path: Path, change: dict[str, Any], refusal: str
+) -> None:
+    from model_export.hf_import import CheckpointError, load_checkpoint
+
+    copy = _import(checkpoint[0], ["separation"], tmp_path)
+    path = copy / "separation" / "adapter_config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | change))
+    with pytest.raises(CheckpointError, match=re.escape(refusal)):
+        load_checkpoint(copy)
+
+
+def test_lora_on_a_module_without_an_adapter_is_refused(
+    checkpoint: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """LoRA on the pooler (no adapter in this encoder): refused, naming the key."""
+    from model_export.hf_import import CheckpointError, load_checkpoint
+
+    copy = _import(checkpoint[0], ["separation"], tmp_path)
+    weights = copy / "separation" / "adapter_model.safetensors"
+    state = load_file(str(weights))
+    state["base_model.model.pooler.dense.lora_A.weight"] = torch.zeros(4, SIZES["hidden"])
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=re.escape("pooler.dense.lora_A")):
+        load_checkpoint(copy)
