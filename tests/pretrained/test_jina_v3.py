@@ -495,3 +495,54 @@ def test_lora_on_a_module_without_an_adapter_is_refused(
     save_file(state, str(weights))
     with pytest.raises(CheckpointError, match=re.escape("pooler.dense.lora_A")):
         load_checkpoint(copy)
+
+
+def test_attention_norms_use_the_tasks_projections(
+    checkpoint: tuple[Path, Path], server: str
+) -> None:
+    """Attention norms α_ij · ‖v_j W_O^h‖ with the task's adapted value and output
+    projections: v from the reference's (adapted) v_proj, W_O + (α/r) B A of its
+    o_proj, per head (1e-4 of each map's largest value); the base W_O is off."""
+    source, folder = checkpoint[0], "separation"
+    body = {
+        "model": MODEL,
+        "inputs": [TEXTS[2]],
+        "task": TASKS[folder],
+        "return_attention": True,
+        "attention": {"measure": "norms"},
+        "return_embeddings": False,
+        "encoding_format": "base64",
+    }
+    r = httpx.post(f"{server}/v1/encode", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    got = _decode(r.json()["data"][0]["attention"])
+    model = _reference(source, folder)
+    values: list[torch.Tensor] = []
+    for layer in model.layers:  # after the LoRA hooks: the adapted values
+        layer.self_attn.v_proj.register_forward_hook(lambda _m, _a, out: values.append(out))
+    ids = _tokenizer(source).encode(TEXTS[2]).ids
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+    config = json.loads((source / folder / "adapter_config.json").read_text())
+    state = load_file(str(source / folder / "adapter_model.safetensors"))
+    heads, d = SIZES["heads"], SIZES["hidden"]
+    off = 0.0
+    for index, layer in enumerate(model.layers):
+        key = f"base_model.model.layers.{index}.self_attn.o_proj"
+        delta = state[f"{key}.lora_B.weight"] @ state[f"{key}.lora_A.weight"]
+        scale = config["lora_alpha"] / config["r"]
+        for w, adapted in (
+            (layer.self_attn.o_proj.weight + scale * delta, True),
+            (layer.self_attn.o_proj.weight, False),
+        ):
+            v = values[index].view(1, -1, heads, d // heads)  # (1, T, h, d_k)
+            w_o = w.view(d, heads, d // heads)  # (d, h, d_k)
+            with torch.no_grad():
+                norms = torch.einsum("bthk,dhk->bhtd", v, w_o).norm(dim=-1)  # (1, h, T)
+                want = (out.attentions[index] * norms[:, :, None, :])[0].numpy()
+            bound = 1e-4 * np.abs(want).max(axis=(-2, -1), keepdims=True)
+            if adapted:
+                assert np.all(np.abs(got[index] - want) <= bound)
+            else:
+                off = max(off, float((np.abs(got[index] - want) / bound).max()))
+    assert off > 100  # the base W_O's norms are far off
