@@ -546,3 +546,29 @@ def test_attention_norms_use_the_tasks_projections(
             else:
                 off = max(off, float((np.abs(got[index] - want) / bound).max()))
     assert off > 100  # the base W_O's norms are far off
+
+
+def test_a_default_task_in_config_json_is_the_manifests(
+    checkpoint: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """config.json's default_task names the adapter a request without task gets: the
+    manifest maps no task to its id (the base model's 0 without one)."""
+    import dataclasses
+
+    from model_export.hf_import import CheckpointError, load_checkpoint
+    from model_export.manifest import Manifest
+
+    copy = _import(checkpoint[0], list(TASKS), tmp_path)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(config | {"default_task": "text-matching"}))
+    assert load_checkpoint(copy).default_task == "text-matching"
+    (copy / "config.json").write_text(json.dumps(config | {"default_task": "summarization"}))
+    with pytest.raises(CheckpointError, match="summarization"):
+        load_checkpoint(copy)
+    manifest = Manifest.read(checkpoint[1] / MODEL)
+    assert manifest.task_id(None) == 0
+    assert manifest.task_id("retrieval.passage") == 2
+    chosen = dataclasses.replace(manifest, default_task="text-matching")
+    assert chosen.task_id(None) == len(TASKS)
+    with pytest.raises(KeyError):
+        manifest.task_id("summarization")
