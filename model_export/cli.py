@@ -290,6 +290,8 @@ def run(args: argparse.Namespace) -> int:
             include_prompt=ckpt.include_prompt,
             head=ckpt.head,
             dense=ckpt.dense,
+            task_names=ckpt.tasks,
+            default_task=ckpt.default_task,
             **common,
         )
     else:

@@ -43,6 +43,8 @@ SIZE_BOUNDS: dict[str, int] = {
     "relative_embeddings": 1 << 16,
     "position_buckets": 1 << 16,
     "score_scale_factor": 1 << 4,
+    "lora_tasks": 1 << 8,
+    "lora_rank": 1 << 12,
 }
 
 
@@ -101,6 +103,12 @@ class EncoderConfig:
     every key, the others seeing ``window`` (Gemma3's ``layer_types``; instead of
     ``global_every``); ``rotary_linear_factor`` divides the positions of the global layers'
     rotation (rope_type "linear"), None leaving them as they are.
+
+    ``lora_tasks`` k > 0 gives every projection of every layer (q, k, v, out, up,
+    down) and the word embeddings k task adapters of rank ``lora_rank`` (Jina v3's
+    LoRA): W x + B_t A_t x for the task t each sequence names (model.TaskLoRA), the
+    factors of all tasks stacked in one tensor and gathered by the task id; task 0
+    is the base model (zero factors). 0: no adapters, no task input.
     """
 
     d_model: int = 384
@@ -155,6 +163,9 @@ class EncoderConfig:
     rotary_inv_freq: tuple[float, ...] | None = None
     rotary_scale: float = 1.0
     mlp_in_bias: bool | None = None
+    # Task adapters (Jina v3):
+    lora_tasks: int = 0
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -227,6 +238,9 @@ class EncoderConfig:
             raise ConfigError("RMSNorm has no bias: set norm_bias false")
         if self.norm_placement == "post" and not self.first_attn_norm:
             raise ConfigError("first_attn_norm false only applies to pre-LN (norm_placement pre)")
+        if self.lora_tasks or self.lora_rank:  # both set, or neither
+            check_size("lora_tasks", self.lora_tasks, SIZE_BOUNDS["lora_tasks"], ConfigError)
+            check_size("lora_rank", self.lora_rank, SIZE_BOUNDS["lora_rank"], ConfigError)
         self._check_disentangled()
         self._check_gemma_fields()
         self._check_rotary_refinements()
@@ -399,7 +413,16 @@ class EncoderConfig:
             if not self.share_position_projections:
                 terms = int(self.content_to_position) + int(self.position_to_content)
                 attention += terms * (d * d + d)
-        return self.n_layers * (attention + feed_forward) + norms * norm + relative
+        return self.n_layers * (attention + feed_forward + self.lora_parameters()) + (
+            norms * norm + relative
+        )
+
+    def lora_parameters(self) -> int:
+        """One layer's task-adapter factors (A [in, r] and B [r, out] per projection, for
+        the base slot 0 and each task): 0 without adapters."""
+        d, up = self.d_model, 2 * self.d_ff if self.glu else self.d_ff
+        widths = 4 * (d + d) + (d + up) + (self.d_ff + d)  # q, k, v, out; up; down
+        return (self.lora_tasks + 1) * self.lora_rank * widths if self.lora_tasks else 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -44,7 +44,13 @@ from model_export import graph_io
 from model_export.dense import DenseWeights, write_dense
 from model_export.embedding_ranges import embedding_ranges
 from model_export.export_plan import RANGES, SHARE_WEIGHTS, export_plan
-from model_export.graph_modules import GRAPH_MODULES, HEAD_GRAPH, SparseGraph, extra_inputs
+from model_export.graph_modules import (
+    GRAPH_MODULES,
+    HEAD_GRAPH,
+    SparseGraph,
+    extra_inputs,
+    task_example,
+)
 from model_export.heads import Head, HeadGraph
 from model_export.manifest import (
     GraphFile,
@@ -96,15 +102,16 @@ def _export_text_frontend(
     opset, exporter = settings
     ids = torch.ones(2, 8, dtype=torch.int64)
     types = torch.zeros_like(ids)
-    written = _text_graphs(tokenizer_file)
+    tasks = encoder.config.lora_tasks
+    written = _text_graphs(tokenizer_file, tasks)
     with progress.step("export", graph_io.GRAPH_TOKEN_EMBEDDINGS):
         _export_graph(
             embeddings,
-            (ids, types),
+            (ids, types, *task_example(tasks)),
             staging / graph_io.GRAPH_TOKEN_EMBEDDINGS,
             opset,
             exporter,
-            list(graph_io.TEXT_INPUT_NAMES),
+            list(graph_io.with_task(graph_io.TEXT_INPUT_NAMES, tasks)),
             [graph_io.INPUT_EMBEDS],
         )
     if graph_io.GRAPH_SPARSE in written:
@@ -124,10 +131,11 @@ def _export_text_frontend(
     return written
 
 
-def _text_graphs(tokenizer_file: Path | None) -> list[str]:
+def _text_graphs(tokenizer_file: Path | None, tasks: int = 0) -> list[str]:
     """The graphs of the text front end: the token embeddings, and BM42's for a
-    WordPiece tokenizer (or none)."""
-    sparse = tokenizer_file is None or _splits_words_like_wordpiece(tokenizer_file)
+    WordPiece tokenizer (or none) of a model without task adapters."""
+    wordpiece = tokenizer_file is None or _splits_words_like_wordpiece(tokenizer_file)
+    sparse = wordpiece and not tasks
     return [graph_io.GRAPH_TOKEN_EMBEDDINGS, *([graph_io.GRAPH_SPARSE] if sparse else [])]
 
 
@@ -213,6 +221,7 @@ def _export_graph(
             batch = torch.export.Dim(graph_io.BATCH_AXIS, min=1)
             seq = torch.export.Dim(graph_io.SEQ_AXIS, min=1)
             extra = {
+                graph_io.INPUT_TASK: {0: batch},
                 graph_io.INPUT_TOP_K: {0: torch.export.Dim("k", min=1)},
                 graph_io.INPUT_LAYERS: None,  # one mark per layer
                 # A model of one head has only [0] to select: a static axis of 1.
@@ -270,6 +279,8 @@ def export_model(
     compact_attention: bool = True,
     dense: tuple[DenseWeights, ...] = (),
     progress: Progress | None = None,
+    task_names: tuple[str, ...] = (),
+    default_task: str | None = None,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -291,24 +302,39 @@ def export_model(
     the directory has neither ``model_attn_compact.onnx`` nor ``model_attn_select.onnx``
     (the service answers top-k rows, summaries, float16 maps and selected layers from
     the full maps instead). ``progress`` shows each step as it starts and times it.
+    A model with task adapters (``lora_tasks``) names them in ``task_names`` (the
+    manifest's ``tasks``, task id t = ``task_names[t - 1]``) with an optional
+    ``default_task``; every graph takes the task, and it has no compact graphs, BM42
+    graph, head or int8 ranges.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
     encoder.eval()
     if head is not None and embeddings is None:
         raise ValueError("a head reads token ids: export it with its embeddings")
+    tasks = encoder.config.lora_tasks
+    if tasks and (head is not None or len(task_names) != tasks):
+        raise ValueError(
+            f"a model of {tasks} task adapters is exported with their {tasks} names "
+            "and without a head"
+        )
     progress = progress or Progress(out_dir.name)
+    # The compact graphs do not take a task: a model with adapters answers their requests
+    # from the full maps (as --no-compact-attention does).
     modules = {
         graph: module_class
         for graph, module_class in GRAPH_MODULES.items()
-        if compact_attention or graph not in graph_io.COMPACT_GRAPHS
+        if (compact_attention and not tasks) or graph not in graph_io.COMPACT_GRAPHS
     }
     head_graph = None if head is None else HEAD_GRAPH[head.task]
-    with_ranges = embeddings is not None and tokenizer_file is not None and head is None
+    # int8 ranges are the base model's: none for a model whose tasks move its vectors.
+    with_ranges = (
+        embeddings is not None and tokenizer_file is not None and head is None and not tasks
+    )
     progress.plan(
         export_plan(
             list(modules),
-            [] if embeddings is None else _text_graphs(tokenizer_file),
+            [] if embeddings is None else _text_graphs(tokenizer_file, tasks),
             head_graph,
             optimize=optimize,
             ranges=with_ranges,
@@ -321,11 +347,17 @@ def export_model(
             with progress.step("export", graph):
                 _export_graph(
                     module_class(encoder),
-                    example + extra_inputs(graph, encoder.config.n_layers, encoder.config.n_heads),
+                    example
+                    + extra_inputs(graph, encoder.config.n_layers, encoder.config.n_heads)
+                    + task_example(tasks),
                     staging / graph,
                     opset,
                     exporter,
-                    list(graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES)),
+                    list(
+                        graph_io.with_task(
+                            graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), tasks
+                        )
+                    ),
                     list(graph_io.GRAPH_OUTPUTS[graph]),
                 )
         fused = {}
@@ -400,6 +432,8 @@ def export_model(
             weights=graph_io.WEIGHTS_FILE,
             weights_sha256=sha256_file(staging / graph_io.WEIGHTS_FILE),
             include_prompt=include_prompt,
+            tasks=task_names,
+            default_task=default_task,
             head=None
             if head is None or head_graph is None
             else ManifestHead(

@@ -48,6 +48,11 @@ INPUT_IDS: Final = "input_ids"  # int64 [batch, seq]
 INPUT_TOKEN_TYPES: Final = "token_type_ids"  # int64 [batch, seq]
 TEXT_INPUT_NAMES: Final = (INPUT_IDS, INPUT_TOKEN_TYPES)
 
+# Models with task adapters (EncoderConfig.lora_tasks, Jina v3): every graph that runs
+# the model takes, after its other inputs, each row's task, 0 = no adapter and t = the
+# manifest's tasks[t - 1].
+INPUT_TASK: Final = "task"  # int64 [batch]
+
 BATCH_AXIS: Final = "batch"
 SEQ_AXIS: Final = "seq"
 
@@ -174,6 +179,7 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     OUTPUT_SUMMARIES: {0: BATCH_AXIS, 3: SEQ_AXIS},
     INPUT_LAYERS: {},
     INPUT_HEADS: {0: "heads'"},
+    INPUT_TASK: {0: BATCH_AXIS},
     OUTPUT_SELECTED: {0: BATCH_AXIS, 1: "layers'", 2: "heads'", 3: SEQ_AXIS, 4: SEQ_AXIS},
     OUTPUT_SELECTED_HALF: {0: BATCH_AXIS, 1: "layers'", 2: "heads'", 3: SEQ_AXIS, 4: SEQ_AXIS},
     OUTPUT_LOGITS: {0: BATCH_AXIS},
@@ -203,8 +209,14 @@ SHAPES: Final[dict[str, list[str]]] = {
     OUTPUT_SUMMARIES: [BATCH_AXIS, "layers", "heads", SEQ_AXIS, "summaries"],
     INPUT_LAYERS: ["layers"],
     INPUT_HEADS: ["heads'"],
+    INPUT_TASK: [BATCH_AXIS],
     OUTPUT_SELECTED: [BATCH_AXIS, "layers'", "heads'", SEQ_AXIS, SEQ_AXIS],
     OUTPUT_SELECTED_HALF: [BATCH_AXIS, "layers'", "heads'", SEQ_AXIS, SEQ_AXIS],
 }
 # Outputs that are not float32.
 DTYPES: Final[dict[str, str]] = {OUTPUT_TOP_INDICES: "int32", OUTPUT_SELECTED_HALF: "float16"}
+
+
+def with_task(inputs: tuple[str, ...], tasks: int) -> tuple[str, ...]:
+    """A graph's inputs for a model of ``tasks`` task adapters: the task id last."""
+    return (*inputs, INPUT_TASK) if tasks else inputs

@@ -24,8 +24,12 @@ class EmbeddingsGraph(nn.Module):
         super().__init__()
         self.encoder = encoder
 
-    def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden: Tensor = self.encoder(inputs_embeds, attention_mask, weights=False).hidden
+    def forward(
+        self, inputs_embeds: Tensor, attention_mask: Tensor, task: Tensor | None = None
+    ) -> Tensor:
+        hidden: Tensor = self.encoder(
+            inputs_embeds, attention_mask, weights=False, task=task
+        ).hidden
         return hidden
 
 
@@ -36,8 +40,12 @@ class HiddenStatesGraph(nn.Module):
         super().__init__()
         self.encoder = encoder
 
-    def forward(self, inputs_embeds: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.encoder(inputs_embeds, attention_mask, weights=False, hidden_states=True)
+    def forward(
+        self, inputs_embeds: Tensor, attention_mask: Tensor, task: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        out = self.encoder(
+            inputs_embeds, attention_mask, weights=False, hidden_states=True, task=task
+        )
         assert out.hidden_states is not None
         return out.hidden, out.hidden_states
 
@@ -51,10 +59,10 @@ class AttentionGraph(nn.Module):
         self.encoder = encoder
 
     def forward(
-        self, inputs_embeds: Tensor, attention_mask: Tensor
+        self, inputs_embeds: Tensor, attention_mask: Tensor, task: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         hidden, attn, states, norms = self.encoder(
-            inputs_embeds, attention_mask, hidden_states=True, value_norms=True
+            inputs_embeds, attention_mask, hidden_states=True, value_norms=True, task=task
         )
         assert attn is not None and states is not None and norms is not None
         return hidden, attn, states, norms
@@ -100,6 +108,14 @@ GRAPH_MODULES = {
     graph_io.GRAPH_COMPACT_ATTENTION: CompactAttentionGraph,
     graph_io.GRAPH_SELECTED_ATTENTION: SelectedAttentionGraph,
 }
+
+
+def task_example(tasks: int, batch: int = 2) -> tuple[Tensor, ...]:
+    """An example task input (B,) for a model of ``tasks`` adapters (none without): the
+    rows name different tasks, the last one first."""
+    if not tasks:
+        return ()
+    return (torch.arange(tasks, tasks - batch, -1, dtype=torch.int64).clamp(min=0),)
 
 
 def extra_inputs(graph: str, n_layers: int, n_heads: int) -> tuple[Tensor, ...]:

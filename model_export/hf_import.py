@@ -79,6 +79,9 @@ class Checkpoint:
     dense: tuple[DenseWeights, ...] = ()  # sentence-transformers' Dense layers, after pooling
     # Where it came from (hub.ResolvedCheckpoint.provenance): recorded in the manifest.
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Task adapters (Jina v3): their names in task-id order, and the default one.
+    tasks: tuple[str, ...] = ()
+    default_task: str | None = None
 
 
 def position_offset(hf: dict[str, Any], family: Family) -> int:
@@ -232,7 +235,8 @@ def map_state_dict(
                 take(emb_state, key, f"{theirs}.{suffix}", emb_params[key].shape)
     if zero_types:  # no token types: a zero type embedding
         emb_state["token_type.weight"] = torch.zeros_like(emb_params["token_type.weight"])
-    unmapped = set(enc_params) - set(enc_state)
+    # Task adapters' factors come from their own folders (model_export.task_adapters).
+    unmapped = {k for k in set(enc_params) - set(enc_state) if ".lora_" not in k}
     problems += [f"encoder parameter {k} has no checkpoint key" for k in sorted(unmapped)]
     extra = sorted(set(hf_state) - used - set(family.known_unused))
     if extra:
@@ -377,6 +381,11 @@ def load_checkpoint(
     if isinstance(st_max, int) and 0 < st_max < config.max_seq_len:
         config = dataclasses.replace(config, max_seq_len=st_max)
     state = _weights(root)
+    adapters = None if family.task_adapters is None else family.task_adapters(root, hf)
+    if adapters is not None:
+        config = dataclasses.replace(
+            config, lora_tasks=len(adapters.adapters), lora_rank=adapters.rank
+        )
     encoder = Encoder(config)
     types = token_types(hf, family)
     embeddings = TokenEmbeddings(
@@ -390,11 +399,20 @@ def load_checkpoint(
         norm_bias=config.norm_bias,
         normed=family.embedding_norm,
         scale=embedding_scale(hf, state, family),
+        lora_tasks=config.lora_tasks,
+        lora_rank=config.lora_rank,
     )
     enc_state, emb_state = map_state_dict(state, encoder, embeddings, family, token_types=types > 0)
+    if adapters is not None:
+        from model_export.task_adapters import stacked_state
+
+        enc_lora, emb_lora = stacked_state(adapters, family, encoder, embeddings)
+        enc_state, emb_state = enc_state | enc_lora, emb_state | emb_lora
     encoder.load_state_dict(enc_state, strict=True)
     embeddings.load_state_dict(emb_state, strict=True)
     task = head_task(root, hf, head, set(state), family)
+    if task is not None and adapters is not None:
+        raise CheckpointError(f"a {task} head on a model with task adapters is not supported")
     loaded_head = None if task is None else load_head(root, task, family, hf, state, encoder)
     if loaded_head is not None and loaded_head.llm is not None:
         # A CrossEncoder's prompts are its instructions (head.llm), not text prepended.
@@ -418,6 +436,8 @@ def load_checkpoint(
         head=loaded_head,
         dense=tuple(dense_weights(module, _weights(module.path)) for module in recipe.dense),
         provenance=resolved.provenance(),
+        tasks=() if adapters is None else adapters.names,
+        default_task=None if adapters is None else adapters.default,
     )
     if scratch is not None:
         weakref.finalize(loaded, shutil.rmtree, scratch, ignore_errors=True)

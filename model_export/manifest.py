@@ -136,6 +136,15 @@ class GraphFile:
     outputs: tuple[str, ...]
 
 
+def _tasks(raw: object) -> tuple[str, ...]:
+    """tasks as read from JSON: a list (names checked after)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ManifestError("tasks must be a list of names")
+    return tuple(raw)
+
+
 def _ranges(raw: object) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """quantization_ranges as read from JSON: two lists of numbers (checked after)."""
     if raw is None:
@@ -184,6 +193,10 @@ class Manifest:
     quantization_ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # format 8: sentence-transformers' Dense layers, after pooling (the served vector's width)
     dense: Dense | None = None
+    # Task adapters (architecture.lora_tasks, Jina v3): their names, task id t naming
+    # tasks[t - 1] (0: none), and the one a request without a task gets (None: none).
+    tasks: tuple[str, ...] = ()
+    default_task: str | None = None
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -210,6 +223,7 @@ class Manifest:
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ManifestError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         self._check_prompts()
+        self._check_tasks()
         self._check_ranges()
         if self.head is not None and self.text is None:
             raise ManifestError("head: a head reads token ids, so the model needs its text")
@@ -239,6 +253,31 @@ class Manifest:
             raise ManifestError(f"default_prompt_name {default!r} is not one of the prompts")
         if not isinstance(self.include_prompt, bool):
             raise ManifestError(f"include_prompt must be a boolean, got {self.include_prompt!r}")
+
+    def _check_tasks(self) -> None:
+        tasks = self.tasks
+        if len(tasks) != self.architecture.lora_tasks:
+            raise ManifestError(
+                f"tasks names {len(tasks)} tasks, but the architecture has "
+                f"{self.architecture.lora_tasks} task adapters"
+            )
+        for name in tasks:
+            if not (isinstance(name, str) and 0 < len(name) <= MAX_PROMPT_NAME):
+                raise ManifestError(f"a task's name must be 1..{MAX_PROMPT_NAME} characters")
+        if len(set(tasks)) != len(tasks):
+            raise ManifestError(f"tasks has duplicates: {list(tasks)}")
+        if self.default_task is not None and self.default_task not in tasks:
+            raise ManifestError(f"default_task {self.default_task!r} is not one of the tasks")
+
+    def task_id(self, name: str | None) -> int:
+        """The graphs' task input for task ``name`` (None: the default task, else none):
+        0 for no adapter, t for tasks[t - 1]; KeyError for a name it does not have."""
+        name = self.default_task if name is None else name
+        if name is None:
+            return 0
+        if name not in self.tasks:
+            raise KeyError(name)
+        return self.tasks.index(name) + 1
 
     def _check_ranges(self) -> None:
         ranges = self.quantization_ranges
@@ -376,6 +415,9 @@ class Manifest:
                 else {}
             ),
             **({"dense": asdict(self.dense)} if self.dense is not None else {}),
+            **(
+                {"tasks": list(self.tasks), "default_task": self.default_task} if self.tasks else {}
+            ),
             **self.record,
         }
 
@@ -393,7 +435,7 @@ class Manifest:
         known = {"format_version", "name", "architecture", "opset", "inputs", "graphs", "text"}
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
         known |= {"prompts", "default_prompt_name", "include_prompt", "weights", "weights_sha256"}
-        known |= {"head", "quantization_ranges", "dense"}
+        known |= {"head", "quantization_ranges", "dense", "tasks", "default_task"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -420,6 +462,8 @@ class Manifest:
                 head=Head.from_dict(raw["head"]) if raw.get("head") else None,
                 quantization_ranges=_ranges(raw.get("quantization_ranges")),
                 dense=Dense.from_dict(raw["dense"]) if raw.get("dense") is not None else None,
+                tasks=_tasks(raw.get("tasks")),
+                default_task=raw.get("default_task"),
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:

@@ -29,6 +29,9 @@ than of P: with r = row(i, j) of the shared relative embeddings E_r,
 ``q_i·(E_r W_k)[r]`` (content-to-position) and ``k_j·(E_r W_q)[r]``
 (position-to-content); all terms share one scale 1/√(d_k · ``score_scale_factor``).
 
+Task adapters (``lora_tasks``, Jina v3): each projection W of a layer is W x + B_t A_t x
+for the task t of the row (``TaskLoRALinear``), t = 0 the base model.
+
 M is 0 where a query may see a key and -10000 elsewhere. The allowed set is the
 intersection of key padding, the optional causal mask and the optional local
 window of radius r, which may differ per layer (ModernBERT's global layers have
@@ -357,6 +360,46 @@ def norm_layer(config: EncoderConfig, size: int | None = None) -> nn.Module:
     return RMSNorm(size, config.layer_norm_eps, plus_one=config.norm == "rms_plus_one")
 
 
+class TaskLoRALinear(nn.Linear):
+    """W x + b + B_t A_t x: a projection with one low-rank adapter per task (LoRA, Hu et
+    al.; Jina v3's task adapters), chosen per row by its task id t.
+
+    The factors of every task are stacked, ``lora_a`` (k + 1, in, r) and ``lora_b``
+    (k + 1, r, out), and gathered by the row's task: one graph serves every task with
+    each weight once. Slot 0 is zero (the base model); LoRA's scaling α/r is folded
+    into ``lora_b`` on import. Without a task it is the plain projection.
+    """
+
+    def __init__(self, in_features: int, out_features: int, tasks: int, rank: int, bias: bool):
+        super().__init__(in_features, out_features, bias=bias)
+        self.lora_a = nn.Parameter(torch.zeros(tasks + 1, in_features, rank))
+        self.lora_b = nn.Parameter(torch.zeros(tasks + 1, rank, out_features))
+
+    def forward(self, x: Tensor, task: Tensor | None = None) -> Tensor:
+        """x (B, T, in), task int64 (B,) -> (B, T, out)."""
+        out = super().forward(x)
+        if task is None:
+            return out
+        low = x @ self.lora_a[task]  # (B, T, r)
+        adapted: Tensor = out + low @ self.lora_b[task]  # (B, T, out)
+        return adapted
+
+
+def linear(config: EncoderConfig, d_in: int, d_out: int, bias: bool) -> nn.Linear:
+    """A projection, with task adapters where the config has them."""
+    if config.lora_tasks:
+        return TaskLoRALinear(d_in, d_out, config.lora_tasks, config.lora_rank, bias)
+    return nn.Linear(d_in, d_out, bias=bias)
+
+
+def project(proj: nn.Linear, x: Tensor, task: Tensor | None) -> Tensor:
+    """``proj(x)``, through the row's task adapter where it has one."""
+    out: Tensor = (
+        proj(x, task) if task is not None and isinstance(proj, TaskLoRALinear) else proj(x)
+    )
+    return out
+
+
 class MultiHeadSelfAttention(nn.Module):
     """h heads of scaled dot-product (or additive) attention, then W_o. With fewer
     key/value heads than query heads (grouped-query attention), query head h reads
@@ -373,10 +416,10 @@ class MultiHeadSelfAttention(nn.Module):
         self.score_scale = config.score_scale  # Gemma3's: multiplies instead
         d, bias = config.d_model, config.attention_bias
         inner, kv = self.n_heads * self.head_dim, self.kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d, inner, bias=bias)
-        self.k_proj = nn.Linear(d, kv, bias=bias)
-        self.v_proj = nn.Linear(d, kv, bias=bias)
-        self.out_proj = nn.Linear(inner, d, bias=config.output_bias)
+        self.q_proj = linear(config, d, inner, bias)
+        self.k_proj = linear(config, d, kv, bias)
+        self.v_proj = linear(config, d, kv, bias)
+        self.out_proj = linear(config, inner, d, config.output_bias)
         # Qwen3's and Gemma3's per-head norms of queries and keys, before rotary.
         self.q_norm = norm_layer(config, self.head_dim) if config.qk_norm else None
         self.k_norm = norm_layer(config, self.head_dim) if config.qk_norm else None
@@ -400,22 +443,28 @@ class MultiHeadSelfAttention(nn.Module):
             return x
         return x.repeat_interleave(self.n_heads // self.kv_heads, dim=1)
 
-    def queries(self, x: Tensor, rotation: Rotation = None) -> Tensor:
-        """Each head's queries (B, h, T, d_k): projected, normed (qk_norm), rotated."""
-        return self._positioned(self.q_proj, self.q_norm, x, rotation)
+    def queries(self, x: Tensor, rotation: Rotation = None, task: Tensor | None = None) -> Tensor:
+        """Each head's queries (B, h, T, d_k): projected (through the row's ``task``
+        adapter, where the model has them), normed (qk_norm), rotated."""
+        return self._positioned(self.q_proj, self.q_norm, x, rotation, task)
 
-    def keys(self, x: Tensor, rotation: Rotation = None) -> Tensor:
+    def keys(self, x: Tensor, rotation: Rotation = None, task: Tensor | None = None) -> Tensor:
         """Each query head's keys (B, h, T, d_k), shared within a group."""
-        return self._per_query_head(self._positioned(self.k_proj, self.k_norm, x, rotation))
+        return self._per_query_head(self._positioned(self.k_proj, self.k_norm, x, rotation, task))
 
-    def values(self, x: Tensor) -> Tensor:
+    def values(self, x: Tensor, task: Tensor | None = None) -> Tensor:
         """Each query head's values (B, h, T, d_k): not rotated, shared within a group."""
-        return self._per_query_head(self._split_heads(self.v_proj(x)))
+        return self._per_query_head(self._split_heads(project(self.v_proj, x, task)))
 
     def _positioned(
-        self, proj: nn.Linear, norm: nn.Module | None, x: Tensor, rotation: Rotation
+        self,
+        proj: nn.Linear,
+        norm: nn.Module | None,
+        x: Tensor,
+        rotation: Rotation,
+        task: Tensor | None = None,
     ) -> Tensor:
-        out = self._split_heads(proj(x))  # (B, heads, T, d_k)
+        out = self._split_heads(project(proj, x, task))  # (B, heads, T, d_k)
         if norm is not None:
             out = norm(out)
         if rotation is not None and self.rotary is not None:
@@ -446,33 +495,42 @@ class MultiHeadSelfAttention(nn.Module):
         *,
         need_norms: bool = False,
         relative: Relative = None,
+        task: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """x (B, T, d), additive ``bias`` (P + M), the layer's ``rotation`` and DeBERTa's
         ``relative`` rows -> output (B, T, d), weights (B, h, T, T), and with
-        ``need_norms`` each head's value norms (B, h, T)."""
+        ``need_norms`` each head's value norms (B, h, T). ``task`` (B,): each row's task
+        adapter (models with ``lora_tasks``)."""
         b, t, _ = x.shape
-        q = self.queries(x, rotation)  # (B, h, T, d_k)
-        k = self.keys(x, rotation)  # (B, h, T, d_k)
-        v = self.values(x)  # (B, h, T, d_k): values are not rotated
+        q = self.queries(x, rotation, task)  # (B, h, T, d_k)
+        k = self.keys(x, rotation, task)  # (B, h, T, d_k)
+        v = self.values(x, task)  # (B, h, T, d_k): values are not rotated
         scores = self.scores(q, k, relative) + bias  # (B, h, T, T)
         weights = torch.softmax(scores, dim=-1)  # (B, h, T, T); masked keys exactly 0
         context = self.dropout(weights) @ v  # (B, h, T, d_k)
         context = context.transpose(1, 2).reshape(b, t, -1)  # (B, T, h·d_k)
-        norms = self.value_norms(v) if need_norms else None
-        return self.out_proj(context), weights, norms
+        norms = self.value_norms(v, task) if need_norms else None
+        return project(self.out_proj, context, task), weights, norms
 
-    def value_norms(self, v: Tensor) -> Tensor:
+    def value_norms(self, v: Tensor, task: Tensor | None = None) -> Tensor:
         """‖f_h(x_j)‖ with f_h(x) = (x W_V^h + b_V^h) W_O^h, head h's slice of the output
         projection, its bias excluded (Kobayashi et al., 2020): (B, h, T, d_k) -> (B, h, T).
         Bias-free projections make b_V^h 0: ``v`` already holds what the model used.
         ``α_ij ‖f_h(x_j)‖`` is then how much token j moves token i through head h."""
-        d = self.out_proj.weight.shape[0]
+        b, d = v.shape[0], self.out_proj.weight.shape[0]
         # W_Oᵀ (h·d_k, d) -> (h, d_k, d): head h's rows, as a matmul (no einsum: the
         # exported MatMul keeps onnxruntime's shape inference and fusions working). Taken
         # from the transpose the projection itself multiplies by, so the exported graph
         # holds those bytes once (model_export.weights_file shares equal bytes).
         per_head = self.out_proj.weight.t().reshape(self.n_heads, self.head_dim, d)
         transformed = v @ per_head  # (B, h, T, d)
+        out_proj = self.out_proj
+        if task is not None and isinstance(out_proj, TaskLoRALinear):
+            # The row's W_O is W_O + (B_t A_t)ᵀ: head h's rows of A_t, then B_t.
+            a = out_proj.lora_a[task]  # (B, d_model, r)
+            a = a.reshape(b, self.n_heads, self.head_dim, a.shape[-1])  # (B, h, d_k, r)
+            b_t = out_proj.lora_b[task][:, None]  # (B, 1, r, d)
+            transformed = transformed + (v @ a) @ b_t  # (B, h, T, d)
         # sqrt(sum(x²)), not vector_norm: its ReduceL2 export has no shape for onnxruntime's
         # symbolic shape inference, which then skips the attention graph's fusions.
         norms: Tensor = transformed.square().sum(dim=-1).sqrt()
@@ -487,8 +545,8 @@ class FeedForward(nn.Module):
         super().__init__()
         self.glu = config.glu
         up = 2 * config.d_ff if config.glu else config.d_ff
-        self.up = nn.Linear(config.d_model, up, bias=config.up_bias)
-        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+        self.up = linear(config, config.d_model, up, config.up_bias)
+        self.down = linear(config, config.d_ff, config.d_model, config.mlp_bias)
         self.activation = config.activation
         self.dropout = nn.Dropout(config.dropout)
 
@@ -501,14 +559,14 @@ class FeedForward(nn.Module):
             return F.silu(h)
         return F.relu(h)
 
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.up(x)  # (B, T, d_ff), or (B, T, 2 d_ff) gated
+    def forward(self, x: Tensor, task: Tensor | None = None) -> Tensor:
+        h = project(self.up, x, task)  # (B, T, d_ff), or (B, T, 2 d_ff) gated
         if self.glu:
             value, gate = h.chunk(2, dim=-1)  # (B, T, d_ff) each
             h = self.act(value) * gate
         else:
             h = self.act(h)
-        out: Tensor = self.dropout(self.down(h))
+        out: Tensor = self.dropout(project(self.down, h, task))
         return out
 
 
@@ -538,20 +596,21 @@ class EncoderBlock(nn.Module):
         *,
         need_norms: bool = False,
         relative: Relative = None,
+        task: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         if self.pre_norm:
             normed = self.attn_norm(x)
             attn_out, weights, norms = self.attn(
-                normed, bias, rotation, need_norms=need_norms, relative=relative
+                normed, bias, rotation, need_norms=need_norms, relative=relative, task=task
             )
             x = x + self.dropout(self.attn_out_norm(attn_out))
-            x = x + self.ffn_out_norm(self.ffn(self.ffn_norm(x)))
+            x = x + self.ffn_out_norm(self.ffn(self.ffn_norm(x), task))
         else:
             attn_out, weights, norms = self.attn(
-                x, bias, rotation, need_norms=need_norms, relative=relative
+                x, bias, rotation, need_norms=need_norms, relative=relative, task=task
             )
             x = self.attn_norm(x + self.dropout(attn_out))
-            x = self.ffn_norm(x + self.ffn(x))
+            x = self.ffn_norm(x + self.ffn(x, task))
         return x, weights, norms
 
 
@@ -607,6 +666,10 @@ class Encoder(nn.Module):
                 param.zero_()
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        for module in self.modules():  # task 0 is the base model: no adapter
+            if isinstance(module, TaskLoRALinear):
+                module.lora_a[0].zero_()
+                module.lora_b[0].zero_()
 
     def forward(
         self,
@@ -616,12 +679,14 @@ class Encoder(nn.Module):
         weights: bool = True,
         hidden_states: bool = False,
         value_norms: bool = False,
+        task: Tensor | None = None,
     ) -> EncoderOutput:
         """The contextualized embeddings, and the outputs the flags ask for (None otherwise):
         attention weights (B, L, h, T, T); hidden states, transformers'
         ``output_hidden_states`` (the input embeddings, then each layer's output, the last
         after the final norm for pre-LN: (B, L + 1, T, d_model)); value norms (B, L, h, T),
-        ``MultiHeadSelfAttention.value_norms``. All are exactly 0 at padded positions."""
+        ``MultiHeadSelfAttention.value_norms``. All are exactly 0 at padded positions.
+        ``task`` int64 (B,): each row's task adapter (0: none), models with ``lora_tasks``."""
         biases = self.layer_biases(attention_mask)
         rotations = self.layer_rotations(attention_mask.shape[1])
         relative = self.relative(attention_mask.shape[1])
@@ -632,7 +697,7 @@ class Encoder(nn.Module):
         states: list[Tensor] = [x]
         for layer, bias, rotation in zip(self.layers, biases, rotations, strict=True):
             x, layer_weights, layer_norms = layer(
-                x, bias, rotation, need_norms=value_norms, relative=relative
+                x, bias, rotation, need_norms=value_norms, relative=relative, task=task
             )
             per_layer.append(layer_weights)
             if layer_norms is not None:
@@ -720,7 +785,9 @@ class TokenEmbeddings(nn.Module):
     without token types gets a one-row table of zeros; ``norm_bias`` false drops
     the LayerNorm's bias (ModernBERT); ``normed`` false drops the norm (LLM-style
     families). ``scale`` multiplies the looked-up word vectors (Gemma: √d_model, rounded to
-    the checkpoint's dtype). The graph's inputs stay the same for all.
+    the checkpoint's dtype). The graph's inputs stay the same for all, but with
+    ``lora_tasks`` (Jina v3) the word embeddings have one low-rank adapter per task,
+    word[id] + A_t[id] B_t, and the graph takes each row's task.
     """
 
     def __init__(
@@ -736,6 +803,8 @@ class TokenEmbeddings(nn.Module):
         norm_bias: bool = True,
         normed: bool = True,
         scale: float | None = None,
+        lora_tasks: int = 0,
+        lora_rank: int = 0,
     ) -> None:
         super().__init__()
         # Token t sits at row t + position_offset of the position table (RoBERTa's rows
@@ -748,6 +817,18 @@ class TokenEmbeddings(nn.Module):
         # LLM-style families (Llama, Qwen, Gemma, EuroBERT) have no norm after the lookup.
         self.norm = nn.LayerNorm(d_model, eps=eps, bias=norm_bias) if normed else nn.Identity()
         self.scale = scale
+        # Task adapters of the word embeddings: A (k + 1, vocab, r), B (k + 1, r, d), slot 0
+        # zero (the base model), LoRA's α/r folded into B.
+        self.word_lora = (
+            nn.ParameterDict(
+                {
+                    "a": torch.zeros(lora_tasks + 1, vocab_size, lora_rank),
+                    "b": torch.zeros(lora_tasks + 1, lora_rank, d_model),
+                }
+            )
+            if lora_tasks
+            else None
+        )
         self.eval()
 
     @property
@@ -755,9 +836,17 @@ class TokenEmbeddings(nn.Module):
         """The longest sequence the position table covers (the bound, without one)."""
         return self.max_positions - self.position_offset
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        """input_ids, token_type_ids (B, T) int64 -> (B, T, d_model)."""
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor, task: Tensor | None = None
+    ) -> Tensor:
+        """input_ids, token_type_ids (B, T) int64 (and with task adapters each row's
+        ``task`` (B,)) -> (B, T, d_model)."""
         x = self.word(input_ids)
+        if self.word_lora is not None and task is not None:
+            a, b = self.word_lora["a"], self.word_lora["b"]
+            rows = a.reshape(-1, a.shape[-1])  # ((k + 1) · vocab, r)
+            low = rows[task[:, None] * a.shape[1] + input_ids]  # (B, T, r): A_t[id]
+            x = x + low @ b[task]  # (B, T, d_model)
         if self.scale is not None:  # Gemma's scaled lookup, before anything is added
             x = x * self.scale
         if self.position is not None:

@@ -82,6 +82,8 @@ def quantize_model_dir(
     shows each step as it starts."""
     manifest = Manifest.read(src)
     manifest.verify(src)
+    if manifest.tasks:  # its agreement and calibration runs feed no task
+        raise QuantizationError("int8 of a model with task adapters is not supported")
     text_graph = manifest.text_graph
     quantized_graphs = [*manifest.graphs, *([text_graph] if text_graph else [])]
     progress = progress or Progress(dst.name)

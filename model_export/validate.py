@@ -141,6 +141,21 @@ class Reference:
     mask: np.ndarray  # int64 [B, T]
     tokens: tuple[np.ndarray, np.ndarray] | None  # the ids and types embedded, if any
     outputs: dict[str, np.ndarray]  # hidden state, maps, hidden states, value norms
+    task: np.ndarray | None = None  # int64 [B]: each row's task (models with adapters)
+
+    @property
+    def task_feeds(self) -> dict[str, np.ndarray]:
+        """The task input of a model with task adapters; nothing for the others."""
+        return {} if self.task is None else {graph_io.INPUT_TASK: self.task}
+
+
+def case_tasks(tasks: int, rows: int, case: int) -> np.ndarray | None:
+    """Each row's task in validation ``case`` (int64 [rows]): the rows of a batch name
+    different tasks, 0 (no adapter) among them, and the cases cycle through all of
+    them. None for a model without task adapters."""
+    if not tasks:
+        return None
+    return (np.arange(rows, dtype=np.int64) + case) % (tasks + 1)
 
 
 def pytorch_references(
@@ -159,12 +174,14 @@ def pytorch_references(
     references = []
     for i, case in enumerate(cases):
         tokens = None
+        task = case_tasks(encoder.config.lora_tasks, len(case.lengths), i)
+        task_t = None if task is None else torch.from_numpy(task)
         if embeddings is None:
             embeds, mask = make_inputs(case.lengths, encoder.config.d_model, seed=i)
         else:
             ids, type_ids, mask = token_inputs(embeddings, case.lengths, seed=i)
             with torch.no_grad():
-                looked_up = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids))
+                looked_up = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids), task_t)
             embeds, tokens = looked_up.numpy(), (ids, type_ids)
         with torch.no_grad():
             hidden, attn, states, norms = encoder(
@@ -172,6 +189,7 @@ def pytorch_references(
                 torch.from_numpy(mask),
                 hidden_states=True,
                 value_norms=True,
+                task=task_t,
             )
         assert attn is not None and states is not None and norms is not None
         outputs = {
@@ -180,7 +198,7 @@ def pytorch_references(
             graph_io.OUTPUT_HIDDEN_STATES: states.numpy(),
             graph_io.OUTPUT_VALUE_NORMS: norms.numpy(),
         }
-        references.append(Reference(case, embeds, mask, tokens, outputs))
+        references.append(Reference(case, embeds, mask, tokens, outputs, task))
     return references
 
 
@@ -238,7 +256,7 @@ def _check_graph(
     """``graph`` on one case against PyTorch's outputs; raise on a mismatch."""
     names = list(graph_io.GRAPH_OUTPUTS[graph])
     attn, expected = ref.outputs[graph_io.OUTPUT_ATTENTIONS], dict(ref.outputs)
-    feeds = {graph_io.INPUT_EMBEDS: ref.embeds, graph_io.INPUT_MASK: ref.mask}
+    feeds = {graph_io.INPUT_EMBEDS: ref.embeds, graph_io.INPUT_MASK: ref.mask} | ref.task_feeds
     if graph == graph_io.GRAPH_COMPACT_ATTENTION:
         feeds[graph_io.INPUT_TOP_K] = np.zeros(min(3, ref.mask.shape[1]), dtype=np.int64)
     if graph == graph_io.GRAPH_SELECTED_ATTENTION:
@@ -315,7 +333,7 @@ def validate_token_embeddings(
     session = new_session(path)
     rng = np.random.default_rng(0)
     vocab, types = embeddings.word.num_embeddings, embeddings.token_type.num_embeddings
-    results = []
+    results: list[CheckResult] = []
     for case, (batch, seq) in (
         ("one token", (1, 1)),
         ("batch", (3, 17)),
@@ -323,9 +341,15 @@ def validate_token_embeddings(
     ):
         ids = rng.integers(0, vocab, size=(batch, seq), dtype=np.int64)
         type_ids = rng.integers(0, types, size=(batch, seq), dtype=np.int64)
+        tasks = 0 if embeddings.word_lora is None else embeddings.word_lora["a"].shape[0] - 1
+        task = case_tasks(tasks, batch, len(results))
+        feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids}
         with torch.no_grad():
-            want = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids)).numpy()
-        (got,) = session.run(None, {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids})
+            task_t = None if task is None else torch.from_numpy(task)
+            want = embeddings(torch.from_numpy(ids), torch.from_numpy(type_ids), task_t).numpy()
+        if task is not None:
+            feeds[graph_io.INPUT_TASK] = task
+        (got,) = session.run(None, feeds)
         diff, excess = differences(got, want)
         result = CheckResult(
             path.name, case, graph_io.INPUT_EMBEDS, list(got.shape), diff, atol, excess
@@ -336,8 +360,8 @@ def validate_token_embeddings(
     return results
 
 
-# Runs a graph (or graphs) on token ids, types and mask and returns its one output.
-IdRun = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# Runs a graph (or graphs) on token ids, types, mask (and task feeds) -> its one output.
+IdRun = Callable[[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]], np.ndarray]
 
 
 def _validate_id_graph(
@@ -353,7 +377,7 @@ def _validate_id_graph(
     results = []
     for ref in references:
         assert ref.tokens is not None, "graphs taking ids are checked on token embeddings"
-        got = run(*ref.tokens, ref.mask)
+        got = run(*ref.tokens, ref.mask, ref.task_feeds)
         diff, excess = differences(got, expected(ref))
         result = CheckResult(name, ref.case.name, output, list(got.shape), diff, atol, excess)
         results.append(result)
@@ -366,9 +390,11 @@ def _id_graph_run(path: Path) -> IdRun:
     """A graph taking ids, types and mask, with one output."""
     session = new_session(path)
 
-    def run(ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def run(
+        ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray, task: dict[str, np.ndarray]
+    ) -> np.ndarray:
         feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids}
-        (out,) = session.run(None, feeds | {graph_io.INPUT_MASK: mask})
+        (out,) = session.run(None, feeds | {graph_io.INPUT_MASK: mask} | task)
         got: np.ndarray = out
         return got
 
@@ -384,10 +410,13 @@ def validate_text_path(
     lookup = new_session(model_dir / graph_io.GRAPH_TOKEN_EMBEDDINGS)
     encode = new_session(model_dir / graph_io.GRAPH_EMBEDDINGS)
 
-    def run(ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def run(
+        ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray, task: dict[str, np.ndarray]
+    ) -> np.ndarray:
         feeds = {graph_io.INPUT_IDS: ids, graph_io.INPUT_TOKEN_TYPES: type_ids}
-        (embeds,) = lookup.run(None, feeds)
-        (hidden,) = encode.run(None, {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask})
+        (embeds,) = lookup.run(None, feeds | task)
+        feeds = {graph_io.INPUT_EMBEDS: embeds, graph_io.INPUT_MASK: mask}
+        (hidden,) = encode.run(None, feeds | task)
         out: np.ndarray = hidden
         return out
 

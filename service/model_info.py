@@ -167,8 +167,15 @@ SessionGraph = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
 def session_graphs(info: ModelInfo) -> list[SessionGraph]:
     """Each graph of ``info``'s export a runtime opens a session of: each the manifest
     lists (checked at open to have the outputs it records), the text graphs, a head."""
+    tasks = info.config.lora_tasks  # a model with task adapters: each graph takes the task
     graphs: list[SessionGraph] = [
-        (graph, graph, graph, graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), outs)
+        (
+            graph,
+            graph,
+            graph,
+            graph_io.with_task(graph_io.GRAPH_INPUTS.get(graph, graph_io.INPUT_NAMES), tasks),
+            outs,
+        )
         for graph, outs in ((g, e.outputs) for g, e in info.manifest.graphs.items())
     ]
     text, ids = info.manifest.text, graph_io.TEXT_GRAPH_INPUTS
@@ -186,7 +193,6 @@ def session_graphs(info: ModelInfo) -> list[SessionGraph]:
     if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
         lookup = graph_io.GRAPH_TOKEN_EMBEDDINGS
         lookup_outputs = graph_io.ID_GRAPHS[lookup]
-        graphs.append(
-            (lookup, lookup, text.embeddings_graph, graph_io.TEXT_INPUT_NAMES, lookup_outputs)
-        )
+        inputs = graph_io.with_task(graph_io.TEXT_INPUT_NAMES, tasks)
+        graphs.append((lookup, lookup, text.embeddings_graph, inputs, lookup_outputs))
     return graphs

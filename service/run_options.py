@@ -12,8 +12,9 @@ import numpy as np
 class RunOptions:
     """What a run feeds its graph beyond the sequences: the compact graph's ``top_k``,
     and the selected-maps graph's layers (ascending), heads (in answer order) and
-    dtype (``half``: float16). Runs share a graph only with jobs of the same
-    selection (``selection``); their k is the largest of theirs."""
+    dtype (``half``: float16); a model with task adapters' ``task`` (the graphs' task
+    id, 0: none). Runs share a graph only with jobs of the same selection and task
+    (``selection``); their k is the largest of theirs."""
 
     top_k: int = 1
     layers: tuple[int, ...] | None = None  # None: every layer
@@ -25,10 +26,11 @@ class RunOptions:
     # The lane whose own session runs it (service/lane_sessions.py); None, or a graph
     # without lane sessions: the graph's own session.
     lane_session: int | None = None
+    task: int = 0
 
     @property
     def selection(self) -> tuple[object, ...]:
-        return (self.layers, self.heads, self.half)
+        return (self.layers, self.heads, self.half, self.task)
 
     def kept_maps(self, n_layers: int, n_heads: int) -> int:
         """(layer, head) maps the selected-maps graph returns."""

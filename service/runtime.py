@@ -143,6 +143,8 @@ class ModelRuntime:
         graphs = session_graphs(info)
         steps = GraphSteps(log, f"loading model {info.name}", [file for _, _, file, *_ in graphs])
         self._sessions: dict[str, ort.InferenceSession] = {}
+        # The graphs that take each row's task (a model with task adapters: all of them).
+        self._tasked = {key for key, _, _, inputs, _ in graphs if graph_io.INPUT_TASK in inputs}
         # Each pre-packed graph's sessions of the inference lanes, one per lane.
         self._lane_sessions: dict[str, list[ort.InferenceSession]] = {}
         cache = session_cache(settings.session_cache_path, settings.session_cache_bytes)
@@ -293,6 +295,8 @@ class ModelRuntime:
             if graph == graph_io.GRAPH_SELECTED_ATTENTION:
                 feeds.update(self._selection_feeds(options))
             names = self.info.manifest.graphs[graph].outputs
+        if graph in self._tasked:  # one task per run: the batcher groups jobs by it
+            feeds[graph_io.INPUT_TASK] = np.full(batch.shape[0], options.task, dtype=np.int64)
         cut = cut or RunCut()
         try:
             outputs = session.run(

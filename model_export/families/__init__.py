@@ -16,6 +16,7 @@ from model_export.families import (
     eurobert,
     gemma3,
     gte,
+    jina_v3,
     llama,
     modernbert,
     mpnet,
@@ -39,6 +40,7 @@ REGISTRY: tuple[Family, ...] = (
     eurobert.FAMILY,
     gte.FAMILY,
     nomic_bert.FAMILY,
+    jina_v3.FAMILY,
 )
 FAMILIES: dict[str, Family] = {kind: family for family in REGISTRY for kind in family.model_types}
 

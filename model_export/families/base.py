@@ -13,9 +13,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from model_export.st_folder import CheckpointError
+
+if TYPE_CHECKING:
+    from model_export.task_adapters import TaskAdapters
 
 __all__ = [
     "BERT_EMBEDDING_KEYS",
@@ -150,6 +154,12 @@ class Family:
     # The word vectors times √hidden_size, that scale rounded to the stored table's dtype
     # as transformers computes it (Gemma's scaled embeddings).
     scaled_embeddings: bool = False
+    # Task adapters beside the checkpoint (Jina v3's PEFT LoRA folders): (folder,
+    # config.json) -> them (model_export.task_adapters), None when it has none.
+    task_adapters: Callable[[Path, dict[str, Any]], TaskAdapters | None] | None = None
+    # Other names an adapter may give a layer's projection ("layers.{i}.self_attn.q_proj")
+    # -> ours ("attn.q_proj"), beside the layer keys and the fused q/k/v.
+    adapter_aliases: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def same_width_embeddings(kind: str, hf: dict[str, Any]) -> None:

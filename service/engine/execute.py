@@ -240,7 +240,12 @@ class Executor:
         if to_embed:  # token ids first become the input embeddings the graph takes
             pairs = [sequences[k] for k in to_embed]
             found = await self._submit(
-                runtime, pairs, graph_io.GRAPH_TOKEN_EMBEDDINGS, flow=None, **bounds
+                runtime,
+                pairs,
+                graph_io.GRAPH_TOKEN_EMBEDDINGS,
+                flow=None,
+                options=RunOptions(task=prepared.task),
+                **bounds,
             )
             sequences = list(sequences)
             for k, result in zip(to_embed, found, strict=True):

@@ -70,6 +70,8 @@ class PreparedEncode:
     kept_keys: list[int] = dataclasses.field(default_factory=list)
     # Full maps answered by the selected-maps graph (attention_answer.selected_in_graph).
     selected: bool = False
+    # The graphs' task input (models with task adapters): 0 no adapter, t tasks[t - 1].
+    task: int = 0
 
     @property
     def graph(self) -> str:
@@ -85,13 +87,14 @@ class PreparedEncode:
     @property
     def run_options(self) -> RunOptions:
         """What this request's runs feed their graph: the compact graph's k (its
-        sequences' largest); the selected-maps graph's layers, heads and dtype."""
+        sequences' largest); the selected-maps graph's layers, heads and dtype; the task."""
         if self.compact:
-            return RunOptions(top_k=max(self.kept_keys, default=1))
+            return RunOptions(top_k=max(self.kept_keys, default=1), task=self.task)
         if self.selected:
             half = attention_answer.half_in_graph(self.request.attention)
-            return RunOptions(layers=tuple(sorted(self.layers)), heads=tuple(self.heads), half=half)
-        return PLAIN_RUN
+            layers, heads = tuple(sorted(self.layers)), tuple(self.heads)
+            return RunOptions(layers=layers, heads=heads, half=half, task=self.task)
+        return RunOptions(task=self.task) if self.task else PLAIN_RUN
 
     def needs_embedding(self, sequence: np.ndarray) -> bool:
         """Is ``sequence`` token ids that the graph cannot take as they are?"""
@@ -122,6 +125,7 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
     pooled_only = request.pooled_only
     check_count(request, settings)  # before reading them
     inputs = list(request.inputs)
+    task = task_id(info, request.task)
     prompt = _prompt(info, request, inputs)
     left = request.truncation_direction == "left"
     if prompt and not request.truncate:
@@ -195,7 +199,23 @@ def prepare(request: EncodeRequest, runtime: ModelRuntime, settings: Settings) -
         compact=compact,
         kept_keys=kept,
         selected=selected,
+        task=task,
     )
+
+
+def task_id(info: ModelInfo, task: str | None) -> int:
+    """The graphs' task input for ``task`` (None: the model's default, else no adapter);
+    a 422 naming the model's tasks for one it does not have."""
+    manifest = info.manifest
+    if task is not None and not manifest.tasks:
+        raise InvalidInput(f"model {info.name!r} has no task adapters", field=("task",))
+    try:
+        return manifest.task_id(task)
+    except KeyError:
+        raise InvalidInput(
+            f"model {info.name!r} has no task {task!r} (its tasks: {', '.join(manifest.tasks)})",
+            field=("task",),
+        ) from None
 
 
 def _quantization(info: ModelInfo, request: EncodeRequest, pooling: str) -> np.ndarray | None:

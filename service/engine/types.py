@@ -173,6 +173,9 @@ class EncodeRequest:
     # The answer is re-padded to max(pad_to, longest sequence) tokens (rectangular
     # protocols); None: one array per sequence at its own length. Counted in its size.
     pad_to: int | None = None
+    # A model with task adapters (Jina v3): the task whose adapter runs; None: the
+    # model's default task (manifest.default_task), else none (the base model).
+    task: str | None = None
 
     @property
     def pooled_only(self) -> bool:

@@ -328,6 +328,8 @@ def card_body(window: int | None, tokenizer: bool) -> Body:
         "include_prompt": tokenizer,
         "task": "embed" if tokenizer else "classify",
         "labels": [] if tokenizer else ["no", "yes"],
+        "tasks": ["retrieval.query", "text-matching"] if tokenizer else [],
+        "default_task": "retrieval.query" if tokenizer else None,
         "default": not tokenizer,
     }
 

@@ -115,6 +115,7 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         truncation_direction=options.truncation_direction,
         prompt_name=options.prompt_name,
         prompt=options.prompt,
+        task=options.task,
     )
     return request, options.encoding_format
 

@@ -119,6 +119,8 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         include_prompt=manifest.include_prompt,
         task=manifest.task,
         labels=list(manifest.head.labels) if manifest.head is not None else [],
+        tasks=list(manifest.tasks),
+        default_task=manifest.default_task,
         default=default,
     )
 

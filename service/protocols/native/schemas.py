@@ -144,6 +144,14 @@ class EncodeOptions(QuantizedOptions):
         max_length=2048,
         description="Your own text to prepend to each text input (instead of prompt_name).",
     )
+    task: str | None = Field(
+        None,
+        max_length=64,
+        description="Models with task adapters (Jina v3's LoRA: retrieval.query, "
+        "retrieval.passage, text-matching, classification, separation…): the task whose "
+        "adapter runs (a wrong name's 422 lists them); default: the model's default task, "
+        "else none (the base model).",
+    )
 
 
 class SpannedText(BaseModel):
@@ -507,6 +515,14 @@ class ModelCard(BaseModel):
         "(POST /v1/rerank, TEI's /rerank), classify (POST /v1/classify, TEI's /predict) or splade."
     )
     labels: list[str] = Field(description="A classifier's labels, in id order (id2label).")
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="Its task adapters (Jina v3's LoRA), the names a request's task takes; "
+        "empty: none.",
+    )
+    default_task: str | None = Field(
+        None, description="The task adapter a request without task gets; null: none."
+    )
     default: bool
 
 

@@ -42,6 +42,7 @@ def embeddings_request(body: bytes, *, truncate: bool) -> tuple[EncodeRequest, s
         return_embeddings=False,
         truncate=truncate,
         prompt_name=options.prompt_name,
+        task=options.task,
     )
     return request, options.encoding_format
 

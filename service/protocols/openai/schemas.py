@@ -39,6 +39,14 @@ class EmbeddingsOptions(QuantizedOptions):
         "prepended to each text (the openai client sends it with extra_body); default: "
         "the model's default prompt, if it has one.",
     )
+    task: str | None = Field(
+        None,
+        max_length=64,
+        description="Not OpenAI's: models with task adapters (Jina v3's LoRA: "
+        "retrieval.query, retrieval.passage, text-matching…), the task whose adapter runs "
+        "(the openai client sends it with extra_body; a wrong name's 422 lists them); "
+        "default: the model's default task, else none.",
+    )
 
 
 class EmbeddingsRequest(EmbeddingsOptions):

@@ -101,6 +101,7 @@ def embed_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         truncate=truncate,
         truncation_direction=_direction(options),
         prompt_name=options.prompt_name,
+        task=options.task,
     )
     return request, _characters(texts)
 
@@ -118,6 +119,7 @@ def embed_all_request(body: bytes) -> tuple[EncodeRequest, Characters]:
         truncate=truncate,
         truncation_direction=_direction(options),
         prompt_name=options.prompt_name,
+        task=options.task,
     )
     return request, _characters(texts)
 

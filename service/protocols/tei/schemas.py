@@ -37,7 +37,19 @@ class TextOptions(CutOptions):
     inputs: Texts = Field(description="A text or a list of texts; one answer each.")
 
 
-class EmbedRequest(TextOptions, QuantizedOptions):
+class TaskOption(BaseModel):
+    """The task adapter of a model that has them (the embedding routes)."""
+
+    task: str | None = Field(
+        None,
+        max_length=64,
+        description="Not TEI's: models with task adapters (Jina v3's LoRA: "
+        "retrieval.query, retrieval.passage, text-matching…), the task whose adapter runs "
+        "(a wrong name's 422 lists them); default: the model's default task, else none.",
+    )
+
+
+class EmbedRequest(TextOptions, TaskOption, QuantizedOptions):
     """``POST /embed`` and ``POST /`` (huggingface_hub's feature_extraction); not TEI's:
     embedding_type and quantization_ranges (quantized vectors as JSON integers)."""
 
@@ -48,7 +60,7 @@ class EmbedRequest(TextOptions, QuantizedOptions):
     encoding_format: Literal["float"] = "float"
 
 
-class EmbedAllRequest(TextOptions):
+class EmbedAllRequest(TextOptions, TaskOption):
     """``POST /embed_all``: every token's embedding (special tokens included)."""
 
 
