@@ -91,13 +91,15 @@ def measure(model_dir: Path, tokens: int, kind: str, repeats: int) -> dict[str, 
             client.post(path, json=body).raise_for_status()
             seconds.append(time.perf_counter() - began)
         peak = status_bytes(served.pid, "VmHWM")
-    return {"seconds": statistics.median(seconds), "peak_above": peak - ready}
+    return {"seconds": statistics.median(seconds), "peak_above": peak - ready, "ready": ready}
 
 
-def run(model_dir: Path, repeats: int, attention_up_to: int) -> dict[str, Any]:
+def run(
+    model_dir: Path, repeats: int, attention_up_to: int, lengths: tuple[int, ...] = LENGTHS
+) -> dict[str, Any]:
     config = model_config(model_dir)
     rows = []
-    for tokens in LENGTHS:
+    for tokens in lengths:
         kinds = ["pooled"] + ([f"top-{TOP_K} attention"] if tokens <= attention_up_to else [])
         for kind in kinds:
             got = measure(model_dir, tokens, kind, repeats)
@@ -116,10 +118,19 @@ def report(result: dict[str, Any]) -> str:
             f"{row['seconds'] * 1000 / (row['tokens'] / 1000):.0f}",
             f"{row['peak_above'] / MiB:.0f}",
             f"{row['peak_above'] / MiB / (row['tokens'] / 1000):.0f}",
+            f"{row.get('ready', 0) / MiB:.0f}",
         ]
         for row in result["rows"]
     ]
-    header = ["tokens", "request", "ms", "ms per 1k tokens", "peak MiB", "peak MiB per 1k tokens"]
+    header = [
+        "tokens",
+        "request",
+        "ms",
+        "ms per 1k tokens",
+        "peak MiB over ready",
+        "per 1k tokens",
+        "RSS ready MiB",
+    ]
     title = (
         f"{result['model']}: {arch['n_layers']} layers, {arch['d_model']} wide, "
         f"{arch['n_heads']} heads"
@@ -132,6 +143,9 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated token counts"
+    )
+    parser.add_argument(
         "--attention-up-to",
         type=int,
         default=2048,
@@ -139,7 +153,8 @@ def main() -> None:
         "layers x heads x tokens^2: 8k on a base model needs more than 24 GiB)",
     )
     args = parser.parse_args()
-    result = run(args.model_dir, args.repeats, args.attention_up_to)
+    lengths = tuple(int(n) for n in args.lengths.split(","))
+    result = run(args.model_dir, args.repeats, args.attention_up_to, lengths)
     write_json(OUT / "long_inputs.json", result)
     print(report(result))
 

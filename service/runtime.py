@@ -51,6 +51,8 @@ from service.repository import ModelVersion, latest, model_directories
 from service.run_options import PLAIN_RUN as PLAIN_RUN
 from service.run_options import RunOptions as RunOptions
 from service.run_options import pad as pad
+
+PROBE_RUN = RunOptions(shrink_arena=True)
 from service.settings import Settings
 from service.tokenizer import TextFrontEnd
 
@@ -357,7 +359,9 @@ class ModelRuntime:
             for promised, sequence in probes.items():
                 batch, mask = pad([sequence])
                 try:
-                    self.run(batch, mask, graph)
+                    # Its arena growth given back: a long max_seq_len's probe (seq² scratch)
+                    # must not stay reserved for good.
+                    self.run(batch, mask, graph, PROBE_RUN)
                 except Exception as exc:  # onnxruntime's own error: an index out of a table
                     said = str(exc).splitlines()[0][:300]
                     raise ModelLoadError(

@@ -210,7 +210,10 @@ class Settings(BaseSettings):
         512,
         ge=1,
         description=(
-            "Tokens per sequence, further capped by each model's own `max_seq_len` (413)."
+            "Tokens per sequence, further capped by each model's own `max_seq_len` (413). Long-"
+            "context models (8,192 to 32,768 positions) serve longer inputs when this is raised; "
+            "a long sequence's attention scratch then counts against `ATTNSERVE_MAX_INFLIGHT_BYTES` "
+            "(see [Long inputs](benchmarks.md#long-inputs-benchlong_inputspy))."
         ),
     )
     max_sequences: int = Field(
@@ -448,7 +451,10 @@ class Settings(BaseSettings):
             "object and 48 per string, measured with orjson: `service/protocols/wire.py`; binary "
             "tensor bytes ×2; what a `Content-Length` announces costs nothing until sent), then "
             "each admitted request's working memory (decoded inputs, the model outputs kept per "
-            "sequence, the answer's arrays and bytes), held until the answer has been sent. Full: "
+            "sequence, the answer's arrays and bytes, and onnxruntime's attention scratch for its "
+            "longest sequence, which grows with the square of its length: "
+            "`service/engine/limits.py` `attention_scratch_bytes`), held until the answer has been "
+            "sent. Full: "
             "429 with `Retry-After`; one request needing more than all of it: 413 (see [Memory "
             "budget](#memory-budget))."
         ),
