@@ -320,12 +320,13 @@ def work_bytes(
 # onnxruntime's working memory while one layer's attention runs, in [heads, T, T] float32
 # maps per sequence of a run: scores, masked scores, softmax and what its kernels copy.
 # Not an output, so not in ``work_bytes``; it grows with the square of the length (one
-# 8,192-token sequence of a 12-head model: 3.2 GB per map). Measured with
+# 8,192-token sequence of a 12-head model: 3 GiB per map). Measured with
 # ``bench.long_inputs`` on a 12-layer, 12-head model (docs/benchmarks.md, "Long inputs"):
-# the embeddings graph's peak above a fresh server was 4.2 maps at 8,192 tokens, the
-# compact-attention graph's (top-k and summaries of every row) 14.1 at 2,048.
-SCRATCH_MAPS = 5
-COMPACT_SCRATCH_MAPS = 15
+# a pooled request's peak above a fresh server was 1.6 maps at 512 tokens, 2.6 at 2,048
+# and 1.1 at 8,192; top-k attention's (each row's top k and summaries) 18 at 512 and
+# 15.2 at 2,048. Rounded up.
+SCRATCH_MAPS = 3
+COMPACT_SCRATCH_MAPS = 20
 
 
 def attention_scratch_bytes(
