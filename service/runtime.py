@@ -51,12 +51,13 @@ from service.repository import ModelVersion, latest, model_directories
 from service.run_options import PLAIN_RUN as PLAIN_RUN
 from service.run_options import RunOptions as RunOptions
 from service.run_options import pad as pad
-
-PROBE_RUN = RunOptions(shrink_arena=True)
 from service.settings import Settings
 from service.tokenizer import TextFrontEnd
 
 log = logging.getLogger(__name__)
+
+# The start-up probe of max_seq_len: its arena growth given back (seq² scratch).
+PROBE_RUN = RunOptions(shrink_arena=True)
 
 
 # onnxruntime's run setting that frees what a run grew the session's CPU arena by.
