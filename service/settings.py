@@ -212,8 +212,9 @@ class Settings(BaseSettings):
         description=(
             "Tokens per sequence, further capped by each model's own `max_seq_len` (413). Long-"
             "context models (8,192 to 32,768 positions) serve longer inputs when this is raised; "
-            "a long sequence's attention scratch then counts against `ATTNSERVE_MAX_INFLIGHT_BYTES` "
-            "(see [Long inputs](benchmarks.md#long-inputs-benchlong_inputspy))."
+            "a long sequence's attention scratch then counts against "
+            "`ATTNSERVE_MAX_INFLIGHT_BYTES` (see [Long inputs]"
+            "(benchmarks.md#long-inputs-benchlong_inputspy))."
         ),
     )
     max_sequences: int = Field(
