@@ -24,7 +24,6 @@ from model_export.families.base import (
     Family,
     MlmKeys,
 )
-from model_export.rope_scaling import scaled_rope
 
 # GteConfig's defaults, for config.json files that leave them out.
 GTE_THETA = 160_000.0
@@ -56,6 +55,8 @@ def math(hf: dict[str, Any]) -> dict[str, Any]:
     theta = float(params["rope_theta"])
     head_dim = int(hf["hidden_size"]) // int(hf["num_attention_heads"])
     positions = int(hf.get("max_position_embeddings", GTE_POSITIONS))
+    from model_export.rope_scaling import scaled_rope  # torch: kept out of the CLI's import
+
     inv_freq, scale = scaled_rope(params, head_dim=head_dim, theta=theta, max_positions=positions)
     return {
         "rotary": "half",
