@@ -210,11 +210,7 @@ def map_state_dict(
                 if key not in enc_params:
                     continue
                 want = enc_params[key].shape
-                if isinstance(theirs, str):
-                    take(enc_state, key, f"{family.layers}.{i}.{theirs}.{suffix}", want)
-                else:  # stacked along the rows (a GLU's act input, then its gate)
-                    names = [f"{family.layers}.{i}.{part}.{suffix}" for part in theirs]
-                    _stack(take, enc_state, key, names, want)
+                take(enc_state, key, f"{family.layers}.{i}.{theirs}.{suffix}", want)
         if family.fused_qkv is not None:
             _split_qkv(take, enc_state, enc_params, i, f"{family.layers}.{i}.{family.fused_qkv}")
         if family.glu_parts:
@@ -250,19 +246,6 @@ def map_state_dict(
 
 
 Take = Callable[[dict[str, Tensor], str, str, torch.Size], None]
-
-
-def _stack(
-    take: Take, enc_state: dict[str, Tensor], key: str, names: list[str], want: torch.Size
-) -> None:
-    """Our parameter ``key`` as the checkpoint's ``names`` stacked row-wise, each taking an
-    equal share of the rows (Llama's ``gate_proj`` and ``up_proj`` -> our GLU's ``up``)."""
-    share = torch.Size([want[0] // len(names), *want[1:]])
-    parts: dict[str, Tensor] = {}
-    for n, name in enumerate(names):
-        take(parts, str(n), name, share)
-    if len(parts) == len(names) and all(p.shape == share for p in parts.values()):
-        enc_state[key] = torch.cat([parts[str(n)] for n in range(len(names))], dim=0)
 
 
 def _split_qkv(

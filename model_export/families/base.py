@@ -116,8 +116,7 @@ class Family:
     model_types: tuple[str, ...]  # config.json's model_type values it imports
     prefixes: tuple[str, ...]  # around the base model in task-head checkpoints
     layers: str  # the layer list's key: "encoder.layer" -> encoder.layer.{i}.<key>
-    # ours -> theirs; a tuple of theirs is stacked row-wise into ours (a GLU's two halves)
-    layer_keys: Mapping[str, str | tuple[str, ...]]
+    layer_keys: Mapping[str, str]  # ours -> theirs
     embedding_keys: dict[str, str]  # without "token_type": the family has none (zeros)
     # config.json -> EncoderConfig fields beyond sizes, activation and positions (the
     # math switches this family sets); raises CheckpointError for what it cannot express.

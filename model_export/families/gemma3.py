@@ -158,11 +158,12 @@ FAMILY = Family(
         "attn.k_norm": "self_attn.k_norm",
         "attn_norm": "input_layernorm",
         "attn_out_norm": "post_attention_layernorm",
-        "ffn.up": ("mlp.gate_proj", "mlp.up_proj"),
         "ffn.down": "mlp.down_proj",
         "ffn_norm": "pre_feedforward_layernorm",
         "ffn_out_norm": "post_feedforward_layernorm",
     },
+    # SwiGLU/GeGLU: act(gate_proj x) ⊙ up_proj x, stacked into our ffn.up.
+    glu_parts=(("mlp.gate_proj", 0, 1), ("mlp.up_proj", 0, 1)),
     embedding_keys={"word": "embed_tokens"},
     math=math,
     hf_names={"hidden_act": "hidden_activation"},

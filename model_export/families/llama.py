@@ -122,10 +122,11 @@ FAMILY = Family(
         "attn.q_norm": "self_attn.q_norm",
         "attn.k_norm": "self_attn.k_norm",
         "attn_norm": "input_layernorm",
-        "ffn.up": ("mlp.gate_proj", "mlp.up_proj"),
         "ffn.down": "mlp.down_proj",
         "ffn_norm": "post_attention_layernorm",
     },
+    # SwiGLU/GeGLU: act(gate_proj x) ⊙ up_proj x, stacked into our ffn.up.
+    glu_parts=(("mlp.gate_proj", 0, 1), ("mlp.up_proj", 0, 1)),
     embedding_keys={"word": "embed_tokens"},
     math=math,
     extra_keys={"final_norm.weight": "norm.weight"},
