@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,7 @@ from model_export import graph_io
 from model_export.config import EncoderConfig
 from model_export.export import export_model
 from model_export.model import Encoder
+from model_export.optimize import optimize_graph
 from model_export.validate import make_inputs, selection_feeds
 from tests.conftest import TINY_SEED
 from tests.support.onnx_runs import new_session
@@ -84,3 +86,31 @@ def test_a_causal_window_mask_keeps_attention_unfused_and_validated(
     for graph in graph_io.GRAPH_OUTPUTS:
         assert recorded[graph] == LAYER_FUSIONS
         assert op_counts(out / graph)["Softmax"] == config.n_layers
+
+
+def test_optimizing_a_graph_leaves_no_copy_of_it_alive(
+    tmp_path: Path, tiny_config: EncoderConfig
+) -> None:
+    """The optimizer leaves the graph's protobuf messages in reference cycles: each graph
+    optimised kept its weights alive until the collector happened to run, and a 0.6B
+    model's export (five graphs of 1.8 GB) ran out of 24 GiB. With the collector held off,
+    as it may be at any moment, no message of the optimised graph outlives the call."""
+    plain = tmp_path / "plain"
+    export_model(
+        Encoder(tiny_config, seed=TINY_SEED), plain, exporter="torchscript", optimize=False
+    )
+    graph = plain / graph_io.GRAPH_EMBEDDINGS
+    optimize_graph(graph, tiny_config, fuse_attention=True)  # its imports, once
+
+    def messages() -> int:
+        return sum(type(o).__name__.endswith("Proto") for o in gc.get_objects())
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = messages()
+        optimize_graph(graph, tiny_config, fuse_attention=True)
+        left = messages() - before
+    finally:
+        gc.enable()
+    assert left == 0
