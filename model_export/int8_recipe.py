@@ -8,10 +8,10 @@
    scales from calibration activations;
 2. dynamic int8 (``quantize_dynamic``: int8 weights per output channel, each
    activation quantised at run time with one scale per tensor) on those;
-3. the feed-forward output MatMuls (which read the GELU's output, whose outlier
-   channels no per-tensor scale holds) as ``MatMulNBits``: 8-bit weights in
-   blocks of ``BLOCK`` along the input axis, ``accuracy_level`` 4 (int8 compute
-   with one activation scale per block of each row).
+3. the feed-forward output MatMuls (which read the activation: a GELU's output, or
+   a SwiGLU/GeGLU product, whose outlier channels no per-tensor scale holds) as
+   ``MatMulNBits``: 8-bit weights in blocks of ``BLOCK`` along the input axis,
+   ``accuracy_level`` 4 (int8 compute with one activation scale per block of each row).
 
 ``dynamic`` is the previous recipe: step 2 on every weight MatMul.
 """

@@ -215,16 +215,35 @@ def quantize_graph_static(
 # the GELU's output, whose few very large channels (BERT's outlier dimensions) one
 # per-tensor int8 scale cannot hold with the rest.
 _GELUS = frozenset({"BiasGelu", "Gelu", "FastGelu"})
+_SIGMOID = frozenset({"Sigmoid"})
 
 
 def feed_forward_outputs(path: Path) -> list[str]:
-    """The MatMul nodes that read a GELU's output (one per layer), in graph order."""
+    """The MatMul nodes that read a feed-forward activation (one per layer), in graph
+    order: a GELU's output, a SiLU's (x·sigmoid(x)), or a gated unit's product of one
+    of them with the up projection (SwiGLU, GeGLU)."""
     model = onnx.load(str(path), load_external_data=False)
-    producer = {out: node.op_type for node in model.graph.node for out in node.output}
+    producer = {out: node for node in model.graph.node for out in node.output}
+
+    def made_by(name: str, ops: frozenset[str]) -> bool:
+        node = producer.get(name)
+        return node is not None and node.op_type in ops
+
+    def activation(name: str) -> bool:
+        node = producer.get(name)
+        if node is None:
+            return False
+        silu = node.op_type == "Mul" and any(made_by(i, _SIGMOID) for i in node.input)
+        return node.op_type in _GELUS or silu
+
+    def gated(name: str) -> bool:
+        node = producer.get(name)
+        return node is not None and node.op_type == "Mul" and any(map(activation, node.input))
+
     return [
         node.name
         for node in model.graph.node
-        if node.op_type == "MatMul" and producer.get(node.input[0]) in _GELUS
+        if node.op_type == "MatMul" and (activation(node.input[0]) or gated(node.input[0]))
     ]
 
 

@@ -33,12 +33,14 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import onnx
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
@@ -649,3 +651,25 @@ def test_windows_we_cannot_express_are_refused_by_name(
 ) -> None:
     with pytest.raises(CheckpointError, match=named):
         config_from_hf(BASE_HF | overrides)
+
+
+def test_the_int8_recipe_applies_to_a_decoder_embedder(repo: Path, tmp_path: Path) -> None:
+    """The default int8 recipe on the Qwen3-shaped export (GQA, SwiGLU, RMSNorm): every
+    attention and gate/up MatMul dynamic int8 after smoothing, each layer's down
+    projection (which reads the SwiGLU product, not a GELU) 8-bit block-wise, and the
+    copy's recorded agreement on its own texts within the recipe's cosine. Before the
+    down projection was found by its SwiGLU, it was dynamic int8 like the rest."""
+    from model_export.quantize import MIN_COSINE, quantize_model_dir
+
+    quantize_model_dir(repo / ST_MODEL, tmp_path / "int8")
+    manifest = Manifest.read(tmp_path / "int8")
+    agreement = manifest.record["quantization"]["agreement"]
+    assert agreement and all(s["cosine_min"] >= MIN_COSINE for s in agreement.values()), agreement
+    layers = manifest.architecture.n_layers
+    for graph in manifest.graphs:
+        nodes = onnx.load(str(tmp_path / "int8" / graph)).graph.node
+        ops = Counter(node.op_type for node in nodes)
+        # q, k, v, o and the stacked gate/up per layer; the down projection block-wise.
+        assert ops["MatMulInteger"] == 5 * layers, (graph, ops)
+        assert ops["MatMulNBits"] == layers, (graph, ops)
+        assert any(node.name.startswith("smooth_") for node in nodes), graph
