@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import multiprocessing
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,13 @@ from onnx import helper, numpy_helper
 from model_export.config import EncoderConfig
 
 log = logging.getLogger(__name__)
+
+# A graph larger than this is fused in a child process. The optimizer holds several
+# copies of the weights at its peak, and the allocator kept most of them after it: a
+# 0.6B model's five 1.8 GB graphs, fused one after another in the exporting process,
+# ran out of 24 GiB. A child's memory goes back to the system whole when it exits;
+# smaller graphs skip the child's start (seconds: onnxruntime's optimizer imported).
+IN_PROCESS_BYTES = 256 * 2**20
 
 # The fusions attempted; each graph records those that applied, with their count.
 FUSIONS = ("SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "Attention")
@@ -39,15 +48,29 @@ def spell_mask_as_bert(model: onnx.ModelProto) -> None:
     attention fusion only recognises the mask through two. Same values either way.
     """
     graph = model.graph
+    mask_unsqueezes = [
+        node
+        for node in graph.node
+        if node.op_type == "Unsqueeze" and node.input[0] == "attention_mask"
+    ]
+    wanted = {node.input[1] for node in mask_unsqueezes}
+    # Only the axes read: a copy of every initializer was a copy of the weights.
     constants = {
         node.output[0]: numpy_helper.to_array(node.attribute[0].t)
         for node in graph.node
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"
+        if node.op_type == "Constant"
+        and node.output[0] in wanted
+        and node.attribute
+        and node.attribute[0].name == "value"
     }
-    constants.update({init.name: numpy_helper.to_array(init) for init in graph.initializer})
-    for node in list(graph.node):
-        if node.op_type != "Unsqueeze" or node.input[0] != "attention_mask":
-            continue
+    constants.update(
+        {
+            init.name: numpy_helper.to_array(init)
+            for init in graph.initializer
+            if init.name in wanted
+        }
+    )
+    for node in mask_unsqueezes:
         axes = constants.get(node.input[1])
         if axes is None or axes.tolist() != [1, 2]:
             continue
@@ -63,7 +86,19 @@ def spell_mask_as_bert(model: onnx.ModelProto) -> None:
 
 
 def optimize_graph(path: Path, config: EncoderConfig, *, fuse_attention: bool) -> dict[str, int]:
-    """Fuse ``path`` in place; the fused operators that now stand in it, by count."""
+    """Fuse ``path`` in place; the fused operators that now stand in it, by count. A graph
+    over ``IN_PROCESS_BYTES`` is fused in a child process (see there)."""
+    if path.stat().st_size <= IN_PROCESS_BYTES:
+        fused = _optimize(path, config, fuse_attention)
+    else:
+        spawn = multiprocessing.get_context("spawn")  # no fork of a process running torch
+        with ProcessPoolExecutor(1, mp_context=spawn) as child:
+            fused = child.submit(_optimize, path, config, fuse_attention).result()
+    log.info("%s: fused %s", path.name, fused or "nothing")
+    return fused
+
+
+def _optimize(path: Path, config: EncoderConfig, fuse_attention: bool) -> dict[str, int]:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -93,7 +128,6 @@ def optimize_graph(path: Path, config: EncoderConfig, *, fuse_attention: bool) -
         if op in FUSIONS and count
     }
     model.save_model_to_file(str(path))
-    log.info("%s: fused %s", path.name, fused or "nothing")
     # The optimizer's graph sits in reference cycles: left to the collector, each graph
     # optimised kept a copy of the weights alive (a 0.6B model's export ran out of 24 GiB).
     del model, proto

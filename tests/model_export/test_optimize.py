@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import resource
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-from model_export import graph_io
+from model_export import graph_io, optimize
 from model_export.config import EncoderConfig
 from model_export.export import export_model
 from model_export.model import Encoder
@@ -114,3 +116,25 @@ def test_optimizing_a_graph_leaves_no_copy_of_it_alive(
     finally:
         gc.enable()
     assert left == 0
+
+
+def test_a_graph_past_the_bound_is_fused_in_a_child_the_same_way(
+    tmp_path: Path, tiny_config: EncoderConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every graph over the bound (here: all of them) fused in a child process, whose
+    run the system accounts to this one: the same fusions as the exporting process's."""
+    plain = tmp_path / "plain"
+    export_model(
+        Encoder(tiny_config, seed=TINY_SEED), plain, exporter="torchscript", optimize=False
+    )
+    shutil.copytree(plain, tmp_path / "copy")
+    in_process = tmp_path / "copy" / graph_io.GRAPH_EMBEDDINGS
+    here = optimize_graph(in_process, tiny_config, fuse_attention=True)
+    graph = plain / graph_io.GRAPH_EMBEDDINGS
+
+    monkeypatch.setattr(optimize, "IN_PROCESS_BYTES", 0)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+    there = optimize_graph(graph, tiny_config, fuse_attention=True)
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime > children_before
+    assert there == here == EXPECTED[graph_io.GRAPH_EMBEDDINGS]
+    assert op_counts(graph) == op_counts(in_process)
