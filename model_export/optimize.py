@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from model_export.config import EncoderConfig
+from model_export.weights_file import external_files
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def spell_mask_as_bert(model: onnx.ModelProto) -> None:
 def optimize_graph(path: Path, config: EncoderConfig, *, fuse_attention: bool) -> dict[str, int]:
     """Fuse ``path`` in place; the fused operators that now stand in it, by count. A graph
     over ``IN_PROCESS_BYTES`` is fused in a child process (see there)."""
-    if path.stat().st_size <= IN_PROCESS_BYTES:
+    if _graph_bytes(path) <= IN_PROCESS_BYTES:
         fused = _optimize(path, config, fuse_attention)
     else:
         spawn = multiprocessing.get_context("spawn")  # no fork of a process running torch
@@ -96,6 +97,15 @@ def optimize_graph(path: Path, config: EncoderConfig, *, fuse_attention: bool) -
             fused = child.submit(_optimize, path, config, fuse_attention).result()
     log.info("%s: fused %s", path.name, fused or "nothing")
     return fused
+
+
+def _graph_bytes(path: Path) -> int:
+    """The graph's file and, when that is small, the external data it reads (the dynamo
+    exporter writes a large model's weights beside its graph, ``<graph>.data``)."""
+    size = path.stat().st_size
+    if size > IN_PROCESS_BYTES:
+        return size
+    return size + sum((path.parent / name).stat().st_size for name in external_files(path))
 
 
 def _optimize(path: Path, config: EncoderConfig, fuse_attention: bool) -> dict[str, int]:
@@ -110,6 +120,7 @@ def _optimize(path: Path, config: EncoderConfig, fuse_attention: bool) -> dict[s
     options.enable_bias_skip_layer_norm = config.norm_bias
     options.enable_embed_layer_norm = config.norm_bias
 
+    external = bool(external_files(path))  # it leaves as it came (over 2 GB it must)
     proto = onnx.load(str(path))
     spell_mask_as_bert(proto)
     with warnings.catch_warnings():
@@ -127,7 +138,7 @@ def _optimize(path: Path, config: EncoderConfig, fuse_attention: bool) -> dict[s
         for op, count in model.get_fused_operator_statistics().items()
         if op in FUSIONS and count
     }
-    model.save_model_to_file(str(path))
+    model.save_model_to_file(str(path), use_external_data_format=external)
     # The optimizer's graph sits in reference cycles: left to the collector, each graph
     # optimised kept a copy of the weights alive (a 0.6B model's export ran out of 24 GiB).
     del model, proto

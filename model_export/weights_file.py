@@ -30,11 +30,15 @@ ALIGNMENT = 4096
 
 def share_weights(graphs: list[Path], weights: Path) -> int:
     """Move the large initializers of ``graphs`` (in one directory) into ``weights``, each
-    distinct tensor once; rewrite the graphs in place. Returns the file's size in bytes."""
+    distinct tensor once; rewrite the graphs in place, and remove the external data files
+    they read before (a large model's ``<graph>.data``), now superseded. Returns the
+    file's size in bytes."""
     offsets: dict[bytes, tuple[int, int]] = {}  # digest of the bytes -> (offset, length)
     size = 0
+    superseded: set[str] = set()
     with weights.open("wb") as out:
         for path in graphs:
+            superseded |= external_files(path)
             model = onnx.load(str(path))  # with any external data it had
             _fold_transposed_weights(model.graph)
             for tensor in model.graph.initializer:
@@ -51,6 +55,8 @@ def share_weights(graphs: list[Path], weights: Path) -> int:
                 offset, length = offsets[digest]
                 _point_at(tensor, weights.name, offset, length)
             onnx.save(model, str(path))
+    for name in superseded - {weights.name}:
+        (weights.parent / name).unlink(missing_ok=True)
     return size
 
 

@@ -75,6 +75,31 @@ def test_equal_tensors_under_other_names_are_stored_once_and_graphs_still_run(
         np.testing.assert_array_equal(new_session(graph).run(None, feeds)[0], before)
 
 
+def test_a_graph_with_its_own_external_data_is_shared_and_its_data_file_removed(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A large model's graph comes from the exporter with its weights in ``<graph>.data``
+    beside it: shared, it reads the one weight file, answers as before, and the data
+    file it superseded is gone (it was shipped in the model directory, a second copy)."""
+    graph = tmp_path / "big.onnx"
+    onnx.save(
+        onnx.load(str(tiny_model_dir / graph_io.GRAPH_EMBEDDINGS)),
+        str(graph),
+        save_as_external_data=True,
+        location="big.onnx.data",
+    )
+    assert external_files(graph) == {"big.onnx.data"}
+    feeds = {
+        graph_io.INPUT_EMBEDS: np.random.default_rng(1).standard_normal((1, 4, 32), np.float32),
+        graph_io.INPUT_MASK: np.ones((1, 4), dtype=np.int64),
+    }
+    before = new_session(graph).run(None, feeds)[0]
+    share_weights([graph], tmp_path / graph_io.WEIGHTS_FILE)
+    assert external_files(graph) == {graph_io.WEIGHTS_FILE}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", graph_io.WEIGHTS_FILE]
+    np.testing.assert_array_equal(new_session(graph).run(None, feeds)[0], before)
+
+
 def test_a_transposed_weight_is_stored_as_the_transpose_others_hold(tmp_path: Path) -> None:
     """The attention graph's value norms read W_Oᵀ through a Transpose node: folded, its
     bytes equal the pre-transposed copy a plain MatMul holds, and are stored once."""
