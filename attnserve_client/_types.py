@@ -225,6 +225,9 @@ class ModelCard:
     # The width of its pooled vectors: d_model, or a sentence-transformers Dense layer's
     # (None from a server older than the field).
     dimensions: int | None = None
+    # What set max_seq_len: "the model", or the server setting that capped it (None from
+    # a server older than the field).
+    max_seq_len_by: str | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> ModelCard:
@@ -239,6 +242,7 @@ class ModelCard:
             raw=body,
             task=body.get("task", "embed"),
             dimensions=body.get("dimensions"),
+            max_seq_len_by=body.get("max_seq_len_by"),
         )
 
     @classmethod

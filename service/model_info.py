@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_export.manifest import EncoderConfig, Manifest, ManifestError, Pooling, graph_io
+from service.attention_scratch import longest_affordable
 from service.dense import FLOAT_BYTES, DenseWeights, load_dense
 from service.errors import ModelLoadError
 from service.lane_sessions import lane_session_copies
@@ -27,7 +28,7 @@ class ModelInfo:
 
     manifest: Manifest
     path: Path
-    max_seq_len: int  # the model's own length, capped by the server's setting
+    max_seq_len: int  # the model's own length, capped by the server's (``served_length``)
     created: int  # Unix time its manifest was written (OpenAI's model "created")
     version: str = "1"  # its version in the repository (<name>/<version>/, or "1")
     # Each file the manifest names -> its real path, checked: the only paths opened.
@@ -37,6 +38,8 @@ class ModelInfo:
     dense: tuple[DenseWeights, ...] = field(default=(), compare=False)
     # What its files must stay inside (the repository; None: the model directory).
     within: Path | None = None
+    # What set ``max_seq_len``: the model, or the setting that capped it.
+    max_seq_len_by: str = "the model"
 
     @property
     def name(self) -> str:
@@ -147,10 +150,12 @@ def read_model_info(
         raise ModelLoadError(f"{where}: {exc}") from exc
     except OSError as exc:  # the directory changed under us: say so without its path
         raise ModelLoadError(f"{where}: cannot read it: {exc.strerror}") from exc
+    max_seq_len, max_seq_len_by = served_length(manifest.architecture, settings)
     return ModelInfo(
         manifest=manifest,
         path=model_dir,
-        max_seq_len=min(manifest.architecture.max_seq_len, settings.max_seq_len),
+        max_seq_len=max_seq_len,
+        max_seq_len_by=max_seq_len_by,
         created=created,
         version=version,
         files=files,
@@ -158,6 +163,20 @@ def read_model_info(
         dense=dense,
         within=within,
     )
+
+
+def served_length(config: EncoderConfig, settings: Settings) -> tuple[int, str]:
+    """The longest sequence served, and what set it: the model's own length, the
+    server's ``ATTNSERVE_MAX_SEQ_LEN``, or the longest whose attention scratch fits in
+    ``ATTNSERVE_MAX_INFLIGHT_BYTES`` (a longer one would be refused by admission anyway,
+    and the start-up probe of the served length must fit the same budget)."""
+    bounds = {
+        "the model": config.max_seq_len,
+        "ATTNSERVE_MAX_SEQ_LEN": settings.max_seq_len,
+        "ATTNSERVE_MAX_INFLIGHT_BYTES": longest_affordable(config, settings.max_inflight_bytes),
+    }
+    by = min(bounds, key=lambda name: bounds[name])  # the first of equals: the model
+    return bounds[by], by
 
 
 # (session key, graph label, file, inputs, outputs) of one graph a runtime opens.

@@ -207,13 +207,14 @@ class Settings(BaseSettings):
     )
 
     max_seq_len: int = Field(
-        512,
+        8192,
         ge=1,
         description=(
-            "Tokens per sequence, further capped by each model's own `max_seq_len` (413). Long-"
-            "context models (8,192 to 32,768 positions) serve longer inputs when this is raised; "
-            "a long sequence's attention scratch then counts against "
-            "`ATTNSERVE_MAX_INFLIGHT_BYTES` (see [Long inputs]"
+            "Tokens per sequence (413 beyond), further capped by each model's own `max_seq_len` "
+            "and by the longest sequence whose attention scratch fits in "
+            "`ATTNSERVE_MAX_INFLIGHT_BYTES` (it grows with the square of the length: "
+            "`service/attention_scratch.py`); `/v1/models` and the 413 say which bound "
+            "applies. A 12-head model's 8,192 tokens need about 9 GiB of it (see [Long inputs]"
             "(benchmarks.md#long-inputs-benchlong_inputspy))."
         ),
     )
@@ -454,7 +455,7 @@ class Settings(BaseSettings):
             "each admitted request's working memory (decoded inputs, the model outputs kept per "
             "sequence, the answer's arrays and bytes, and onnxruntime's attention scratch for its "
             "longest sequence, which grows with the square of its length: "
-            "`service/engine/limits.py` `attention_scratch_bytes`), held until the answer has been "
+            "`service/attention_scratch.py`), held until the answer has been "
             "sent. Full: "
             "429 with `Retry-After`; one request needing more than all of it: 413 (see [Memory "
             "budget](#memory-budget))."

@@ -99,7 +99,8 @@ def check_lengths(
     for i, n in enumerate(lengths):
         if n is not None and n > model.max_seq_len:
             raise SequenceTooLong(
-                f"{n} tokens; model {model.name!r} accepts at most {model.max_seq_len}: shorten it",
+                f"{n} tokens; model {model.name!r} accepts at most {model.max_seq_len} "
+                f"(set by {model.max_seq_len_by}): shorten it",
                 field=(field, i),
             )
     total = sum(n for n in lengths if n is not None)
@@ -315,31 +316,6 @@ def work_bytes(
     floats += shape.floats
     half_bytes = 2 * shape.half_floats  # float16 answer arrays hold 2 bytes, not 4
     return FLOAT32 * floats - half_bytes + int(response_bytes * copies)
-
-
-# onnxruntime's working memory while one layer's attention runs, in [heads, T, T] float32
-# maps per sequence of a run: scores, masked scores, softmax and what its kernels copy.
-# Not an output, so not in ``work_bytes``; it grows with the square of the length (one
-# 8,192-token sequence of a 12-head model: 3 GiB per map). Measured with
-# ``bench.long_inputs`` on a 12-layer, 12-head model (docs/benchmarks.md, "Long inputs"):
-# a pooled request's peak above a fresh server was 1.6 maps at 512 tokens, 2.6 at 2,048
-# and 1.1 at 8,192; top-k attention's (each row's top k and summaries) 18 at 512 and
-# 15.2 at 2,048. Rounded up.
-SCRATCH_MAPS = 3
-COMPACT_SCRATCH_MAPS = 20
-
-
-def attention_scratch_bytes(
-    lengths: list[int], cfg: EncoderConfig, batch_tokens: int, *, compact: bool = False
-) -> int:
-    """The attention scratch of the run that holds a request's longest sequence: that
-    run's padded tokens (the longest alone, or up to ``batch_tokens`` of the request's
-    sequences padded to it) times the longest, per head, ``SCRATCH_MAPS`` times (layers
-    run one after another, so one layer's worth)."""
-    longest = max(lengths, default=0)
-    rows = max(longest, min(batch_tokens, len(lengths) * longest))
-    maps = COMPACT_SCRATCH_MAPS if compact else SCRATCH_MAPS
-    return FLOAT32 * maps * cfg.n_heads * rows * longest
 
 
 def tokenizing_bytes(chars: list[int], model: ModelInfo) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from model_export.manifest import graph_io
+from service.attention_scratch import attention_scratch_bytes
 from service.engine import attention_answer, limits, postprocess, quantize, text
 from service.engine.types import (
     ArrayInput,
@@ -482,7 +483,5 @@ def _answer_cost(
         if selected
         else None,
     )
-    scratch = limits.attention_scratch_bytes(
-        running, cfg, settings.max_batch_tokens, compact=compact
-    )
+    scratch = attention_scratch_bytes(running, cfg, settings.max_batch_tokens, compact=compact)
     return size, work + inputs_held + scratch

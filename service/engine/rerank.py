@@ -23,6 +23,7 @@ from typing import TypeVar
 import numpy as np
 
 from model_export.manifest import graph_io
+from service.attention_scratch import attention_scratch_bytes
 from service.engine import limits, rank_explain, text
 from service.engine.admit import Admit
 from service.engine.execute import Executor
@@ -316,7 +317,7 @@ async def rerank(
     scope.served(info.name, info.version)
     lengths = [len(e.ids) for e in encoded]
     tokens = sum(lengths)
-    scratch = limits.attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
+    scratch = attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
     ticket = scope.admitted()
     ticket.add(BYTES_PER_TOKEN * tokens + scratch, "this request")
     head = info.manifest.head
@@ -412,7 +413,7 @@ async def classify(
     scope.served(info.name, info.version)
     lengths = [len(e.ids) if isinstance(e, PairEncoding) else len(e[1]) for e in encoded]
     tokens = sum(lengths)
-    scratch = limits.attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
+    scratch = attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
     ticket = scope.admitted()
     ticket.add(BYTES_PER_TOKEN * tokens + scratch, "this request")
     head = info.manifest.head

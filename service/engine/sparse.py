@@ -24,6 +24,7 @@ import numpy as np
 from py_rust_stemmers import SnowballStemmer
 
 from model_export.manifest import graph_io
+from service.attention_scratch import attention_scratch_bytes
 from service.engine import limits, splade, text
 from service.engine.admit import Admit
 from service.engine.execute import OFFLOAD_BYTES, Executor
@@ -158,7 +159,7 @@ async def embed(
     ticket = scope.admitted()
     held = BYTES_PER_TOKEN * tokens + BYTES_PER_NONZERO * prepared.nonzeros
     lengths = [len(t) for t, _, _ in encoded]
-    held += limits.attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
+    held += attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
     held += int(prepared.response_bytes * request.wire_cost.copies)
     if request.kind == "splade":  # a [vocab] row per text until its vector is built
         assert info.manifest.text is not None

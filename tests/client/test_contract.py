@@ -311,6 +311,7 @@ def card_body(window: int | None, tokenizer: bool) -> Body:
         "layers": 6,
         "d_ff": 1536,
         "max_seq_len": 512,
+        "max_seq_len_by": "the model",
         "causal": window is not None,
         "window": window,
         "scoring": "dot",
@@ -352,6 +353,7 @@ def test_model_card_shapes(
     )
     assert (card.tokenizer, card.default) == (tokenizer, not tokenizer)
     assert card.task == ("embed" if tokenizer else "classify")
+    assert card.max_seq_len_by == "the model"
     assert card.raw["window"] == window
 
 

@@ -102,6 +102,7 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         layers=cfg.n_layers,
         d_ff=cfg.d_ff,
         max_seq_len=info.max_seq_len,
+        max_seq_len_by=info.max_seq_len_by,
         causal=cfg.causal,
         window=cfg.window,
         scoring=cfg.scoring,

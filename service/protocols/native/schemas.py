@@ -476,7 +476,12 @@ class ModelCard(BaseModel):
     heads: int
     layers: int
     d_ff: int
-    max_seq_len: int
+    max_seq_len: int = Field(description="The longest sequence served, in tokens (413 beyond).")
+    max_seq_len_by: str = Field(
+        description="What set max_seq_len: 'the model' (its own length), "
+        "'ATTNSERVE_MAX_SEQ_LEN', or 'ATTNSERVE_MAX_INFLIGHT_BYTES' (the longest sequence "
+        "whose attention scratch fits the memory budget)."
+    )
     causal: bool
     window: int | None
     scoring: str

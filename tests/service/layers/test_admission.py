@@ -31,6 +31,8 @@ from tokenizers import Tokenizer
 
 from model_export import graph_io
 from model_export.hf_import import minilm_l6_dir
+from service import attention_scratch
+from service.attention_scratch import attention_scratch_bytes
 from service.batcher import Batcher
 from service.condense import BoundedText
 from service.engine import (
@@ -731,10 +733,10 @@ def test_work_counts_the_attention_scratch_of_the_longest_sequence(engine: Engin
     short, long = sequences((8,), seed=4), sequences((MODEL_MAX_SEQ_LEN,), seed=5)
     small = engine.prepare(request_of(arrays(short))).work_bytes
     large = engine.prepare(request_of(arrays(long))).work_bytes
-    scratch = FLOAT32 * limits.SCRATCH_MAPS * cfg.n_heads * MODEL_MAX_SEQ_LEN**2
+    scratch = FLOAT32 * attention_scratch.SCRATCH_MAPS * cfg.n_heads * MODEL_MAX_SEQ_LEN**2
     inputs_and_outputs = FLOAT32 * 2 * MODEL_MAX_SEQ_LEN * cfg.d_model * 2
     assert large >= scratch > inputs_and_outputs
-    assert large - small >= scratch - FLOAT32 * limits.SCRATCH_MAPS * cfg.n_heads * 8 * 8
+    assert large - small >= scratch - FLOAT32 * attention_scratch.SCRATCH_MAPS * cfg.n_heads * 8 * 8
     # Four of them run padded together (512 tokens, within max_batch_tokens): 4 x scratch.
     many = engine.prepare(request_of(arrays(long * 4))).work_bytes
     assert many >= 4 * scratch
@@ -742,12 +744,12 @@ def test_work_counts_the_attention_scratch_of_the_longest_sequence(engine: Engin
 
 def test_attention_scratch_counts_a_run_of_padded_sequences(tiny_info: ModelInfo) -> None:
     cfg = tiny_info.config
-    per_token = FLOAT32 * limits.SCRATCH_MAPS * cfg.n_heads
-    assert limits.attention_scratch_bytes([100], cfg, 4096) == per_token * 100 * 100
+    per_token = FLOAT32 * attention_scratch.SCRATCH_MAPS * cfg.n_heads
+    assert attention_scratch_bytes([100], cfg, 4096) == per_token * 100 * 100
     # Three sequences padded to the longest, within the batch budget: 3 x 100 rows.
-    assert limits.attention_scratch_bytes([5, 100, 7], cfg, 4096) == per_token * 300 * 100
+    assert attention_scratch_bytes([5, 100, 7], cfg, 4096) == per_token * 300 * 100
     # Beyond the budget the run holds max_batch_tokens rows; one sequence never less.
-    assert limits.attention_scratch_bytes([100] * 90, cfg, 4096) == per_token * 4096 * 100
-    assert limits.attention_scratch_bytes([100], cfg, 10) == per_token * 100 * 100
-    compact = limits.attention_scratch_bytes([100], cfg, 4096, compact=True)
-    assert compact == FLOAT32 * limits.COMPACT_SCRATCH_MAPS * cfg.n_heads * 100 * 100
+    assert attention_scratch_bytes([100] * 90, cfg, 4096) == per_token * 4096 * 100
+    assert attention_scratch_bytes([100], cfg, 10) == per_token * 100 * 100
+    compact = attention_scratch_bytes([100], cfg, 4096, compact=True)
+    assert compact == FLOAT32 * attention_scratch.COMPACT_SCRATCH_MAPS * cfg.n_heads * 100 * 100
