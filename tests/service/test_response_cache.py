@@ -216,6 +216,10 @@ def test_an_entry_holds_no_view_of_its_whole_run(model_repository: Path) -> None
         response_cache_bytes=str(bound),
         response_cache_shared="true",
         max_batch_tokens="8192",
+        # One lane: the keeper queues behind the blocker's run. With two, whether it ran
+        # alone on the free lane was the start-up calibration's call, which a loaded
+        # machine swayed (a full run saw it share in 1 of 15 rounds).
+        inference_lanes="1",
     ) as server:
         url, pid = server.url, server.proc.pid
         at_rest = []
