@@ -80,12 +80,13 @@ def test_the_memory_budget_caps_the_length_and_says_so(repo: Path) -> None:
 
 
 def test_the_lengths_the_docs_state_are_the_codes() -> None:
-    """docs/benchmarks.md's length for 12 heads under the default budget, and the budget
-    8,192 tokens need, computed here."""
+    """docs/benchmarks.md's default ATTNSERVE_MAX_SEQ_LEN, its length for 12 heads under
+    the default budget, and the budget 8,192 tokens need, computed here."""
     twelve = EncoderConfig(d_model=768, n_heads=12, n_layers=12, d_ff=3072, max_seq_len=8192)
     default = Settings().max_inflight_bytes
     need = FLOAT32 * SCRATCH_MAPS * 12 * 8192**2
     text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    assert f"the setting ({Settings().max_seq_len:,} by default)" in text
     assert (
         f"For 12 heads the default {default // 2**30} GiB budget holds "
         f"{longest_affordable(twelve, default):,} tokens; 8,192 need about "
