@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from model_export.config import EncoderConfig
-from model_export.weights_file import external_files
+from model_export.weights_file import external_files, load_graph
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,8 @@ def _optimize(path: Path, config: EncoderConfig, fuse_attention: bool) -> dict[s
     options.enable_bias_skip_layer_norm = config.norm_bias
     options.enable_embed_layer_norm = config.norm_bias
 
-    external = bool(external_files(path))  # it leaves as it came (over 2 GB it must)
-    proto = onnx.load(str(path))
+    proto, read_from = load_graph(path)
+    external = bool(read_from)  # it leaves as it came (over 2 GB it must)
     spell_mask_as_bert(proto)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the optimizer warns about its own internals

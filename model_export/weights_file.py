@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnx.external_data_helper import load_external_data_for_model
 
 # Tensors smaller than this stay inside their graph (scales, shapes, biases of tiny models).
 MIN_SHARED_BYTES = 1024
@@ -38,8 +39,8 @@ def share_weights(graphs: list[Path], weights: Path) -> int:
     superseded: set[str] = set()
     with weights.open("wb") as out:
         for path in graphs:
-            superseded |= external_files(path)
-            model = onnx.load(str(path))  # with any external data it had
+            model, read_from = load_graph(path)
+            superseded |= read_from
             _fold_transposed_weights(model.graph)
             for tensor in model.graph.initializer:
                 data = numpy_helper.to_array(tensor).tobytes()
@@ -94,7 +95,20 @@ def _point_at(tensor: onnx.TensorProto, location: str, offset: int, length: int)
 
 def external_files(path: Path) -> set[str]:
     """The files a graph reads its external data from (none for a self-contained one)."""
+    return _locations(onnx.load(str(path), load_external_data=False))
+
+
+def load_graph(path: Path) -> tuple[onnx.ModelProto, set[str]]:
+    """The graph with any external data it reads loaded, and the files that data came
+    from, in one parse."""
     model = onnx.load(str(path), load_external_data=False)
+    files = _locations(model)
+    if files:
+        load_external_data_for_model(model, str(path.parent))
+    return model, files
+
+
+def _locations(model: onnx.ModelProto) -> set[str]:
     return {
         entry.value
         for tensor in model.graph.initializer

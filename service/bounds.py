@@ -110,7 +110,7 @@ CALLER: tuple[Bound, ...] = (
     ),
     Bound("tokens per pooled-only request", "max_pooled_tokens", answer=errors.PayloadTooLarge),
     Bound(
-        "tokens per sequence (the model's own window may be less)",
+        "tokens per sequence (less where the model's own length or the memory budget is)",
         "max_seq_len",
         answer=errors.SequenceTooLong,
     ),

@@ -41,14 +41,16 @@ def encode(url: str, tokens: int) -> httpx.Response:
     return httpx.post(f"{url}/v1/encode", json=body, timeout=60)
 
 
-def card(url: str) -> dict[str, object]:
+def served_length(url: str) -> tuple[object, object]:
+    """The model's (max_seq_len, max_seq_len_by) as /v1/models says."""
     models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
-    return next(m for m in models if m["name"] == "long")
+    card = next(m for m in models if m["name"] == "long")
+    return card["max_seq_len"], card["max_seq_len_by"]
 
 
 def test_a_long_context_model_serves_its_own_length_by_default(repo: Path) -> None:
     with running_server(repo) as url:
-        assert (card(url)["max_seq_len"], card(url)["max_seq_len_by"]) == (
+        assert served_length(url) == (
             MODEL_LENGTH,
             "the model",
         )
@@ -62,7 +64,7 @@ def test_the_memory_budget_caps_the_length_and_says_so(repo: Path) -> None:
     assert AFFORDED**2 * FLOAT32 * SCRATCH_MAPS * HEADS <= BUDGET
     assert (AFFORDED + 1) ** 2 * FLOAT32 * SCRATCH_MAPS * HEADS > BUDGET
     with running_server(repo, max_inflight_bytes=str(BUDGET)) as url:
-        assert (card(url)["max_seq_len"], card(url)["max_seq_len_by"]) == (
+        assert served_length(url) == (
             AFFORDED,
             "ATTNSERVE_MAX_INFLIGHT_BYTES",
         )
@@ -73,7 +75,7 @@ def test_the_memory_budget_caps_the_length_and_says_so(repo: Path) -> None:
         error = refused.json()["error"]
         assert f"at most {AFFORDED} (set by ATTNSERVE_MAX_INFLIGHT_BYTES)" in error
     with running_server(repo, max_seq_len="100") as url:  # the setting, when shorter
-        assert (card(url)["max_seq_len"], card(url)["max_seq_len_by"]) == (
+        assert served_length(url) == (
             100,
             "ATTNSERVE_MAX_SEQ_LEN",
         )
