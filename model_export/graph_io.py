@@ -86,6 +86,18 @@ OUTPUT_LOGITS: Final = "logits"  # float32 [batch, labels]
 # A masked-LM head read as SPLADE: max over tokens of log(1 + relu(logits)), 0 at padding.
 GRAPH_SPLADE: Final = "splade_model.onnx"
 OUTPUT_SPLADE: Final = "splade"  # float32 [batch, vocab]
+# Late interaction (manifest ``late_interaction``, format 9): token ids, types and mask ->
+# the last hidden state (for a dense vector pooled from the same run), each token's
+# projected vector (ColBERT's ``linear``, sentence-transformers' Dense; normalised per
+# token where the model does) and, for bge-m3, each token's lexical weight
+# relu(w·h + b): dense, sparse and multi-vector answers from one run. A token of type
+# ``TYPE_SCORED_ONLY`` is masked out of attention (mask 0) and read as type 0: ColBERT's
+# query expansion tokens, which MaxSim scores but the encoder does not attend to.
+GRAPH_MULTI_VECTOR: Final = "multi_vector_model.onnx"
+OUTPUT_MULTI_VECTORS: Final = "multi_vectors"  # float32 [batch, seq, dim]
+OUTPUT_TOKEN_WEIGHTS: Final = "token_weights"  # float32 [batch, seq]
+TYPE_SCORED_ONLY: Final = -1
+MULTI_VECTOR_OUTPUTS: Final = (OUTPUT_HIDDEN, OUTPUT_MULTI_VECTORS, OUTPUT_TOKEN_WEIGHTS)
 HEAD_GRAPHS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_SCORES: (OUTPUT_LOGITS,),
     GRAPH_SPLADE: (OUTPUT_SPLADE,),
@@ -106,6 +118,7 @@ ID_GRAPHS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_TEXT: TEXT_GRAPH_OUTPUTS,
     GRAPH_SPARSE: SPARSE_GRAPH_OUTPUTS,
     GRAPH_TOKEN_EMBEDDINGS: (INPUT_EMBEDS,),
+    GRAPH_MULTI_VECTOR: MULTI_VECTOR_OUTPUTS,
     **HEAD_GRAPHS,
 }
 
@@ -148,6 +161,7 @@ GRAPH_LABELS: Final[dict[str, str]] = {
     GRAPH_TOKEN_EMBEDDINGS: "token_embeddings",
     GRAPH_SCORES: "scores",
     GRAPH_SPLADE: "splade",
+    GRAPH_MULTI_VECTOR: "multi_vector",
 }
 # Graphs every model directory has; the first release wrote only these, without
 # hidden states (such models answer hidden-state requests with 422).
@@ -184,6 +198,8 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     OUTPUT_SELECTED_HALF: {0: BATCH_AXIS, 1: "layers'", 2: "heads'", 3: SEQ_AXIS, 4: SEQ_AXIS},
     OUTPUT_LOGITS: {0: BATCH_AXIS},
     OUTPUT_SPLADE: {0: BATCH_AXIS},
+    OUTPUT_MULTI_VECTORS: {0: BATCH_AXIS, 1: SEQ_AXIS},
+    OUTPUT_TOKEN_WEIGHTS: {0: BATCH_AXIS, 1: SEQ_AXIS},
 }
 
 # The axes of each array that run over tokens within one sequence (its batch axis dropped):

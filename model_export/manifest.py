@@ -59,6 +59,7 @@ from model_export.manifest_sections import (
     Dense,
     DenseLayer,
     Head,
+    LateInteraction,
     LlmReranker,
     PromptTemplate,
     TextFrontEnd,
@@ -97,6 +98,7 @@ __all__ = [
     "EncoderConfig",
     "GraphFile",
     "Head",
+    "LateInteraction",
     "LlmReranker",
     "Manifest",
     "ManifestError",
@@ -114,9 +116,10 @@ __all__ = [
 # 6: the compact attention graph (graph_io.GRAPH_COMPACT_ATTENTION); older exports answer
 # the same requests from their full maps. 7: the selected-maps graph
 # (graph_io.GRAPH_SELECTED_ATTENTION); older exports select and cast after the full maps.
-# 8: Dense layers after pooling (``dense``).
-FORMAT_VERSION: Final = 8
-READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6, 7, 8)
+# 8: Dense layers after pooling (``dense``). 9: late interaction (``late_interaction``:
+# the multi-vector graph).
+FORMAT_VERSION: Final = 9
+READABLE_VERSIONS: Final = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 # "last": the last token of each sequence (sentence-transformers' ``lasttoken``).
 Pooling = Literal["mean", "cls", "max", "last"]
@@ -197,6 +200,8 @@ class Manifest:
     # tasks[t - 1] (0: none), and the one a request without a task gets (None: none).
     tasks: tuple[str, ...] = ()
     default_task: str | None = None
+    # format 9: multi-vector (ColBERT, bge-m3) outputs from graph_io.GRAPH_MULTI_VECTOR
+    late_interaction: LateInteraction | None = None
     format_version: int = FORMAT_VERSION
     # Provenance: recorded for people, never read by the server.
     record: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -227,6 +232,11 @@ class Manifest:
         self._check_ranges()
         if self.head is not None and self.text is None:
             raise ManifestError("head: a head reads token ids, so the model needs its text")
+        if self.late_interaction is not None:
+            if self.text is None:
+                raise ManifestError("late_interaction: it reads token ids, so it needs text")
+            if self.format_version < 9:
+                raise ManifestError("late_interaction: written since format_version 9")
         dense = self.dense
         if dense is not None:
             if self.pooling is None or dense.layers[0].in_features != self.architecture.d_model:
@@ -366,6 +376,8 @@ class Manifest:
             files[self.head.graph] = self.head.graph_sha256
         if self.dense is not None:
             files[self.dense.file] = self.dense.sha256
+        if self.late_interaction is not None:
+            files[self.late_interaction.graph] = self.late_interaction.sha256
         if self.text is not None:
             files[self.text.embeddings_graph] = self.text.embeddings_sha256
             if self.text.tokenizer is not None and self.text.tokenizer_sha256 is not None:
@@ -418,6 +430,11 @@ class Manifest:
             **(
                 {"tasks": list(self.tasks), "default_task": self.default_task} if self.tasks else {}
             ),
+            **(
+                {"late_interaction": asdict(self.late_interaction)}
+                if self.late_interaction is not None
+                else {}
+            ),
             **self.record,
         }
 
@@ -436,6 +453,7 @@ class Manifest:
         known |= {"pooling", "normalize", "matryoshka_dimensions"}
         known |= {"prompts", "default_prompt_name", "include_prompt", "weights", "weights_sha256"}
         known |= {"head", "quantization_ranges", "dense", "tasks", "default_task"}
+        known |= {"late_interaction"}
         try:
             text = raw.get("text")
             dims = raw.get("matryoshka_dimensions") or []
@@ -464,6 +482,9 @@ class Manifest:
                 dense=Dense.from_dict(raw["dense"]) if raw.get("dense") is not None else None,
                 tasks=_tasks(raw.get("tasks")),
                 default_task=raw.get("default_task"),
+                late_interaction=LateInteraction.from_dict(raw["late_interaction"])
+                if raw.get("late_interaction") is not None
+                else None,
                 record={k: v for k, v in raw.items() if k not in known},
             )
         except ManifestError:

@@ -1,7 +1,7 @@
 """The manifest's optional sections, each a typed, checked part of ``config.json``: the
-text front end (token ids in), sentence-transformers' Dense layers (after pooling) and
-a head (classify or SPLADE). Read through :mod:`model_export.manifest`, which
-re-exports them."""
+text front end (token ids in), sentence-transformers' Dense layers (after pooling), a
+head (classify or SPLADE) and late interaction (multi-vector outputs). Read through
+:mod:`model_export.manifest`, which re-exports them."""
 
 from __future__ import annotations
 
@@ -289,3 +289,113 @@ class Head:
             return cls(**{**data, "labels": tuple(labels), "llm": llm})
         except TypeError as exc:  # unknown or missing keys
             raise ManifestError(f"head: {exc}") from None
+
+
+SIMILARITIES: Final = ("maxsim", "meanmaxsim")
+EXPANSION_STRATEGIES: Final = ("fixed", "min")
+SIDES: Final = ("query", "document")
+MAX_SKIPLIST: Final = 4096
+MAX_MULTI_VECTOR_DIM: Final = 1 << 16
+
+
+@dataclass(frozen=True)
+class QueryExpansion:
+    """ColBERT's query augmentation (sentence-transformers' ``query_expansion``): a query
+    of fewer than ``length`` tokens is filled with ``token_id`` up to ``length`` (and,
+    ``fixed``, a longer one cut to it); ``attend``: whether the encoder attends to the
+    fill (else it is masked out of attention and only MaxSim scores it)."""
+
+    strategy: str
+    length: int
+    token_id: int
+    attend: bool
+
+    def __post_init__(self) -> None:
+        if self.strategy not in EXPANSION_STRATEGIES:
+            raise ManifestError(f"query_expansion.strategy must be one of {EXPANSION_STRATEGIES}")
+        check_size("query_expansion.length", self.length, 1 << 16, ManifestError)
+        check_size("query_expansion.token_id", self.token_id + 1, 1 << 24, ManifestError)
+        if not isinstance(self.attend, bool):
+            raise ManifestError("query_expansion.attend must be a boolean")
+
+
+@dataclass(frozen=True)
+class LateInteraction:
+    """Multi-vector (ColBERT) outputs: ``graph`` (graph_io.GRAPH_MULTI_VECTOR) gives
+    ``outputs`` (graph_io.MULTI_VECTOR_OUTPUTS, in order) from token ids.
+
+    Each token's vector is ``dim`` wide, normalised per token in the graph when
+    ``normalize``. The query and document sides are the model's prompts named
+    ``query`` and ``document`` (their marker tokens are special tokens of the
+    tokenizer), cut to ``query_length``/``document_length`` tokens (None: the model's
+    own), the query expanded by ``expansion``. ``skiplist_ids``: tokens whose vectors
+    the sides in ``skiplist_sides`` leave out (ColBERT: punctuation of documents).
+    ``skip_first``: the first token ([CLS]) has no vector (bge-m3). With
+    ``graph_io.OUTPUT_TOKEN_WEIGHTS`` (bge-m3's sparse head), a sparse vector is each
+    token id's largest weight, ``unused_ids`` (special tokens) left out. Scores are
+    ``similarity``: MaxSim, or MaxSim over the query's vector count."""
+
+    graph: str
+    sha256: str
+    outputs: tuple[str, ...]
+    dim: int
+    normalize: bool = True
+    similarity: str = "maxsim"
+    query_length: int | None = None
+    document_length: int | None = None
+    expansion: QueryExpansion | None = None
+    skiplist_ids: tuple[int, ...] = ()
+    skiplist_sides: tuple[str, ...] = ("document",)
+    skip_first: bool = False
+    unused_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_file_name(self.graph, "late_interaction.graph")
+        if self.graph != graph_io.GRAPH_MULTI_VECTOR:
+            raise ManifestError(f"late_interaction.graph must be {graph_io.GRAPH_MULTI_VECTOR}")
+        known = graph_io.MULTI_VECTOR_OUTPUTS
+        if self.outputs[:2] != known[:2] or not set(self.outputs) <= set(known):
+            raise ManifestError(f"late_interaction.outputs must begin {list(known[:2])}")
+        check_size("late_interaction.dim", self.dim, MAX_MULTI_VECTOR_DIM, ManifestError)
+        if self.similarity not in SIMILARITIES:
+            raise ManifestError(f"late_interaction.similarity must be one of {SIMILARITIES}")
+        for name in ("query_length", "document_length"):
+            if getattr(self, name) is not None:
+                check_size(f"late_interaction.{name}", getattr(self, name), 1 << 20, ManifestError)
+        for name in ("skiplist_ids", "unused_ids"):
+            ids = getattr(self, name)
+            if len(ids) > MAX_SKIPLIST or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 24 for i in ids
+            ):
+                raise ManifestError(f"late_interaction.{name}: at most {MAX_SKIPLIST} token ids")
+        if not set(self.skiplist_sides) <= set(SIDES):
+            raise ManifestError(f"late_interaction.skiplist_sides: each one of {SIDES}")
+        for name in ("normalize", "skip_first"):
+            if not isinstance(getattr(self, name), bool):
+                raise ManifestError(f"late_interaction.{name} must be a boolean")
+
+    @property
+    def sparse(self) -> bool:
+        """bge-m3's lexical weights: a sparse vector from the same run."""
+        return graph_io.OUTPUT_TOKEN_WEIGHTS in self.outputs
+
+    @classmethod
+    def from_dict(cls, data: object) -> LateInteraction:
+        if not isinstance(data, dict):
+            raise ManifestError("late_interaction must be an object")
+        lists = ("outputs", "skiplist_ids", "skiplist_sides", "unused_ids")
+        if not all(isinstance(data.get(k, []), list | tuple) for k in lists):
+            raise ManifestError(f"late_interaction: {', '.join(lists)} are lists")
+        expansion = data.get("expansion")
+        if expansion is not None and not isinstance(expansion, dict):
+            raise ManifestError("late_interaction.expansion must be an object")
+        try:
+            return cls(
+                **{
+                    **data,
+                    **{k: tuple(data[k]) for k in lists if k in data},
+                    "expansion": QueryExpansion(**expansion) if expansion else None,
+                }
+            )
+        except TypeError as exc:  # unknown or missing keys
+            raise ManifestError(f"late_interaction: {exc}") from None

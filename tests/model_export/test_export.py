@@ -154,7 +154,7 @@ def test_config_json_records_architecture_and_io(
     tiny_model_dir: Path, tiny_config: EncoderConfig
 ) -> None:
     config = read_config(tiny_model_dir)
-    assert config["format_version"] == FORMAT_VERSION == 8
+    assert config["format_version"] == FORMAT_VERSION == 9
     assert Manifest.read(tiny_model_dir).to_dict() == config  # the typed contract reads it all
     assert config["name"] == "tiny"
     assert config["seed"] == TINY_SEED

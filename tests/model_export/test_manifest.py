@@ -202,7 +202,7 @@ def dense_with(**layer: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"format_version": 9}, "format_version 9 is not supported"),
+        ({"format_version": 10}, "format_version 10 is not supported"),
         ({"format_version": None}, "format_version None"),
         ({"pooling": "sum"}, "pooling must be one of"),
         ({"matryoshka_dimensions": [33]}, "1..32"),
