@@ -5,11 +5,15 @@ JSON item bound, checked as an HTTP body arrives) and ``serving_limits`` (what T
 ``/info`` reports) are the engine's rules, exposed here.
 """
 
+from service.engine.encode import ENCODE
 from service.engine.engine import Engine
+from service.engine.kind import RequestKind
 from service.engine.limits import check_json_items, serving_limits
 from service.engine.prepare import PreparedEncode
 from service.engine.rank_explain import RankExplanation
 from service.engine.rerank import (
+    CLASSIFY,
+    RERANK,
     ClassifyRequest,
     ClassifyResult,
     Ranked,
@@ -18,11 +22,14 @@ from service.engine.rerank import (
 )
 from service.engine.scope import Access, Caller, RequestScope
 from service.engine.similarity import (
+    SIMILARITY,
     SimilarityExplanation,
     SimilarityRequest,
     SimilarityResult,
     TokenPair,
 )
+from service.engine.sparse import SPARSE
+from service.engine.tokenize import DECODE, TOKENIZE
 from service.engine.types import (
     AnswerShape,
     ArrayInput,
@@ -46,6 +53,13 @@ from service.engine.types import (
 from service.model_info import ModelInfo
 
 __all__ = [
+    "CLASSIFY",
+    "DECODE",
+    "ENCODE",
+    "RERANK",
+    "SIMILARITY",
+    "SPARSE",
+    "TOKENIZE",
     "Access",
     "AnswerShape",
     "ArrayInput",
@@ -63,6 +77,7 @@ __all__ = [
     "PreparedEncode",
     "RankExplanation",
     "Ranked",
+    "RequestKind",
     "RequestScope",
     "RerankRequest",
     "RerankResult",

@@ -4,44 +4,36 @@ Protocols (``service/protocols/<name>/``) turn bytes into typed requests and
 call :class:`Engine`; it never sees JSON or HTTP. Each concern lives in a
 module of its own, composed here: ``registry`` (which version serves),
 ``control`` (load, swap, unload, poll), ``lifecycle`` (ready, draining),
-``admit`` (the one request prologue), ``text`` (tokenizers), ``prepare``
+``admit`` (slots, deadline, the parse's thread hop), ``text`` (tokenizers), ``prepare``
 (every limit before any work), ``execute`` (the batcher, parts, deadlines),
-``finish`` (outputs), ``sparse`` (BM42), ``rerank`` (heads), ``similarity`` (why two
-texts match) and ``response_cache``.
+``finish`` (outputs) and ``response_cache``.
+
+Every request runs through :meth:`Engine.handle`, the prologue its kind shares
+(``kind.py``). The kinds are declared in the modules that own them: ``encode.ENCODE``,
+``sparse.SPARSE`` (BM42, SPLADE), ``rerank.RERANK`` and ``rerank.CLASSIFY`` (heads),
+``similarity.SIMILARITY`` (why two texts match), ``text.TOKENIZE`` and ``text.DECODE``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol, TypeVar, cast
 
-from service.engine import prepare, rerank, similarity, sparse, text
+from service.engine import encode
 from service.engine.admission import Admission, Ticket
 from service.engine.admit import Admit, BodyMeter
 from service.engine.control import ModelControl
 from service.engine.execute import OFFLOAD_BYTES, Executor
+from service.engine.kind import RequestKind, Serving
 from service.engine.lifecycle import Lifecycle
 from service.engine.limits import serving_limits
 from service.engine.prepare import PreparedEncode
 from service.engine.registry import Registry
-from service.engine.rerank import ClassifyRequest, ClassifyResult, RerankRequest, RerankResult
-from service.engine.response_cache import ResponseCache, allowed_bytes, request_key
+from service.engine.response_cache import ResponseCache, allowed_bytes
 from service.engine.scope import Caller, Disconnected, RequestScope
-from service.engine.similarity import SimilarityRequest, SimilarityResult
-from service.engine.types import (
-    ArrayInput,
-    DecodeRequest,
-    DecodeResult,
-    EncodeRequest,
-    EncodeResult,
-    ServingLimits,
-    SparseRequest,
-    SparseResult,
-    TokenizeRequest,
-    TokenizeResult,
-)
+from service.engine.types import EncodeRequest, EncodeResult, ServingLimits
 from service.metrics import Metrics
 from service.model_info import ModelInfo
 from service.settings import Settings
@@ -52,6 +44,9 @@ log = logging.getLogger(__name__)
 Headers = dict[str, str] | None
 T = TypeVar("T")
 W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
+Rq = TypeVar("Rq")  # a kind's typed request
+P = TypeVar("P")  # what its ``prepare`` makes of it
+Res = TypeVar("Res")  # its result
 
 
 class Sized(Protocol):
@@ -65,7 +60,7 @@ R = TypeVar("R", bound=Sized)
 
 
 class Engine:
-    """Models, their lifecycle, and every request kind: encode, BM42, tokenize, decode."""
+    """Models, their lifecycle, and every request, whatever its kind (``handle``)."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
@@ -78,6 +73,7 @@ class Engine:
         self.tracing = Tracing(settings.otlp_endpoint)
         self._execute = Executor(settings, metrics, self.lifecycle, self.off_loop)
         self._admit = Admit(settings, self._execute)
+        self._serving = Serving(self.registry, settings, self._execute, self._admit)
         self.cache = ResponseCache(allowed_bytes(settings), metrics, self.off_loop)
         self.control = ModelControl(settings, metrics, self.registry, self.lifecycle, self.cache)
 
@@ -195,49 +191,57 @@ class Engine:
             return await self.off_loop(write, result, wire)
         return write(result, wire)
 
-    async def encode(
-        self, parse: Callable[[], tuple[EncodeRequest, W]], scope: RequestScope
-    ) -> tuple[EncodeResult, W]:
-        """Admit, parse (the protocol's decoding) and prepare, hold the working memory,
-        run (or answer from the response cache). ``parse`` returns the request and what
-        the protocol needs later to write the answer, handed back beside the result."""
-
-        def inline(request: EncodeRequest) -> bool:
-            # The count first: reading the items of a lazy list may cost per item.
-            prepare.check_count(request, self.settings)
-            return all(isinstance(item, ArrayInput) for item in request.inputs)
-
-        prepared, wire = await self._admit.prepared(scope, parse, self.prepare, inline)
-        scope.admitted().add(prepared.work_bytes, "this request")
-        scope.served(prepared.model.name, prepared.model.version)
-
-        def run() -> Coroutine[Any, Any, EncodeResult]:
-            return self.run(
-                prepared, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
-            )
-
-        if not self.cache.enabled:
-            return await run(), wire
-        keys = self.settings.api_key is not None  # then answers are kept per caller's key
-        key = request_key(
-            prepared,
-            self.registry.load_serial(prepared.runtime),
-            (scope.caller.authorization or "") if keys else None,
+    async def handle(
+        self,
+        kind: RequestKind[Rq, P, Res],
+        parse: Callable[[], tuple[Rq, W]],
+        scope: RequestScope,
+    ) -> tuple[Res, W]:
+        """A request of ``kind``, through the prologue every kind shares: a slot and the
+        deadline, then ``parse`` (the protocol's decoding) and the kind's ``prepare``, on
+        or off the loop (``admit.py``); the model it is served by; its working memory held
+        on its ticket; its run (or its answer from the response cache); the deadline
+        again before its answer is written. ``parse`` returns the request and what the
+        protocol needs later to write the answer, handed back beside the result."""
+        serving = self._serving
+        prepared, wire = await self._admit.prepared(
+            scope,
+            parse,
+            lambda request: kind.prepare(request, serving),
+            lambda request: kind.inline(request, serving),
         )
+        model = kind.model(prepared)
+        if model is not None:
+            scope.served(model.name, model.version)
+        scope.admitted().add(kind.held(prepared, serving), "this request")
+
+        def run() -> Awaitable[Res]:
+            return kind.run(prepared, scope, serving)
+
+        if kind.cache_key is None or model is None or not self.cache.enabled:
+            result = await run()
+        else:
+            result = await self._cached(kind.cache_key(prepared, scope, serving), model, run, scope)
+        self._execute.check_deadline(scope.deadline, "before its answer was written")
+        return result, wire
+
+    async def _cached(
+        self, key: bytes, model: ModelInfo, run: Callable[[], Awaitable[T]], scope: RequestScope
+    ) -> T:
+        """The answer from the response cache, or ``run``'s, kept there. The cache keeps
+        encode answers only (it sizes their arrays): the one kind that declares a key."""
         result, hit = await self.cache.get_or_run(
             key,
-            prepared.model.name,
-            run,
+            model.name,
+            cast(Callable[[], Awaitable[EncodeResult]], run),
             lambda twin: self._execute.unless_gone(twin, scope.cancelled, scope.deadline),
         )
         scope.cache = "hit" if hit else "miss"
-        return result, wire
+        return cast(T, result)
 
     def prepare(self, request: EncodeRequest) -> PreparedEncode:
         """Check everything, before any graph runs (see ``prepare.py``)."""
-        resolved = request.resolved and self.registry.runtime_of(request.resolved)
-        runtime = resolved or self.registry.runtime(request.model, request.model_version)
-        return prepare.prepare(request, runtime, self.settings)
+        return encode.prepared(request, self._serving)
 
     async def run(
         self,
@@ -252,40 +256,3 @@ class Engine:
         return await self._execute.run(
             prepared, runtime, deadline=deadline, until=until, timing=timing
         )
-
-    async def embed_sparse(
-        self, parse: Callable[[], tuple[SparseRequest, W]], scope: RequestScope
-    ) -> tuple[SparseResult, W]:
-        """BM42 vectors (see ``sparse.py``)."""
-        return await sparse.embed(parse, scope, self.registry, self._admit, self._execute)
-
-    async def rerank(
-        self, parse: Callable[[], tuple[RerankRequest, W]], scope: RequestScope
-    ) -> tuple[RerankResult, W]:
-        """Documents scored against a query by a reranker, best first (see ``rerank.py``)."""
-        return await rerank.rerank(parse, scope, self.registry, self._admit, self._execute)
-
-    async def classify(
-        self, parse: Callable[[], tuple[ClassifyRequest, W]], scope: RequestScope
-    ) -> tuple[ClassifyResult, W]:
-        """A score per label of texts or pairs (see ``rerank.py``)."""
-        return await rerank.classify(parse, scope, self.registry, self._admit, self._execute)
-
-    async def explain_similarity(
-        self, parse: Callable[[], tuple[SimilarityRequest, W]], scope: RequestScope
-    ) -> tuple[SimilarityResult, W]:
-        """A query's cosine with each document split into token pairs, for mean-pooled
-        models (see ``similarity.py``)."""
-        return await similarity.explain(parse, scope, self.registry, self._admit, self._execute)
-
-    async def tokenize(
-        self, parse: Callable[[], tuple[TokenizeRequest, W]], scope: RequestScope
-    ) -> tuple[TokenizeResult, W]:
-        """Tokens (and their input embeddings, if asked) of texts (see ``text.py``)."""
-        return await text.tokenize_request(parse, scope, self.registry, self._admit, self._execute)
-
-    async def decode(
-        self, parse: Callable[[], tuple[DecodeRequest, W]], scope: RequestScope
-    ) -> tuple[DecodeResult, W]:
-        """Token ids back to text (see ``text.py``)."""
-        return await text.decode_request(parse, scope, self.registry, self._admit, self._execute)

@@ -25,10 +25,9 @@ import numpy as np
 from model_export.manifest import graph_io
 from service.attention_scratch import attention_scratch_bytes
 from service.engine import limits, rank_explain, text
-from service.engine.admit import Admit
 from service.engine.execute import Executor
+from service.engine.kind import RequestKind, Serving
 from service.engine.rank_explain import MAX_TOP_TOKENS, PairTokens, RankExplanation, explain
-from service.engine.registry import Registry
 from service.engine.scope import RequestScope
 from service.engine.types import AttentionSpec, WireCost
 from service.errors import FieldPath, InvalidInput, UnsupportedByModel
@@ -37,7 +36,6 @@ from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.tokenizer import PairEncoding
 
-W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 T = TypeVar("T")
 
 # What a request holds per token while it runs: ids, types, tokens (generous).
@@ -268,58 +266,48 @@ async def _logits(
     return np.stack([r[graph_io.OUTPUT_LOGITS] for r in results])
 
 
-async def rerank(
-    parse: Callable[[], tuple[RerankRequest, W]],
-    scope: RequestScope,
-    registry: Registry,
-    admit: Admit,
-    execute: Executor,
-) -> tuple[RerankResult, W]:
+def _rerank_checked(request: RerankRequest, serving: Serving) -> Pairs:
+    """Every check before any run: the model's head, the texts, counts and lengths."""
+    settings = serving.settings
+    runtime = serving.registry.runtime(request.model)
+    require_task(runtime.info, ("rerank",), "rerank")
+    _check_text(request.query, ("query",))
+    documents = request.documents_field
+    if not request.documents:
+        raise InvalidInput("is empty: send at least one document", field=(documents,))
+    limits.check_sequence_count(len(request.documents), settings, pooled_only=True)
+    for i, document in enumerate(request.documents):
+        _check_text(document, (documents, i))
+    if request.top_n is not None and request.top_n < 1:
+        raise InvalidInput(f"must be at least 1, got {request.top_n}", field=("top_n",))
+    if not 1 <= request.top_tokens <= MAX_TOP_TOKENS:
+        raise InvalidInput(f"must be in 1..{MAX_TOP_TOKENS}", field=("top_tokens",))
+    rank_explain.check_spec(request.attention)
+    if request.return_attention:  # the explained pairs run as one attention request
+        explained = min(request.top_n or len(request.documents), len(request.documents))
+        limits.check_sequence_count(explained, settings, pooled_only=False)
+    head = runtime.info.manifest.head
+    if head is not None and head.llm is not None:
+        return request, runtime, tokenize_prompts(runtime, request, settings)
+    if request.instruction is not None:
+        raise InvalidInput(
+            f"model {runtime.info.name!r} is a cross-encoder: it takes no instruction "
+            "(LLM rerankers do)",
+            field=("instruction",),
+        )
+    pairs = [(request.query, d) for d in request.documents]
+    encoded = tokenize_pairs(
+        runtime, pairs, request, settings, lambda i: (("query",), (documents, i)), documents
+    )
+    return request, runtime, encoded
+
+
+async def _rerank(prepared: Pairs, scope: RequestScope, serving: Serving) -> RerankResult:
     """Documents scored against a query, best first; ``top_n`` of them explained when
     attention is asked."""
-    settings = execute.settings
-
-    def checked(request: RerankRequest) -> tuple[RerankRequest, ModelRuntime, list[PairEncoding]]:
-        runtime = registry.runtime(request.model)
-        require_task(runtime.info, ("rerank",), "rerank")
-        _check_text(request.query, ("query",))
-        documents = request.documents_field
-        if not request.documents:
-            raise InvalidInput("is empty: send at least one document", field=(documents,))
-        limits.check_sequence_count(len(request.documents), settings, pooled_only=True)
-        for i, document in enumerate(request.documents):
-            _check_text(document, (documents, i))
-        if request.top_n is not None and request.top_n < 1:
-            raise InvalidInput(f"must be at least 1, got {request.top_n}", field=("top_n",))
-        if not 1 <= request.top_tokens <= MAX_TOP_TOKENS:
-            raise InvalidInput(f"must be in 1..{MAX_TOP_TOKENS}", field=("top_tokens",))
-        rank_explain.check_spec(request.attention)
-        if request.return_attention:  # the explained pairs run as one attention request
-            explained = min(request.top_n or len(request.documents), len(request.documents))
-            limits.check_sequence_count(explained, settings, pooled_only=False)
-        head = runtime.info.manifest.head
-        if head is not None and head.llm is not None:
-            return request, runtime, tokenize_prompts(runtime, request, settings)
-        if request.instruction is not None:
-            raise InvalidInput(
-                f"model {runtime.info.name!r} is a cross-encoder: it takes no instruction "
-                "(LLM rerankers do)",
-                field=("instruction",),
-            )
-        pairs = [(request.query, d) for d in request.documents]
-        encoded = tokenize_pairs(
-            runtime, pairs, request, settings, lambda i: (("query",), (documents, i)), documents
-        )
-        return request, runtime, encoded
-
-    (request, runtime, encoded), wire = await admit.prepared(scope, parse, checked, lambda _: False)
-    info = runtime.info
-    scope.served(info.name, info.version)
-    lengths = [len(e.ids) for e in encoded]
-    tokens = sum(lengths)
-    scratch = attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
-    ticket = scope.admitted()
-    ticket.add(BYTES_PER_TOKEN * tokens + scratch, "this request")
+    request, runtime, encoded = prepared
+    info, execute = runtime.info, serving.execute
+    tokens = sum(_lengths(encoded))
     head = info.manifest.head
     assert head is not None
     scores = scores_of(
@@ -347,78 +335,97 @@ async def rerank(
         )
     execute.count_tokens(runtime, tokens)
     results = [Ranked(i, float(scores[i]), x) for i, x in zip(order, explanations, strict=True)]
-    return RerankResult(info.name, results, tokens), wire
+    return RerankResult(info.name, results, tokens)
 
 
-async def classify(
-    parse: Callable[[], tuple[ClassifyRequest, W]],
-    scope: RequestScope,
-    registry: Registry,
-    admit: Admit,
-    execute: Executor,
-) -> tuple[ClassifyResult, W]:
+def _classify_checked(request: ClassifyRequest, serving: Serving) -> Inputs:
+    """Every check before any run: the model's head, the texts and pairs, their lengths."""
+    settings = serving.settings
+    runtime = serving.registry.runtime(request.model)
+    require_task(runtime.info, ("classify", "rerank"), "classify")
+    head = runtime.info.manifest.head
+    if head is not None and head.llm is not None:
+        raise UnsupportedByModel(
+            f"model {runtime.info.name!r} is an LLM reranker: it scores a query and "
+            "documents through its prompt template; use /v1/rerank (or /rerank)",
+            field=("model",),
+        )
+    if not request.inputs:
+        raise InvalidInput("is empty: send at least one text", field=("inputs",))
+    limits.check_sequence_count(len(request.inputs), settings, pooled_only=True)
+    left = request.truncation_direction == "left"
+    singles = {i: x for i, x in enumerate(request.inputs) if isinstance(x, str)}
+    pairs = {i: x for i, x in enumerate(request.inputs) if not isinstance(x, str)}
+    for i, item in singles.items():
+        _check_text(item, ("inputs", i))
+    for i, (a, b) in pairs.items():
+        _check_text(a, ("inputs", i, 0))
+        _check_text(b, ("inputs", i, 1))
+    encoded: dict[int, Encoded] = {}
+    if singles:
+        _, found = text.tokenize_all(
+            runtime,
+            list(singles.values()),
+            request.truncate,
+            "inputs",
+            settings,
+            pooled_only=True,
+            left=left,
+        )
+        encoded.update(zip(singles, found, strict=True))
+    if pairs:
+        at = list(pairs)
+        found_pairs = tokenize_pairs(
+            runtime,
+            list(pairs.values()),
+            request,
+            settings,
+            lambda k: (("inputs", at[k], 0), ("inputs", at[k], 1)),
+            "inputs",
+        )
+        encoded.update(zip(pairs, found_pairs, strict=True))
+    return request, runtime, [encoded[i] for i in range(len(request.inputs))]
+
+
+async def _classify(prepared: Inputs, scope: RequestScope, serving: Serving) -> ClassifyResult:
     """A score per label of each text or pair."""
-    settings = execute.settings
-
-    def checked(
-        request: ClassifyRequest,
-    ) -> tuple[ClassifyRequest, ModelRuntime, list[Encoded]]:
-        runtime = registry.runtime(request.model)
-        require_task(runtime.info, ("classify", "rerank"), "classify")
-        head = runtime.info.manifest.head
-        if head is not None and head.llm is not None:
-            raise UnsupportedByModel(
-                f"model {runtime.info.name!r} is an LLM reranker: it scores a query and "
-                "documents through its prompt template; use /v1/rerank (or /rerank)",
-                field=("model",),
-            )
-        if not request.inputs:
-            raise InvalidInput("is empty: send at least one text", field=("inputs",))
-        limits.check_sequence_count(len(request.inputs), settings, pooled_only=True)
-        left = request.truncation_direction == "left"
-        singles = {i: x for i, x in enumerate(request.inputs) if isinstance(x, str)}
-        pairs = {i: x for i, x in enumerate(request.inputs) if not isinstance(x, str)}
-        for i, item in singles.items():
-            _check_text(item, ("inputs", i))
-        for i, (a, b) in pairs.items():
-            _check_text(a, ("inputs", i, 0))
-            _check_text(b, ("inputs", i, 1))
-        encoded: dict[int, Encoded] = {}
-        if singles:
-            _, found = text.tokenize_all(
-                runtime,
-                list(singles.values()),
-                request.truncate,
-                "inputs",
-                settings,
-                pooled_only=True,
-                left=left,
-            )
-            encoded.update(zip(singles, found, strict=True))
-        if pairs:
-            at = list(pairs)
-            found_pairs = tokenize_pairs(
-                runtime,
-                list(pairs.values()),
-                request,
-                settings,
-                lambda k: (("inputs", at[k], 0), ("inputs", at[k], 1)),
-                "inputs",
-            )
-            encoded.update(zip(pairs, found_pairs, strict=True))
-        return request, runtime, [encoded[i] for i in range(len(request.inputs))]
-
-    (request, runtime, encoded), wire = await admit.prepared(scope, parse, checked, lambda _: False)
-    info = runtime.info
-    scope.served(info.name, info.version)
-    lengths = [len(e.ids) if isinstance(e, PairEncoding) else len(e[1]) for e in encoded]
-    tokens = sum(lengths)
-    scratch = attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
-    ticket = scope.admitted()
-    ticket.add(BYTES_PER_TOKEN * tokens + scratch, "this request")
+    request, runtime, encoded = prepared
+    info, execute = runtime.info, serving.execute
     head = info.manifest.head
     assert head is not None
     logits = await _logits(runtime, encoded, execute, scope)
+    tokens = sum(_lengths(encoded))
     execute.count_tokens(runtime, tokens)
     scores = scores_of(logits, head.activation, request.raw_scores)
-    return ClassifyResult(info.name, head.labels, scores, tokens), wire
+    return ClassifyResult(info.name, head.labels, scores, tokens)
+
+
+# The checked request, the version it runs on, and its sequences for the head.
+Pairs = tuple[RerankRequest, ModelRuntime, list[PairEncoding]]
+Inputs = tuple[ClassifyRequest, ModelRuntime, list[Encoded]]
+
+
+def _lengths(encoded: list[PairEncoding] | list[Encoded]) -> list[int]:
+    return [len(e.ids) if isinstance(e, PairEncoding) else len(e[1]) for e in encoded]
+
+
+def _model(prepared: Pairs | Inputs) -> ModelInfo:
+    return prepared[1].info
+
+
+def _held(prepared: Pairs | Inputs, serving: Serving) -> int:
+    """Its tokens, and the attention scratch of its runs."""
+    lengths = _lengths(prepared[2])
+    config = prepared[1].info.config
+    scratch = attention_scratch_bytes(lengths, config, serving.settings.max_batch_tokens)
+    return BYTES_PER_TOKEN * sum(lengths) + scratch
+
+
+# Documents scored against a query by a reranker, best first.
+RERANK: RequestKind[RerankRequest, Pairs, RerankResult] = RequestKind(
+    "rerank", _rerank_checked, _model, _rerank, held=_held
+)
+# A score per label of texts or pairs.
+CLASSIFY: RequestKind[ClassifyRequest, Inputs, ClassifyResult] = RequestKind(
+    "classify", _classify_checked, _model, _classify, held=_held
+)

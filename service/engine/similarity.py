@@ -22,15 +22,12 @@ a tokenizer. No approximation is offered.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 
 from service.engine import limits, prepare, text
-from service.engine.admit import Admit
-from service.engine.execute import Executor
+from service.engine.kind import RequestKind, Serving
 from service.engine.prepare import PreparedEncode
 from service.engine.registry import Registry
 from service.engine.scope import RequestScope
@@ -42,10 +39,9 @@ from service.errors import (
     ServiceError,
     UnsupportedByModel,
 )
+from service.model_info import ModelInfo
 from service.runtime import ModelRuntime
 from service.settings import Settings
-
-W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 
 # Top pairs listed per document, at most (a request asks 0..this many).
 MAX_TOP_PAIRS = 100
@@ -260,41 +256,51 @@ def _prepared(
     return request, runtime, prepared, size
 
 
-async def explain(
-    parse: Callable[[], tuple[SimilarityRequest, W]],
-    scope: RequestScope,
-    registry: Registry,
-    admit: Admit,
-    execute: Executor,
-) -> tuple[SimilarityResult, W]:
-    """Each document's similarity to the query, split into token pairs, in the
-    documents' order."""
-    settings = execute.settings
-    (request, runtime, prepared, size), wire = await admit.prepared(
-        scope, parse, lambda r: _prepared(r, registry, settings), lambda _: False
-    )
-    info = runtime.info
-    scope.served(info.name, info.version)
-    lengths = [len(s) for s in prepared.sequences]
-    # The run's own memory, every document's float32 matrix, the float64 work of one
-    # document's split (its token vectors, terms and their order), the encoded answer.
+# The checked request, the version it runs on, its encode run, its answer's size.
+Prepared = tuple[SimilarityRequest, ModelRuntime, PreparedEncode, float]
+
+
+def _checked(request: SimilarityRequest, serving: Serving) -> Prepared:
+    return _prepared(request, serving.registry, serving.settings)
+
+
+def _model(prepared: Prepared) -> ModelInfo:
+    return prepared[1].info
+
+
+def _held(prepared: Prepared, _serving: Serving) -> int:
+    """The run's own memory, every document's float32 matrix, the float64 work of one
+    document's split (its token vectors, terms and their order), the encoded answer."""
+    request, runtime, encode, size = prepared
+    lengths = [len(s) for s in encode.sequences]
     matrices = sum(lengths[0] * n for n in lengths[1:])
-    n_q, n_d, width = lengths[0], max(lengths[1:]), info.config.d_model
+    n_q, n_d, width = lengths[0], max(lengths[1:]), runtime.info.config.d_model
     scratch = FLOAT64 * (3 * n_q * n_d + (n_q + n_d) * width)  # one document's split at a time
     answer = FLOAT32 * matrices + int(size * request.wire_cost.copies)
-    held = prepared.work_bytes + scratch + answer
-    ticket = scope.admitted()
-    ticket.add(held, "this request")
-    result = await execute.run(
-        prepared, runtime, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
+    return encode.work_bytes + scratch + answer
+
+
+async def _explain(prepared: Prepared, scope: RequestScope, serving: Serving) -> SimilarityResult:
+    """Each document's similarity to the query, split into token pairs, in the
+    documents' order."""
+    request, runtime, encode, size = prepared
+    result = await serving.execute.run(
+        encode, runtime, deadline=scope.deadline, until=scope.cancelled, timing=scope.timing
     )
     query, *documents = result.outputs
+    lengths = [len(s) for s in encode.sequences]
 
     def split() -> list[SimilarityExplanation]:
         return [_explained(k, query, doc, request.top_pairs) for k, doc in enumerate(documents)]
 
-    explanations = await admit.off_loop(split) if matrices > SPLIT_INLINE_FLOATS else split()
-    return (
-        SimilarityResult(info.name, explanations, len(lengths), sum(lengths), size),
-        wire,
+    matrices = sum(lengths[0] * n for n in lengths[1:])
+    explanations = (
+        await serving.admit.off_loop(split) if matrices > SPLIT_INLINE_FLOATS else split()
     )
+    return SimilarityResult(runtime.info.name, explanations, len(lengths), sum(lengths), size)
+
+
+# A query's cosine with each document split into token pairs (mean-pooled models).
+SIMILARITY: RequestKind[SimilarityRequest, Prepared, SimilarityResult] = RequestKind(
+    "similarity", _checked, _model, _explain, held=_held
+)

@@ -16,8 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import string
-from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Sequence
 
 import mmh3
 import numpy as np
@@ -26,14 +25,14 @@ from py_rust_stemmers import SnowballStemmer
 from model_export.manifest import graph_io
 from service.attention_scratch import attention_scratch_bytes
 from service.engine import limits, splade, text
-from service.engine.admit import Admit
-from service.engine.execute import OFFLOAD_BYTES, Executor
-from service.engine.registry import Registry
+from service.engine.execute import OFFLOAD_BYTES
+from service.engine.kind import RequestKind, Serving
 from service.engine.rerank import require_task
 from service.engine.scope import RequestScope
 from service.engine.types import AnswerShape, SparseRequest, SparseResult, SparseVector
 from service.errors import InvalidInput, PayloadTooLarge, UnsupportedByModel
 from service.inference_lanes import SequenceResult
+from service.model_info import ModelInfo
 from service.runtime import ModelRuntime
 from service.settings import Settings
 
@@ -114,7 +113,6 @@ BYTES_PER_TOKEN = 512
 # int, a float and a str (BM42's stem, SPLADE's token), each in a list slot (~150 bytes
 # measured for SPLADE's tokens; generous).
 BYTES_PER_NONZERO = 200
-W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,42 +127,41 @@ class Prepared:
     nonzeros: int
 
 
-async def embed(
-    parse: Callable[[], tuple[SparseRequest, W]],
-    scope: RequestScope,
-    registry: Registry,
-    admit: Admit,
-    execute: Executor,
-) -> tuple[SparseResult, W]:
-    """Sparse vectors: texts tokenized off the loop; documents run the sparse graph (the
-    last layer's [CLS] attention row), SPLADE texts the head, in parts like a large pooled
-    request; queries run nothing. The answer is priced at its worst case before any of
-    that (413 beyond ATTNSERVE_MAX_RESPONSE_BYTES) and held on the ticket with the
-    objects it is built from; what was built is checked against that price, and the
-    deadline, before it is answered."""
-    settings = execute.settings
+def _checked(request: SparseRequest, serving: Serving) -> Prepared:
+    """The request on its model, of the model's own kind of sparse vector unless it
+    names one."""
+    runtime = serving.registry.runtime(request.model)
+    if request.kind is None:
+        kind = "splade" if runtime.info.manifest.task == "splade" else "document"
+        request = dataclasses.replace(request, kind=kind)
+    return prepare(request, runtime, serving.settings)
 
-    def checked(request: SparseRequest) -> Prepared:
-        runtime = registry.runtime(request.model)
-        if request.kind is None:  # the model's own kind of sparse vector
-            kind = "splade" if runtime.info.manifest.task == "splade" else "document"
-            request = dataclasses.replace(request, kind=kind)
-        return prepare(request, runtime, settings)
 
-    prepared, wire = await admit.prepared(scope, parse, checked, lambda _: False)
-    request, runtime, encoded = prepared.request, prepared.runtime, prepared.encoded
-    info = runtime.info
-    scope.served(info.name, info.version)
-    tokens = sum(len(t) for t, _, _ in encoded)
-    ticket = scope.admitted()
-    held = BYTES_PER_TOKEN * tokens + BYTES_PER_NONZERO * prepared.nonzeros
-    lengths = [len(t) for t, _, _ in encoded]
-    held += attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
+def _model(prepared: Prepared) -> ModelInfo:
+    return prepared.runtime.info
+
+
+def _held(prepared: Prepared, serving: Serving) -> int:
+    """Its tokens, the nonzeros of its vectors, the attention scratch of its runs, its
+    answer's wire copies, and a SPLADE [vocab] row per text until its vector is built."""
+    request, info = prepared.request, prepared.runtime.info
+    lengths = [len(t) for t, _, _ in prepared.encoded]
+    held = BYTES_PER_TOKEN * sum(lengths) + BYTES_PER_NONZERO * prepared.nonzeros
+    held += attention_scratch_bytes(lengths, info.config, serving.settings.max_batch_tokens)
     held += int(prepared.response_bytes * request.wire_cost.copies)
-    if request.kind == "splade":  # a [vocab] row per text until its vector is built
+    if request.kind == "splade":
         assert info.manifest.text is not None
-        held += splade.FLOAT_BYTES * info.manifest.text.vocab_size * len(encoded)
-    ticket.add(held, "this request")
+        held += splade.FLOAT_BYTES * info.manifest.text.vocab_size * len(lengths)
+    return held
+
+
+async def _run(prepared: Prepared, scope: RequestScope, serving: Serving) -> SparseResult:
+    """Documents run the sparse graph (the last layer's [CLS] attention row), SPLADE
+    texts the head, in parts like a large pooled request; queries run nothing. What was
+    built is checked against the price admission granted."""
+    request, runtime, encoded = prepared.request, prepared.runtime, prepared.encoded
+    execute = serving.execute
+    tokens = sum(len(t) for t, _, _ in encoded)
     results = None
     if request.kind in ("document", "splade"):
         pairs = [text.id_pairs(ids, types) for _, ids, types in encoded]
@@ -173,12 +170,18 @@ async def embed(
         results = await execute.results_in_parts(runtime, pairs, graph, scope)
         execute.count_tokens(runtime, tokens)
     if prepared.response_bytes > OFFLOAD_BYTES:
-        found = await admit.off_loop(vectors, request, runtime, encoded, results)
+        found = await serving.admit.off_loop(vectors, request, runtime, encoded, results)
     else:
         found = vectors(request, runtime, encoded, results)
-    execute.check_deadline(scope.deadline, "before its answer was written")
-    check_within(found, prepared, info.name)
-    return SparseResult(info.name, found, tokens, prepared.response_bytes), wire
+    check_within(found, prepared, runtime.info.name)
+    return SparseResult(runtime.info.name, found, tokens, prepared.response_bytes)
+
+
+# Sparse vectors: texts tokenized off the loop, the answer priced at its worst case
+# before any run (413 beyond ATTNSERVE_MAX_RESPONSE_BYTES).
+SPARSE: RequestKind[SparseRequest, Prepared, SparseResult] = RequestKind(
+    "sparse", _checked, _model, _run, held=_held
+)
 
 
 def prepare(request: SparseRequest, runtime: ModelRuntime, settings: Settings) -> Prepared:

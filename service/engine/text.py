@@ -10,8 +10,6 @@ becomes (token id, token type) pairs, which the batcher embeds or runs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -33,13 +31,6 @@ from service.runtime import ModelRuntime
 from service.settings import Settings
 from service.tokenizer import Between, TextFrontEnd
 
-if TYPE_CHECKING:  # (they import this module: it serves them too)
-    from service.engine.admit import Admit
-    from service.engine.execute import Executor
-    from service.engine.registry import Registry
-    from service.engine.scope import RequestScope
-
-W = TypeVar("W")  # what a protocol keeps from parsing to writing its answer
 # Out-of-vocabulary token ids named in an error, at most.
 SHOWN_IDS = 10
 
@@ -346,44 +337,3 @@ def decode(runtime: ModelRuntime, request: DecodeRequest, settings: Settings) ->
 
 
 # -- the requests ---------------------------------------------------------------------------
-
-
-async def tokenize_request(
-    parse: Callable[[], tuple[TokenizeRequest, W]],
-    scope: RequestScope,
-    registry: Registry,
-    admit: Admit,
-    execute: Executor,
-) -> tuple[TokenizeResult, W]:
-    """Parse and tokenize off the event loop within the scope's deadline; embeddings, if
-    asked for, are run by the batcher after the answer's size was checked."""
-    admit.begin(scope, "before it could be tokenized")
-
-    def tokenize() -> tuple[TokenizeResult, list[np.ndarray], ModelRuntime, W]:
-        request, wire = parse()
-        runtime = registry.runtime(request.model)
-        result, pairs = tokenize_texts(runtime, request, execute.settings)
-        return result, pairs, runtime, wire
-
-    work = admit.off_loop(tokenize, scope=scope)
-    result, pairs, runtime, wire = await execute.unless_gone(work, scope.cancelled, scope.deadline)
-    if pairs:
-        result = with_embeddings(result, await execute.embed(runtime, pairs, scope))
-    return result, wire
-
-
-async def decode_request(
-    parse: Callable[[], tuple[DecodeRequest, W]],
-    scope: RequestScope,
-    registry: Registry,
-    admit: Admit,
-    execute: Executor,
-) -> tuple[DecodeResult, W]:
-    """Token ids back to text, off the event loop, within the scope's deadline."""
-    admit.begin(scope, "before it could be decoded")
-
-    def decoded() -> tuple[DecodeResult, W]:
-        request, wire = parse()
-        return decode(registry.runtime(request.model), request, execute.settings), wire
-
-    return await execute.unless_gone(admit.off_loop(decoded), scope.cancelled, scope.deadline)

@@ -27,7 +27,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from service.engine import EncodeRequest, EncodeResult, Engine
+from service.engine import ENCODE, EncodeRequest, EncodeResult, Engine
 from service.engine.scope import Access, Disconnected
 from service.errors import (
     ClientClosedRequest,
@@ -136,7 +136,7 @@ async def encode(
     """
     scope = scope_of(request)
     body = await read_body(request, engine, json_only=json_only, json_bytes=json_bytes)
-    result, wire = await engine.encode(lambda: parse(body), scope)
+    result, wire = await engine.handle(ENCODE, lambda: parse(body), scope)
     content = await engine.render(result, write, wire)
     if isinstance(content, Answer):
         return ChunkedResponse(content.parts, content.media_type, content.headers)

@@ -25,7 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from service.engine import Engine, RequestScope
+from service.engine import CLASSIFY, ENCODE, RERANK, Engine, RequestScope
 from service.engine.scope import Access
 from service.errors import CannotStart, NotReady
 from service.protocols.kserve_grpc import calls, codec
@@ -133,17 +133,17 @@ class InferenceService:
         info = engine.model(request.model_name, request.model_version or None)
         version = request.model_version or None
         if rerank.is_reranker(info):  # a query and documents in, scores out
-            ranked, _ = await engine.rerank(
-                lambda: (codec.rerank_request(request, info), None), scope
+            ranked, _ = await engine.handle(
+                RERANK, lambda: (codec.rerank_request(request, info), None), scope
             )
             return codec.rerank_response(ranked, request, info.version)
         if classify.is_classifier(info):  # texts in, scores per label out
-            classified, outputs = await engine.classify(
-                lambda: codec.classify_request(request, info), scope
+            classified, outputs = await engine.handle(
+                CLASSIFY, lambda: codec.classify_request(request, info), scope
             )
             return codec.classify_response(classified, outputs, request, info.version)
-        result, reply = await engine.encode(
-            lambda: codec.infer_request(request, info, version), scope
+        result, reply = await engine.handle(
+            ENCODE, lambda: codec.infer_request(request, info, version), scope
         )
         return await engine.render(result, codec.infer_response, reply)
 

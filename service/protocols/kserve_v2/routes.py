@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from service.engine import CLASSIFY, RERANK
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.context import scope_of
@@ -148,8 +149,8 @@ async def infer(
         body = await http.read_body(
             request, engine, json_only=False, json_bytes=codec.json_prefix(header_length)
         )
-        result, reply = await engine.rerank(
-            lambda: codec.rerank_request(body, header_length, info), scope_of(request)
+        result, reply = await engine.handle(
+            RERANK, lambda: codec.rerank_request(body, header_length, info), scope_of(request)
         )
         answer = codec.rerank_response(result, reply, info.version)
         return ChunkedResponse(answer.parts, answer.media_type, answer.headers)
@@ -157,8 +158,8 @@ async def infer(
         body = await http.read_body(
             request, engine, json_only=False, json_bytes=codec.json_prefix(header_length)
         )
-        classified, asked = await engine.classify(
-            lambda: codec.classify_request(body, header_length, info), scope_of(request)
+        classified, asked = await engine.handle(
+            CLASSIFY, lambda: codec.classify_request(body, header_length, info), scope_of(request)
         )
         answer = codec.classify_response(classified, asked, info.version)
         return ChunkedResponse(answer.parts, answer.media_type, answer.headers)

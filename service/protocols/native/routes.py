@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.engine import ModelInfo
+from service.engine import CLASSIFY, RERANK, SIMILARITY, SPARSE, TOKENIZE, ModelInfo
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.context import scope_of
@@ -161,7 +161,9 @@ async def encode_sequences(request: Request, engine: EngineDep) -> Response:
 async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
     """Texts -> tokens, ids and the encoder's input embeddings (models with a tokenizer)."""
     body = await http.read_body(request, engine)
-    result, fmt = await engine.tokenize(lambda: codec.tokenize_request(body), scope_of(request))
+    result, fmt = await engine.handle(
+        TOKENIZE, lambda: codec.tokenize_request(body), scope_of(request)
+    )
     return ChunkedResponse([codec.tokenize_response(result, fmt)])
 
 
@@ -174,8 +176,8 @@ async def tokenize_texts(request: Request, engine: EngineDep) -> Response:
 async def embed_sparse(request: Request, engine: EngineDep) -> Response:
     """BM42 sparse vectors (hybrid search; fastembed's indices) of texts."""
     body = await http.read_body(request, engine)
-    result, return_text = await engine.embed_sparse(
-        lambda: codec.sparse_request(body), scope_of(request)
+    result, return_text = await engine.handle(
+        SPARSE, lambda: codec.sparse_request(body), scope_of(request)
     )
     return ChunkedResponse([await engine.render(result, codec.sparse_response, return_text)])
 
@@ -191,8 +193,8 @@ async def rerank(request: Request, engine: EngineDep) -> Response:
     """Documents scored against a query by a reranker (cross-encoder), best first, in
     Cohere's and Jina's shape; with return_attention, why each ranked."""
     body = await http.read_body(request, engine)
-    result, (documents, return_documents) = await engine.rerank(
-        lambda: codec.rerank_request(body), scope_of(request)
+    result, (documents, return_documents) = await engine.handle(
+        RERANK, lambda: codec.rerank_request(body), scope_of(request)
     )
     write = partial(codec.rerank_response, result, documents, return_documents)
     # Attention answers can be large: written on a codec thread, never on the event loop.
@@ -212,8 +214,8 @@ async def classify_texts(request: Request, engine: EngineDep) -> Response:
     ``/predict`` serves only the default model): each input's best label and its labels
     best first."""
     body = await http.read_body(request, engine)
-    result, top_k = await engine.classify(
-        lambda: classify.classify_request(body), scope_of(request)
+    result, top_k = await engine.handle(
+        CLASSIFY, lambda: classify.classify_request(body), scope_of(request)
     )
     return ChunkedResponse([classify.classify_response(result, top_k)])
 
@@ -228,8 +230,8 @@ async def explain_similarity(request: Request, engine: EngineDep) -> Response:
     """Why a query and documents match (mean-pooled models): each served cosine split
     exactly into token-pair contributions, the top pairs and per-token totals."""
     body = await http.read_body(request, engine)
-    result, fmt = await engine.explain_similarity(
-        lambda: codec.similarity_request(body), scope_of(request)
+    result, fmt = await engine.handle(
+        SIMILARITY, lambda: codec.similarity_request(body), scope_of(request)
     )
     return ChunkedResponse([await engine.render(result, codec.similarity_response, fmt)])
 

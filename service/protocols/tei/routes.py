@@ -18,7 +18,16 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.engine import EncodeRequest, EncodeResult, Engine
+from service.engine import (
+    CLASSIFY,
+    DECODE,
+    RERANK,
+    SPARSE,
+    TOKENIZE,
+    EncodeRequest,
+    EncodeResult,
+    Engine,
+)
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.context import scope_of
@@ -128,8 +137,8 @@ async def _encode(
 async def tei_embed_sparse(request: Request, engine: EngineDep) -> Response:
     """BM42 sparse vectors as ``[[{"index", "value"}]]``."""
     body = await http.read_body(request, engine)
-    result, characters = await engine.embed_sparse(
-        lambda: codec.sparse_request(body), scope_of(request)
+    result, characters = await engine.handle(
+        SPARSE, lambda: codec.sparse_request(body), scope_of(request)
     )
     response = ChunkedResponse([await engine.render(result, codec.sparse_response, characters)])
     return timed(response, request, characters, result.tokens)
@@ -139,8 +148,8 @@ async def tei_embed_sparse(request: Request, engine: EngineDep) -> Response:
 async def tei_rerank(request: Request, engine: EngineDep) -> Response:
     """Texts scored against a query by a reranker, best first: ``[{index, score, text?}]``."""
     body = await http.read_body(request, engine)
-    result, (texts, return_text) = await engine.rerank(
-        lambda: codec.rerank_request(body), scope_of(request)
+    result, (texts, return_text) = await engine.handle(
+        RERANK, lambda: codec.rerank_request(body), scope_of(request)
     )
     response = ChunkedResponse([codec.rerank_response(result, texts, return_text)])
     return timed(response, request, sum(map(len, texts)), result.tokens)
@@ -150,7 +159,9 @@ async def tei_rerank(request: Request, engine: EngineDep) -> Response:
 async def tei_predict(request: Request, engine: EngineDep) -> Response:
     """A score per label of a text, a pair, or a list of them: ``[{score, label}]`` each."""
     body = await http.read_body(request, engine)
-    result, single = await engine.classify(lambda: codec.predict_request(body), scope_of(request))
+    result, single = await engine.handle(
+        CLASSIFY, lambda: codec.predict_request(body), scope_of(request)
+    )
     response = ChunkedResponse([codec.predict_response(result, single)])
     return timed(response, request, 0, result.tokens)
 
@@ -160,7 +171,9 @@ async def tei_tokenize(request: Request, engine: EngineDep) -> Response:
     """Each text's tokens: ``[[{"id", "text", "special", "start", "stop"}]]`` (character
     offsets into the text; a special token has none)."""
     body = await http.read_body(request, engine)
-    result, texts = await engine.tokenize(lambda: codec.tokenize_request(body), scope_of(request))
+    result, texts = await engine.handle(
+        TOKENIZE, lambda: codec.tokenize_request(body), scope_of(request)
+    )
     return ChunkedResponse([codec.tokenize_response(result, texts)])
 
 
@@ -168,7 +181,7 @@ async def tei_tokenize(request: Request, engine: EngineDep) -> Response:
 async def tei_decode(request: Request, engine: EngineDep) -> Response:
     """Token ids back to text, one string per list of ids."""
     body = await http.read_body(request, engine)
-    result, _ = await engine.decode(lambda: codec.decode_request(body), scope_of(request))
+    result, _ = await engine.handle(DECODE, lambda: codec.decode_request(body), scope_of(request))
     return ChunkedResponse([codec.decode_response(result)])
 
 

@@ -36,6 +36,7 @@ from service.attention_scratch import attention_scratch_bytes
 from service.batcher import Batcher
 from service.condense import BoundedText
 from service.engine import (
+    ENCODE,
     ArrayInput,
     AttentionSpec,
     EncodeRequest,
@@ -236,7 +237,7 @@ def test_working_memory_of_attention_counts_in_the_budget(model_repository: Path
         maps = FLOAT32 * 40 * N_LAYERS * N_HEADS * 128 * 128
         assert prepared.response_bytes < SMALL_BUDGET < maps <= prepared.work_bytes
         with work_scope(engine) as scope, pytest.raises(PayloadTooLarge) as info:
-            await engine.encode(lambda: (too_big, None), scope)
+            await engine.handle(ENCODE, lambda: (too_big, None), scope)
         assert info.value.message.startswith("this request needs about")
         assert in_flight(engine.metrics) == (0, 0)
 
@@ -245,14 +246,14 @@ def test_working_memory_of_attention_counts_in_the_budget(model_repository: Path
         with engine.ticket() as other:
             other.hold(SMALL_BUDGET - work + 1, "another request")
             with work_scope(engine) as scope, pytest.raises(Overloaded) as refused:
-                await engine.encode(lambda: (fits, None), scope)
+                await engine.handle(ENCODE, lambda: (fits, None), scope)
             assert refused.value.headers == {"Retry-After": "1"}  # nothing measured yet
             assert refusals(engine.metrics, "memory") == 1
             assert in_flight(engine.metrics) == (0, SMALL_BUDGET - work + 1)
         with engine.ticket() as other:
             other.hold(SMALL_BUDGET - work, "another request")  # exactly the rest: fits
             with work_scope(engine) as scope:
-                result, _ = await engine.encode(lambda: (fits, None), scope)
+                result, _ = await engine.handle(ENCODE, lambda: (fits, None), scope)
                 assert in_flight(engine.metrics) == (1, SMALL_BUDGET)
         assert in_flight(engine.metrics) == (0, 0)
         return result
@@ -718,7 +719,7 @@ def test_tickets_are_released_by_the_engine_encode_path(settings: Settings) -> N
     async def body(engine: Engine) -> None:
         bad = request_of([never_decoded(3)], attention=AttentionSpec(heads=[0, 0]))
         with work_scope(engine) as scope, pytest.raises(InvalidInput):
-            await engine.encode(lambda: (bad, None), scope)
+            await engine.handle(ENCODE, lambda: (bad, None), scope)
         assert in_flight(engine.metrics) == (0, 0)
 
     with_started_engine(settings, body)

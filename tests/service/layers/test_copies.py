@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from model_export.manifest import graph_io
-from service.engine import Engine
+from service.engine import ENCODE, Engine
 from service.engine.postprocess import select_attention
 from service.inference_lanes import run_and_split
 from service.protocols.kserve_v2 import codec
@@ -71,8 +71,8 @@ def test_a_binary_attention_answer_is_framed_without_copying_it(model_repository
     async def answer(engine: Engine) -> tuple[int, int, bool]:
         info = engine.model(MODEL)
         with work_scope(engine) as scope:
-            result, reply = await engine.encode(
-                lambda: codec.infer_request(body, str(len(header)), info, "1"), scope
+            result, reply = await engine.handle(
+                ENCODE, lambda: codec.infer_request(body, str(len(header)), info, "1"), scope
             )
             maps = result.outputs[0].attention
             assert maps is not None

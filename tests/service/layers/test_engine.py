@@ -18,6 +18,7 @@ import pytest
 
 from model_export import graph_io
 from service.engine import (
+    ENCODE,
     ArrayInput,
     AttentionSpec,
     EncodeRequest,
@@ -324,7 +325,7 @@ def test_embeddings_match_a_direct_onnxruntime_run(
     async def body(engine: Engine) -> tuple[EncodeResult, str]:
         # The protocols' path: parse (here: a ready request) and prepare off the loop, run.
         with work_scope(engine) as scope:
-            return await engine.encode(lambda: (request_of(arrays(seqs)), "float"), scope)
+            return await engine.handle(ENCODE, lambda: (request_of(arrays(seqs)), "float"), scope)
 
     result, wire_format = with_started_engine(settings, body)
     assert wire_format == "float" and result.model == MODEL
