@@ -62,9 +62,19 @@ def maxsim_many(query: FloatArray, documents: FloatArray, offsets: IndexArray) -
     """MaxSim of one query [n, d] against many documents stacked as ``documents``
     [Σm, d], document t being rows offsets[t]:offsets[t + 1] (offsets [D + 1], from 0,
     every document non-empty) -> [D] float32: ``maxsim`` per document, in one product."""
-    sims = query @ documents.T  # (n, Σm)
-    best = np.maximum.reduceat(sims, offsets[:-1], axis=1)  # (n, D)
-    scores: FloatArray = best.sum(axis=0, dtype=np.float64).astype(np.float32)
+    one = np.array([0, len(query)], dtype=np.int64)
+    return maxsim_matrix(query, one, documents, offsets)[0]
+
+
+def maxsim_matrix(
+    queries: FloatArray, query_offsets: IndexArray, documents: FloatArray, offsets: IndexArray
+) -> FloatArray:
+    """MaxSim of many queries against many documents, each side stacked as ``stack``
+    gives it -> [Q, D] float32."""
+    sims = documents @ queries.T  # (Σm, Σn)
+    best = np.maximum.reduceat(sims, offsets[:-1], axis=0)  # (D, Σn): max_j per document
+    summed = np.add.reduceat(best.astype(np.float64), query_offsets[:-1], axis=1)  # (D, Q)
+    scores: FloatArray = summed.T.astype(np.float32)
     return scores
 
 
@@ -184,9 +194,9 @@ def muvera_fde(
         bits = (vectors @ planes > 0).astype(np.int64)  # (T, k_sim)
         part = bits @ bit_values  # (T,)
         projected = vectors if projection is None else vectors @ projection  # (T, d_proj)
-        block = np.zeros((parts, projected.shape[1]), dtype=np.float64)
-        np.add.at(block, part, projected)
-        counts = np.bincount(part, minlength=parts)
+        members = (part[None, :] == np.arange(parts)[:, None]).astype(np.float64)  # (P, T)
+        block = members @ projected  # (P, d_proj): each partition's sum
+        counts = members.sum(axis=1).astype(np.int64)
         if not query:
             filled = counts > 0
             block[filled] /= counts[filled, None]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench import pruning as bench
+from bench.lib.models import ROOT
 from service.engine import pruning
 from service.engine.pruning import FdeConfig
 
@@ -27,6 +28,12 @@ def test_maxsim_is_the_formula_one_document_or_many() -> None:
     stacked, offsets = pruning.stack(docs)
     assert offsets.tolist() == [0, 1, 4, 11, 13]
     assert pruning.maxsim_many(q, stacked, offsets) == pytest.approx(want, abs=1e-5)
+    q2 = pruning.normalize(rng.standard_normal((2, 16)))
+    queries, q_offsets = pruning.stack([q, q2])
+    matrix = pruning.maxsim_matrix(queries, q_offsets, stacked, offsets)
+    assert matrix.shape == (2, 4)
+    assert matrix[1] == pytest.approx([reference_maxsim(q2, d) for d in docs], abs=1e-5)
+    assert matrix[0] == pytest.approx(want, abs=1e-5)
     # The per-document max matters: the max over every stacked row is another number.
     assert [float((q @ stacked.T).max(axis=1).sum())] * len(docs) != pytest.approx(want)
 
@@ -161,3 +168,28 @@ def test_the_benchmark_on_tiny_documents_agrees_where_nothing_is_pruned(tmp_path
     text = doc.read_text()
     assert text.count(bench.BEGIN) == 1 and "kept" in text and bench.HEADING in text
     assert "| random (mean of 5 seeds) | 1.00 · 1.00 |" in text
+
+
+def test_the_docs_section_states_the_benchmarks_own_settings() -> None:
+    """docs/benchmarks.md's prose names the recipe's numbers: they are the code's."""
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    section = text[text.index(bench.HEADING) :]
+    assert bench.BEGIN in section and bench.END in section
+    for phrase in (
+        f"at least {bench.MIN_QUERY_WORDS} words",
+        f"the document {bench.MIN_TOKENS}–{bench.MAX_TOKENS} tokens",
+        f"shuffled with seed {bench.SEED} into two disjoint splits of {bench.DOCUMENTS}",
+        f"the first {bench.QUERIES} of which give their query",
+        f"the mean of {bench.RANDOM_SEEDS} seeds",
+        f"top-{bench.TOP} overlap |top{bench.TOP} ∩ top{bench.TOP}'| / {bench.TOP}",
+        f"top {bench.TAU_TOP} documents",
+    ):
+        assert phrase in section, phrase
+    (_, k8, _, reps8), (_, k32, d_proj, reps32) = bench.FDE_FAMILIES
+    assert f"{1 << k8} partitions unprojected ({', '.join(map(str, reps8))} repetitions)" in section
+    assert f"{1 << k32} partitions projected to {d_proj} dimensions" in section
+    assert f"({', '.join(map(str, reps32))} repetitions)" in section
+    assert (
+        f"the floats of {', '.join(map(str, bench.K_VALUES[:-1]))} and {bench.K_VALUES[-1]}"
+        in section
+    )
