@@ -63,7 +63,8 @@ def maxsim_many(query: FloatArray, documents: FloatArray, offsets: IndexArray) -
     [Σm, d], document t being rows offsets[t]:offsets[t + 1] (offsets [D + 1], from 0,
     every document non-empty) -> [D] float32: ``maxsim`` per document, in one product."""
     one = np.array([0, len(query)], dtype=np.int64)
-    return maxsim_matrix(query, one, documents, offsets)[0]
+    scores: FloatArray = maxsim_matrix(query, one, documents, offsets)[0]
+    return scores
 
 
 def maxsim_matrix(
