@@ -102,16 +102,21 @@ def received_attention(
     attentions: FloatArray,
     *,
     layers: Literal["last", "mean"] = "last",
+    rows: Literal["all", "first"] = "all",
     value_norms: FloatArray | None = None,
 ) -> FloatArray:
     """How much attention each token receives in one sequence's run: its maps
     attentions [L, H, T, T] (rows are queries, real tokens only) -> [T].
 
     The layer's (``last``) or the layers' mean (``mean``) weights a_ij, averaged over
-    heads, summed over every query row i: r_j = Σ_i mean_h a_hij. With ``value_norms``
-    [L, H, T] (‖f_h(x_j)‖, Kobayashi et al. 2020) each weight is scaled by its key's
-    value norm first: the norm of what token j sends, not only its weight."""
+    heads, summed over every query row i (``all``) or taken from the first row, the
+    [CLS] token's (``first``: the sparse graph's ``cls_attention`` for the last layer):
+    r_j = Σ_i mean_h a_hij. With ``value_norms`` [L, H, T] (‖f_h(x_j)‖, Kobayashi et
+    al. 2020) each weight is scaled by its key's value norm first: the norm of what
+    token j sends, not only its weight."""
     maps = attentions[-1:] if layers == "last" else attentions  # (L', H, T, T)
+    if rows == "first":
+        maps = maps[:, :, :1]  # (L', H, 1, T)
     if value_norms is not None:
         norms = value_norms[-1:] if layers == "last" else value_norms  # (L', H, T)
         maps = maps * norms[:, :, None, :]

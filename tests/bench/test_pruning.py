@@ -74,6 +74,7 @@ def test_attention_received_is_summed_over_rows_and_averaged_over_heads() -> Non
     maps[0, :] = [[0, 0, 1], [0, 0, 1], [0, 0, 1]]  # first layer: all to token 2
     assert pruning.received_attention(maps).tolist() == [1.0, 1.5, 0.5]
     assert pruning.received_attention(maps, layers="mean").tolist() == [0.5, 0.75, 1.75]
+    assert pruning.received_attention(maps, rows="first").tolist() == [0.5, 0.5, 0.0]
     norms = np.ones((2, 2, 3), dtype=np.float32)
     norms[1, :, 1] = 0.0  # token 1 sends nothing
     got = pruning.received_attention(maps, value_norms=norms)
@@ -142,9 +143,9 @@ def test_the_benchmark_on_tiny_documents_agrees_where_nothing_is_pruned(tmp_path
             maps = rng.random((2, 2, n, n)).astype(np.float32)
             maps /= maps.sum(axis=-1, keepdims=True)
             norms = rng.random((2, 2, n)).astype(np.float32)
-            for name, (layers, scaled) in bench.ATTENTION.items():
+            for name, (layers, rows, scaled) in bench.ATTENTION.items():
                 received[name] = pruning.received_attention(
-                    maps, layers=layers, value_norms=norms if scaled else None
+                    maps, layers=layers, rows=rows, value_norms=norms if scaled else None
                 )
         hidden = rng.standard_normal((n, 16)).astype(np.float32)
         return bench.Encoded(hidden=hidden, special=special, received=received)
