@@ -12,8 +12,8 @@ one module or package with a ``main`` that measures, writes its JSON under
     .venv/bin/python -m bench.soak --seconds 60               # hostile clients, bounded
     .venv/bin/python -m bench.serving                         # the service against ORT
     .venv/bin/python -m bench.X --help                        # cache, cache_rss, floods,
-        # graphs, grpc_lockout, int8, planner, settings, shape_churn, starvation,
-        # transport, variants
+        # graphs, grpc_lockout, int8, planner, pruning, settings, shape_churn,
+        # starvation, transport, variants
 
 docs/benchmarks.md says what each measures and what it found.
 """
