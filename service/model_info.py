@@ -108,6 +108,8 @@ def _prepacked_copies(manifest: Manifest, files: dict[str, Path], settings: Sett
         labels.add(graph_io.GRAPH_LABELS[graph_io.GRAPH_SPARSE])
     if manifest.head is not None:
         labels.add(graph_io.GRAPH_LABELS[manifest.head.graph])
+    if manifest.late_interaction is not None:
+        labels.add(graph_io.GRAPH_LABELS[graph_io.GRAPH_MULTI_VECTOR])
     copies = len(labels & settings.prepacked_graph_labels) * (1 + lane_session_copies(settings))
     return int(copies * share * files[manifest.weights].stat().st_size)
 
@@ -209,6 +211,10 @@ def session_graphs(info: ModelInfo) -> list[SessionGraph]:
     head = info.manifest.head
     if head is not None:
         graphs.append((head.graph, head.graph, head.graph, ids, graph_io.HEAD_GRAPHS[head.graph]))
+    # Late interaction (format 9): token ids -> dense, multi-vector and lexical outputs.
+    late = info.manifest.late_interaction
+    if late is not None:
+        graphs.append((late.graph, late.graph, late.graph, ids, late.outputs))
     if text is not None:  # run as GRAPH_TOKEN_EMBEDDINGS, whatever its file is named
         lookup = graph_io.GRAPH_TOKEN_EMBEDDINGS
         lookup_outputs = graph_io.ID_GRAPHS[lookup]

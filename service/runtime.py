@@ -290,6 +290,9 @@ class ModelRuntime:
             if graph != graph_io.GRAPH_TOKEN_EMBEDDINGS:
                 feeds[graph_io.INPUT_MASK] = mask
             names: tuple[str, ...] = graph_io.ID_GRAPHS[graph]
+            late = self.info.manifest.late_interaction
+            if graph == graph_io.GRAPH_MULTI_VECTOR and late is not None:
+                names = late.outputs  # what this model's graph gives
         else:
             feeds = {graph_io.INPUT_EMBEDS: batch, graph_io.INPUT_MASK: mask}
             if graph == graph_io.GRAPH_COMPACT_ATTENTION:  # k is the input's length

@@ -9,11 +9,17 @@ from service.engine.encode import ENCODE
 from service.engine.engine import Engine
 from service.engine.kind import RequestKind
 from service.engine.limits import check_json_items, serving_limits
+from service.engine.multi_vector import (
+    MULTI_VECTOR,
+    MultiVectorItem,
+    MultiVectorRequest,
+    MultiVectorResult,
+)
 from service.engine.prepare import PreparedEncode
-from service.engine.rank_explain import RankExplanation
+from service.engine.rank_explain import MaxSimExplanation, RankExplanation
+from service.engine.ranking import RERANK
 from service.engine.rerank import (
     CLASSIFY,
-    RERANK,
     ClassifyRequest,
     ClassifyResult,
     Ranked,
@@ -56,6 +62,7 @@ __all__ = [
     "CLASSIFY",
     "DECODE",
     "ENCODE",
+    "MULTI_VECTOR",
     "RERANK",
     "SIMILARITY",
     "SPARSE",
@@ -73,7 +80,11 @@ __all__ = [
     "EncodeResult",
     "Engine",
     "InputItem",
+    "MaxSimExplanation",
     "ModelInfo",
+    "MultiVectorItem",
+    "MultiVectorRequest",
+    "MultiVectorResult",
     "PreparedEncode",
     "RankExplanation",
     "Ranked",

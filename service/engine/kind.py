@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from service.engine.admit import Admit
 from service.engine.execute import Executor
@@ -64,3 +64,27 @@ class RequestKind(Generic[R, P, Res]):
     held: Callable[[P, Serving], int] = _nothing
     inline: Callable[[R, Serving], bool] = _never
     cache_key: Callable[[P, RequestScope, Serving], bytes] | None = None
+
+
+def either(
+    name: str, choose: Callable[[R, Serving], RequestKind[R, Any, Res]]
+) -> RequestKind[R, tuple[RequestKind[R, Any, Res], Any], Res]:
+    """A kind that is one of several, chosen once its request is parsed (e.g. by what the
+    model it names can do): each step is the chosen kind's."""
+
+    def prepare(request: R, serving: Serving) -> tuple[RequestKind[R, Any, Res], Any]:
+        kind = choose(request, serving)
+        return kind, kind.prepare(request, serving)
+
+    def model(chosen: tuple[RequestKind[R, Any, Res], Any]) -> ModelInfo | None:
+        return chosen[0].model(chosen[1])
+
+    def held(chosen: tuple[RequestKind[R, Any, Res], Any], serving: Serving) -> int:
+        return chosen[0].held(chosen[1], serving)
+
+    def run(
+        chosen: tuple[RequestKind[R, Any, Res], Any], scope: RequestScope, serving: Serving
+    ) -> Awaitable[Res]:
+        return chosen[0].run(chosen[1], scope, serving)
+
+    return RequestKind(name, prepare, model, run, held=held)

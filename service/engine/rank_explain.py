@@ -55,6 +55,20 @@ class RankExplanation:
     top_tokens: list[tuple[int, str, float]]
 
 
+@dataclass(frozen=True)
+class MaxSimExplanation:
+    """Why a document scored so: per query token (``query_tokens``, those with a vector)
+    the document token its vector matched best (``best``: its index among
+    ``document_tokens``, those with a vector) and that match's term of the score
+    (``terms``: the dot product, divided by the query's vector count for meanmaxsim).
+    The terms sum to the score."""
+
+    query_tokens: list[str]
+    document_tokens: list[str]
+    best: list[int]
+    terms: list[float]
+
+
 def check_spec(spec: AttentionSpec) -> None:
     """The explanation is blocks of whole maps, as stored: no cut rows, summaries or
     float16 (422 naming the option)."""

@@ -27,7 +27,13 @@ from service.attention_scratch import attention_scratch_bytes
 from service.engine import limits, rank_explain, text
 from service.engine.execute import Executor
 from service.engine.kind import RequestKind, Serving
-from service.engine.rank_explain import MAX_TOP_TOKENS, PairTokens, RankExplanation, explain
+from service.engine.rank_explain import (
+    MAX_TOP_TOKENS,
+    MaxSimExplanation,
+    PairTokens,
+    RankExplanation,
+    explain,
+)
 from service.engine.scope import RequestScope
 from service.engine.types import AttentionSpec, WireCost
 from service.errors import FieldPath, InvalidInput, UnsupportedByModel
@@ -65,7 +71,8 @@ class RerankRequest:
 class Ranked:
     index: int  # the document's position in the request
     score: float
-    explanation: RankExplanation | None = None
+    # Why it ranked: a cross-encoder's attention, or a MaxSim score's split.
+    explanation: RankExplanation | MaxSimExplanation | None = None
 
 
 @dataclass(frozen=True)
@@ -421,8 +428,8 @@ def _held(prepared: Pairs | Inputs, serving: Serving) -> int:
     return BYTES_PER_TOKEN * sum(lengths) + scratch
 
 
-# Documents scored against a query by a reranker, best first.
-RERANK: RequestKind[RerankRequest, Pairs, RerankResult] = RequestKind(
+# Documents scored against a query by a cross-encoder (or an LLM reranker), best first.
+CROSS_ENCODER: RequestKind[RerankRequest, Pairs, RerankResult] = RequestKind(
     "rerank", _rerank_checked, _model, _rerank, held=_held
 )
 # A score per label of texts or pairs.

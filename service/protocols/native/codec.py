@@ -24,6 +24,9 @@ from service.engine import (
     EncodeRequest,
     EncodeResult,
     InputItem,
+    MaxSimExplanation,
+    MultiVectorItem,
+    MultiVectorResult,
     Ranked,
     RerankRequest,
     RerankResult,
@@ -37,9 +40,11 @@ from service.engine import (
     TokenizeResult,
     WireCost,
 )
+from service.engine import MultiVectorRequest as EngineMultiVectorRequest
 from service.errors import InvalidInput
 from service.protocols import wire
 from service.protocols.native.schemas import AttentionOptions, EmbedSparseRequest, EncodeOptions
+from service.protocols.native.schemas import MultiVectorRequest as MultiVectorBody
 from service.protocols.native.schemas import RerankRequest as RerankBody
 from service.protocols.native.schemas import SimilarityRequest as SimilarityBody
 from service.protocols.native.schemas import TokenizeRequest as TokenizeBody
@@ -64,6 +69,18 @@ SPARSE_COST = WireCost(
     per_token=3.0,
     fixed=128.0,
 )
+# /v1/multi-vector: per item {"object":"embeddings","index":N,"embeddings":..,"dense":..,
+# "sparse":{"indices":[..],"values":[..],"text":[..]}}; a sparse nonzero is counted as a
+# listed token (``multi_vector.answer_shape``): its index, value and token "..",.
+MULTI_VECTOR_COST = {
+    fmt: WireCost(
+        **arrays,
+        per_sequence=192.0,
+        per_token=3.0 + wire.JSON_SPARSE_INDEX + wire.JSON_SPARSE_VALUE,
+        fixed=128.0,
+    )
+    for fmt, arrays in ARRAYS.items()
+}
 TOKENIZE_COST = {
     fmt: WireCost(**arrays, per_sequence=96.0, per_token=3.0 + 12.0, fixed=128.0)
     for fmt, arrays in ARRAYS.items()
@@ -410,7 +427,16 @@ def _ranked(ranked: Ranked, documents: list[str], return_documents: bool) -> dic
     if return_documents:
         item["document"] = {"text": documents[ranked.index]}
     x = ranked.explanation
-    if x is not None:
+    if isinstance(x, MaxSimExplanation):  # a multi-vector model's MaxSim, split
+        item["explanation"] = {
+            "query_tokens": x.query_tokens,
+            "document_tokens": x.document_tokens,
+            "matches": [
+                {"query_index": q, "document_index": d, "score": term}
+                for q, (d, term) in enumerate(zip(x.best, x.terms, strict=True))
+            ],
+        }
+    elif x is not None:
         item["explanation"] = {
             "query_tokens": x.query_tokens,
             "document_tokens": x.document_tokens,
@@ -482,3 +508,46 @@ def _similarity_item(x: SimilarityExplanation, encoding_format: str) -> dict[str
         "query_totals": x.query_totals,
         "document_totals": x.document_totals,
     }
+
+
+def multi_vector_request(body: bytes) -> tuple[EngineMultiVectorRequest, str]:
+    """A /v1/multi-vector body -> the engine's request, and its arrays' format."""
+    options = wire.parse_options(MultiVectorBody, wire.parse_json_object(body))
+    texts = [options.input] if isinstance(options.input, str) else options.input
+    request = EngineMultiVectorRequest(
+        texts=texts,
+        wire_cost=MULTI_VECTOR_COST[options.embedding_type],
+        model=options.model,
+        input_type=options.input_type,
+        outputs=tuple(dict.fromkeys(options.output)),
+        truncate=options.truncate,
+        return_text=options.return_text,
+        half=options.dtype == "float16",
+    )
+    return request, options.embedding_type
+
+
+def multi_vector_response(result: MultiVectorResult, embedding_type: str) -> bytes:
+    """Jina's ``{model, object, data: [{object, index, embeddings}], usage}``, each item
+    with its ``dense`` and ``sparse`` vectors where asked."""
+
+    def item(i: int, x: MultiVectorItem) -> dict[str, Any]:
+        out: dict[str, Any] = {"object": "embeddings", "index": i}
+        if x.vectors is not None:
+            out["embeddings"] = encode_array(x.vectors, embedding_type)
+        if x.dense is not None:
+            out["dense"] = encode_array(x.dense, embedding_type)
+        if x.sparse is not None:
+            out["sparse"] = {"indices": x.sparse.indices, "values": x.sparse.values}
+            if x.sparse.stems:
+                out["sparse"]["text"] = x.sparse.stems
+        return out
+
+    return wire.dumps(
+        {
+            "model": result.model,
+            "object": "list",
+            "data": [item(i, x) for i, x in enumerate(result.items)],
+            "usage": {"total_tokens": result.tokens, "prompt_tokens": result.tokens},
+        }
+    )

@@ -14,7 +14,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.engine import CLASSIFY, RERANK, SIMILARITY, SPARSE, TOKENIZE, ModelInfo
+from service.engine import (
+    CLASSIFY,
+    MULTI_VECTOR,
+    RERANK,
+    SIMILARITY,
+    SPARSE,
+    TOKENIZE,
+    ModelInfo,
+)
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.context import scope_of
@@ -38,6 +46,8 @@ from service.protocols.native.schemas import (
     Health,
     ModelCard,
     ModelList,
+    MultiVectorRequest,
+    MultiVectorResponse,
     RerankRequest,
     RerankResponse,
     SimilarityRequest,
@@ -182,6 +192,24 @@ async def embed_sparse(request: Request, engine: EngineDep) -> Response:
     return ChunkedResponse([await engine.render(result, codec.sparse_response, return_text)])
 
 
+@encode.post(
+    "/multi-vector",
+    response_model=None,
+    responses={200: {"model": MultiVectorResponse}},
+    openapi_extra=json_request_body("MultiVectorRequest"),
+)
+async def multi_vector(request: Request, engine: EngineDep) -> Response:
+    """A vector per token of texts read as queries or documents (late interaction:
+    ColBERT, bge-m3), with the dense and sparse vectors of the same run where asked."""
+    body = await http.read_body(request, engine)
+    result, embedding_type = await engine.handle(
+        MULTI_VECTOR, lambda: codec.multi_vector_request(body), scope_of(request)
+    )
+    return ChunkedResponse(
+        [await engine.render(result, codec.multi_vector_response, embedding_type)]
+    )
+
+
 @cohere_v2.post("/rerank", response_model=None, include_in_schema=False)
 @encode.post(
     "/rerank",
@@ -249,6 +277,7 @@ def openapi_components() -> dict[str, Any]:
         EncodeRequest,
         TokenizeRequest,
         EmbedSparseRequest,
+        MultiVectorRequest,
         RerankRequest,
         ClassifyRequest,
         SimilarityRequest,

@@ -224,6 +224,62 @@ class EmbedSparseResponse(BaseModel):
     usage: Usage
 
 
+MultiVectorOutput = Literal["multi_vector", "dense", "sparse"]
+
+
+class MultiVectorRequest(BaseModel):
+    """``POST /v1/multi-vector`` (Jina's shape): a vector per token of each text, read as
+    a query or a document, for late interaction (MaxSim); with ``output``, the model's
+    dense and sparse vectors from the same run (bge-m3)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="Model name; the server's default if omitted.")
+    input: list[str] | str = Field(description="The texts, or one text.")
+    input_type: Literal["query", "document"] = Field(
+        "document",
+        description="How each text is read: a query (its marker, expanded with [MASK] to the "
+        "model's query length) or a document (its marker, its skiplist tokens left out).",
+    )
+    output: list[MultiVectorOutput] = Field(
+        default_factory=lambda: list[MultiVectorOutput](["multi_vector"]),
+        description="What each item holds, all from one run: its token vectors "
+        "(embeddings), its dense vector (dense) and its sparse vector (sparse).",
+    )
+    embedding_type: Literal["float", "base64"] = Field(
+        "float", description="Arrays as nested JSON floats, or {shape, dtype, data} base64."
+    )
+    dtype: Literal["float32", "float16"] = Field(
+        "float32", description="The token vectors' type (float16 halves a base64 answer)."
+    )
+    truncate: bool = Field(
+        True, description="Cut each text to the model's length for its side (else 413)."
+    )
+    return_text: bool = Field(False, description="Each sparse nonzero's token.")
+
+
+class MultiVectorSparse(BaseModel):
+    indices: list[int] = Field(description="Token ids of the model's vocabulary.")
+    values: list[float]
+    text: list[str] | None = None
+
+
+class MultiVectorItem(BaseModel):
+    object: str = "embeddings"
+    index: int
+    embeddings: list[list[float]] | dict[str, Any] | None = Field(
+        None, description="[tokens, dim]: one vector per kept token."
+    )
+    dense: list[float] | dict[str, Any] | None = None
+    sparse: MultiVectorSparse | None = None
+
+
+class MultiVectorResponse(BaseModel):
+    model: str
+    object: str = "list"
+    data: list[MultiVectorItem]
+    usage: dict[str, int]
+
+
 class RerankDocument(BaseModel):
     model_config = ConfigDict(extra="ignore")
     text: str
@@ -280,11 +336,27 @@ class RankExplanationItem(BaseModel):
     top_tokens: list[RankTokenWeight]
 
 
+class MaxSimMatch(BaseModel):
+    query_index: int = Field(description="A query token with a vector (of query_tokens).")
+    document_index: int = Field(description="The document token its vector matched best.")
+    score: float = Field(description="That match's term: the terms sum to relevance_score.")
+
+
+class MaxSimExplanationItem(BaseModel):
+    query_tokens: list[str] = Field(description="The query's tokens that have a vector.")
+    document_tokens: list[str] = Field(description="The document's tokens that have one.")
+    matches: list[MaxSimMatch] = Field(description="Per query token, its best match.")
+
+
 class RerankResultItem(BaseModel):
     index: int = Field(description="The document's position in the request.")
     relevance_score: float
     document: RerankDocument | None = None
-    explanation: RankExplanationItem | None = None
+    explanation: RankExplanationItem | MaxSimExplanationItem | None = Field(
+        None,
+        description="With return_attention: a cross-encoder's attention from the query to "
+        "the document, or a multi-vector model's MaxSim split into its query tokens' matches.",
+    )
 
 
 class RerankResponse(BaseModel):
