@@ -36,6 +36,7 @@ from attnserve_client._types import (
     ClassifyResult,
     EncodeResult,
     ModelCard,
+    MultiVectorResult,
     RerankResult,
     SimilarityResult,
     SparseResult,
@@ -471,6 +472,17 @@ class BaseClient:
             body["truncate"] = True
         answer = yield from self._request("POST", "/v1/embed_sparse", json=body, timeout=timeout)
         return parse_body(SparseResult.from_json, answer)
+
+    def _multi_vector(
+        self,
+        texts: str | Sequence[str],
+        options: dict[str, Any],
+        timeout: float | None,
+    ) -> Flow[MultiVectorResult]:
+        body: dict[str, Any] = {"input": [texts] if isinstance(texts, str) else list(texts)}
+        body.update({k: v for k, v in options.items() if v is not None})
+        answer = yield from self._request("POST", "/v1/multi-vector", json=body, timeout=timeout)
+        return parse_body(MultiVectorResult.from_json, answer)
 
     def _rerank(
         self,

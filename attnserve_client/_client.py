@@ -33,6 +33,7 @@ from attnserve_client._types import (
     ClassifyResult,
     EncodeResult,
     ModelCard,
+    MultiVectorResult,
     RerankResult,
     SimilarityResult,
     SparseResult,
@@ -247,6 +248,28 @@ class Client(BaseClient):
                 timeout=timeout,
             )
         )
+
+    def multi_vector(
+        self,
+        texts: str | Sequence[str],
+        *,
+        input_type: Literal["query", "document"] = "document",
+        output: Sequence[Literal["multi_vector", "dense", "sparse"]] = ("multi_vector",),
+        embedding_type: Literal["float", "base64"] = "base64",
+        dtype: Literal["float32", "float16"] = "float32",
+        return_text: bool = False,
+        truncate: bool = True,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> MultiVectorResult:
+        """A vector per token of ``texts`` read as queries or documents
+        (``POST /v1/multi-vector``: late interaction, ColBERT and bge-m3), and the dense
+        and sparse vectors of the same run where ``output`` asks. Score them with MaxSim,
+        or let the server: ``rerank`` on a multi-vector model."""
+        options = _multi_vector_options(
+            input_type, output, embedding_type, dtype, return_text, truncate, model
+        )
+        return self._run(self._multi_vector(texts, options, timeout))
 
     def rerank(
         self,
@@ -510,6 +533,25 @@ class AsyncClient(BaseClient):
             )
         )
 
+    async def multi_vector(
+        self,
+        texts: str | Sequence[str],
+        *,
+        input_type: Literal["query", "document"] = "document",
+        output: Sequence[Literal["multi_vector", "dense", "sparse"]] = ("multi_vector",),
+        embedding_type: Literal["float", "base64"] = "base64",
+        dtype: Literal["float32", "float16"] = "float32",
+        return_text: bool = False,
+        truncate: bool = True,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> MultiVectorResult:
+        """See :meth:`Client.multi_vector`."""
+        options = _multi_vector_options(
+            input_type, output, embedding_type, dtype, return_text, truncate, model
+        )
+        return await self._run(self._multi_vector(texts, options, timeout))
+
     async def rerank(
         self,
         query: str,
@@ -587,3 +629,23 @@ class AsyncClient(BaseClient):
     async def wait_until_ready(self, timeout: float = 60.0, *, interval: float = 0.2) -> None:
         """Poll readiness; APITimeoutError if the server is not ready within ``timeout``."""
         await self._run(self._wait_until_ready(timeout, interval))
+
+
+def _multi_vector_options(
+    input_type: str,
+    output: Sequence[str],
+    embedding_type: str,
+    dtype: str,
+    return_text: bool,
+    truncate: bool,
+    model: str | None,
+) -> dict[str, Any]:
+    return {
+        "input_type": input_type,
+        "output": list(output),
+        "embedding_type": embedding_type,
+        "dtype": dtype,
+        "return_text": return_text,
+        "truncate": truncate,
+        "model": model,
+    }

@@ -302,13 +302,63 @@ class RankExplanation:
 
 
 @dataclass(frozen=True)
+class MaxSimExplanation:
+    """Why a document scored so on a multi-vector model: per query token with a vector,
+    the document token it matched best (``best``: an index into ``document_tokens``)
+    and that match's term of the score (``terms``: they sum to the score)."""
+
+    query_tokens: list[str]
+    document_tokens: list[str]
+    best: list[int]
+    terms: list[float]
+
+
+@dataclass(frozen=True)
 class Ranked:
     """One document: its position in the request, its score, and what was asked with it."""
 
     index: int
     relevance_score: float
     document: str | None = None
-    explanation: RankExplanation | None = None
+    explanation: RankExplanation | MaxSimExplanation | None = None
+
+
+@dataclass(frozen=True)
+class MultiVectorItem:
+    """One text's answer: ``vectors`` [tokens, dim] (one per kept token), and its
+    ``dense`` vector and ``sparse`` vector (token id -> weight) where asked."""
+
+    vectors: np.ndarray | None
+    dense: np.ndarray | None = None
+    sparse: SparseVector | None = None
+
+
+@dataclass(frozen=True)
+class MultiVectorResult(Listing[MultiVectorItem]):
+    """The answer to ``multi_vector``: one item per text, in order."""
+
+    _items = "items"
+
+    model: str
+    items: list[MultiVectorItem]
+    total_tokens: int
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> MultiVectorResult:
+        def item(x: dict[str, Any]) -> MultiVectorItem:
+            vectors = x.get("embeddings")
+            dense = x.get("dense")
+            sparse = x.get("sparse")
+            return MultiVectorItem(
+                None if vectors is None else decode_array(vectors),
+                None if dense is None else decode_array(dense),
+                None
+                if sparse is None
+                else SparseVector(sparse["indices"], sparse["values"], sparse.get("text")),
+            )
+
+        items = sorted(body["data"], key=lambda x: x["index"])
+        return cls(body["model"], [item(x) for x in items], int(body["usage"]["total_tokens"]))
 
 
 @dataclass(frozen=True)
@@ -324,9 +374,14 @@ class RerankResult(Listing[Ranked]):
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> RerankResult:
-        def explained(x: dict[str, Any] | None) -> RankExplanation | None:
+        def explained(x: dict[str, Any] | None) -> RankExplanation | MaxSimExplanation | None:
             if x is None:
                 return None
+            if "matches" in x:  # a multi-vector model's MaxSim, split
+                matches = x["matches"]
+                best = [int(m["document_index"]) for m in matches]
+                terms = [float(m["score"]) for m in matches]
+                return MaxSimExplanation(x["query_tokens"], x["document_tokens"], best, terms)
             top = [(int(t["index"]), str(t["token"]), float(t["weight"])) for t in x["top_tokens"]]
             attention = np.asarray(x["attention"], dtype=np.float32)
             return RankExplanation(x["query_tokens"], x["document_tokens"], attention, top)
