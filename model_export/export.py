@@ -405,9 +405,7 @@ def export_model(
         if late_interaction is not None:
             assert embeddings is not None
             li = late_interaction
-            multi_vector = MultiVectorGraph(
-                embeddings, encoder, li.dense, li.normalize, li.sparse
-            )
+            multi_vector = MultiVectorGraph(embeddings, encoder, li.dense, li.normalize, li.sparse)
             with progress.step("export", graph_io.GRAPH_MULTI_VECTOR):
                 _export_graph(
                     multi_vector,

@@ -211,9 +211,7 @@ def _activate(name: str, x: Tensor) -> Tensor:
 # ----------------------------------------------------------------------- validation
 
 
-def scored_only_types(
-    type_ids: np.ndarray, mask: np.ndarray, count: int = 2
-) -> np.ndarray | None:
+def scored_only_types(type_ids: np.ndarray, mask: np.ndarray, count: int = 2) -> np.ndarray | None:
     """``type_ids`` with each row's last ``count`` real tokens (all but the first) made
     TYPE_SCORED_ONLY, as a query's expansion tokens are; None when no row has two."""
     out = type_ids.copy()
@@ -326,7 +324,9 @@ def _sentence_transformers(
     transformer = found[0][1] / "sentence_bert_config.json"
     saved = read_json(transformer) if transformer.is_file() else {}
     # The Transformer module's own config wins over PyLate's top-level defaults.
-    knobs |= {k: saved[k] for k in ("query_length", "document_length", "query_expansion") if k in saved}
+    knobs |= {
+        k: saved[k] for k in ("query_length", "document_length", "query_expansion") if k in saved
+    }
     dense = []
     for name, folder in found:
         if name != "Dense":
@@ -385,16 +385,20 @@ def _pylate_knobs(top: dict[str, Any]) -> dict[str, Any]:
     """PyLate v3's top-level lengths and expansion, as sentence-transformers'
     ``_parse_model_config`` translates them for the Transformer."""
     keys = ("query_length", "document_length", "query_expansion")
-    knobs = {
-        k: top[k] for k in keys if k in top and (top[k] is not None or k == "query_expansion")
-    }
+    knobs = {k: top[k] for k in keys if k in top and (top[k] is not None or k == "query_expansion")}
     if "query_expansion" not in knobs:  # every PyLate folder carries some marker key
         if top.get("do_query_expansion") is False:
             knobs["query_expansion"] = None
         else:
             attend = top.get("attend_to_expansion_tokens", top.get("attend_to_mask_tokens"))
-            length = knobs.pop("query_length", None) or top.get("query_length") or 32
-            knobs["query_expansion"] = {"strategy": "fixed", "attend": bool(attend), "length": length}
+            length = (
+                knobs.pop("query_length", None) or top.get("query_length") or DEFAULT_QUERY_LENGTH
+            )
+            knobs["query_expansion"] = {
+                "strategy": "fixed",
+                "attend": bool(attend),
+                "length": length,
+            }
     return knobs
 
 

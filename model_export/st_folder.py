@@ -211,7 +211,7 @@ def sentence_recipe(root: Path) -> SentenceRecipe:
     if any(kind == "MultiVectorMask" for kind, _ in found):
         raise CheckpointError(
             "modules.json: a MultiVectorMask outside a MultiVectorEncoder folder "
-            f"(config_sentence_transformers.json's model_type) is not applied"
+            "(config_sentence_transformers.json's model_type) is not applied"
         )
     folders = [folder for kind, folder in found if kind == "Pooling"]
     pooling_dir = folders[0] if folders else module_dir(root, "1_Pooling")
