@@ -185,9 +185,9 @@ def _no_self(scored_only: Tensor, bias: Tensor) -> Tensor:
     """The structured mask (causal, windowed) always allows the diagonal, so that a
     padded row has one finite score; a scored-only row must not attend to itself
     (transformers masks its key for every query): -10000 on its diagonal."""
-    seq = scored_only.shape[1]
-    eye = torch.eye(seq, dtype=torch.bool, device=scored_only.device)  # (T, T)
-    own = eye[None, None] & scored_only[:, None, :, None]  # (B, 1, T, T)
+    pos = torch.arange(scored_only.shape[1], device=scored_only.device)  # (T,)
+    diagonal = pos[:, None] == pos[None, :]  # (T, T); no EyeLike: onnxruntime has no bool one
+    own = diagonal[None, None] & scored_only[:, None, :, None]  # (B, 1, T, T)
     return torch.where(own, torch.full_like(bias[:, :1], -10000.0), torch.zeros_like(bias[:, :1]))
 
 

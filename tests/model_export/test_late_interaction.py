@@ -429,3 +429,91 @@ def test_what_cannot_be_expressed_is_refused(checkpoints: dict[str, Path], tmp_p
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(CheckpointError, match="MultiVectorEncoder model is applied as"):
         load_checkpoint(folder)
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A MultiVectorEncoder on ModernBERT (every other layer windowed: a structured
+    mask, whose diagonal the encoder keeps for padded rows), and its export."""
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+    from transformers import ModernBertConfig, ModernBertModel
+
+    from model_export.cli import main
+
+    root = tmp_path_factory.mktemp("windowed")
+    _bert_tokenizer(root / "hf")
+    tokenizer = BertTokenizerFast.from_pretrained(root / "hf")
+    specials = {
+        f"{name}_token_id": tokenizer.convert_tokens_to_ids(token)
+        for name, token in (("pad", "[PAD]"), ("cls", "[CLS]"), ("sep", "[SEP]"))
+    }
+    config = ModernBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        num_attention_heads=SIZES["heads"],
+        num_hidden_layers=2,
+        intermediate_size=SIZES["ff"],
+        max_position_embeddings=SIZES["positions"],
+        global_attn_every_n_layers=2,
+        local_attention=16,
+        bos_token_id=specials["cls_token_id"],
+        eos_token_id=specials["sep_token_id"],
+        **specials,
+    )
+    torch.manual_seed(5)
+    _randomised(ModernBertModel(config)).save_pretrained(root / "hf")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_HUB_OFFLINE", "1")
+        expansion = {"strategy": "fixed", "length": 12, "attend": False}
+        eager = {"attn_implementation": "eager"}
+        modules = [
+            Transformer(str(root / "hf"), query_expansion=expansion, model_kwargs=eager),
+            Dense(
+                HIDDEN,
+                16,
+                bias=False,
+                activation_function=torch.nn.Identity(),
+                module_input_name="token_embeddings",
+            ),
+            MultiVectorMask(),
+        ]
+        MultiVectorEncoder(modules=modules, device="cpu").save(str(root / "mve"))
+    command = ["--checkpoint", str(root / "mve"), "--out", str(root / "out")]
+    assert main([*command, "--no-compact-attention", "--exporter", "torchscript"]) == 0
+    return root / "mve", root / "out"
+
+
+def test_windowed_layers_keep_scored_only_tokens_out(
+    windowed: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A windowed layer's mask keeps each padded row's diagonal; a scored-only token must
+    not attend to itself either (transformers masks its key for every query)."""
+    from model_export import late_interaction
+    from model_export.hf_import import load_checkpoint
+
+    folder, model_dir = windowed
+    with monkeypatch.context() as env:
+        env.setenv("HF_HUB_OFFLINE", "1")
+        model = MultiVectorEncoder(
+            str(folder), device="cpu", model_kwargs={"attn_implementation": "eager"}
+        )
+    want = [np.asarray(v) for v in model.encode_query(QUERIES, convert_to_numpy=True)]
+    feeds, scored = reference_feeds(model, QUERIES, "query")
+    got = run_graph(model_dir, feeds)[graph_io.OUTPUT_MULTI_VECTORS]
+    worst = max(float(np.abs(got[i][scored[i]] - w).max()) for i, w in enumerate(want))
+    assert worst <= ATOL, worst  # observed 1.2e-7
+    # Positive control: the diagonal left to scored-only rows (PyTorch, the same module).
+    ckpt = load_checkpoint(folder)
+    assert ckpt.late_interaction is not None
+    late = ckpt.late_interaction
+    monkeypatch.setattr(late_interaction, "_no_self", lambda s, b: torch.zeros_like(b[:, :1]))
+    graph = late_interaction.MultiVectorGraph(
+        ckpt.embeddings, ckpt.encoder, late.dense, late.normalize, late.sparse
+    )
+    with torch.no_grad():
+        inputs = (torch.from_numpy(feeds[n]) for n in graph_io.TEXT_GRAPH_INPUTS)
+        unmasked = graph(*inputs)[1].numpy()
+    worst = max(float(np.abs(unmasked[i][scored[i]] - w).max()) for i, w in enumerate(want))
+    assert worst > 100 * ATOL, worst
