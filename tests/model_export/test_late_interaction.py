@@ -14,6 +14,7 @@ FlagEmbedding's BGEM3FlagModel math written out here) are compared at ATOL.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import string
 from collections.abc import Callable
@@ -517,3 +518,17 @@ def test_windowed_layers_keep_scored_only_tokens_out(
         unmasked = graph(*inputs)[1].numpy()
     worst = max(float(np.abs(unmasked[i][scored[i]] - w).max()) for i, w in enumerate(want))
     assert worst > 100 * ATOL, worst
+
+
+def test_int8_copy_lists_its_multi_vector_graph(exported: dict[str, Path], tmp_path: Path) -> None:
+    """--quantize int8 copies the multi-vector graph (fp32) onto the int8 weights file:
+    the copy's manifest names the copy's digest (its own would fail verify)."""
+    from model_export.quantize import quantize_model_dir
+
+    source = exported["pylate"]
+    quantize_model_dir(source, tmp_path / "int8")
+    manifest = Manifest.read(tmp_path / "int8")
+    manifest.verify(tmp_path / "int8")
+    assert manifest.late_interaction is not None
+    late = manifest.late_interaction
+    assert late == dataclasses.replace(_section(source), sha256=late.sha256)
