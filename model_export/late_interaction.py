@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from model_export import graph_io
 from model_export.dense import DenseWeights, dense_weights
 from model_export.manifest import DenseLayer, LateInteraction
-from model_export.manifest_sections import SIDES, SIMILARITIES, QueryExpansion
+from model_export.manifest_sections import MAX_SKIPLIST, SIDES, SIMILARITIES, QueryExpansion
 from model_export.model import Encoder, TokenEmbeddings
 from model_export.st_folder import CheckpointError, _dense, modules, read_json
 from model_export.validate import (
@@ -66,6 +66,7 @@ MODULE_ORDER: Final = {"Transformer": 0, "Dense": 1, "MultiVectorMask": 2, "Norm
 PUNCTUATION: Final = tuple(string.punctuation)
 DEFAULT_QUERY_LENGTH: Final = 32  # ColBERT's canonical pad target
 TOKEN_INPUT: Final = "token_embeddings"  # a per-token module's input (not pooled)
+MAX_LENGTH: Final = 1 << 16  # a side's length or the expansion's: the manifest's bound
 
 ReadWeights = Callable[[Path], dict[str, Tensor]]
 
@@ -435,8 +436,8 @@ def _mask_config(folder: Path) -> tuple[list[str], tuple[str, ...]]:
 def _length(value: object, name: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LENGTH:
+        raise CheckpointError(f"{name} must be an integer in 1..{MAX_LENGTH}, got {value!r}")
     return value
 
 
@@ -479,6 +480,8 @@ def _expansion(root: Path, raw: object, tokenizer: Tokenizer) -> QueryExpansion 
 def _skiplist_ids(words: list[str], root: Path, tokenizer: Tokenizer) -> tuple[int, ...]:
     """The skiplist's token ids, as MultiVectorMask.resolve_with_tokenizer finds them: a
     word that is not one token of the vocabulary is dropped (it would map to unk)."""
+    if len(words) > MAX_SKIPLIST:
+        raise CheckpointError(f"skiplist_words: {len(words)} words, at most {MAX_SKIPLIST}")
     unk = _special(root, "unk_token")
     ids = set()
     for word in words:

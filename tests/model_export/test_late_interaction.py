@@ -430,6 +430,13 @@ def test_what_cannot_be_expressed_is_refused(checkpoints: dict[str, Path], tmp_p
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(CheckpointError, match="MultiVectorEncoder model is applied as"):
         load_checkpoint(folder)
+    folder = tmp_path / "long-skiplist"
+    shutil.copytree(checkpoints["pylate"], folder)
+    top = json.loads((folder / "config_sentence_transformers.json").read_text())
+    top["skiplist_words"] = [f"w{i}" for i in range(5000)]
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(top))
+    with pytest.raises(CheckpointError, match="at most 4096"):
+        load_checkpoint(folder)
 
 
 @pytest.fixture(scope="module")
