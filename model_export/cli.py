@@ -292,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
             dense=ckpt.dense,
             task_names=ckpt.tasks,
             default_task=ckpt.default_task,
+            late_interaction=ckpt.late_interaction,
             **common,
         )
     else:

@@ -52,6 +52,11 @@ from model_export.graph_modules import (
     task_example,
 )
 from model_export.heads import Head, HeadGraph
+from model_export.late_interaction import (
+    LateInteractionImport,
+    MultiVectorGraph,
+    validate_multi_vector_graph,
+)
 from model_export.manifest import (
     GraphFile,
     Manifest,
@@ -281,6 +286,7 @@ def export_model(
     progress: Progress | None = None,
     task_names: tuple[str, ...] = (),
     default_task: str | None = None,
+    late_interaction: LateInteractionImport | None = None,
 ) -> ExportResult:
     """Export ``encoder`` to ``out_dir`` and validate it; raise ValidationError on mismatch.
 
@@ -313,6 +319,8 @@ def export_model(
     if head is not None and embeddings is None:
         raise ValueError("a head reads token ids: export it with its embeddings")
     tasks = encoder.config.lora_tasks
+    if late_interaction is not None and (embeddings is None or tasks):
+        raise ValueError("late interaction reads token ids: export it with its embeddings")
     if tasks and (head is not None or len(task_names) != tasks):
         raise ValueError(
             f"a model of {tasks} task adapters is exported with their {tasks} names "
@@ -338,6 +346,7 @@ def export_model(
             head_graph,
             optimize=optimize,
             ranges=with_ranges,
+            late_interaction=late_interaction is not None,
         )
     )
     with staged_model_dir(out_dir) as staging:
@@ -392,6 +401,26 @@ def export_model(
                     list(graph_io.HEAD_GRAPHS[head_graph]),
                 )
             graphs.append(head_graph)
+        multi_vector = None
+        if late_interaction is not None:
+            assert embeddings is not None
+            li = late_interaction
+            multi_vector = MultiVectorGraph(embeddings, encoder, li.dense, li.normalize, li.sparse)
+            with progress.step("export", graph_io.GRAPH_MULTI_VECTOR):
+                _export_graph(
+                    multi_vector,
+                    (
+                        ids := torch.ones(2, 8, dtype=torch.int64),
+                        torch.zeros_like(ids),
+                        ids.clone(),
+                    ),
+                    staging / graph_io.GRAPH_MULTI_VECTOR,
+                    opset,
+                    exporter,
+                    list(graph_io.TEXT_GRAPH_INPUTS),
+                    list(li.outputs),
+                )
+            graphs.append(graph_io.GRAPH_MULTI_VECTOR)
         # Validated as written: reading their weights from the one shared file.
         with progress.step(*SHARE_WEIGHTS):
             share_weights([staging / graph for graph in graphs], staging / graph_io.WEIGHTS_FILE)
@@ -410,6 +439,10 @@ def export_model(
             with progress.step("validate", head_graph):
                 path = staging / head_graph
                 checks += validate_head_graph(references, head.module, path, atol)
+        if multi_vector is not None:
+            with progress.step("validate", graph_io.GRAPH_MULTI_VECTOR):
+                path = staging / graph_io.GRAPH_MULTI_VECTOR
+                checks += validate_multi_vector_graph(references, multi_vector, path, atol)
         ranges, ranges_record = None, None
         if with_ranges:
             assert embeddings is not None and tokenizer_file is not None
@@ -446,6 +479,11 @@ def export_model(
             ),
             quantization_ranges=ranges,
             dense=write_dense(dense, staging / graph_io.DENSE_FILE) if dense else None,
+            late_interaction=None
+            if late_interaction is None
+            else late_interaction.section(
+                sha256_file(staging / graph_io.GRAPH_MULTI_VECTOR), encoder.config.d_model
+            ),
             record={
                 "quantization_calibration": ranges_record,
                 "seed": seed,

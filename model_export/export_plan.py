@@ -38,9 +38,12 @@ def export_plan(
     *,
     optimize: bool,
     ranges: bool,
+    late_interaction: bool = False,
 ) -> list[Step]:
-    """The steps of an export of these graphs, in the order ``export_model`` runs them."""
+    """The steps of an export of these graphs, in the order ``export_model`` runs them
+    (the multi-vector graph, with ``late_interaction``, after a head's)."""
     heads = [head_graph] if head_graph is not None else []
+    heads += [graph_io.GRAPH_MULTI_VECTOR] if late_interaction else []
     steps = [Step("export", g, EXPORT_SHARES.get(g, 1.0)) for g in encoder_graphs]
     steps += [Step("optimize", g, OPTIMIZE_SHARE) for g in encoder_graphs if optimize]
     steps += [Step("export", g, EXPORT_SHARES.get(g, 1.0)) for g in (*text_graphs, *heads)]

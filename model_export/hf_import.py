@@ -30,12 +30,18 @@ from model_export.families import bert, family_of, model_type
 from model_export.families.base import HF_ACTIVATIONS, Family
 from model_export.heads import Head, head_task, load_head
 from model_export.hub import resolve_checkpoint
+from model_export.late_interaction import (
+    LateInteractionImport,
+    late_interaction_kind,
+    load_late_interaction,
+)
 from model_export.llm_rerank import is_llm_reranker
 from model_export.manifest import TEXT_SIZE_BOUNDS, Pooling
 from model_export.model import Encoder, RotaryEmbedding, TokenEmbeddings
 from model_export.pypi_weights import all_mpnet_base_v2_dir
 from model_export.st_folder import (
     CheckpointError,
+    SentenceRecipe,
     read_json,
     sentence_prompts,
     sentence_recipe,
@@ -82,6 +88,8 @@ class Checkpoint:
     # Task adapters (Jina v3): their names in task-id order, and the default one.
     tasks: tuple[str, ...] = ()
     default_task: str | None = None
+    # Multi-vector (ColBERT, bge-m3) outputs: model_export.late_interaction.
+    late_interaction: LateInteractionImport | None = None
 
 
 def position_offset(hf: dict[str, Any], family: Family) -> int:
@@ -342,8 +350,10 @@ def load_checkpoint(
     family = family_of(hf)
     config = config_from_hf(hf)
     # The folder's sentence-transformers files first: a hostile one is refused before
-    # any weight is read.
-    recipe = sentence_recipe(root)
+    # any weight is read. A multi-vector folder's modules are late_interaction's.
+    late_kind = late_interaction_kind(root, hf)
+    per_token = late_kind not in (None, "bge_m3")
+    recipe = SentenceRecipe(None, False, True) if per_token else sentence_recipe(root)
     if recipe.dense and recipe.dense[0].layer.in_features != config.d_model:
         first = recipe.dense[0]
         raise CheckpointError(
@@ -405,6 +415,22 @@ def load_checkpoint(
     scratch = None if (root / "tokenizer.json").is_file() else Path(tempfile.mkdtemp())
     if scratch is not None:
         tokenizer = converted_tokenizer(root, scratch)
+    late = None
+    if late_kind is not None:
+        if adapters is not None or loaded_head is not None:
+            raise CheckpointError("a late-interaction model with task adapters or a head")
+        assert tokenizer is not None
+        late = load_late_interaction(
+            root, late_kind, state, config.d_model, tokenizer, prompts, _weights
+        )
+        prompts = late.prompts
+        if late.tokenizer_json is not None:  # its markers registered as special tokens
+            scratch = scratch or Path(tempfile.mkdtemp())
+            tokenizer = scratch / "markers" / "tokenizer.json"
+            tokenizer.parent.mkdir()
+            tokenizer.write_text(late.tokenizer_json, encoding="utf-8")
+        if late_kind == "bge_m3" and recipe.pooling is None:  # its dense vector: the CLS's
+            recipe = SentenceRecipe("cls", True, True)
     loaded = Checkpoint(
         name=name or resolved.name,
         encoder=encoder,
@@ -421,6 +447,7 @@ def load_checkpoint(
         provenance=resolved.provenance(),
         tasks=() if adapters is None else adapters.names,
         default_task=None if adapters is None else adapters.default,
+        late_interaction=late,
     )
     if scratch is not None:
         weakref.finalize(loaded, shutil.rmtree, scratch, ignore_errors=True)

@@ -47,6 +47,10 @@ ROOT_FILES: Final = (
     "modules.json",
     "sentence_bert_config.json",
     "config_sentence_transformers.json",
+    # late interaction (model_export.late_interaction): Stanford ColBERT's, bge-m3's
+    "artifact.metadata",
+    "colbert_linear.pt",
+    "sparse_linear.pt",
 )
 SAFETENSORS: Final = "model.safetensors"
 PICKLED: Final = "pytorch_model.bin"  # read only where a folder has no SAFETENSORS

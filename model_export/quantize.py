@@ -136,9 +136,13 @@ def quantize_model_dir(
                 embeddings_sha256=sha256_file(staging / text.embeddings_graph),
                 sparse_graph_sha256=None if sparse is None else sha256_file(staging / sparse),
             )
+        late = manifest.late_interaction  # its graph, copied fp32, reads the new weights
+        if late is not None:
+            late = dataclasses.replace(late, sha256=sha256_file(staging / late.graph))
         quantized = dataclasses.replace(
             manifest,
             text=text,
+            late_interaction=late,
             weights_sha256=(
                 None if manifest.weights is None else sha256_file(staging / manifest.weights)
             ),

@@ -61,7 +61,10 @@ APPLIED: Final = {
     "LogitScore": 1,
     "Dense": 2,
     "Normalize": 3,
+    "MultiVectorMask": 3,  # a MultiVectorEncoder's (model_export.late_interaction)
 }
+# Module types are sentence-transformers' (PyLate's Dense is read as theirs).
+MODULE_PACKAGES: Final = ("sentence_transformers.", "pylate.")
 # Dense's activation (the class name in its ``activation_function``) -> ours.
 DENSE_ACTIVATIONS: Final = {"Identity": "identity", "Tanh": "tanh", "ReLU": "relu"}
 MAX_MODULES: Final = 64
@@ -140,7 +143,7 @@ def modules(root: Path) -> list[tuple[str, Path]]:
     found = []
     for m in raw:
         kind = m["type"].rsplit(".", 1)[-1]
-        if not m["type"].startswith("sentence_transformers.") or kind not in APPLIED:
+        if not m["type"].startswith(MODULE_PACKAGES) or kind not in APPLIED:
             raise CheckpointError(
                 f"modules.json: module {m['type']!r} is not applied by this exporter (it "
                 f"applies sentence-transformers' {', '.join(APPLIED)}); served without it, "
@@ -205,6 +208,11 @@ def sentence_recipe(root: Path) -> SentenceRecipe:
     from the ``Dense`` and ``Normalize`` modules in ``modules.json``.
     """
     found = modules(root)
+    if any(kind == "MultiVectorMask" for kind, _ in found):
+        raise CheckpointError(
+            "modules.json: a MultiVectorMask outside a MultiVectorEncoder folder "
+            "(config_sentence_transformers.json's model_type) is not applied"
+        )
     folders = [folder for kind, folder in found if kind == "Pooling"]
     pooling_dir = folders[0] if folders else module_dir(root, "1_Pooling")
     pooling: Pooling | None = None
