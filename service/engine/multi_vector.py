@@ -150,8 +150,9 @@ def read_as(
             tokens = tokens[: most - 1] + tokens[-1:]
             ids, types = ids[: most - 1] + ids[-1:], types[: most - 1] + types[-1:]
         real = len(ids)
-        if expansion is not None and real < expansion.length:
-            fill = expansion.length - real
+        floor = 0 if expansion is None else min(expansion.length, info.max_seq_len)
+        if expansion is not None and real < floor:
+            fill = floor - real
             (token,) = front_end.tokens_of_ids([expansion.token_id])
             kind = 0 if expansion.attend else graph_io.TYPE_SCORED_ONLY
             tokens = tokens + [token] * fill

@@ -164,6 +164,21 @@ def test_rerank_scores_by_maxsim_and_explains_each_score(
         assert len(x.document_tokens) == len(d_vectors[ranked.index])
 
 
+def test_every_rerank_route_scores_by_maxsim(url: str) -> None:
+    """TEI's /rerank and Cohere's /v2/rerank answer /v1/rerank's MaxSim scores."""
+    model = "multi-vector-encoder"
+    with Client(url) as client:
+        ranked = client.rerank(QUERIES[0], MORE_DOCUMENTS, model=model)
+    scores = {r.index: r.relevance_score for r in ranked}
+    tei = httpx.post(f"{url}/rerank", json={"query": QUERIES[0], "texts": MORE_DOCUMENTS})
+    assert tei.status_code == 200, tei.text  # the server's default model is this one
+    assert {r["index"]: r["score"] for r in tei.json()} == scores
+    body = {"model": model, "query": QUERIES[0], "documents": MORE_DOCUMENTS}
+    cohere = httpx.post(f"{url}/v2/rerank", json=body)
+    assert cohere.status_code == 200, cohere.text
+    assert {r["index"]: r["relevance_score"] for r in cohere.json()["results"]} == scores
+
+
 def test_a_vector_store_ranks_served_vectors_as_the_server_does(url: str) -> None:
     """Served document vectors stored in Qdrant (local mode, MaxSim comparator), searched
     with the served query's vectors: its ranking and scores are the server's rerank."""
