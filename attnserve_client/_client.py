@@ -259,16 +259,19 @@ class Client(BaseClient):
         dtype: Literal["float32", "float16"] = "float32",
         return_text: bool = False,
         truncate: bool = True,
+        prune: dict[str, Any] | None = None,
         model: str | None = None,
         timeout: float | None = None,
     ) -> MultiVectorResult:
         """A vector per token of ``texts`` read as queries or documents
         (``POST /v1/multi-vector``: late interaction, ColBERT and bge-m3), and the dense
         and sparse vectors of the same run where ``output`` asks. Score them with MaxSim,
-        or let the server: ``rerank`` on a multi-vector model."""
+        or let the server: ``rerank`` on a multi-vector model. ``prune`` (documents):
+        ``{"k": 32}`` or ``{"fraction": 0.25}`` keeps the vectors of the tokens receiving
+        the most attention, special tokens never."""
         options = _multi_vector_options(
             input_type, output, embedding_type, dtype, return_text, truncate, model
-        )
+        ) | {"prune": prune}
         return self._run(self._multi_vector(texts, options, timeout))
 
     def rerank(
@@ -543,13 +546,14 @@ class AsyncClient(BaseClient):
         dtype: Literal["float32", "float16"] = "float32",
         return_text: bool = False,
         truncate: bool = True,
+        prune: dict[str, Any] | None = None,
         model: str | None = None,
         timeout: float | None = None,
     ) -> MultiVectorResult:
         """See :meth:`Client.multi_vector`."""
         options = _multi_vector_options(
             input_type, output, embedding_type, dtype, return_text, truncate, model
-        )
+        ) | {"prune": prune}
         return await self._run(self._multi_vector(texts, options, timeout))
 
     async def rerank(

@@ -96,8 +96,20 @@ OUTPUT_SPLADE: Final = "splade"  # float32 [batch, vocab]
 GRAPH_MULTI_VECTOR: Final = "multi_vector_model.onnx"
 OUTPUT_MULTI_VECTORS: Final = "multi_vectors"  # float32 [batch, seq, dim]
 OUTPUT_TOKEN_WEIGHTS: Final = "token_weights"  # float32 [batch, seq]
+# The attention each token receives in the same run (what pruning a document's vectors
+# keeps by, service.engine.pruning.received_attention with layers="mean", rows="all"):
+# r_j = mean over layers and heads of sum_i a_ij over the attended query rows i (mask 1,
+# [CLS] and [SEP] included; padding and scored-only rows not). float32 [batch, seq], 0 at
+# padding and at scored-only tokens (masked keys). Computed layer by layer in the graph:
+# no [B, L, H, T, T] stack leaves it. Since issue 48's pruning; older exports lack it.
+OUTPUT_ATTENTION_RECEIVED: Final = "attention_received"
 TYPE_SCORED_ONLY: Final = -1
-MULTI_VECTOR_OUTPUTS: Final = (OUTPUT_HIDDEN, OUTPUT_MULTI_VECTORS, OUTPUT_TOKEN_WEIGHTS)
+MULTI_VECTOR_OUTPUTS: Final = (
+    OUTPUT_HIDDEN,
+    OUTPUT_MULTI_VECTORS,
+    OUTPUT_TOKEN_WEIGHTS,
+    OUTPUT_ATTENTION_RECEIVED,
+)
 HEAD_GRAPHS: Final[dict[str, tuple[str, ...]]] = {
     GRAPH_SCORES: (OUTPUT_LOGITS,),
     GRAPH_SPLADE: (OUTPUT_SPLADE,),
@@ -200,6 +212,7 @@ DYNAMIC_AXES: Final[dict[str, dict[int, str]]] = {
     OUTPUT_SPLADE: {0: BATCH_AXIS},
     OUTPUT_MULTI_VECTORS: {0: BATCH_AXIS, 1: SEQ_AXIS},
     OUTPUT_TOKEN_WEIGHTS: {0: BATCH_AXIS, 1: SEQ_AXIS},
+    OUTPUT_ATTENTION_RECEIVED: {0: BATCH_AXIS, 1: SEQ_AXIS},
 }
 
 # The axes of each array that run over tokens within one sequence (its batch axis dropped):

@@ -99,8 +99,8 @@ class LateInteractionImport:
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        io = graph_io.MULTI_VECTOR_OUTPUTS
-        return io if self.sparse is not None else io[:2]
+        sparse = (graph_io.OUTPUT_TOKEN_WEIGHTS,) if self.sparse is not None else ()
+        return (*graph_io.MULTI_VECTOR_OUTPUTS[:2], *sparse, graph_io.OUTPUT_ATTENTION_RECEIVED)
 
     def section(self, sha256: str, d_model: int) -> LateInteraction:
         """The manifest's ``late_interaction`` for a graph of digest ``sha256``."""
@@ -125,11 +125,19 @@ class LateInteractionImport:
 
 
 class MultiVectorGraph(nn.Module):
-    """Token ids, types and mask -> (last_hidden_state, multi_vectors[, token_weights]).
+    """Token ids, types and mask -> (last_hidden_state, multi_vectors[, token_weights][,
+    attention_received]).
 
     A token of type TYPE_SCORED_ONLY is embedded as type 0 and no token attends to it;
     its own row is computed, as transformers computes a row of attention_mask 0. Rows of
-    real padding (mask 0, another type) are 0 in every output."""
+    real padding (mask 0, another type) are 0 in every output.
+
+    ``attention_received`` (with ``received``): per token j, the mean over layers and
+    heads of Σ_i a_ij over the attended query rows i (mask 1: [CLS] and [SEP] rows
+    included). A scored-only token's row is not counted: it is a query's expansion,
+    which transformers reads as padding, and pruning applies to documents, which have
+    none; as a masked key it receives 0. Each layer's weights are reduced as soon as
+    they exist (a [B, 1, T] @ [B, h, T, T] product), so no stack of maps is kept."""
 
     def __init__(
         self,
@@ -138,8 +146,11 @@ class MultiVectorGraph(nn.Module):
         dense: tuple[DenseWeights, ...],
         normalize: bool,
         sparse: DenseWeights | None = None,
+        *,
+        received: bool = True,
     ) -> None:
         super().__init__()
+        self.received = received
         self.embeddings = embeddings
         self.encoder = encoder
         self.dense = nn.ModuleList(_linear(d) for d in dense)
@@ -162,10 +173,14 @@ class MultiVectorGraph(nn.Module):
         biases = enc.layer_biases(attended)
         rotations = enc.layer_rotations(input_ids.shape[1])
         relative = enc.relative(input_ids.shape[1])
+        queries = (attended != 0).to(x.dtype)[:, None, None, :]  # (B, 1, 1, T): counted rows
+        received = torch.zeros_like(x[:, :, 0])  # (B, T)
         for layer, bias, rotation in zip(enc.layers, biases, rotations, strict=True):
             if bias.shape[-2] != 1:  # (B, 1|h, T, T): the structured mask keeps the diagonal
                 bias = bias + _no_self(scored_only, bias)
-            x, _, _ = layer(x, bias, rotation, relative=relative)
+            x, weights, _ = layer(x, bias, rotation, relative=relative)
+            if self.received:  # Σ_i over counted rows, then Σ over heads: (B, T)
+                received = received + (queries @ weights).sum(dim=(1, 2))
         if enc.final_norm is not None:
             x = enc.final_norm(x)
         rows = keep[:, :, None]  # (B, T, 1)
@@ -176,10 +191,15 @@ class MultiVectorGraph(nn.Module):
         if self.normalize:  # torch.nn.functional.normalize: x / max(|x|, 1e-12)
             vectors = F.normalize(vectors, p=2.0, dim=-1)
         vectors = torch.where(rows, vectors, torch.zeros_like(vectors))
-        if self.sparse is None:
-            return hidden, vectors
-        weights = torch.relu(self.sparse(hidden)).squeeze(-1)  # (B, T)
-        return hidden, vectors, weights * keep.to(weights.dtype)
+        out: tuple[Tensor, ...] = (hidden, vectors)
+        if self.sparse is not None:
+            weights = torch.relu(self.sparse(hidden)).squeeze(-1)  # (B, T)
+            out = (*out, weights * keep.to(weights.dtype))
+        if self.received:  # the mean over layers and heads, 0 at keys no row attends to
+            cfg = enc.config
+            received = received / float(cfg.n_layers * cfg.n_heads)
+            out = (*out, torch.where(attended != 0, received, torch.zeros_like(received)))
+        return out
 
 
 def _no_self(scored_only: Tensor, bias: Tensor) -> Tensor:

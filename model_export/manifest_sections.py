@@ -332,7 +332,9 @@ class LateInteraction:
     the sides in ``skiplist_sides`` leave out (ColBERT: punctuation of documents).
     ``skip_first``: the first token ([CLS]) has no vector (bge-m3). With
     ``graph_io.OUTPUT_TOKEN_WEIGHTS`` (bge-m3's sparse head), a sparse vector is each
-    token id's largest weight, ``unused_ids`` (special tokens) left out. Scores are
+    token id's largest weight, ``unused_ids`` (special tokens) left out. With
+    ``graph_io.OUTPUT_ATTENTION_RECEIVED`` a document's vectors can be pruned to those of
+    the tokens receiving the most attention. Scores are
     ``similarity``: MaxSim, or MaxSim over the query's vector count."""
 
     graph: str
@@ -354,8 +356,13 @@ class LateInteraction:
         if self.graph != graph_io.GRAPH_MULTI_VECTOR:
             raise ManifestError(f"late_interaction.graph must be {graph_io.GRAPH_MULTI_VECTOR}")
         known = graph_io.MULTI_VECTOR_OUTPUTS
-        if self.outputs[:2] != known[:2] or not set(self.outputs) <= set(known):
-            raise ManifestError(f"late_interaction.outputs must begin {list(known[:2])}")
+        if self.outputs[:2] != known[:2] or list(self.outputs) != [
+            o for o in known if o in self.outputs
+        ]:
+            raise ManifestError(
+                f"late_interaction.outputs must begin {list(known[:2])}, then some of "
+                f"{list(known[2:])} in that order"
+            )
         check_size("late_interaction.dim", self.dim, MAX_MULTI_VECTOR_DIM, ManifestError)
         if self.similarity not in SIMILARITIES:
             raise ManifestError(f"late_interaction.similarity must be one of {SIMILARITIES}")
@@ -378,6 +385,12 @@ class LateInteraction:
     def sparse(self) -> bool:
         """bge-m3's lexical weights: a sparse vector from the same run."""
         return graph_io.OUTPUT_TOKEN_WEIGHTS in self.outputs
+
+    @property
+    def attention_received(self) -> bool:
+        """Each token's attention received (graph_io.OUTPUT_ATTENTION_RECEIVED), what a
+        document's vectors are pruned by; models exported before it lack it."""
+        return graph_io.OUTPUT_ATTENTION_RECEIVED in self.outputs
 
     @classmethod
     def from_dict(cls, data: object) -> LateInteraction:

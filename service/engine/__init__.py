@@ -14,6 +14,7 @@ from service.engine.multi_vector import (
     MultiVectorItem,
     MultiVectorRequest,
     MultiVectorResult,
+    Prune,
 )
 from service.engine.prepare import PreparedEncode
 from service.engine.rank_explain import MaxSimExplanation, RankExplanation
@@ -86,6 +87,7 @@ __all__ = [
     "MultiVectorRequest",
     "MultiVectorResult",
     "PreparedEncode",
+    "Prune",
     "RankExplanation",
     "Ranked",
     "RequestKind",

@@ -22,13 +22,14 @@ explanation: the terms sum to the score exactly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from model_export.manifest import LateInteraction, graph_io
 from service.attention_scratch import attention_scratch_bytes
-from service.engine import limits, postprocess, text
+from service.engine import limits, postprocess, pruning, text
 from service.engine.execute import OFFLOAD_BYTES
 from service.engine.kind import RequestKind, Serving
 from service.engine.rank_explain import MaxSimExplanation
@@ -42,10 +43,23 @@ from service.runtime import ModelRuntime
 from service.settings import Settings
 
 SIDES = ("query", "document")
+PRUNE_METHODS = ("attention",)
 OUTPUTS = ("multi_vector", "dense", "sparse")
 # What a request holds per token beyond its outputs: ids, types, tokens, masks (generous).
 BYTES_PER_TOKEN = 512
 FLOAT32 = 4
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Keep fewer of a document's vectors: those of the ``k`` tokens (or the ``fraction``
+    of its candidate tokens, rounded up) receiving the most attention in the run that
+    encoded it (graph_io.OUTPUT_ATTENTION_RECEIVED), candidates being its kept tokens less
+    the tokenizer's special ones. Exactly one of ``k`` and ``fraction``."""
+
+    method: str = "attention"
+    k: int | None = None
+    fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ class MultiVectorRequest:
     return_text: bool = False  # each sparse nonzero's token
     half: bool = False  # the token vectors as float16
     field: str = "input"  # what the protocol's body calls the texts
+    prune: Prune | None = None  # documents only: fewer vectors, by attention received
 
 
 @dataclass(frozen=True)
@@ -165,17 +180,26 @@ def read_as(
     return sequences
 
 
-def answer_shape(request: MultiVectorRequest, info: ModelInfo, seqs: list[Sequence]) -> AnswerShape:
-    """The answer's arrays: per text its kept vectors and its dense vector; its sparse
-    vector, at most a nonzero per real token, counted as listed tokens (an index and a
-    value each, and its token's characters where asked)."""
+def answer_shape(
+    request: MultiVectorRequest,
+    info: ModelInfo,
+    seqs: list[Sequence],
+    special_tokens: frozenset[str] = frozenset(),
+) -> AnswerShape:
+    """The answer's arrays: per text its kept vectors (pruned: as many as ``pruned_count``
+    keeps, ``special_tokens`` not candidates) and its dense vector; its sparse vector, at
+    most a nonzero per real token, counted as listed tokens (an index and a value each,
+    and its token's characters where asked)."""
     late = late_interaction_of(info)
     arrays: list[tuple[int, ...]] = []
     strings = chars = half = 0
     for s in seqs:
         if "multi_vector" in request.outputs:
-            arrays.append((int(s.kept.sum()), late.dim))
-            half += int(s.kept.sum()) * late.dim if request.half else 0
+            rows = int(s.kept.sum())
+            if request.prune is not None:
+                rows = pruned_count(request.prune, int(candidates(s, special_tokens).sum()))
+            arrays.append((rows, late.dim))
+            half += rows * late.dim if request.half else 0
         if "dense" in request.outputs:
             arrays.append((info.pooled_width,))
         if "sparse" in request.outputs:
@@ -222,6 +246,7 @@ def _checked(request: MultiVectorRequest, serving: Serving) -> Prepared:
     runtime = serving.registry.runtime(request.model)
     info = runtime.info
     check_outputs(request, info)
+    check_prune(request, info)
     if not request.texts:
         raise InvalidInput("is empty: send at least one text", field=(request.field,))
     limits.check_sequence_count(len(request.texts), settings, pooled_only=True)
@@ -236,7 +261,8 @@ def _checked(request: MultiVectorRequest, serving: Serving) -> Prepared:
         truncate=request.truncate,
         field=request.field,
     )
-    shape = answer_shape(request, info, sequences)
+    special = text.front_end(runtime).special_tokens if request.prune else frozenset()
+    shape = answer_shape(request, info, sequences, special)
     size = limits.check_response_size(shape, request.wire_cost, info.name, settings)
     return Prepared(request, runtime, sequences, size)
 
@@ -285,7 +311,11 @@ def item_of(
     late = late_interaction_of(info)
     vectors = dense = sparse = None
     if "multi_vector" in request.outputs:
-        vectors = vectors_of(sequence, result)
+        if request.prune is None:
+            vectors = vectors_of(sequence, result)
+        else:
+            special = text.front_end(runtime).special_tokens
+            vectors = pruned_vectors(request.prune, sequence, result, special)
         if request.half:
             vectors = vectors.astype(np.float16)
     if "dense" in request.outputs:
@@ -327,6 +357,85 @@ async def _run(prepared: Prepared, scope: RequestScope, serving: Serving) -> Mul
     )
     tokens = sum(len(s.ids) for s in sequences)
     return MultiVectorResult(runtime.info.name, items, tokens, prepared.response_bytes)
+
+
+# -- pruning a document's vectors ---------------------------------------------------------
+# The rule bench/pruning.py measured (docs/benchmarks.md, "Pruning multi-vectors"): the k
+# tokens receiving the most attention, averaged over every layer and head and summed over
+# every real query row, [CLS] and [SEP] not candidates.
+
+
+def check_prune(request: MultiVectorRequest, info: ModelInfo) -> None:
+    """``prune`` asks for what can be done: documents only, one of k (at least 1, at
+    most the model's length) and fraction (in (0, 1]), a model whose graph gives each
+    token's attention received (422 naming what is wrong)."""
+    prune = request.prune
+    if prune is None:
+        return
+    if request.input_type != "document":
+        raise InvalidInput(
+            "prunes a document's vectors: a query's are all scored by MaxSim; send "
+            "input_type document, or no prune",
+            field=("prune",),
+        )
+    if prune.method not in PRUNE_METHODS:
+        raise InvalidInput(f"must be one of {PRUNE_METHODS}", field=("prune", "method"))
+    if (prune.k is None) == (prune.fraction is None):
+        raise InvalidInput("give one of k and fraction", field=("prune",))
+    if prune.k is not None and not 1 <= prune.k <= info.max_seq_len:
+        raise InvalidInput(
+            f"must be in 1..{info.max_seq_len} (the model's length), got {prune.k}",
+            field=("prune", "k"),
+        )
+    if prune.fraction is not None and not (
+        math.isfinite(prune.fraction) and 0 < prune.fraction <= 1
+    ):
+        raise InvalidInput(f"must be in (0, 1], got {prune.fraction}", field=("prune", "fraction"))
+    if not late_interaction_of(info).attention_received:
+        raise UnsupportedByModel(
+            f"model {info.name!r} was exported without each token's attention received "
+            f"({graph_io.OUTPUT_ATTENTION_RECEIVED}), which pruning keeps by: export it "
+            "again with this model_export",
+            field=("prune",),
+        )
+
+
+def candidates(sequence: Sequence, special_tokens: frozenset[str]) -> np.ndarray:
+    """bool [n]: the rows a pruned document may keep: its kept rows, less the
+    tokenizer's special tokens ([CLS], [SEP], a marker registered as one)."""
+    special = np.array([t in special_tokens for t in sequence.tokens], dtype=bool)
+    out: np.ndarray = sequence.kept & ~special
+    return out
+
+
+def pruned_count(prune: Prune, n_candidates: int) -> int:
+    """How many vectors a document of ``n_candidates`` candidate tokens keeps."""
+    if prune.k is not None:
+        return min(prune.k, n_candidates)
+    assert prune.fraction is not None
+    return min(math.ceil(prune.fraction * n_candidates), n_candidates)
+
+
+def pruned_rows(
+    prune: Prune, sequence: Sequence, received: np.ndarray, special_tokens: frozenset[str]
+) -> np.ndarray:
+    """int64, ascending: the candidate rows receiving the most attention, as many as
+    ``pruned_count`` keeps (ties to the earlier token); none without candidates."""
+    allowed = candidates(sequence, special_tokens)
+    n = pruned_count(prune, int(allowed.sum()))
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pruning.keep_by_attention(received.astype(np.float32), n, allowed)
+
+
+def pruned_vectors(
+    prune: Prune, sequence: Sequence, result: SequenceResult, special_tokens: frozenset[str]
+) -> np.ndarray:
+    """[kept, dim] float32: the graph's vectors at ``pruned_rows``."""
+    received = result[graph_io.OUTPUT_ATTENTION_RECEIVED]
+    rows = pruned_rows(prune, sequence, received, special_tokens)
+    out: np.ndarray = np.ascontiguousarray(result[graph_io.OUTPUT_MULTI_VECTORS][rows])
+    return out
 
 
 # A vector per token (and a dense and a sparse vector) of texts read as queries or documents.

@@ -162,7 +162,8 @@ def test_manifest_is_the_references_settings(
     late = _section(exported[name])
     transformer, mask = model[0], model[-2]
     assert late.graph == graph_io.GRAPH_MULTI_VECTOR and late.normalize
-    assert late.outputs == graph_io.MULTI_VECTOR_OUTPUTS[:2]
+    io = graph_io
+    assert late.outputs == (*io.MULTI_VECTOR_OUTPUTS[:2], io.OUTPUT_ATTENTION_RECEIVED)
     assert late.dim == model.get_embedding_dimension()
     assert late.similarity == model.similarity_fn_name
     assert set(late.skiplist_ids) == set(mask._skiplist_ids.tolist())
@@ -212,6 +213,7 @@ def test_bge_m3_equals_flagembeddings_math(
     unused = {tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<pad>", "<unk>")}
     assert (manifest.pooling, manifest.normalize) == ("cls", True)
     assert late.outputs == graph_io.MULTI_VECTOR_OUTPUTS and late.sparse
+    assert late.attention_received
     assert (late.skip_first, late.similarity, late.dim) == (True, "meanmaxsim", HIDDEN)
     assert set(late.unused_ids) == unused and late.expansion is None
     encodings = tokenizer.encode_batch(DOCUMENTS)

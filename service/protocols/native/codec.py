@@ -41,6 +41,7 @@ from service.engine import (
     WireCost,
 )
 from service.engine import MultiVectorRequest as EngineMultiVectorRequest
+from service.engine import Prune as EnginePrune
 from service.errors import InvalidInput
 from service.protocols import wire
 from service.protocols.native.schemas import AttentionOptions, EmbedSparseRequest, EncodeOptions
@@ -523,6 +524,9 @@ def multi_vector_request(body: bytes) -> tuple[EngineMultiVectorRequest, str]:
         truncate=options.truncate,
         return_text=options.return_text,
         half=options.dtype == "float16",
+        prune=None
+        if options.prune is None
+        else EnginePrune(options.prune.method, options.prune.k, options.prune.fraction),
     )
     return request, options.embedding_type
 

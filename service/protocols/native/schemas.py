@@ -227,6 +227,25 @@ class EmbedSparseResponse(BaseModel):
 MultiVectorOutput = Literal["multi_vector", "dense", "sparse"]
 
 
+class Prune(BaseModel):
+    """Keep fewer of a document's vectors: those of the tokens receiving the most
+    attention in the run that encoded it."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["attention"] = Field(
+        "attention",
+        description="attention: the tokens receiving the most attention, averaged over "
+        "layers and heads, summed over query rows; [CLS], [SEP] and other special tokens "
+        "never kept.",
+    )
+    k: int | None = Field(None, description="Keep at most this many vectors per document.")
+    fraction: float | None = Field(
+        None,
+        description="Keep this fraction (0, 1] of each document's candidate tokens, rounded "
+        "up. Give k or fraction.",
+    )
+
+
 class MultiVectorRequest(BaseModel):
     """``POST /v1/multi-vector`` (Jina's shape): a vector per token of each text, read as
     a query or a document, for late interaction (MaxSim); with ``output``, the model's
@@ -255,6 +274,11 @@ class MultiVectorRequest(BaseModel):
         True, description="Cut each text to the model's length for its side (else 413)."
     )
     return_text: bool = Field(False, description="Each sparse nonzero's token.")
+    prune: Prune | None = Field(
+        None,
+        description="Documents only: keep the vectors of the k (or the fraction of) tokens "
+        "receiving the most attention.",
+    )
 
 
 class MultiVectorSparse(BaseModel):
