@@ -277,7 +277,8 @@ def held_bytes(runtime: ModelRuntime, sequences: list[Sequence], settings: Setti
     info = runtime.info
     late = late_interaction_of(info)
     lengths = [len(s.ids) for s in sequences]
-    per_token = BYTES_PER_TOKEN + FLOAT32 * (info.config.d_model + late.dim + 1)
+    # its hidden state, its vector, and its lexical weight and attention received
+    per_token = BYTES_PER_TOKEN + FLOAT32 * (info.config.d_model + late.dim + 2)
     scratch = attention_scratch_bytes(lengths, info.config, settings.max_batch_tokens)
     return per_token * sum(lengths) + scratch
 
