@@ -14,6 +14,7 @@ reranker form of ``/v2/models/{m}/infer`` over HTTP and gRPC) answers the MaxSim
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -51,8 +52,8 @@ SCORES_ATOL = 1e-5
 
 
 class Served:
-    def __init__(self, url: str, grpc_address: str) -> None:
-        self.url, self.grpc = url, grpc_address
+    def __init__(self, url: str, grpc_address: str, repository: Path) -> None:
+        self.url, self.grpc, self.repository = url, grpc_address, repository
 
     def http(self) -> thttp.InferenceServerClient:
         return thttp.InferenceServerClient(self.url.removeprefix("http://"))
@@ -75,7 +76,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             assert main([*command, "--no-compact-attention"]) == 0
     port = free_port()
     with server_process(repository, grpc_port=str(port), default_model=MVE) as server:
-        yield Served(server.url, f"127.0.0.1:{port}")
+        yield Served(server.url, f"127.0.0.1:{port}", repository)
 
 
 def native(served: Served, model: str, texts: list[str], side: str, **extra: Any) -> Any:
@@ -268,13 +269,20 @@ def test_refusals_name_the_parameter(served: Served) -> None:
 
 
 def maxsim(served: Served, model: str, query: str, documents: list[str]) -> np.ndarray:
-    """MaxSim from /v1/multi-vector's query and document vectors (float64)."""
+    """MaxSim from /v1/multi-vector's query and document vectors (float64), over the
+    query's vector count where the model's similarity is meanmaxsim (bge-m3's)."""
+    from model_export.manifest import Manifest
+
+    late = Manifest.read(served.repository / model).late_interaction
+    assert late is not None
     (q,) = native(served, model, [query], "query")
     docs = native(served, model, documents, "document")
     qv = np.array(q["embeddings"], dtype=np.float64)
-    return np.array(
+    scores = np.array(
         [(qv @ np.array(d["embeddings"], dtype=np.float64).T).max(axis=1).sum() for d in docs]
     )
+    assert late.similarity == ("meanmaxsim" if model == BGE else "maxsim")
+    return scores / len(qv) if late.similarity == "meanmaxsim" else scores
 
 
 def rerank_inputs(module: Any, query: str, documents: list[str]) -> list[Any]:
