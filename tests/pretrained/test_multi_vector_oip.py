@@ -247,6 +247,17 @@ def test_refusals_name_the_parameter(served: Served) -> None:
     finally:
         client.close()
     assert caught.value.status() == "422"
+    client = served.http()
+    try:  # a document past its side's length without truncate: 413 (cut with it)
+        long = [" ".join(["token"] * 200)]
+        with pytest.raises(InferenceServerException) as too_long:
+            client.infer(MVE, text_input(thttp, long), parameters={"truncate": False})
+        answer = client.infer(MVE, text_input(thttp, long))
+    finally:
+        client.close()
+    assert too_long.value.status() == "413"
+    assert "text[0]" in str(too_long.value)
+    assert answer.as_numpy("multi_vectors").shape[0] == 1
     assert "parameters.input_type must be one of ['query', 'document'], got 'passage'" in str(
         caught.value
     )
