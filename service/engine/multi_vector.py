@@ -74,6 +74,9 @@ class MultiVectorRequest:
     half: bool = False  # the token vectors as float16
     field: str = "input"  # what the protocol's body calls the texts
     prune: Prune | None = None  # documents only: fewer vectors, by attention received
+    # The token vectors answered as one [n, most kept, dim] tensor, each text's padded to
+    # the most any keeps (the Open Inference Protocol's): priced padded.
+    padded: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,11 +196,18 @@ def answer_shape(
     late = late_interaction_of(info)
     arrays: list[tuple[int, ...]] = []
     strings = chars = half = 0
+
+    def vectors(s: Sequence) -> int:
+        rows = int(s.kept.sum())
+        if request.prune is not None:
+            rows = pruned_count(request.prune, int(candidates(s, special_tokens).sum()))
+        return rows
+
+    # Padded (request.padded): each text's as many as the most any keeps.
+    most = max(map(vectors, seqs)) if request.padded and seqs else 0
     for s in seqs:
         if "multi_vector" in request.outputs:
-            rows = int(s.kept.sum())
-            if request.prune is not None:
-                rows = pruned_count(request.prune, int(candidates(s, special_tokens).sum()))
+            rows = most if request.padded else vectors(s)
             arrays.append((rows, late.dim))
             half += rows * late.dim if request.half else 0
         if "dense" in request.outputs:

@@ -22,11 +22,12 @@ from service.engine import (
     EncodeRequest,
     EncodeResult,
     ModelInfo,
+    MultiVectorResult,
     RerankRequest,
     RerankResult,
 )
 from service.errors import InvalidInput, quoted
-from service.protocols.open_inference import classify, rerank, tensors
+from service.protocols.open_inference import classify, multi_vector, rerank, tensors
 from service.protocols.open_inference.attention import AttentionParameters
 from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
@@ -52,7 +53,7 @@ def infer_request(
     """A ModelInferRequest -> (EncodeRequest, what the answer needs)."""
     params = {key: parameter(value) for key, value in request.parameters.items()}
     inputs = _inputs(request)
-    outputs = _requested_outputs([o.name for o in request.outputs], params, info)
+    outputs = _requested_outputs([o.name for o in request.outputs], params, info, inputs)
     options = Options(
         pooling=_typed(params.get("pooling", "none"), str, "pooling"),
         normalize=_typed(params.get("normalize", False), bool, "normalize"),
@@ -103,12 +104,13 @@ def _typed(value: Any, kind: type, name: str) -> Any:
 
 
 def _requested_outputs(
-    names: list[str], params: dict[str, Any], info: ModelInfo
+    names: list[str], params: dict[str, Any], info: ModelInfo, inputs: list[InputTensor]
 ) -> dict[str, bool]:
     """Output name -> True (raw), in the order asked; every output when none is named."""
     known = [name for name, _, _ in tensors.available_outputs(info)]
     if not names:
-        return dict.fromkeys(tensors.default_outputs(info, params), True)
+        input_names = [spec.name for spec in inputs]
+        return dict.fromkeys(tensors.default_outputs(info, params, input_names), True)
     outputs: dict[str, bool] = {}
     for name in names:
         if name not in known:
@@ -134,7 +136,7 @@ def rerank_request(request: pb.ModelInferRequest, info: ModelInfo) -> RerankRequ
     """A ModelInferRequest for a reranker -> its request (``open_inference/rerank.py``)."""
     params = {key: parameter(value) for key, value in request.parameters.items()}
     inputs = _inputs(request)
-    _requested_outputs([o.name for o in request.outputs], params, info)
+    _requested_outputs([o.name for o in request.outputs], params, info, inputs)
     return rerank.rerank_request(inputs, params, info)
 
 
@@ -158,7 +160,7 @@ def classify_request(
     (``open_inference/classify.py``)."""
     params = {key: parameter(value) for key, value in request.parameters.items()}
     inputs = _inputs(request)
-    outputs = _requested_outputs([o.name for o in request.outputs], params, info)
+    outputs = _requested_outputs([o.name for o in request.outputs], params, info, inputs)
     return classify.classify_request(inputs, params, info), list(outputs)
 
 
@@ -173,4 +175,29 @@ def classify_response(
         response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         raw = classify.serialized(array) if datatype == "BYTES" else array.tobytes()
         response.raw_output_contents.append(raw)
+    return response
+
+
+def multi_vector_request(
+    request: pb.ModelInferRequest, info: ModelInfo
+) -> tuple[multi_vector.Request, list[str]]:
+    """A ModelInferRequest for a late-interaction model -> its texts' request (or, for a
+    query and documents, a rerank request) and the outputs asked
+    (``open_inference/multi_vector.py``)."""
+    params = {key: parameter(value) for key, value in request.parameters.items()}
+    inputs = _inputs(request)
+    outputs = _requested_outputs([o.name for o in request.outputs], params, info, inputs)
+    return multi_vector.request(inputs, params, outputs, info), list(outputs)
+
+
+def multi_vector_response(
+    result: MultiVectorResult, outputs: list[str], request: pb.ModelInferRequest, version: str
+) -> pb.ModelInferResponse:
+    """Every requested output as raw little-endian bytes, in the order asked."""
+    response = pb.ModelInferResponse(
+        model_name=result.model, model_version=version, id=request.id or ""
+    )
+    for name, datatype, array in multi_vector.output_arrays(result, outputs):
+        response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        response.raw_output_contents.append(array.tobytes())
     return response

@@ -25,12 +25,20 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from service.engine import CLASSIFY, ENCODE, RERANK, Engine, RequestScope
+from service.engine import (
+    CLASSIFY,
+    ENCODE,
+    RERANK,
+    Engine,
+    MultiVectorResult,
+    RequestScope,
+    RerankResult,
+)
 from service.engine.scope import Access
 from service.errors import CannotStart, NotReady
 from service.protocols.kserve_grpc import calls, codec
 from service.protocols.kserve_grpc.calls import Method
-from service.protocols.open_inference import classify, rerank, tensors
+from service.protocols.open_inference import classify, multi_vector, rerank, tensors
 from service.protocols.open_inference.metadata import (
     EXTENSIONS,
     PLATFORM,
@@ -142,6 +150,19 @@ class InferenceService:
                 CLASSIFY, lambda: codec.classify_request(request, info), scope
             )
             return codec.classify_response(classified, outputs, request, info.version)
+        if multi_vector.is_multi_vector(info):  # texts in, vectors out (or query, documents)
+            answered, outputs = await engine.handle(
+                multi_vector.LATE_INTERACTION,
+                lambda: codec.multi_vector_request(request, info),
+                scope,
+            )
+            if isinstance(answered, RerankResult):  # MaxSim scores
+                return codec.rerank_response(answered, request, info.version)
+
+            def write(result: MultiVectorResult, outputs: list[str]) -> pb.ModelInferResponse:
+                return codec.multi_vector_response(result, outputs, request, info.version)
+
+            return await engine.render(answered, write, outputs)
         result, reply = await engine.handle(
             ENCODE, lambda: codec.infer_request(request, info, version), scope
         )

@@ -22,13 +22,14 @@ from service.engine import (
     EncodeRequest,
     EncodeResult,
     ModelInfo,
+    MultiVectorResult,
     RerankRequest,
     RerankResult,
 )
 from service.errors import InvalidInput, quoted
 from service.protocols import wire
 from service.protocols.http import Answer
-from service.protocols.open_inference import classify, rerank, tensors
+from service.protocols.open_inference import classify, multi_vector, rerank, tensors
 from service.protocols.open_inference.attention import AttentionParameters
 from service.protocols.open_inference.tensors import InputTensor, Options, Reply
 
@@ -83,7 +84,7 @@ def _parsed(
     header, binary = split_body(body, header_length)
     params = _dict(header.get("parameters"), "parameters")
     inputs = _inputs(header, binary)
-    outputs = _requested_outputs(header.get("outputs"), params, info)
+    outputs = _requested_outputs(header.get("outputs"), params, info, inputs)
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
@@ -141,12 +142,15 @@ def _bool(value: Any, where: str) -> bool:
     return value
 
 
-def _requested_outputs(raw: Any, params: dict[str, Any], info: ModelInfo) -> dict[str, bool]:
+def _requested_outputs(
+    raw: Any, params: dict[str, Any], info: ModelInfo, inputs: list[InputTensor]
+) -> dict[str, bool]:
     """Output name -> binary, in the order asked (every output when none is named)."""
     known = [name for name, _, _ in tensors.available_outputs(info)]
     binary_all = _bool(params.get("binary_data_output", False), "parameters.binary_data_output")
     if raw is None:
-        return dict.fromkeys(tensors.default_outputs(info, params), binary_all)
+        names = [spec.name for spec in inputs]
+        return dict.fromkeys(tensors.default_outputs(info, params, names), binary_all)
     if not isinstance(raw, list) or not raw:
         raise InvalidInput("'outputs' must be a non-empty list (or absent, for every output)")
     outputs: dict[str, bool] = {}
@@ -250,3 +254,33 @@ def classify_response(
     arrays = classify.output_arrays(result, list(outputs))
     framed = [(name, datatype, array, outputs[name]) for name, datatype, array in arrays]
     return _answer(result.model, version, request_id, framed)
+
+
+@dataclass(frozen=True)
+class MultiVectorReply:
+    request_id: str | None
+    outputs: dict[str, bool]  # requested output -> as raw bytes
+    version: str
+
+
+def multi_vector_request(
+    body: bytes, header_length: str | None, info: ModelInfo
+) -> tuple[multi_vector.Request, MultiVectorReply]:
+    """An infer body for a late-interaction model -> its texts' request (or, for a query
+    and documents, a rerank request), and how to frame the answer."""
+    params, inputs, outputs, request_id = _parsed(body, header_length, info)
+    reply = MultiVectorReply(request_id, outputs, info.version)
+    return multi_vector.request(inputs, params, outputs, info), reply
+
+
+def multi_vector_response(result: MultiVectorResult, reply: MultiVectorReply) -> Answer:
+    """The outputs asked (``open_inference/multi_vector.py``), as JSON data or raw bytes."""
+    arrays = multi_vector.output_arrays(result, list(reply.outputs))
+    framed = [(name, datatype, array, reply.outputs[name]) for name, datatype, array in arrays]
+    return _answer(result.model, reply.version, reply.request_id, framed)
+
+
+def maxsim_response(result: RerankResult, reply: MultiVectorReply) -> Answer:
+    """A query and documents' scores on a late-interaction model (a reranker's answer)."""
+    binary = reply.outputs[rerank.OUTPUT_SCORES]
+    return rerank_response(result, RerankReply(reply.request_id, binary), reply.version)

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from service.engine import CLASSIFY, RERANK
+from service.engine import CLASSIFY, RERANK, RerankResult
 from service.engine.scope import Access
 from service.protocols import http
 from service.protocols.context import scope_of
@@ -30,7 +30,7 @@ from service.protocols.kserve_v2.schemas import (
     ServerMetadata,
     TensorMetadata,
 )
-from service.protocols.open_inference import classify, rerank, tensors
+from service.protocols.open_inference import classify, multi_vector, rerank, tensors
 from service.protocols.open_inference.metadata import (
     EXTENSIONS,
     PLATFORM,
@@ -142,7 +142,8 @@ async def infer(
 ) -> Response:
     """Inference on JSON or binary tensors (the binary extension: see the codec); a
     reranker's model takes a query and documents (``open_inference/rerank.py``), a
-    classifier's texts (``open_inference/classify.py``)."""
+    classifier's texts (``open_inference/classify.py``), a late-interaction model's texts
+    (or a query and documents: ``open_inference/multi_vector.py``)."""
     info = engine.model(model, version)
     header_length = request.headers.get(codec.HEADER_LENGTH)
     if rerank.is_reranker(info):
@@ -162,6 +163,20 @@ async def infer(
             CLASSIFY, lambda: codec.classify_request(body, header_length, info), scope_of(request)
         )
         answer = codec.classify_response(classified, asked, info.version)
+        return ChunkedResponse(answer.parts, answer.media_type, answer.headers)
+    if multi_vector.is_multi_vector(info):
+        body = await http.read_body(
+            request, engine, json_only=False, json_bytes=codec.json_prefix(header_length)
+        )
+        answered, framing = await engine.handle(
+            multi_vector.LATE_INTERACTION,
+            lambda: codec.multi_vector_request(body, header_length, info),
+            scope_of(request),
+        )
+        if isinstance(answered, RerankResult):  # a query and documents: MaxSim scores
+            answer = codec.maxsim_response(answered, framing)
+        else:
+            answer = await engine.render(answered, codec.multi_vector_response, framing)
         return ChunkedResponse(answer.parts, answer.media_type, answer.headers)
     return await http.encode(
         request,

@@ -51,6 +51,16 @@ RERANK_OUTPUTS = [(OUTPUT_SCORES, "FP32", [-1])]
 # A classifier's model (classify.py): texts in, a score per label and the labels out.
 CLASSIFY_INPUTS = [(INPUT_TEXT, "BYTES", [-1])]
 OUTPUT_LABELS = "labels"
+# A late-interaction model's (multi_vector.py): texts in, their token vectors (padded to
+# the longest, with each one's count), dense and sparse (CSR) vectors out; or, as a
+# reranker's, a query and documents in, MaxSim scores out.
+OUTPUT_MULTI_VECTORS = "multi_vectors"
+OUTPUT_MULTI_VECTOR_LENGTHS = "multi_vector_lengths"
+OUTPUT_DENSE = "dense"
+OUTPUT_SPARSE_INDICES = "sparse_indices"
+OUTPUT_SPARSE_VALUES = "sparse_values"
+OUTPUT_SPARSE_LENGTHS = "sparse_lengths"
+MULTI_VECTOR_INPUTS = [*CLASSIFY_INPUTS, *RERANK_INPUTS]
 OUTPUT_POOLED = "pooled"
 OUTPUT_MASK = graph_io.INPUT_MASK  # the mask the answer is padded by (for text input)
 NUMERIC = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "BOOL": "|b1"}
@@ -153,6 +163,8 @@ def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
     if info.manifest.task == "classify" and info.manifest.head is not None:  # classify.py
         labels = len(info.manifest.head.labels)
         return [(OUTPUT_SCORES, "FP32", [-1, labels]), (OUTPUT_LABELS, "BYTES", [labels])]
+    if is_multi_vector(info):  # multi_vector.py
+        return [*multi_vector_outputs(info), *RERANK_OUTPUTS]
     cfg = info.config
     outputs = [
         (graph_io.OUTPUT_HIDDEN, "FP32", [-1, -1, cfg.d_model]),
@@ -171,9 +183,48 @@ def available_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
     return outputs
 
 
-def default_outputs(info: ModelInfo, params: dict[str, Any]) -> list[str]:
+def is_multi_vector(info: ModelInfo) -> bool:
+    """A late-interaction model without a head of its own: its form is multi_vector.py's."""
+    return info.manifest.late_interaction is not None and info.manifest.task == "embed"
+
+
+def multi_vector_outputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
+    """A late-interaction model's outputs for its texts (multi_vector.py): the token
+    vectors and their counts, its dense vector with a pooling of its own, its sparse
+    vector with a sparse head (bge-m3)."""
+    late = info.manifest.late_interaction
+    assert late is not None
+    outputs = [
+        (OUTPUT_MULTI_VECTORS, "FP32", [-1, -1, late.dim]),
+        (OUTPUT_MULTI_VECTOR_LENGTHS, "INT32", [-1]),
+    ]
+    if info.manifest.pooling is not None:
+        outputs.append((OUTPUT_DENSE, "FP32", [-1, info.pooled_width]))
+    if late.sparse:
+        outputs += [
+            (OUTPUT_SPARSE_INDICES, "INT64", [-1]),
+            (OUTPUT_SPARSE_VALUES, "FP32", [-1]),
+            (OUTPUT_SPARSE_LENGTHS, "INT32", [-1]),
+        ]
+    return outputs
+
+
+def asks_scores(input_names: Sequence[Any]) -> bool:
+    """A late-interaction model's reranker form: its inputs are a query and documents."""
+    return any(name in (n for n, _, _ in RERANK_INPUTS) for name in input_names)
+
+
+def default_outputs(
+    info: ModelInfo, params: dict[str, Any], input_names: Sequence[Any] = ()
+) -> list[str]:
     """The outputs answered when a request names none: each one its parameters ask for
-    (pooled vectors with a pooling, attention's indices and summaries with theirs)."""
+    (pooled vectors with a pooling, attention's indices and summaries with theirs); a
+    late-interaction model's for the inputs sent (scores for a query and documents,
+    else every output it has for texts)."""
+    if is_multi_vector(info):
+        if asks_scores(input_names):
+            return [OUTPUT_SCORES]
+        return [name for name, _, _ in multi_vector_outputs(info)]
     asked = {
         OUTPUT_POOLED: params.get("pooling", "none") != "none",
         attention.OUTPUT_INDICES: params.get("attention_top_k") is not None
@@ -188,6 +239,8 @@ def model_inputs(info: ModelInfo) -> list[tuple[str, str, list[int]]]:
         return RERANK_INPUTS
     if info.manifest.task == "classify":  # see classify.py
         return CLASSIFY_INPUTS
+    if is_multi_vector(info):  # see multi_vector.py
+        return MULTI_VECTOR_INPUTS
     inputs = [
         (graph_io.INPUT_EMBEDS, "FP32", [-1, -1, info.config.d_model]),
         (graph_io.INPUT_MASK, "INT64", [-1, -1]),
