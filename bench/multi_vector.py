@@ -629,6 +629,23 @@ def dense_cells(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     ], rows
 
 
+def dense_verdict(ratios: dict[str, list[float]]) -> str:
+    """Whether any workload's rounds all lie on one side of 1 (a change the noise does
+    not explain), by name."""
+    slower = [w.split()[0] for w, r in ratios.items() if max(r) < 1]
+    faster = [w.split()[0] for w, r in ratios.items() if min(r) > 1]
+    if not slower and not faster:
+        return (
+            "Every workload's rounds lie on both sides of 1: no change is measurable at this noise."
+        )
+    parts = [
+        f"slower after in every round: {', '.join(slower)}" if slower else "",
+        f"faster after in every round: {', '.join(faster)}" if faster else "",
+    ]
+    joined = "; ".join(p for p in parts if p)
+    return joined[0].upper() + joined[1:] + "."
+
+
 def render(result: dict[str, Any]) -> str:
     """The generated block of docs/benchmarks.md, from the results JSON."""
     tokens, served, dense = result["tokens"], result["served"], result["dense_path"]
@@ -675,7 +692,8 @@ def render(result: dict[str, Any]) -> str:
         "",
         table(*dense_cells(result), "lrrr"),
         "",
-        f"Median ratios {medians}; every round between {lowest:.2f} and {highest:.2f}.",
+        f"Median ratios {medians}; every round between {lowest:.2f} and {highest:.2f}. "
+        + dense_verdict(ratios),
         "",
         f"Machine: {result['cores']} cores, no GPU, shared with other work (noise as the "
         f"ranges show); run in {result['seconds']:.0f} s by `{COMMAND}` (the model "

@@ -100,7 +100,7 @@ def test_dense_ratios_say_faster_after_above_one_whatever_the_unit() -> None:
 def test_the_block_renders_between_its_markers_and_replaces_only_itself(tmp_path: Path) -> None:
     block = bench.render(result())
     assert block.startswith(bench.BEGIN) and block.endswith(bench.END)
-    assert "Median ratios W1 0.90, W2 1.00; every round between 0.80 and 1.10." in block
+    assert "Median ratios W1 0.90, W2 1.00; every round between 0.80 and 1.10. Every" in block
     assert "batch 16, 2 sessions × 1 thread 100; batch 8, 1 session × 2 threads 90" in block
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nbefore\n")
@@ -134,3 +134,9 @@ def test_request_bodies_read_the_texts_as_documents_on_each_wire() -> None:
         "embedding_type": "float",
         "dtype": "float32",
     }
+
+
+def test_the_dense_verdict_names_a_workload_whose_rounds_all_lie_on_one_side() -> None:
+    assert bench.dense_verdict({"W1 x": [0.9, 1.1], "W2 y": [0.95, 1.0]}).startswith("Every")
+    verdict = bench.dense_verdict({"W1 x": [0.9, 0.95], "W2 y": [1.1, 1.2], "W3 z": [0.9, 1.1]})
+    assert verdict == "Slower after in every round: W1; faster after in every round: W2."
