@@ -375,6 +375,7 @@ BASH_CHECKS: dict[str, Check] = {
     path("/health"): tei_health,
     path("/v1/embed_sparse"): sparse_vector,
     path("/v1/rerank"): Refused(422, "unsupported_by_model"),
+    path("/v1/multi-vector"): Refused(422, "unsupported_by_model"),
     path("/v1/classify"): Refused(422, "unsupported_by_model"),
     path("/v1/explain/similarity"): similarity_explained,
     path("/rerank"): Refused(422, "Validation"),

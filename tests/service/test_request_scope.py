@@ -67,6 +67,9 @@ REFUSED_BY_MODEL |= dict.fromkeys(
 # Why two texts match: the tiny model has no tokenizer (refused, after the scope's rules).
 BODIES["/v1/explain/similarity"] = {"query": "a", "documents": ["b"]}
 REFUSED_BY_MODEL["/v1/explain/similarity"] = 422
+# Late interaction: the tiny model keeps no vector per token (refused, after the rules).
+BODIES["/v1/multi-vector"] = {"input": ["a"]}
+REFUSED_BY_MODEL["/v1/multi-vector"] = 422
 PATH_PARAMS = {"{name}": MODEL, "{model}": MODEL, "{version}": "1"}
 
 
