@@ -15,6 +15,7 @@ no late interaction).
 from __future__ import annotations
 
 import base64
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def url(tmp_path_factory: pytest.TempPathFactory, model_repository: Path) -> Ite
     repository = export_all(
         {name: built[name] for name in LAYOUTS}, tmp_path_factory.mktemp("late-models")
     )
-    (repository / "tiny").symlink_to(model_repository / "tiny", target_is_directory=True)
+    shutil.copytree(model_repository / "tiny", repository / "tiny")  # links are refused
     with running_server(repository, default_model="multi-vector-encoder") as base:
         yield base
 
