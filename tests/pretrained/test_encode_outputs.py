@@ -92,6 +92,11 @@ def test_every_output_comes_from_one_run(url: str) -> None:
     answer = post(url, "/v1/encode", body)
     assert answer.status_code == 200, answer.text
     assert metric(url, runs, model="bge-m3") - before == 1
+    # the control: the counter counts runs, so the outputs asked one by one count three
+    before = metric(url, runs, model="bge-m3")
+    for output in ("dense", "sparse", "multi_vector"):
+        assert post(url, "/v1/encode", {**body, "output": [output]}).status_code == 200
+    assert metric(url, runs, model="bge-m3") - before == 3
 
 
 @pytest.mark.parametrize(
