@@ -6,6 +6,7 @@ JSON item bound, checked as an HTTP body arrives) and ``serving_limits`` (what T
 """
 
 from service.engine.encode import ENCODE
+from service.engine.encode_outputs import ENCODE_OR_MULTI_VECTOR
 from service.engine.engine import Engine
 from service.engine.kind import RequestKind
 from service.engine.limits import check_json_items, serving_limits
@@ -63,6 +64,7 @@ __all__ = [
     "CLASSIFY",
     "DECODE",
     "ENCODE",
+    "ENCODE_OR_MULTI_VECTOR",
     "MULTI_VECTOR",
     "RERANK",
     "SIMILARITY",

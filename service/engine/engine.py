@@ -218,10 +218,15 @@ class Engine:
         def run() -> Awaitable[Res]:
             return kind.run(prepared, scope, serving)
 
-        if kind.cache_key is None or model is None or not self.cache.enabled:
+        key = (
+            None
+            if kind.cache_key is None or model is None or not self.cache.enabled
+            else kind.cache_key(prepared, scope, serving)
+        )
+        if key is None or model is None:
             result = await run()
         else:
-            result = await self._cached(kind.cache_key(prepared, scope, serving), model, run, scope)
+            result = await self._cached(key, model, run, scope)
         self._execute.check_deadline(scope.deadline, "before its answer was written")
         return result, wire
 

@@ -55,7 +55,8 @@ class RequestKind(Generic[R, P, Res]):
     enough for the event loop); ``model`` is the version it is served by (None: no
     model's work, e.g. decoding); ``held`` the bytes it holds while it runs, beyond its
     body; ``run`` its work and finish, within the scope (its deadline, its caller);
-    ``cache_key`` (encode's): the key of its answer in the response cache."""
+    ``cache_key`` (encode's): the key of its answer in the response cache (None from it:
+    this request's answer is not kept, e.g. the other kind of an ``either``)."""
 
     name: str
     prepare: Callable[[R, Serving], P]
@@ -63,14 +64,17 @@ class RequestKind(Generic[R, P, Res]):
     run: Callable[[P, RequestScope, Serving], Awaitable[Res]]
     held: Callable[[P, Serving], int] = _nothing
     inline: Callable[[R, Serving], bool] = _never
-    cache_key: Callable[[P, RequestScope, Serving], bytes] | None = None
+    cache_key: Callable[[P, RequestScope, Serving], bytes | None] | None = None
 
 
 def either(
     name: str, choose: Callable[[R, Serving], RequestKind[R, Any, Res]]
 ) -> RequestKind[R, tuple[RequestKind[R, Any, Res], Any], Res]:
     """A kind that is one of several, chosen once its request is parsed (e.g. by what the
-    model it names can do): each step is the chosen kind's."""
+    model it names can do, or by the parsed request's type): each step is the chosen
+    kind's. ``inline`` asks the kind chosen for the parsed request (``choose`` is cheap:
+    a type or a registry look-up), so a kind prepared on the loop stays so when chosen;
+    ``cache_key`` is the chosen kind's, None where it keeps no answers."""
 
     def prepare(request: R, serving: Serving) -> tuple[RequestKind[R, Any, Res], Any]:
         kind = choose(request, serving)
@@ -87,4 +91,13 @@ def either(
     ) -> Awaitable[Res]:
         return chosen[0].run(chosen[1], scope, serving)
 
-    return RequestKind(name, prepare, model, run, held=held)
+    def inline(request: R, serving: Serving) -> bool:
+        return choose(request, serving).inline(request, serving)
+
+    def cache_key(
+        chosen: tuple[RequestKind[R, Any, Res], Any], scope: RequestScope, serving: Serving
+    ) -> bytes | None:
+        key = chosen[0].cache_key
+        return None if key is None else key(chosen[1], scope, serving)
+
+    return RequestKind(name, prepare, model, run, held=held, inline=inline, cache_key=cache_key)

@@ -27,7 +27,8 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from service.engine import ENCODE, EncodeRequest, EncodeResult, Engine
+from service.engine import ENCODE, EncodeRequest, EncodeResult, Engine, RequestKind
+from service.engine.engine import Sized
 from service.engine.scope import Access, Disconnected
 from service.errors import (
     ClientClosedRequest,
@@ -44,6 +45,8 @@ from service.protocols.context import scope_of
 BINARY_EXPANSION = 2
 
 W = TypeVar("W")  # what a codec keeps from parsing to writing
+Rq = TypeVar("Rq")  # the typed request a codec parses
+Res = TypeVar("Res", bound=Sized)  # its result (its answer's size known)
 ErrorRenderer = Callable[[ServiceError], Response]
 
 
@@ -134,9 +137,26 @@ async def encode(
     loop; ``write`` too when the answer is large (a thread hop costs ~0.3 ms). ``write``
     returns JSON bytes, or an Answer when the protocol frames its own.
     """
+    return await encode_as(
+        ENCODE, request, engine, parse, write, json_only=json_only, json_bytes=json_bytes
+    )
+
+
+async def encode_as(
+    kind: RequestKind[Rq, Any, Res],
+    request: Request,
+    engine: Engine,
+    parse: Callable[[bytes], tuple[Rq, W]],
+    write: Callable[[Res, W], bytes | Answer],
+    *,
+    json_only: bool = True,
+    json_bytes: int | None = None,
+) -> Response:
+    """``encode`` as ``kind`` (e.g. one that is ENCODE for an encode request, another
+    kind for another request the same body may parse to)."""
     scope = scope_of(request)
     body = await read_body(request, engine, json_only=json_only, json_bytes=json_bytes)
-    result, wire = await engine.handle(ENCODE, lambda: parse(body), scope)
+    result, wire = await engine.handle(kind, lambda: parse(body), scope)
     content = await engine.render(result, write, wire)
     if isinstance(content, Answer):
         return ChunkedResponse(content.parts, content.media_type, content.headers)

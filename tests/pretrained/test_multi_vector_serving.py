@@ -28,7 +28,7 @@ from sentence_transformers import MultiVectorEncoder
 
 from attnserve_client import Client, MaxSimExplanation
 from tests.conftest import running_server
-from tests.support.late_interaction import DOCUMENTS, HIDDEN, QUERIES, build_all
+from tests.support.late_interaction import DOCUMENTS, HIDDEN, QUERIES, build_all, export_all
 
 ATOL = 1e-5  # float32 graphs against torch eager; observed differences are ~1e-7
 ST_LAYOUTS = ("multi_vector_encoder", "pylate", "stanford")
@@ -47,12 +47,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def url(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from model_export.cli import main
-
-    repository = tmp_path_factory.mktemp("late-models")
-    for name, folder in checkpoints.items():
-        out = str(repository / name.replace("_", "-"))
-        assert main(["--checkpoint", str(folder), "--out", out, "--no-compact-attention"]) == 0
+    repository = export_all(checkpoints, tmp_path_factory.mktemp("late-models"))
     with running_server(repository, default_model="multi-vector-encoder") as base:
         yield base
 

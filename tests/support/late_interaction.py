@@ -191,3 +191,14 @@ def build_all(root: Path) -> dict[str, Path]:
             del os.environ["HF_HUB_OFFLINE"]
         else:
             os.environ["HF_HUB_OFFLINE"] = offline
+
+
+def export_all(checkpoints: dict[str, Path], repository: Path) -> Path:
+    """Each checkpoint exported by the CLI into ``repository`` as its name with dashes
+    (``bge_m3`` -> ``bge-m3``), as a server serves them; ``repository`` itself."""
+    from model_export.cli import main
+
+    for name, folder in checkpoints.items():
+        out = str(repository / name.replace("_", "-"))
+        assert main(["--checkpoint", str(folder), "--out", out, "--no-compact-attention"]) == 0
+    return repository

@@ -44,7 +44,12 @@ from service.engine import MultiVectorRequest as EngineMultiVectorRequest
 from service.engine import Prune as EnginePrune
 from service.errors import InvalidInput
 from service.protocols import wire
-from service.protocols.native.schemas import AttentionOptions, EmbedSparseRequest, EncodeOptions
+from service.protocols.native.schemas import (
+    AttentionOptions,
+    EmbedSparseRequest,
+    EncodeOptions,
+    EncodeOutputsOptions,
+)
 from service.protocols.native.schemas import MultiVectorRequest as MultiVectorBody
 from service.protocols.native.schemas import RerankRequest as RerankBody
 from service.protocols.native.schemas import SimilarityRequest as SimilarityBody
@@ -104,9 +109,10 @@ def attention_spec(options: AttentionOptions) -> AttentionSpec:
     )
 
 
-def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
-    """An encode body -> (EncodeRequest, encoding format of its answer); InvalidJSON or
-    InvalidInput on a malformed one."""
+def encode_request(body: bytes) -> tuple[EncodeRequest | EngineMultiVectorRequest, str]:
+    """An encode body -> (EncodeRequest, encoding format of its answer); with ``output``,
+    a multi-vector request instead (``_outputs_request``); InvalidJSON or InvalidInput on
+    a malformed one."""
     payload = wire.parse_json_object(body)
     if "inputs" not in payload:
         raise InvalidInput(
@@ -115,6 +121,8 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
     raw_inputs = payload.pop("inputs")
     if not isinstance(raw_inputs, list):
         raise InvalidInput("must be a list of sequences", field=("inputs",))
+    if "output" in payload:  # one key look-up on the encode path
+        return _outputs_request(raw_inputs, payload)
     options = wire.parse_options(EncodeOptions, payload)
     request = EncodeRequest(
         inputs=wire.LazyItems(raw_inputs, _input_item),
@@ -136,6 +144,62 @@ def encode_request(body: bytes) -> tuple[EncodeRequest, str]:
         task=options.task,
     )
     return request, options.encoding_format
+
+
+def _outputs_request(
+    raw_inputs: list[Any], payload: dict[str, Any]
+) -> tuple[EngineMultiVectorRequest, str]:
+    """An encode body with ``output``: its texts' late-interaction outputs of one run, as
+    /v1/multi-vector's request (the model's own refusal if it has no late interaction)."""
+    options = wire.parse_options(EncodeOutputsOptions, payload)
+    for item in raw_inputs:
+        if not isinstance(item, str):
+            raise InvalidInput(
+                "takes texts only: inputs must be strings (arrays, token ids and spans "
+                "take no output)",
+                field=("output",),
+            )
+    request = EngineMultiVectorRequest(
+        texts=raw_inputs,
+        wire_cost=MULTI_VECTOR_COST[options.encoding_format],
+        model=options.model,
+        input_type=options.input_type,
+        outputs=tuple(dict.fromkeys(options.output)),
+        truncate=options.truncate,
+        return_text=options.return_text,
+        field="inputs",
+    )
+    return request, options.encoding_format
+
+
+def encode_or_outputs_response(
+    result: EncodeResult | MultiVectorResult, encoding_format: str
+) -> bytes:
+    """/v1/encode's answer: ``encode_response``'s, or with ``output`` each item's outputs
+    under their names (``{"model", "data": [{"index", "multi_vector", "dense",
+    "sparse"}], "usage"}``, each only where asked)."""
+    if isinstance(result, EncodeResult):
+        return encode_response(result, encoding_format)
+
+    def item(i: int, x: MultiVectorItem) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": i}
+        if x.vectors is not None:
+            out["multi_vector"] = encode_array(x.vectors, encoding_format)
+        if x.dense is not None:
+            out["dense"] = encode_array(x.dense, encoding_format)
+        if x.sparse is not None:
+            out["sparse"] = {"indices": x.sparse.indices, "values": x.sparse.values}
+            if x.sparse.stems:
+                out["sparse"]["text"] = x.sparse.stems
+        return out
+
+    return wire.dumps(
+        {
+            "model": result.model,
+            "data": [item(i, x) for i, x in enumerate(result.items)],
+            "usage": {"sequences": len(result.items), "tokens": result.tokens},
+        }
+    )
 
 
 def wants_embeddings(options: EncodeOptions) -> bool:

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.engine import (
     CLASSIFY,
+    ENCODE_OR_MULTI_VECTOR,
     MULTI_VECTOR,
     RERANK,
     SIMILARITY,
@@ -40,6 +41,7 @@ from service.protocols.native.schemas import (
     ClassifyResponse,
     EmbedSparseRequest,
     EmbedSparseResponse,
+    EncodeOutputsResponse,
     EncodeRequest,
     EncodeResponse,
     ErrorBody,
@@ -154,12 +156,18 @@ async def get_model(name: str, engine: EngineDep) -> ModelCard:
 @encode.post(
     "/encode",
     response_model=None,
-    responses={200: {"model": EncodeResponse}},
+    responses={200: {"model": EncodeResponse | EncodeOutputsResponse}},
     openapi_extra=json_request_body("EncodeRequest"),
 )
 async def encode_sequences(request: Request, engine: EngineDep) -> Response:
     """Contextualized embeddings (and optionally attention weights) for token embeddings."""
-    return await http.encode(request, engine, codec.encode_request, codec.encode_response)
+    return await http.encode_as(
+        ENCODE_OR_MULTI_VECTOR,
+        request,
+        engine,
+        codec.encode_request,
+        codec.encode_or_outputs_response,
+    )
 
 
 @encode.post(

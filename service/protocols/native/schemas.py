@@ -16,6 +16,7 @@ from service.engine.types import Pooling, Reduce
 from service.protocols.quantized import QuantizedOptions
 
 EncodingFormat = Literal["float", "base64"]
+MultiVectorOutput = Literal["multi_vector", "dense", "sparse"]
 
 
 class Usage(BaseModel):
@@ -168,8 +169,47 @@ class SpannedText(BaseModel):
     )
 
 
+class EncodeOutputsOptions(BaseModel):
+    """The fields of an encode request with ``output`` (a late-interaction model's
+    outputs of one run, as ``/v1/multi-vector`` answers them), texts aside: any other
+    encode field is refused (422 naming it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="Model name; the server's default if omitted.")
+    output: list[MultiVectorOutput] = Field(
+        min_length=1,
+        description="Texts only, on a late-interaction model: what each item holds, all "
+        "from one run: its token vectors (multi_vector), its dense vector (dense), its "
+        "sparse vector (sparse). Absent: the encode answer above.",
+    )
+    input_type: Literal["query", "document"] = Field(
+        "document",
+        description="With output: how each text is read (as /v1/multi-vector's input_type).",
+    )
+    encoding_format: EncodingFormat = Field(
+        "float", description="float: nested JSON arrays; base64: Base64Array objects."
+    )
+    truncate: bool = Field(
+        False,
+        description="Cut each text to the model's length for its side instead of refusing "
+        "it (413).",
+    )
+    return_text: bool = Field(False, description="With sparse: each nonzero's token.")
+
+
 class EncodeRequest(EncodeOptions):
-    """``POST /v1/encode``: sequences of token embeddings (or texts), ragged lengths allowed."""
+    """``POST /v1/encode``: sequences of token embeddings (or texts), ragged lengths allowed.
+    With ``output``: texts' late-interaction outputs (``EncodeOutputsOptions``)."""
+
+    output: list[MultiVectorOutput] | None = Field(
+        None,
+        description="Texts only, on a late-interaction model: answer each item's "
+        "multi_vector, dense and/or sparse vectors of one run instead (see "
+        "EncodeOutputsOptions for the fields it takes).",
+    )
+    input_type: Literal["query", "document"] | None = Field(
+        None, description="With output: how each text is read (default document)."
+    )
 
     inputs: list[list[list[float]] | Base64Array | str | SpannedText] = Field(
         description="Sequences, each [seq_len_i, d_model] as nested floats or a Base64Array; "
@@ -222,9 +262,6 @@ class EmbedSparseResponse(BaseModel):
     model: str
     data: list[SparseItem]
     usage: Usage
-
-
-MultiVectorOutput = Literal["multi_vector", "dense", "sparse"]
 
 
 class Prune(BaseModel):
@@ -552,6 +589,23 @@ class EncodeItem(BaseModel):
 class EncodeResponse(BaseModel):
     model: str
     data: list[EncodeItem]
+    usage: Usage
+
+
+class EncodeOutputsItem(BaseModel):
+    """An item of an encode answer with ``output``: each output asked, under its name."""
+
+    index: int = Field(description="Position of the text in the request.")
+    multi_vector: list[list[float]] | Base64Array | None = Field(
+        None, description="[tokens, dim]: one vector per kept token (multi_vector asked)."
+    )
+    dense: list[float] | Base64Array | None = Field(None, description="[d] (dense asked).")
+    sparse: MultiVectorSparse | None = Field(None, description="(sparse asked).")
+
+
+class EncodeOutputsResponse(BaseModel):
+    model: str
+    data: list[EncodeOutputsItem]
     usage: Usage
 
 

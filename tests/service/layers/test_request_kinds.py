@@ -3,7 +3,8 @@ table: a started engine (real runtimes, batcher and graphs) on real MiniLM and m
 with heads. For each kind: a request already past its deadline is 504 before it is
 parsed; its working memory (the kind's ``held``) is charged on its ticket, so it is 429
 with one byte too few left, and held until its answer is sent; it is served by the model it
-names; only encode answers come from the response cache; nothing is held afterwards.
+names; only encode answers come from the response cache (ENCODE's, and /v1/encode's kind's
+when it chose ENCODE); nothing is held afterwards.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from service.engine import (
     CLASSIFY,
     DECODE,
     ENCODE,
+    ENCODE_OR_MULTI_VECTOR,
     RERANK,
     SIMILARITY,
     SPARSE,
@@ -46,6 +48,9 @@ JSON = WireCost(per_float=12.0)
 TEXT = "late interaction keeps a vector per token"
 
 
+CACHED = (ENCODE, ENCODE_OR_MULTI_VECTOR)  # the kinds whose encode answers are kept
+
+
 @dataclass(frozen=True)
 class Row:
     kind: RequestKind[Any, Any, Any]
@@ -55,6 +60,12 @@ class Row:
 
 ROWS = [
     Row(ENCODE, EncodeRequest([TEXT], JSON, model="minilm-l6", pooling="mean"), "minilm-l6"),
+    # /v1/encode's kind, an encode request chosen: every step ENCODE's, its cache included
+    Row(
+        ENCODE_OR_MULTI_VECTOR,
+        EncodeRequest([TEXT], JSON, model="minilm-l6", pooling="mean"),
+        "minilm-l6",
+    ),
     Row(SPARSE, SparseRequest([TEXT], JSON, model="minilm-l6"), "minilm-l6"),
     Row(SPARSE, SparseRequest([TEXT], JSON, model="bert-splade"), "bert-splade"),
     Row(RERANK, RerankRequest("a query", [TEXT, "other"], model="bert-reranker"), "bert-reranker"),
@@ -136,9 +147,9 @@ def test_every_kind_goes_through_the_one_prologue(repository: Path, row: Row) ->
                     assert in_flight(engine.metrics) == (1, MiB + ticket)
                     assert scope.model == row.model
                     cached = {"first": "miss", "again": "hit"}[attempt]
-                    assert scope.cache == (cached if row.kind is ENCODE else None)
+                    assert scope.cache == (cached if row.kind in CACHED else None)
             assert in_flight(engine.metrics) == (0, 0)
-        assert cache_requests(engine) == (2 if row.kind is ENCODE else 0)
+        assert cache_requests(engine) == (2 if row.kind in CACHED else 0)
 
     with_started_engine(settings, body)
 
