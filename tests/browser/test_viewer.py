@@ -685,3 +685,80 @@ def test_the_match_view_checks_no_attention_view_and_each_leads_back(
     wait_for_script(browser, RENDERED)
     assert browser.execute_script(f"return {checked}.map(r => r.value)") == ["summaries"]
     assert url_params(browser)["view"] == "summaries"
+
+
+@pytest.fixture(scope="module")
+def multi_vector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server on a tiny sentence-transformers MultiVectorEncoder (random weights)."""
+    from model_export.cli import main
+    from tests.support.late_interaction import LAYOUTS
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_HUB_OFFLINE", "1")
+        folder = LAYOUTS["multi_vector_encoder"](tmp_path_factory.mktemp("mve-checkpoint"))
+    repository = tmp_path_factory.mktemp("mve-models")
+    out = str(repository / "multi-vector-encoder")
+    assert main(["--checkpoint", str(folder), "--out", out, "--no-compact-attention"]) == 0
+    with running_server(repository) as url:
+        yield url
+
+
+def test_why_it_ranked_on_a_multi_vector_model_draws_the_maxsim_split(
+    browser: webdriver.Chrome, multi_vector: str
+) -> None:
+    """On a late-interaction model "Why it ranked" draws /v1/rerank's MaxSim explanation:
+    a line from each query token to its best document token with that match's term, and
+    the score, the sum of the terms."""
+    document, query = "attention weighs every token by its relevance", "what is attention"
+    (card,) = httpx.get(f"{multi_vector}/v1/models", timeout=60).json()["data"]
+    assert card["late_interaction"] is True
+    open_view(browser, multi_vector, text=document, model="multi-vector-encoder")
+    assert browser.find_element(By.ID, "show-rank").is_displayed()
+    field = browser.find_element(By.ID, "query")
+    field.clear()
+    field.send_keys(query)
+    browser.find_element(By.ID, "show-rank").click()
+    wait_for_script(browser, "document.getElementById('stage').dataset.view === 'maxsim'")
+    wait_for_script(browser, RENDERED)
+    (posted,) = posted_bodies(browser, "/v1/rerank")
+    assert posted == {
+        "model": "multi-vector-encoder",
+        "query": query,
+        "documents": [document],
+        "return_attention": True,
+        "truncate": True,
+    }
+    answer = httpx.post(f"{multi_vector}/v1/rerank", json=posted, timeout=60)
+    assert answer.status_code == 200, answer.text
+    (result,) = answer.json()["results"]
+    explanation = result["explanation"]
+    matches = explanation["matches"]
+    assert len(matches) == len(explanation["query_tokens"]) > 1
+    lines = browser.execute_script(
+        "return [...document.querySelectorAll('#maxsim line.match')].map(l => "
+        "[Number(l.dataset.query), Number(l.dataset.document), Number(l.dataset.term), "
+        "Number(l.dataset.share)])"
+    )
+    drawn = sorted(lines, key=lambda line: line[0])
+    assert [(q, d, t) for q, d, t, _ in drawn] == [
+        (m["query_index"], m["document_index"], m["score"]) for m in matches
+    ]
+    score = result["relevance_score"]
+    for _, _, term, share in drawn:
+        assert abs(share - term / score) <= 1e-12
+    for side, tokens in (
+        ("qtok", explanation["query_tokens"]),
+        ("dtok", explanation["document_tokens"]),
+    ):
+        read = browser.execute_script(
+            f"return [...document.querySelectorAll('#maxsim text.{side}')].map(t => t.textContent)"
+        )
+        assert read == tokens
+    shown = browser.find_element(By.ID, "maxsim-score")
+    assert float(shown.get_attribute("data-score") or "nan") == score
+    assert abs(float(shown.get_attribute("data-sum") or "nan") - score) <= 1e-9
+    assert f"{score:.4f}" in shown.text
+    listed = browser.find_elements(By.CSS_SELECTOR, "#maxsim-matches li")
+    assert len(listed) == len(matches)
+    screenshot(browser, "viewer-why-it-ranked-maxsim")
+    assert_only_local_requests(browser, multi_vector)

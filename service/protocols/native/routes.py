@@ -134,6 +134,7 @@ def model_card(info: ModelInfo, default: bool) -> ModelCard:
         labels=list(manifest.head.labels) if manifest.head is not None else [],
         tasks=list(manifest.tasks),
         default_task=manifest.default_task,
+        late_interaction=manifest.late_interaction is not None,
         default=default,
     )
 

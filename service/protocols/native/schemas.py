@@ -678,6 +678,11 @@ class ModelCard(BaseModel):
     default_task: str | None = Field(
         None, description="The task adapter a request without task gets; null: none."
     )
+    late_interaction: bool = Field(
+        False,
+        description="A multi-vector (late-interaction) model: POST /v1/multi-vector, and "
+        "/v1/rerank scores by MaxSim (its explanation is the score's split by query token).",
+    )
     default: bool
 
 

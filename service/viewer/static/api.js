@@ -104,6 +104,13 @@ export async function explainRank(model, query, document, attention, truncate) {
   return (await call("v1/rerank", body)).results[0];
 }
 
+/** One document reranked against a query by a multi-vector model, with its MaxSim
+ * explanation: per query token its best document token and that match's term. */
+export async function explainMaxSim(model, query, document, truncate) {
+  const body = { model, query, documents: [document], return_attention: true, truncate };
+  return (await call("v1/rerank", body)).results[0];
+}
+
 /** A text's BM42 sparse vector with the stem behind each index. */
 export async function embedSparse(model, text, truncate) {
   const body = { model, inputs: [text], return_text: true, truncate };

@@ -5,12 +5,13 @@
 // asks for no maps at all, only per-head numbers: the way into a long input.
 
 import {
-  apiKey, countTokens, embedSparse, encodeAttention, encodeSummaries, explainRank,
-  explainSimilarity, listModels, setApiKey,
+  apiKey, countTokens, embedSparse, encodeAttention, encodeSummaries, explainMaxSim,
+  explainRank, explainSimilarity, listModels, setApiKey,
 } from "./api.js";
 import { maxOf, spreadTopK, viewImage } from "./heatmap.js";
 import { cellSize, draw, select, thumbnailSize, zoom } from "./mapview.js";
 import { drawMatch } from "./match.js";
+import { drawMaxSim } from "./maxsim.js";
 import { parseNpy } from "./npy.js";
 import { drawRank } from "./rank.js";
 import { $, element, state } from "./state.js";
@@ -191,6 +192,7 @@ async function showBm42() {
 async function showRank() {
   const query = $("query").value.trim();
   if (!query || !$("text").value.trim()) return status("type a query and a document", "error");
+  if (state.model.late_interaction) return showMaxSim(query);
   const oneHead = state.view === "head" || state.view === "summaries"; // a head is chosen
   const attention = oneHead
     ? { layers: [state.layer], heads: [state.head], reduce: "none" }
@@ -207,6 +209,26 @@ async function showRank() {
     $("download").disabled = true; // the PNG is of heatmaps
   } catch (error) {
     status(error.message, "error");
+  }
+}
+
+/** Why a multi-vector model ranked the text (the document) so for the query: each query
+ * token joined to its best document token by that match's term of the MaxSim score. */
+async function showMaxSim(query) {
+  const mine = ++asked;
+  status("asking the server…", "busy");
+  try {
+    const result = await explainMaxSim(state.model.id, query, $("text").value, $("truncate").checked);
+    if (mine !== asked) return;
+    drawMaxSim($("stage"), result);
+    $("stage").dataset.view = "maxsim";
+    for (const radio of document.querySelectorAll("input[name=view]")) radio.checked = false;
+    $("zoom").hidden = true;
+    $("readout").textContent = "hover a line or a token to read its term and its share of the score";
+    status(`${state.model.id} · query → document: the MaxSim score split into each query token's best match`, "ready");
+    $("download").disabled = true; // the PNG is of heatmaps
+  } catch (error) {
+    if (mine === asked) status(error.message, "error");
   }
 }
 
@@ -308,7 +330,7 @@ function setModel(card) {
   state.layer = Math.min(state.layer, card.layers - 1);
   state.head = Math.min(state.head, card.heads - 1);
   $("text").disabled = !card.tokenizer;
-  const reranks = card.task === "rerank";
+  const reranks = card.task === "rerank" || card.late_interaction; // a MaxSim rerank too
   $("query-row").hidden = !reranks;
   $("show-rank").hidden = !reranks;
   const matches = card.tokenizer && card.pooling === "mean" && !reranks; // explain/similarity
