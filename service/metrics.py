@@ -144,7 +144,8 @@ class Metrics:
             "(token ids through text_model.onnx), sparse (BM42's sparse_model.onnx), "
             "token_embeddings (token ids to input embeddings through embeddings.onnx, before "
             "the attention or hidden-state graph), scores (a reranker's or classifier's "
-            "scores_model.onnx), splade (a SPLADE model's splade_model.onnx).",
+            "scores_model.onnx), splade (a SPLADE model's splade_model.onnx), multi_vector "
+            "(a late-interaction model's multi_vector_model.onnx).",
             ("model", "graph"),
             buckets=LATENCY_BUCKETS[:-1],
         )

@@ -137,6 +137,7 @@ class Protocol:
     body: dict[str, Any]
     error_type: Callable[[dict[str, Any]], str]  # the machine type, read from its error body
     heads: bool = False  # served by a model with a head (a reranker), not MiniLM
+    late: bool = False  # served by a late-interaction model, not MiniLM
 
 
 # TEI's error kinds are its own (TEI has no deadlines or header rules): the engine's
@@ -186,6 +187,9 @@ PROTOCOLS = {
         lambda body: body["error_type"],
         heads=True,
     ),
+    "native-multi-vector": Protocol(
+        "/v1/multi-vector", {"input": [SHORT]}, lambda body: body["error_type"], late=True
+    ),
     "native-classify": Protocol(
         "/v1/classify", {"inputs": [SHORT]}, lambda body: body["error_type"], heads=True
     ),
@@ -227,9 +231,29 @@ def reranker_url(head_models: tuple[Path, dict[str, Path]]) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def late_interaction_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server of a late-interaction model (the MultiVectorEncoder layout)."""
+    from tests.support.late_interaction import LAYOUTS, export_all
+
+    root = tmp_path_factory.mktemp("late-deadlines")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_HUB_OFFLINE", "1")
+        checkpoint = LAYOUTS["multi_vector_encoder"](root / "checkpoint")
+    repository = export_all({"multi_vector_encoder": checkpoint}, root / "models")
+    with running_server(repository) as url:
+        yield url
+
+
 def url_of(request: pytest.FixtureRequest, protocol: Protocol) -> str:
-    """The server that serves ``protocol``'s route: MiniLM, or the reranker's."""
-    url: str = request.getfixturevalue("reranker_url" if protocol.heads else "minilm_server_url")
+    """The server that serves ``protocol``'s route: MiniLM, the reranker's, or a
+    late-interaction model's."""
+    fixture = "minilm_server_url"
+    if protocol.heads:
+        fixture = "reranker_url"
+    elif protocol.late:
+        fixture = "late_interaction_url"
+    url: str = request.getfixturevalue(fixture)
     return url
 
 
