@@ -181,22 +181,13 @@ def encode_or_outputs_response(
     if isinstance(result, EncodeResult):
         return encode_response(result, encoding_format)
 
-    def item(i: int, x: MultiVectorItem) -> dict[str, Any]:
-        out: dict[str, Any] = {"index": i}
-        if x.vectors is not None:
-            out["multi_vector"] = encode_array(x.vectors, encoding_format)
-        if x.dense is not None:
-            out["dense"] = encode_array(x.dense, encoding_format)
-        if x.sparse is not None:
-            out["sparse"] = {"indices": x.sparse.indices, "values": x.sparse.values}
-            if x.sparse.stems:
-                out["sparse"]["text"] = x.sparse.stems
-        return out
-
     return wire.dumps(
         {
             "model": result.model,
-            "data": [item(i, x) for i, x in enumerate(result.items)],
+            "data": [
+                late_item(x, encoding_format, "multi_vector", {"index": i})
+                for i, x in enumerate(result.items)
+            ],
             "usage": {"sequences": len(result.items), "tokens": result.tokens},
         }
     )
@@ -599,23 +590,31 @@ def multi_vector_response(result: MultiVectorResult, embedding_type: str) -> byt
     """Jina's ``{model, object, data: [{object, index, embeddings}], usage}``, each item
     with its ``dense`` and ``sparse`` vectors where asked."""
 
-    def item(i: int, x: MultiVectorItem) -> dict[str, Any]:
-        out: dict[str, Any] = {"object": "embeddings", "index": i}
-        if x.vectors is not None:
-            out["embeddings"] = encode_array(x.vectors, embedding_type)
-        if x.dense is not None:
-            out["dense"] = encode_array(x.dense, embedding_type)
-        if x.sparse is not None:
-            out["sparse"] = {"indices": x.sparse.indices, "values": x.sparse.values}
-            if x.sparse.stems:
-                out["sparse"]["text"] = x.sparse.stems
-        return out
-
     return wire.dumps(
         {
             "model": result.model,
             "object": "list",
-            "data": [item(i, x) for i, x in enumerate(result.items)],
+            "data": [
+                late_item(x, embedding_type, "embeddings", {"object": "embeddings", "index": i})
+                for i, x in enumerate(result.items)
+            ],
             "usage": {"total_tokens": result.tokens, "prompt_tokens": result.tokens},
         }
     )
+
+
+def late_item(
+    x: MultiVectorItem, encoding_format: str, vectors_key: str, head: dict[str, Any]
+) -> dict[str, Any]:
+    """One text's late-interaction outputs after ``head``: its token vectors under
+    ``vectors_key``, its ``dense`` vector and ``sparse`` vector, each where asked."""
+    out = dict(head)
+    if x.vectors is not None:
+        out[vectors_key] = encode_array(x.vectors, encoding_format)
+    if x.dense is not None:
+        out["dense"] = encode_array(x.dense, encoding_format)
+    if x.sparse is not None:
+        out["sparse"] = {"indices": x.sparse.indices, "values": x.sparse.values}
+        if x.sparse.stems:
+            out["sparse"]["text"] = x.sparse.stems
+    return out
